@@ -1,0 +1,197 @@
+"""`distbench collective`: every requested op x dtype x redop x placement over the size sweep."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from distbench import session as session_mod
+from distbench import testhooks, timing
+from distbench.accounting import bandwidth, layout
+from distbench.console import describe
+from distbench.ops.collectives import SPECS, CollectiveSpec, Ctx, allocate
+from distbench.results import COLLECTIVE_COLUMNS, CsvSink
+
+TORCH_DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "int8": torch.int8,
+    "uint8": torch.uint8,
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: CollectiveSpec
+    dtype: str
+    redop: str  # "none" for ops that do not reduce
+    root: int  # -1 for ops without a root
+    in_place: bool
+    skip: str = ""  # why this combination cannot run, decided before any measurement
+
+
+def plans(opts) -> list[Plan]:
+    out = []
+    for name in opts.ops:
+        spec = SPECS[name]
+        acc = spec.accounting
+        wanted = {"out": [False], "in": [True], "both": [False, True]}[opts.placement]
+        for dtype in opts.dtypes:
+            for redop in opts.redops if acc.uses_redop else ["none"]:
+                skip = ""
+                if redop == "avg" and not TORCH_DTYPES[dtype].is_floating_point:
+                    skip = "avg needs a floating-point dtype"
+                places = [p for p in wanted if p in acc.placements]
+                if not places:
+                    if opts.placement == "in":  # asked for explicitly: say why not
+                        out.append(Plan(spec, dtype, redop, opts.root if acc.uses_root else -1,
+                                        True, f"{name} has no in-place form in torch.distributed"))
+                        continue
+                    places = list(acc.placements)  # out-of-place asked, op is in-place only
+                for in_place in places:
+                    out.append(Plan(spec, dtype, redop, opts.root if acc.uses_root else -1,
+                                    in_place, skip))
+    return out
+
+
+def _agree(ok: bool, device) -> bool:
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() == 0
+
+
+def _probe(plan: Plan, ctx: Ctx, device) -> str:
+    """Run the combination once on one element per rank: a dtype or redop the backend lacks
+    becomes a skip reason here instead of a crash mid-sweep."""
+    reason = ""
+    try:
+        inp, out = allocate(plan.spec, ctx, 1, TORCH_DTYPES[plan.dtype], device)
+        case = plan.spec.build(ctx, inp, out, 1)
+        case.prepare()
+        case.run()
+        timing.sync(device)
+    except (RuntimeError, ValueError, TypeError) as e:
+        reason = f"{dist.get_backend()} cannot run this: " + (str(e).strip().splitlines()
+                                                               or [type(e).__name__])[0][:200]
+    if _agree(not reason, device):
+        return ""
+    return reason or "another rank could not run this combination"
+
+
+def _allocate_fitting(plan: Plan, ctx: Ctx, counts: list[int], device):
+    """Buffers for the largest count that fits on every rank; larger sizes are skipped."""
+    dtype = TORCH_DTYPES[plan.dtype]
+    for limit in sorted(set(counts), reverse=True):
+        bufs = None
+        try:
+            bufs = allocate(plan.spec, ctx, limit, dtype, device)
+        except (RuntimeError, MemoryError):  # torch.OutOfMemoryError is a RuntimeError
+            bufs = None
+        if _agree(bufs is not None, device):
+            return bufs, limit
+        del bufs
+    return None, 0
+
+
+def run(opts) -> int:
+    return session_mod.run("collective", opts, _sweep)
+
+
+def _sweep(s: session_mod.Session) -> int:
+    rt, opts, console = s.rt, s.opts, s.console
+    n, device = rt.world, rt.device
+    sink = CsvSink(s.run_dir / "collective.csv", COLLECTIVE_COLUMNS) if s.run_dir else None
+    all_plans = plans(opts)
+    if opts.placement == "out" and any(p.in_place for p in all_plans):
+        in_only = sorted({p.spec.name for p in all_plans if p.in_place})
+        console.log(f"{', '.join(in_only)}: in place only in torch.distributed; "
+                    "their rows say in_place=1")
+    console.log(f"{len(all_plans)} combinations x {len(opts.sizes)} sizes on {n} ranks, "
+                f"{rt.nnodes} node(s), backend {rt.backend}, results in {s.run_dir}/"
+                if s.run_dir else "")
+    console.start_progress(len(all_plans) * len(opts.sizes))
+    bad_rows: list[str] = []
+    for plan in all_plans:
+        ctx = Ctx(rt.rank, n, plan.root, plan.redop if plan.redop != "none" else "sum",
+                  plan.in_place)
+        console.section(f"{plan.spec.name}  {plan.dtype}  redop {plan.redop}  root {plan.root}  "
+                        f"{'in-place' if plan.in_place else 'out-of-place'}  ranks {n}  "
+                        f"nodes {rt.nnodes}  backend {rt.backend}")
+        elt = torch.empty(0, dtype=TORCH_DTYPES[plan.dtype]).element_size()
+        layouts = [(size, layout(plan.spec.name, size, elt, n)) for size in opts.sizes]
+        s.step(f"{plan.spec.name} {plan.dtype} probe", opts.timeout)
+        skip = plan.skip or _probe(plan, ctx, device)
+        bufs, fitted = (None, 0)
+        if not skip:
+            counts = [lay.per_rank_count for _, lay in layouts if lay]
+            if counts:
+                s.step(f"{plan.spec.name} {plan.dtype} allocation", opts.timeout)
+                bufs, fitted = _allocate_fitting(plan, ctx, counts, device)
+        for size, lay in layouts:
+            row = _base_row(plan, rt, size, lay)
+            if skip:
+                row.update(status="skipped", note=skip)
+            elif lay is None:
+                row.update(status="skipped", note=f"too small: {n} ranks x {elt} B needs at "
+                                                  f"least {n * elt if plan.spec.accounting.split else elt} B")
+            elif lay.per_rank_count > fitted:
+                row.update(status="skipped", note="does not fit in device memory")
+            else:
+                row.update(_measure(s, plan, ctx, bufs, size, lay))
+                if row["wrong"]:
+                    bad_rows.append(f"{describe(plan.spec.name, lay.size_bytes, plan.dtype, plan.redop, plan.in_place)}: {row['wrong']} wrong")
+            if sink:
+                sink.append(row)
+            console.row(row)
+            console.advance(describe(plan.spec.name, size, plan.dtype, plan.redop,
+                                     plan.in_place))
+        del bufs
+    s.current = "end of sweep"
+    s.watchdog.disarm()
+    if sink:
+        sink.close()
+    if bad_rows:
+        raise session_mod.RunFailure("wrong results: " + "; ".join(bad_rows[:5]) +
+                                     (f" (+{len(bad_rows) - 5} more)" if len(bad_rows) > 5 else ""),
+                                     status="wrong", exit_code=session_mod.EXIT_WRONG)
+    return session_mod.EXIT_OK
+
+
+def _base_row(plan: Plan, rt, size: int, lay) -> dict:
+    return {
+        "op": plan.spec.name, "dtype": plan.dtype, "redop": plan.redop, "root": plan.root,
+        "in_place": plan.in_place, "world_size": rt.world, "nnodes": rt.nnodes,
+        "size_bytes": lay.size_bytes if lay else size, "count": lay.count if lay else 0,
+        "backend": rt.backend, "status": "ok", "note": "",
+    }
+
+
+def _measure(s: session_mod.Session, plan: Plan, ctx: Ctx, bufs, size: int, lay) -> dict:
+    opts, device = s.opts, s.rt.device
+    what = describe(plan.spec.name, lay.size_bytes, plan.dtype, plan.redop, plan.in_place)
+    testhooks.before_measurement(ctx.rank, size)
+    case = plan.spec.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
+    case.prepare()
+    s.step(what, opts.timeout)
+    iters, per_op = timing.warmup_and_calibrate(case.run, opts.warmup, opts.iters,
+                                                opts.min_time, device)
+    s.step(what, opts.timeout + 2 * iters * per_op)
+    samples = timing.measure(case.run, iters, device)
+    wrong = 0
+    if opts.check:
+        s.step(f"{what} (check)", opts.timeout)
+        case.prepare()
+        case.run()
+        timing.sync(device)
+        testhooks.corrupt(ctx.rank, case.output)
+        wrong = case.check()
+    s.step(f"{what} (statistics)", opts.timeout)
+    st = timing.summarize(samples, wrong, device)
+    algbw, busbw = bandwidth(plan.spec.name, lay.size_bytes, st.time_us / 1e6, ctx.n)
+    return {
+        "iters": st.iters, "time_us": st.time_us, "rank_min_us": st.rank_min_us,
+        "rank_max_us": st.rank_max_us, "slowest_rank": st.slowest_rank, "p50_us": st.p50_us,
+        "p99_us": st.p99_us, "cv_pct": st.cv_pct, "algbw_gbps": algbw, "busbw_gbps": busbw,
+        "wrong": st.wrong if opts.check else None,
+    }

@@ -1,0 +1,68 @@
+"""Under torchrun (or any launcher that sets the env:// variables) run this process as one rank;
+otherwise start the local workers ourselves through torch's own launcher API, as torchrun
+--standalone would, so one command works on a laptop."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import uuid
+
+from distbench import results
+
+COMMANDS = {"collective": "distbench.commands.collective"}
+
+
+def under_launcher() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def dispatch(command: str, opts) -> int:
+    if under_launcher():
+        return importlib.import_module(COMMANDS[command]).run(opts)
+    return start_local(command, opts)
+
+
+def start_local(command: str, opts) -> int:
+    import torch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from distbench.runtime import RunFailure, resolve_backend
+
+    try:
+        backend = resolve_backend(opts.backend)
+    except RunFailure as e:
+        print(f"distbench: error: {e}", file=sys.stderr)
+        return e.exit_code
+    nproc = opts.workers or (torch.cuda.device_count() if backend == "nccl" else 2)
+    run_dir = results.new_run_dir(opts.out, command)
+    os.environ[results.RUN_DIR_ENV] = str(run_dir)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, minus its warning
+    # The agent's own warnings (closing signals sent to workers) repeat what we report.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"distbench-{uuid.uuid4().hex}",
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+    )
+    try:
+        elastic_launch(config, sys.executable)("-u", "-m", "distbench", *opts.argv)
+        return 0
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        worker0 = e.failures.get(0)
+        # Rank 0 decides the outcome (it sees the whole run); a signal death is a failure.
+        chosen = worker0 if worker0 is not None and worker0.exitcode > 0 else failure
+        code = chosen.exitcode if chosen.exitcode > 0 else 3
+        how = (f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0
+               else f"exited with code {failure.exitcode}")
+        message = f"worker rank {rank} {how}"
+        if results.mark_unfinished(run_dir, message, code):
+            print(f"distbench: error: {message}; rows measured so far are in {run_dir}/",
+                  file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        results.mark_unfinished(run_dir, "interrupted", 130)
+        return 130

@@ -1,0 +1,98 @@
+"""Deterministic inputs from (rank, element index, seed) and the expected results, computed in
+closed form rather than by a collective, so a broken op cannot vouch for itself.
+
+Reductions use values that depend on the rank only through (index + rank) mod PERIOD, so the
+result for n ranks is a sum over PERIOD residues with known multiplicities: O(PERIOD) per element
+whatever n is. Data movement ops use a pattern that differs per rank and per index; received
+buffers start as a sentinel the pattern never produces.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PERIOD = 7
+MODULUS = 127  # fits int8 and is exact in bfloat16
+SENTINEL = -1  # uint8 sees 255: also outside 0..MODULUS-1
+CHUNK = 1 << 22  # elements per generated block: bounds temporary int64 memory
+SEED = 12345
+
+# |got - expected| <= atol + rtol * |expected|. Exact (0, 0) unless listed: integers and
+# float32/64 are exact at the magnitudes used; 16-bit floats and avg get a documented tolerance.
+TOLERANCE = {
+    torch.float16: (1e-3, 2e-3),
+    torch.bfloat16: (1e-2, 1.6e-2),
+}
+AVG_TOLERANCE = {torch.float32: (1e-6, 1e-6), torch.float64: (1e-12, 1e-12)}
+
+
+def _index(start: int, count: int, device) -> torch.Tensor:
+    return torch.arange(start, start + count, dtype=torch.int64, device=device)
+
+
+def movement(rank: int, start: int, count: int, device) -> torch.Tensor:
+    return (_index(start, count, device) * 5 + rank * 3 + SEED) % MODULUS
+
+
+def _residue_values(k: torch.Tensor, redop: str, dtype: torch.dtype) -> torch.Tensor:
+    if redop == "prod":  # +-1 (1 or 2 for uint8): products stay exact for any rank count
+        if dtype == torch.uint8:
+            return torch.where(k == 0, 2, 1)
+        return torch.where(k % 2 == 1, -1, 1)
+    return k if dtype == torch.uint8 else k - 3
+
+
+def reduction_input(rank: int, start: int, count: int, redop: str, dtype, device) -> torch.Tensor:
+    k = (_index(start, count, device) * 5 + SEED + rank) % PERIOD
+    return _residue_values(k, redop, dtype)
+
+
+def reduction_expected(start: int, count: int, n: int, redop: str, dtype, device) -> torch.Tensor:
+    """Element-wise reduction over ranks 0..n-1 of reduction_input, in float64 or int64."""
+    base = (_index(start, count, device) * 5 + SEED) % PERIOD
+    ks = torch.arange(PERIOD, device=device)
+    # ranks r with (base + r) % PERIOD == k: n // PERIOD, plus one for the first n % PERIOD
+    mult = n // PERIOD + (((ks[:, None] - base[None, :]) % PERIOD) < n % PERIOD).long()
+    vals = _residue_values(ks, redop, dtype)[:, None].expand_as(mult)
+    present = mult > 0
+    if redop in ("sum", "avg"):
+        out = (mult * vals).sum(0)
+        return out.double() / n if redop == "avg" else out
+    if redop == "prod":
+        if dtype == torch.uint8:
+            twos = mult[0]
+            return torch.where(twos >= 8, 0, 2 ** twos.clamp(max=8))
+        negatives = (mult * (vals < 0)).sum(0)
+        return torch.where(negatives % 2 == 1, -1, 1)
+    big = 1 << 40
+    if redop == "max":
+        return torch.where(present, vals, -big).amax(0)
+    return torch.where(present, vals, big).amin(0)
+
+
+def fill(buf: torch.Tensor, make) -> None:
+    """buf[i] = make(start, count)[i - start], chunk by chunk."""
+    for start in range(0, buf.numel(), CHUNK):
+        count = min(CHUNK, buf.numel() - start)
+        buf[start:start + count].copy_(make(start, count))
+
+
+def count_wrong(got: torch.Tensor, make, redop: str | None = None) -> int:
+    """Elements of got that differ from make(start, count), chunk by chunk."""
+    dtype = got.dtype
+    if redop == "avg":
+        atol, rtol = AVG_TOLERANCE.get(dtype, TOLERANCE.get(dtype, (0.0, 0.0)))
+    else:
+        atol, rtol = TOLERANCE.get(dtype, (0.0, 0.0))
+    wrong = 0
+    for start in range(0, got.numel(), CHUNK):
+        count = min(CHUNK, got.numel() - start)
+        expected = make(start, count)
+        part = got[start:start + count]
+        if dtype.is_floating_point:
+            exp = expected.double()
+            ok = (part.double() - exp).abs() <= atol + rtol * exp.abs()
+        else:  # integer results wrap like the hardware does: compare after the same cast
+            ok = part == expected.to(dtype)
+        wrong += int((~ok).sum())
+    return wrong

@@ -1,0 +1,182 @@
+"""Resolved, validated options. No torch import: bad input must fail fast, before any worker."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from distbench.accounting import COLLECTIVES
+from distbench.sizes import SizeError, parse_sizes
+
+
+class OptionError(Exception):
+    """One bad option: printed as a single line with a valid example, exit code 2."""
+
+    def __init__(self, option: str, message: str, example: str):
+        super().__init__(f"{option}: {message} (example: {example})")
+
+
+DTYPE_ALIASES = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float64": "float64", "fp64": "float64", "double": "float64",
+    "int32": "int32", "int": "int32",
+    "int64": "int64", "long": "int64",
+    "int8": "int8",
+    "uint8": "uint8",
+}
+DTYPES = tuple(dict.fromkeys(DTYPE_ALIASES.values()))
+REDOPS = ("sum", "prod", "max", "min", "avg")
+PLACEMENTS = ("out", "in", "both")
+BACKENDS = ("auto", "nccl", "gloo")
+
+
+def _pick(option: str, text: str, valid: tuple[str, ...], example: str,
+          aliases: dict[str, str] | None = None) -> list[str]:
+    """A comma list of names from `valid` (or 'all'), order kept, duplicates dropped."""
+    names = [t.strip().lower() for t in str(text).split(",")]
+    if names == ["all"]:
+        return list(valid)
+    out: list[str] = []
+    for name in names:
+        canon = (aliases or {}).get(name, name)
+        if canon not in valid:
+            raise OptionError(option, f"unknown value {name!r} (valid: {', '.join(valid)}, all)",
+                              example)
+        if canon not in out:
+            out.append(canon)
+    return out
+
+
+def _one_of(option: str, value: str, valid: tuple[str, ...], example: str) -> str:
+    value = str(value).strip().lower()
+    if value not in valid:
+        raise OptionError(option, f"unknown value {value!r} (valid: {', '.join(valid)})", example)
+    return value
+
+
+def check_writable_dir(option: str, path: Path, example: str) -> Path:
+    """Create the directory and prove a file can be written there, before any work starts."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".distbench-probe-"):
+            pass
+    except OSError as e:
+        raise OptionError(option, f"cannot write to {str(path)!r}: {e.strerror or e}",
+                          example) from None
+    return path
+
+
+@dataclass
+class CollectiveOptions:
+    ops: list[str]
+    sizes: list[int]
+    dtypes: list[str]
+    redops: list[str]
+    root: int
+    placement: str
+    iters: int | None
+    min_time: float
+    warmup: int
+    check: bool
+    out: Path
+    backend: str
+    timeout: float
+    workers: int | None
+    argv: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        d.pop("argv")  # run.json records it once, at the top level
+        return d
+
+    def identity(self) -> dict:
+        """What every rank must agree on (argv and out may legitimately differ per node)."""
+        d = self.to_json()
+        for k in ("out", "workers"):
+            d.pop(k)
+        return d
+
+
+def build_collective(*, op: str, sizes: str, dtype: str, redop: str, root: int, placement: str,
+                     iters: int | None, min_time: float, warmup: int, check: bool, out: Path,
+                     backend: str, timeout: float, workers: int | None,
+                     argv: list[str]) -> CollectiveOptions:
+    try:
+        size_list = parse_sizes(str(sizes))
+    except SizeError as e:
+        raise OptionError("--sizes", str(e), "--sizes 8:128M:x2") from None
+    if iters is not None and iters <= 0:
+        raise OptionError("--iters", f"must be at least 1, got {iters}", "--iters 20")
+    if not min_time > 0:
+        raise OptionError("--min-time", f"must be above 0 seconds, got {min_time}",
+                          "--min-time 0.2")
+    if warmup < 0:
+        raise OptionError("--warmup", f"must be 0 or more, got {warmup}", "--warmup 5")
+    if not timeout > 0:
+        raise OptionError("--timeout", f"must be above 0 seconds, got {timeout}", "--timeout 300")
+    if root < 0:
+        raise OptionError("--root", f"must be a rank (0 or more), got {root}", "--root 0")
+    if workers is not None and workers < 1:
+        raise OptionError("--workers", f"must be at least 1, got {workers}", "--workers 2")
+    world = workers or _env_int("WORLD_SIZE")
+    if world is not None and root >= world:
+        raise OptionError("--root", f"rank {root} does not exist in a world of {world}",
+                          "--root 0")
+    return CollectiveOptions(
+        ops=_pick("--op", op, COLLECTIVES, "--op all_reduce,all_gather"),
+        sizes=size_list,
+        dtypes=_pick("--dtype", dtype, DTYPES, "--dtype float32,bfloat16", DTYPE_ALIASES),
+        redops=_pick("--redop", redop, REDOPS, "--redop sum"),
+        root=root,
+        placement=_one_of("--placement", placement, PLACEMENTS, "--placement both"),
+        iters=iters,
+        min_time=float(min_time),
+        warmup=warmup,
+        check=check,
+        out=check_writable_dir("--out", Path(out), "--out results"),
+        backend=_one_of("--backend", backend, BACKENDS, "--backend gloo"),
+        timeout=float(timeout),
+        workers=workers,
+        argv=argv,
+    )
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def load_config(path: Path, command: str, known: set[str]) -> dict:
+    """Options from a TOML file: top-level keys, or a [command] table. Keys as on the command line
+    (`min-time` or `min_time`); list values are joined with commas."""
+    example = "--config configs/smoke-gloo.toml"
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise OptionError("--config", f"no such file {str(path)!r}", example) from None
+    except OSError as e:
+        raise OptionError("--config", f"cannot read {str(path)!r}: {e.strerror}", example) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise OptionError("--config", f"{path} is not valid TOML: {e}", example) from None
+    table = data.get(command, data)
+    if not isinstance(table, dict):
+        raise OptionError("--config", f"[{command}] in {path} must be a table", example)
+    out: dict = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            if isinstance(value, dict):  # another command's table
+                continue
+            valid = ", ".join(sorted(k.replace("_", "-") for k in known))
+            raise OptionError("--config", f"unknown key {key!r} in {path} (valid: {valid})",
+                              example)
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        out[name] = value
+    return out

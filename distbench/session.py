@@ -1,0 +1,117 @@
+"""One run of a command on one rank: the process group, the run directory, run.json from start
+to end, and the rules for failure (what is printed, what run.json says, the exit code)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.distributed as dist
+
+from distbench import results, topo
+from distbench.console import Console
+from distbench.runtime import RunFailure, Runtime, Watchdog, start
+
+EXIT_OK, EXIT_WRONG, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM, usually the launcher stopping us because another worker failed."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    line = text[0] if text else type(e).__name__
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+class Session:
+    def __init__(self, command: str, opts, rt: Runtime):
+        self.command = command
+        self.opts = opts
+        self.rt = rt
+        self.console = Console(rt.rank == 0)
+        self.current = "startup"
+        self.run_dir: Path | None = None
+        self.record: results.RunRecord | None = None
+        self.watchdog = Watchdog(self._timed_out)
+
+    def open_run_dir(self) -> None:
+        """Rank 0 owns the files. The local launcher picks the directory so it can find run.json
+        if every worker dies; under torchrun rank 0 picks it."""
+        if self.rt.rank != 0:
+            return
+        given = os.environ.get(results.RUN_DIR_ENV)
+        self.run_dir = Path(given) if given else results.new_run_dir(self.opts.out, self.command)
+        rt = self.rt
+        self.record = results.RunRecord(self.run_dir, self.command, self.opts.to_json(),
+                                        self.opts.argv)
+        driver = next((s.get("driver_version") for s in rt.snapshots if s.get("driver_version")),
+                      None)
+        self.record.update(backend=rt.backend, world_size=rt.world, nnodes=rt.nnodes,
+                           versions={**rt.versions(), "driver": driver}, ranks=rt.ranks)
+        (self.run_dir / "topo.txt").write_text(topo.render_text(rt.snapshots))
+
+    def step(self, what: str, seconds: float) -> None:
+        """Name what runs now (errors and timeouts quote it) and how long it may take."""
+        self.current = what
+        self.watchdog.arm(seconds, what)
+
+    def _timed_out(self, what: str, seconds: float) -> None:
+        message = (f"timed out after {seconds:.0f} s in {what} on rank {self.rt.rank}: "
+                   "a peer stopped taking part (stalled or dead rank?)")
+        self._end("timeout", EXIT_FAILED, message)
+        os._exit(EXIT_FAILED)
+
+    def _end(self, status: str, code: int, error: str | None) -> None:
+        self.console.stop_progress()
+        if error:
+            print(f"distbench: rank {self.rt.rank}: error: {error}", file=sys.stderr, flush=True)
+        if self.record is not None:
+            self.record.finish(status, code, error)
+            self.console.log(f"results in {self.run_dir}/")
+        sys.stdout.flush()
+
+
+def run(command: str, opts, body: Callable[[Session], int]) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        rt = start(opts.backend, opts.timeout, opts.identity())
+    except RunFailure as e:
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"distbench: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    session = Session(command, opts, rt)
+    status, code, error = "ok", EXIT_OK, None
+    try:
+        session.open_run_dir()
+        code = body(session)
+        status = "ok" if code == EXIT_OK else "wrong"
+    except RunFailure as e:
+        status, code, error = e.status, e.exit_code, str(e)
+    except Terminated as e:
+        cause = f" while handling: {_first_line(e.__context__)}" if e.__context__ else ""
+        status, code = "terminated", EXIT_TERMINATED
+        error = f"stopped by SIGTERM in {session.current}{cause}"
+    except Exception as e:
+        status, code = "failed", EXIT_FAILED
+        error = f"{session.current} failed: {type(e).__name__}: {_first_line(e)}"
+    finally:
+        # Writing run.json must not be cut short by the launcher's SIGTERM.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        session.watchdog.disarm()
+        session._end(status, code, error)
+    if code in (EXIT_OK, EXIT_WRONG):
+        dist.destroy_process_group()
+        return code
+    # Peers may be dead or stuck: tearing the process group down could hang.
+    sys.stderr.flush()
+    os._exit(code)

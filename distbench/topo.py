@@ -1,0 +1,387 @@
+"""Per-node topology snapshot written to ``topo.txt`` in the results directory.
+
+This runs at the start of every benchmark on every node, so every probe is
+failure-proof: a missing file, command or library degrades to an empty value
+plus a one-line reason instead of raising.  Deliberately torch-free so it can
+run before (or without) the process group being set up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+# Module-level so tests can point them at fake sysfs/procfs trees.
+_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+_CPUINFO_PATH = Path("/proc/cpuinfo")
+_NUMA_DIR = Path("/sys/devices/system/node")
+
+_NVIDIA_SMI_TIMEOUT_S = 20
+# NVML_NVLINK_MAX_LINKS was 18 up to Hopper; probing stops at the first error anyway.
+_MAX_NVLINKS = 18
+_ERR_MAX_CHARS = 300
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Matrix column names: GPU0, NIC3, and older drivers' raw HCA names like mlx5_0;
+# NV# is a link cell, never a device name.
+_DEVICE_RE = re.compile(r"^(?!NV\d+$)[A-Za-z][\w.:\-]*\d$")
+_GPU_RE = re.compile(r"^GPU\d+$")
+
+
+def _one_line(msg: object) -> str:
+    text = " ".join(str(msg).split())
+    if len(text) > _ERR_MAX_CHARS:
+        text = text[: _ERR_MAX_CHARS - 3] + "..."
+    return text or "unknown error"
+
+
+def _exc_line(exc: BaseException) -> str:
+    return _one_line(f"{type(exc).__name__}: {exc}")
+
+
+def _text(value: Any) -> str:
+    # Older pynvml releases return bytes, newer ones str.
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------------------
+# probes
+
+
+def _boot_id() -> str:
+    text = _read_text(_BOOT_ID_PATH)
+    return text.strip() if text else ""
+
+
+def _hostname() -> str:
+    try:
+        return socket.gethostname()
+    except Exception:
+        return "unknown"
+
+
+def _nvidia_smi_topo() -> tuple[str | None, str | None]:
+    """Return (stdout, None) on success or (None, reason)."""
+    try:
+        exe = shutil.which("nvidia-smi")
+    except Exception as exc:
+        return None, _exc_line(exc)
+    if not exe:
+        return None, "nvidia-smi not found on PATH"
+    try:
+        proc = subprocess.run(
+            [exe, "topo", "-m"],
+            capture_output=True,
+            text=True,
+            timeout=_NVIDIA_SMI_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"nvidia-smi topo -m timed out after {_NVIDIA_SMI_TIMEOUT_S} s"
+    except Exception as exc:
+        return None, _exc_line(exc)
+    stdout = proc.stdout or ""
+    if proc.returncode != 0:
+        detail = (proc.stderr or "").strip() or stdout.strip()
+        detail_line = detail.splitlines()[0] if detail else "no output"
+        return None, _one_line(f"nvidia-smi topo -m exited {proc.returncode}: {detail_line}")
+    if not stdout.strip():
+        return None, "nvidia-smi topo -m produced no output"
+    return stdout, None
+
+
+def _cuda_version_str(raw: Any) -> str:
+    # NVML encodes CUDA driver versions as 1000 * major + 10 * minor (12040 -> 12.4).
+    if isinstance(raw, int):
+        return f"{raw // 1000}.{(raw % 1000) // 10}"
+    return _text(raw)
+
+
+def _optional(fn: Any, *args: Any) -> Any:
+    # PCIe and version queries are unsupported on some platforms (vGPU, some
+    # SXM/Grace parts); losing one field must not discard the whole inventory.
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def _nvlinks_up(nvml: Any, handle: Any) -> int:
+    enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+    up = 0
+    for link in range(_MAX_NVLINKS):
+        try:
+            state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+        except Exception:
+            # PCIe-only GPUs raise NotSupported on link 0; past the last link
+            # NVML raises InvalidArgument.  Either way there is nothing more.
+            break
+        if state == enabled:
+            up += 1
+    return up
+
+
+def _nvml_probe() -> dict[str, Any]:
+    out: dict[str, Any] = {"gpus": [], "driver_version": None, "cuda_driver_version": None}
+    try:
+        import pynvml as nvml
+    except Exception as exc:
+        out["nvml_error"] = _one_line(f"pynvml not importable: {exc}")
+        return out
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        out["nvml_error"] = _one_line(f"nvmlInit failed: {_exc_line(exc)}")
+        return out
+    try:
+        gpus = []
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            gpus.append(
+                {
+                    "index": index,
+                    "name": _text(nvml.nvmlDeviceGetName(handle)),
+                    "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
+                    "memory_total_bytes": int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    "pcie_gen_current": _optional(
+                        nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle
+                    ),
+                    "pcie_gen_max": _optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
+                    "pcie_width_current": _optional(nvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
+                    "pcie_width_max": _optional(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
+                    "nvlinks_up": _nvlinks_up(nvml, handle),
+                }
+            )
+        driver = _optional(nvml.nvmlSystemGetDriverVersion)
+        cuda = _optional(nvml.nvmlSystemGetCudaDriverVersion)
+        out["driver_version"] = _text(driver) if driver is not None else None
+        out["cuda_driver_version"] = _cuda_version_str(cuda) if cuda is not None else None
+        out["gpus"] = gpus
+    except Exception as exc:
+        out["gpus"] = []
+        out["nvml_error"] = _one_line(f"NVML query failed: {_exc_line(exc)}")
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+    return out
+
+
+def _cpu_model() -> str:
+    text = _read_text(_CPUINFO_PATH) or ""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "model name" and value.strip():
+            return value.strip()
+    try:
+        return platform.processor() or ""
+    except Exception:
+        return ""
+
+
+def _numa_nodes() -> list[dict[str, Any]]:
+    nodes = []
+    try:
+        entries = list(_NUMA_DIR.glob("node*"))
+    except Exception:
+        return []
+    for entry in entries:
+        match = re.fullmatch(r"node(\d+)", entry.name)
+        if not match:
+            continue
+        cpus = _read_text(entry / "cpulist")
+        if cpus is None:
+            continue
+        nodes.append({"node": int(match.group(1)), "cpus": cpus.strip()})
+    nodes.sort(key=lambda n: n["node"])
+    return nodes
+
+
+def _cpu_probe() -> dict[str, Any]:
+    try:
+        cores = os.cpu_count()
+    except Exception:
+        cores = None
+    return {"model": _cpu_model(), "logical_cores": cores, "numa_nodes": _numa_nodes()}
+
+
+def node_snapshot() -> dict:
+    """Describe this machine as a JSON-serialisable dict (never raises).
+
+    Keys: host, boot_id, nvidia_smi_topo (+ nvidia_smi_error when None), gpus,
+    driver_version, cuda_driver_version (+ nvml_error on NVML failure), cpu.
+    """
+    snap: dict[str, Any] = {"host": _hostname(), "boot_id": _boot_id()}
+
+    try:
+        topo_text, topo_err = _nvidia_smi_topo()
+    except Exception as exc:  # belt and braces: the probe itself should not raise
+        topo_text, topo_err = None, _exc_line(exc)
+    snap["nvidia_smi_topo"] = topo_text
+    if topo_text is None:
+        snap["nvidia_smi_error"] = topo_err or "unknown error"
+
+    try:
+        snap.update(_nvml_probe())
+    except Exception as exc:
+        snap.update(gpus=[], driver_version=None, cuda_driver_version=None)
+        snap["nvml_error"] = _exc_line(exc)
+
+    try:
+        snap["cpu"] = _cpu_probe()
+    except Exception:
+        snap["cpu"] = {"model": "", "logical_cores": None, "numa_nodes": []}
+    return snap
+
+
+# ---------------------------------------------------------------------------
+# parsing / rendering
+
+
+def _find_header(lines: list[str]) -> tuple[int, list[str]] | None:
+    for i, line in enumerate(lines):
+        tokens = line.split()
+        if not tokens or not _DEVICE_RE.match(tokens[0]):
+            continue
+        # A data row has a link cell (" X ", "NV18", "SYS") right after its
+        # name; the header has another device name or the affinity columns.
+        if "Affinity" in tokens or (len(tokens) > 1 and _DEVICE_RE.match(tokens[1])):
+            devices = []
+            for tok in tokens:
+                if not _DEVICE_RE.match(tok):
+                    break
+                devices.append(tok)
+            return i, devices
+    return None
+
+
+def parse_topo_matrix(text: str) -> dict:
+    """Parse ``nvidia-smi topo -m`` into its GPU-to-GPU part.
+
+    Returns {"devices": ["GPU0", ...], "links": {"GPU0-GPU1": "NV18", ...}} with
+    one entry per ordered pair of distinct GPUs; NIC rows/columns, affinity
+    columns and the legend are ignored.  Unparseable input gives empty results.
+    """
+    lines = _ANSI_RE.sub("", text or "").splitlines()
+    found = _find_header(lines)
+    if found is None:
+        return {"devices": [], "links": {}}
+    header_idx, columns = found
+    gpu_cols = [(j, name) for j, name in enumerate(columns) if _GPU_RE.match(name)]
+
+    devices: list[str] = []
+    links: dict[str, str] = {}
+    for line in lines[header_idx + 1 :]:
+        tokens = line.split()
+        if not tokens:
+            continue
+        if tokens[0].rstrip(":") == "Legend":
+            break
+        row = tokens[0]
+        if not _GPU_RE.match(row) or row not in columns:
+            continue
+        cells = tokens[1:]
+        if len(cells) < len(columns):
+            continue
+        devices.append(row)
+        for j, col in gpu_cols:
+            if col != row:
+                links[f"{row}-{col}"] = cells[j]
+    return {"devices": devices, "links": links}
+
+
+def _fmt_gib(nbytes: Any) -> str:
+    try:
+        return f"{int(nbytes) / 2**30:.1f} GiB"
+    except (TypeError, ValueError):
+        return "? GiB"
+
+
+def _fmt(value: Any) -> str:
+    return "?" if value is None else str(value)
+
+
+def _gpu_line(gpu: dict) -> str:
+    pcie = (
+        f"PCIe gen{_fmt(gpu.get('pcie_gen_current'))} x{_fmt(gpu.get('pcie_width_current'))}"
+        f" (max gen{_fmt(gpu.get('pcie_gen_max'))} x{_fmt(gpu.get('pcie_width_max'))})"
+    )
+    return (
+        f"GPU{_fmt(gpu.get('index'))}: {gpu.get('name') or '?'}, "
+        f"{_fmt_gib(gpu.get('memory_total_bytes'))}, {pcie}, "
+        f"NVLinks up {_fmt(gpu.get('nvlinks_up'))}, {gpu.get('uuid') or '?'}"
+    )
+
+
+def _render_one(snap: dict) -> list[str]:
+    boot = str(snap.get("boot_id") or "")[:8] or "?"
+    out = [f"==== node {snap.get('host') or '?'} (boot {boot}) ===="]
+    gpus = snap.get("gpus") or []
+
+    topo_text = snap.get("nvidia_smi_topo")
+    if topo_text:
+        out.extend(str(topo_text).rstrip("\n").split("\n"))
+    else:
+        reason = snap.get("nvidia_smi_error") or "unknown reason"
+        # "CPU-only" would be wrong if NVML still found GPUs (e.g. a broken nvidia-smi).
+        suffix = "GPU inventory from NVML below" if gpus else "CPU-only node"
+        out.append(f"nvidia-smi not available: {reason}; {suffix}")
+
+    cpu = snap.get("cpu") or {}
+    out.append(f"CPU: {cpu.get('model') or 'unknown'}")
+    out.append(f"logical cores: {_fmt(cpu.get('logical_cores'))}")
+    numa = cpu.get("numa_nodes") or []
+    if numa:
+        for node in numa:
+            out.append(f"NUMA node{_fmt(node.get('node'))}: cpus {node.get('cpus') or '?'}")
+    else:
+        out.append("NUMA: no /sys/devices/system/node information")
+
+    for gpu in gpus:
+        out.append(_gpu_line(gpu))
+    if gpus or snap.get("driver_version"):
+        out.append(
+            f"driver version: {_fmt(snap.get('driver_version'))}, "
+            f"CUDA driver version: {_fmt(snap.get('cuda_driver_version'))}"
+        )
+    if snap.get("nvml_error"):
+        out.append(f"NVML not available: {snap['nvml_error']}")
+    return out
+
+
+def render_text(snapshots: list[dict]) -> str:
+    """Render snapshots as the content of topo.txt, one block per node."""
+    blocks = ["\n".join(_render_one(snap)) for snap in snapshots]
+    return "\n\n".join(blocks) + "\n" if blocks else ""
+
+
+def dedupe_by_node(snapshots: list[dict]) -> list[dict]:
+    """Keep the first snapshot per (host, boot_id), preserving order.
+
+    Every rank on a node sends the same snapshot; boot_id keeps two distinct
+    machines apart even when they share a hostname (containers, reused names).
+    """
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for snap in snapshots:
+        key = (str(snap.get("host", "")), str(snap.get("boot_id", "")))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(snap)
+    return out

@@ -1,0 +1,433 @@
+import importlib
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[1]
+# Lets `pytest tests/test_topo.py` work from any cwd without an installed package.
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+topo = importlib.import_module("distbench.topo")
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NV18_TEXT = (FIXTURES / "topo_dgx_h100_nv18.txt").read_text()
+PCIE_TEXT = (FIXTURES / "topo_pcie_4gpu.txt").read_text()
+
+
+# ---------------------------------------------------------------------------
+# parse_topo_matrix
+
+
+def test_parse_nvlink_fixture():
+    parsed = topo.parse_topo_matrix(NV18_TEXT)
+    assert parsed["devices"] == [f"GPU{i}" for i in range(8)]
+    assert len(parsed["links"]) == 56
+    assert set(parsed["links"].values()) == {"NV18"}
+    assert "GPU0-GPU0" not in parsed["links"]
+    assert not any("NIC" in key for key in parsed["links"])
+    json.dumps(parsed)
+
+
+def test_parse_pcie_fixture():
+    parsed = topo.parse_topo_matrix(PCIE_TEXT)
+    assert parsed["devices"] == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    expected_pairs = {
+        ("GPU0", "GPU1"): "PIX",
+        ("GPU2", "GPU3"): "PXB",
+        ("GPU0", "GPU2"): "SYS",
+        ("GPU0", "GPU3"): "SYS",
+        ("GPU1", "GPU2"): "SYS",
+        ("GPU1", "GPU3"): "SYS",
+    }
+    expected = {}
+    for (a, b), kind in expected_pairs.items():
+        expected[f"{a}-{b}"] = kind
+        expected[f"{b}-{a}"] = kind
+    assert parsed["links"] == expected
+    # NIC0's NODE entries must not leak into the GPU matrix.
+    assert "NODE" not in parsed["links"].values()
+
+
+def test_parse_space_padded_and_ansi_header():
+    # Some drivers underline the header with ANSI codes; copies often turn tabs into spaces.
+    text = (
+        "        \x1b[4mGPU0    GPU1    mlx5_0  CPU Affinity    NUMA Affinity\x1b[0m\n"
+        "GPU0     X      NV4     SYS     0-31    0\n"
+        "GPU1    NV4      X      SYS     0-31    0\n"
+        "mlx5_0  SYS     SYS      X\n"
+        "\n"
+        "Legend:\n\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLinks\n"
+    )
+    parsed = topo.parse_topo_matrix(text)
+    assert parsed == {
+        "devices": ["GPU0", "GPU1"],
+        "links": {"GPU0-GPU1": "NV4", "GPU1-GPU0": "NV4"},
+    }
+
+
+@pytest.mark.parametrize("text", ["", "garbage\nmore garbage\n", "No devices were found\n"])
+def test_parse_garbage_is_empty(text):
+    assert topo.parse_topo_matrix(text) == {"devices": [], "links": {}}
+
+
+# ---------------------------------------------------------------------------
+# render_text
+
+
+def _cpu_only_snapshot():
+    return {
+        "host": "cpu-node-1",
+        "boot_id": "0123456789abcdef",
+        "nvidia_smi_topo": None,
+        "nvidia_smi_error": "nvidia-smi not found on PATH",
+        "gpus": [],
+        "driver_version": None,
+        "cuda_driver_version": None,
+        "nvml_error": "nvmlInit failed: NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+        "cpu": {
+            "model": "AMD EPYC 9654 96-Core Processor",
+            "logical_cores": 384,
+            "numa_nodes": [{"node": 0, "cpus": "0-95,192-287"}, {"node": 1, "cpus": "96-191"}],
+        },
+    }
+
+
+def _gpu_snapshot():
+    return {
+        "host": "dgx-07",
+        "boot_id": "fedcba9876543210",
+        "nvidia_smi_topo": NV18_TEXT,
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA H100 80GB HBM3",
+                "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+                "memory_total_bytes": 80 * 2**30,
+                "pcie_gen_current": 5,
+                "pcie_gen_max": 5,
+                "pcie_width_current": 16,
+                "pcie_width_max": 16,
+                "nvlinks_up": 18,
+            }
+        ],
+        "driver_version": "550.54.15",
+        "cuda_driver_version": "12.4",
+        "cpu": {
+            "model": "Intel(R) Xeon(R) Platinum 8480C",
+            "logical_cores": 224,
+            "numa_nodes": [],
+        },
+    }
+
+
+def test_render_cpu_only():
+    text = topo.render_text([_cpu_only_snapshot()])
+    lines = text.splitlines()
+    assert lines[0] == "==== node cpu-node-1 (boot 01234567) ===="
+    assert "nvidia-smi not available: nvidia-smi not found on PATH; CPU-only node" in lines
+    assert "AMD EPYC 9654 96-Core Processor" in text
+    assert "384" in text
+    assert "NUMA node0: cpus 0-95,192-287" in lines
+    assert "NUMA node1: cpus 96-191" in lines
+
+
+def test_render_gpu_snapshot_contains_matrix_verbatim():
+    text = topo.render_text([_gpu_snapshot()])
+    assert text.startswith("==== node dgx-07 (boot fedcba98) ====\n")
+    assert NV18_TEXT in text
+    assert "not available" not in text.split("Legend")[0]
+    gpu_line = next(line for line in text.splitlines() if line.startswith("GPU0: "))
+    assert "NVIDIA H100 80GB HBM3" in gpu_line
+    assert "80.0 GiB" in gpu_line
+    assert "gen5 x16" in gpu_line
+    assert "NVLinks up 18" in gpu_line
+    assert "550.54.15" in text
+
+
+def test_render_multiple_nodes_and_sparse_snapshot():
+    text = topo.render_text([_gpu_snapshot(), _cpu_only_snapshot(), {}])
+    assert text.count("==== node ") == 3
+    assert text.index("dgx-07") < text.index("cpu-node-1")
+    assert topo.render_text([]) == ""
+
+
+def test_render_gpus_without_nvidia_smi_is_not_called_cpu_only():
+    snap = _gpu_snapshot()
+    snap["nvidia_smi_topo"] = None
+    snap["nvidia_smi_error"] = "nvidia-smi topo -m exited 9: Failed to initialize NVML"
+    text = topo.render_text([snap])
+    assert "nvidia-smi not available: nvidia-smi topo -m exited 9" in text
+    assert "CPU-only" not in text
+    assert "NVIDIA H100 80GB HBM3" in text
+
+
+# ---------------------------------------------------------------------------
+# node_snapshot
+
+
+def test_node_snapshot_on_this_machine():
+    snap = topo.node_snapshot()
+    json.dumps(snap)
+    assert snap["host"]
+    assert isinstance(snap["boot_id"], str)
+    assert snap["cpu"]["logical_cores"] == os.cpu_count()
+    assert isinstance(snap["cpu"]["numa_nodes"], list)
+    if topo.shutil.which("nvidia-smi") is None:
+        assert snap["nvidia_smi_topo"] is None
+        assert snap["nvidia_smi_error"]
+        assert "\n" not in snap["nvidia_smi_error"]
+        assert snap["gpus"] == []
+        assert "CPU-only node" in topo.render_text([snap])
+    for node in snap["cpu"]["numa_nodes"]:
+        assert isinstance(node["node"], int) and isinstance(node["cpus"], str)
+
+
+def _no_nvml(monkeypatch):
+    # Keep the real pynvml (and a real GPU, if any) out of tests that fake nvidia-smi.
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+
+
+def test_node_snapshot_with_mocked_nvidia_smi(monkeypatch):
+    calls = []
+
+    def fake_run(args, **kwargs):
+        calls.append((args, kwargs))
+        return subprocess.CompletedProcess(args, 0, stdout=NV18_TEXT, stderr="")
+
+    monkeypatch.setattr(topo.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(topo.subprocess, "run", fake_run)
+    _no_nvml(monkeypatch)
+    snap = topo.node_snapshot()
+
+    assert snap["nvidia_smi_topo"] == NV18_TEXT
+    assert "nvidia_smi_error" not in snap
+    assert len(calls) == 1
+    args, kwargs = calls[0]
+    assert isinstance(args, list)
+    assert args == ["/usr/bin/nvidia-smi", "topo", "-m"]
+    assert not kwargs.get("shell", False)
+    assert kwargs.get("timeout") == 20
+    assert topo.parse_topo_matrix(snap["nvidia_smi_topo"])["devices"][-1] == "GPU7"
+    json.dumps(snap)
+
+
+@pytest.mark.parametrize(
+    "outcome, reason_part",
+    [
+        (subprocess.CompletedProcess([], 9, stdout="", stderr="Failed to initialize NVML\n"), "9"),
+        (subprocess.TimeoutExpired(["nvidia-smi"], 20), "timed out"),
+        (FileNotFoundError(2, "No such file or directory"), "FileNotFoundError"),
+        (subprocess.CompletedProcess([], 0, stdout="  \n", stderr=""), "no output"),
+    ],
+)
+def test_node_snapshot_nvidia_smi_failures(monkeypatch, outcome, reason_part):
+    def fake_run(args, **kwargs):
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(topo.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(topo.subprocess, "run", fake_run)
+    _no_nvml(monkeypatch)
+    snap = topo.node_snapshot()
+    assert snap["nvidia_smi_topo"] is None
+    assert reason_part in snap["nvidia_smi_error"]
+    assert "\n" not in snap["nvidia_smi_error"]
+
+
+def test_node_snapshot_missing_proc_and_sys(monkeypatch, tmp_path):
+    monkeypatch.setattr(topo, "_BOOT_ID_PATH", tmp_path / "nope" / "boot_id")
+    monkeypatch.setattr(topo, "_CPUINFO_PATH", tmp_path / "nope" / "cpuinfo")
+    monkeypatch.setattr(topo, "_NUMA_DIR", tmp_path / "nope" / "node")
+    monkeypatch.setattr(topo.platform, "processor", lambda: "fallback-cpu")
+    monkeypatch.setattr(topo.shutil, "which", lambda name: None)
+    _no_nvml(monkeypatch)
+    snap = topo.node_snapshot()
+    assert snap["boot_id"] == ""
+    assert snap["cpu"]["model"] == "fallback-cpu"
+    assert snap["cpu"]["numa_nodes"] == []
+    assert snap["nvidia_smi_error"] == "nvidia-smi not found on PATH"
+    assert "pynvml" in snap["nvml_error"]
+    json.dumps(snap)
+
+
+def test_node_snapshot_reads_fake_sysfs(monkeypatch, tmp_path):
+    (tmp_path / "boot_id").write_text("abcdef01-2345-6789-abcd-ef0123456789\n")
+    (tmp_path / "cpuinfo").write_text(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold 6338\n"
+    )
+    for node, cpus in [(1, "32-63,96-127"), (0, "0-31,64-95"), (10, "")]:
+        (tmp_path / "node" / f"node{node}").mkdir(parents=True)
+        (tmp_path / "node" / f"node{node}" / "cpulist").write_text(cpus + "\n")
+    (tmp_path / "node" / "possible").write_text("0-1\n")
+    monkeypatch.setattr(topo, "_BOOT_ID_PATH", tmp_path / "boot_id")
+    monkeypatch.setattr(topo, "_CPUINFO_PATH", tmp_path / "cpuinfo")
+    monkeypatch.setattr(topo, "_NUMA_DIR", tmp_path / "node")
+    monkeypatch.setattr(topo.shutil, "which", lambda name: None)
+    _no_nvml(monkeypatch)
+    snap = topo.node_snapshot()
+    assert snap["boot_id"] == "abcdef01-2345-6789-abcd-ef0123456789"
+    assert snap["cpu"]["model"] == "Intel(R) Xeon(R) Gold 6338"
+    assert snap["cpu"]["numa_nodes"] == [
+        {"node": 0, "cpus": "0-31,64-95"},
+        {"node": 1, "cpus": "32-63,96-127"},
+        {"node": 10, "cpus": ""},
+    ]
+    text = topo.render_text([snap])
+    assert "(boot abcdef01)" in text
+    assert "NUMA node1: cpus 32-63,96-127" in text
+
+
+# ---------------------------------------------------------------------------
+# NVML
+
+
+class _FakeNVMLError(Exception):
+    pass
+
+
+def _fake_pynvml(*, init_error=None, nvlinks=(18, 0), fail_pcie=False):
+    fake = types.ModuleType("pynvml")
+    fake.NVML_FEATURE_ENABLED = 1
+    fake.NVMLError = _FakeNVMLError
+    state = {"shutdown": 0}
+    fake.state = state
+
+    def nvmlInit():
+        if init_error is not None:
+            raise init_error
+
+    def nvmlShutdown():
+        state["shutdown"] += 1
+
+    def link_state(handle, link):
+        if nvlinks[handle] == 0:
+            raise _FakeNVMLError("Not Supported")
+        if link >= 18:
+            raise _FakeNVMLError("Invalid Argument")
+        return 1 if link < nvlinks[handle] else 0
+
+    def pcie(value):
+        def getter(handle):
+            if fail_pcie:
+                raise _FakeNVMLError("Not Supported")
+            return value
+
+        return getter
+
+    fake.nvmlInit = nvmlInit
+    fake.nvmlShutdown = nvmlShutdown
+    fake.nvmlDeviceGetCount = lambda: 2
+    fake.nvmlDeviceGetHandleByIndex = lambda i: i
+    # Old bindings return bytes, new ones str: exercise both.
+    fake.nvmlDeviceGetName = lambda h: [b"NVIDIA H100 80GB HBM3", "NVIDIA L40S"][h]
+    fake.nvmlDeviceGetUUID = lambda h: f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd"
+    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
+        total=[85520809984, 48305799168][h], free=0, used=0
+    )
+    fake.nvmlDeviceGetCurrPcieLinkGeneration = pcie(4)
+    fake.nvmlDeviceGetMaxPcieLinkGeneration = pcie(5)
+    fake.nvmlDeviceGetCurrPcieLinkWidth = pcie(16)
+    fake.nvmlDeviceGetMaxPcieLinkWidth = pcie(16)
+    fake.nvmlDeviceGetNvLinkState = link_state
+    fake.nvmlSystemGetDriverVersion = lambda: b"550.54.15"
+    fake.nvmlSystemGetCudaDriverVersion = lambda: 12040
+    return fake
+
+
+def _no_nvidia_smi(monkeypatch):
+    monkeypatch.setattr(topo.shutil, "which", lambda name: None)
+
+
+def test_nvml_two_gpus(monkeypatch):
+    fake = _fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    _no_nvidia_smi(monkeypatch)
+    snap = topo.node_snapshot()
+    json.dumps(snap)
+    assert "nvml_error" not in snap
+    assert snap["driver_version"] == "550.54.15"
+    assert snap["cuda_driver_version"] == "12.4"
+    gpus = snap["gpus"]
+    assert [g["index"] for g in gpus] == [0, 1]
+    assert gpus[0] == {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "uuid": "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
+        "memory_total_bytes": 85520809984,
+        "pcie_gen_current": 4,
+        "pcie_gen_max": 5,
+        "pcie_width_current": 16,
+        "pcie_width_max": 16,
+        "nvlinks_up": 18,
+    }
+    assert gpus[1]["name"] == "NVIDIA L40S"
+    assert gpus[1]["nvlinks_up"] == 0
+    assert fake.state["shutdown"] == 1
+
+    text = topo.render_text([snap])
+    assert "GiB" in text and "NVIDIA L40S" in text
+    assert "nvidia-smi not available: nvidia-smi not found on PATH" in text
+    assert "CPU-only" not in text
+
+
+def test_nvml_partial_nvlinks_counted(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(nvlinks=(12, 0)))
+    _no_nvidia_smi(monkeypatch)
+    assert topo.node_snapshot()["gpus"][0]["nvlinks_up"] == 12
+
+
+def test_nvml_unsupported_pcie_fields_are_none(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(fail_pcie=True))
+    _no_nvidia_smi(monkeypatch)
+    snap = topo.node_snapshot()
+    assert len(snap["gpus"]) == 2
+    assert snap["gpus"][0]["pcie_gen_max"] is None
+    assert "gen? x?" in topo.render_text([snap])
+
+
+def test_nvml_init_failure(monkeypatch):
+    fake = _fake_pynvml(init_error=_FakeNVMLError("Driver Not Loaded\nsecond line"))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    _no_nvidia_smi(monkeypatch)
+    snap = topo.node_snapshot()
+    assert snap["gpus"] == []
+    assert "Driver Not Loaded" in snap["nvml_error"]
+    assert "\n" not in snap["nvml_error"]
+    assert fake.state["shutdown"] == 0
+    json.dumps(snap)
+
+
+def test_nvml_query_failure_mid_way(monkeypatch):
+    fake = _fake_pynvml()
+
+    def bad_uuid(handle):
+        raise _FakeNVMLError("GPU is lost")
+
+    fake.nvmlDeviceGetUUID = bad_uuid
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    _no_nvidia_smi(monkeypatch)
+    snap = topo.node_snapshot()
+    assert snap["gpus"] == []
+    assert "GPU is lost" in snap["nvml_error"]
+    assert fake.state["shutdown"] == 1
+
+
+# ---------------------------------------------------------------------------
+# dedupe_by_node
+
+
+def test_dedupe_by_node():
+    a0 = {"host": "a", "boot_id": "1", "rank": 0}
+    a1 = {"host": "a", "boot_id": "1", "rank": 1}
+    b2 = {"host": "b", "boot_id": "2", "rank": 2}
+    a_rebooted = {"host": "a", "boot_id": "3", "rank": 3}
+    b4 = {"host": "b", "boot_id": "2", "rank": 4}
+    out = topo.dedupe_by_node([a0, a1, b2, a_rebooted, b4])
+    assert [s["rank"] for s in out] == [0, 2, 3]
+    assert topo.dedupe_by_node([]) == []
