@@ -71,7 +71,7 @@ def _probe(plan: Plan, ctx: Ctx, device) -> str:
         case.prepare()
         case.run()
         timing.sync(device)
-    except (RuntimeError, ValueError, TypeError) as e:
+    except (RuntimeError, ValueError) as e:
         reason = f"{dist.get_backend()} cannot run this: " + (str(e).strip().splitlines()
                                                                or [type(e).__name__])[0][:200]
     if _agree(not reason, device):

@@ -22,8 +22,8 @@ REDOPS = {
 }
 
 # torch 2.13 renamed these; 2.4 only has the old names.
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_torch_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_torch_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 @dataclass
@@ -131,7 +131,7 @@ def _reduce_scatter(ctx, inp, out, c):
         data.fill(src, _red_in(ctx, src))
         if not ctx.in_place:
             dst.fill_(data.SENTINEL)
-    return Case(run=functools.partial(_reduce_scatter, dst, src, op=op), prepare=prepare,
+    return Case(run=functools.partial(_torch_reduce_scatter, dst, src, op=op), prepare=prepare,
                 check=lambda: data.count_wrong(dst, _red_out(ctx, dst, ctx.rank * c), ctx.redop),
                 output=dst)
 
@@ -143,7 +143,7 @@ def _all_gather(ctx, inp, out, c):
     def prepare():
         dst.fill_(data.SENTINEL)
         data.fill(src, _mov(ctx.rank, src))
-    return Case(run=functools.partial(_all_gather, dst, src), prepare=prepare,
+    return Case(run=functools.partial(_torch_all_gather, dst, src), prepare=prepare,
                 check=lambda: _check_blocks(dst, ctx.n, lambda q, b: _mov(q, b)), output=dst)
 
 
