@@ -48,7 +48,8 @@ def collective(
              "'all'.")] = "float32",
     redop: Annotated[str, typer.Option(
         help="sum, prod, max, min, avg; comma list or 'all'.")] = "sum",
-    root: Annotated[int, typer.Option(help="Root rank for broadcast, reduce, gather, scatter.")] = 0,
+    root: Annotated[int, typer.Option(
+        help="Root rank for broadcast, reduce, gather, scatter.")] = 0,
     placement: Annotated[str, typer.Option(
         help="out, in or both: out-of-place or in-place buffers.")] = "out",
     iters: Annotated[int | None, typer.Option(

@@ -42,7 +42,7 @@ def start_local(command: str, opts) -> int:
     os.environ[results.RUN_DIR_ENV] = str(run_dir)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, minus its warning
     # The agent's own warnings (closing signals sent to workers) repeat what we report.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"distbench-{uuid.uuid4().hex}",
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
@@ -59,7 +59,7 @@ def start_local(command: str, opts) -> int:
         how = (f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0
                else f"exited with code {failure.exitcode}")
         message = f"worker rank {rank} {how}"
-        if results.mark_unfinished(run_dir, message, code):
+        if results.mark_unfinished(run_dir, message, code) or failure.exitcode < 0:
             print(f"distbench: error: {message}; rows measured so far are in {run_dir}/",
                   file=sys.stderr)
         return code

@@ -130,17 +130,15 @@ def _sweep(s: session_mod.Session) -> int:
                 bufs, fitted = _allocate_fitting(plan, ctx, counts, device)
         for size, lay in layouts:
             row = _base_row(plan, rt, size, lay)
-            if skip:
-                row.update(status="skipped", note=skip)
-            elif lay is None:
-                row.update(status="skipped", note=f"too small: {n} ranks x {elt} B needs at "
-                                                  f"least {n * elt if plan.spec.accounting.split else elt} B")
-            elif lay.per_rank_count > fitted:
-                row.update(status="skipped", note="does not fit in device memory")
+            reason = skip or _size_skip(plan, lay, fitted, n, elt)
+            if reason:
+                row.update(status="skipped", note=reason)
             else:
                 row.update(_measure(s, plan, ctx, bufs, size, lay))
                 if row["wrong"]:
-                    bad_rows.append(f"{describe(plan.spec.name, lay.size_bytes, plan.dtype, plan.redop, plan.in_place)}: {row['wrong']} wrong")
+                    what = describe(plan.spec.name, lay.size_bytes, plan.dtype, plan.redop,
+                                    plan.in_place)
+                    bad_rows.append(f"{what}: {row['wrong']} wrong")
             if sink:
                 sink.append(row)
             console.row(row)
@@ -158,6 +156,15 @@ def _sweep(s: session_mod.Session) -> int:
     return session_mod.EXIT_OK
 
 
+def _size_skip(plan: Plan, lay, fitted: int, n: int, elt: int) -> str:
+    if lay is None:
+        need = n * elt if plan.spec.accounting.split else elt
+        return f"too small: {n} ranks need at least {need} B of {plan.dtype}"
+    if lay.per_rank_count > fitted:
+        return "does not fit in device memory"
+    return ""
+
+
 def _base_row(plan: Plan, rt, size: int, lay) -> dict:
     return {
         "op": plan.spec.name, "dtype": plan.dtype, "redop": plan.redop, "root": plan.root,
@@ -170,6 +177,7 @@ def _base_row(plan: Plan, rt, size: int, lay) -> dict:
 def _measure(s: session_mod.Session, plan: Plan, ctx: Ctx, bufs, size: int, lay) -> dict:
     opts, device = s.opts, s.rt.device
     what = describe(plan.spec.name, lay.size_bytes, plan.dtype, plan.redop, plan.in_place)
+    s.step(f"{what} (setup)", opts.timeout)
     testhooks.before_measurement(ctx.rank, size)
     case = plan.spec.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
     case.prepare()

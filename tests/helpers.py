@@ -1,0 +1,82 @@
+"""Shared by the multi-process tests: run distbench the way users do and read what it wrote."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                 "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and
+           not k.startswith("DISTBENCH_")}
+    env.update(NO_COLOR="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+    out: Path
+
+    @property
+    def run_dirs(self) -> list[Path]:
+        return sorted(p for p in self.out.iterdir() if p.is_dir())
+
+    @property
+    def run_dir(self) -> Path:
+        dirs = self.run_dirs
+        assert len(dirs) == 1, f"expected one run directory, found {dirs}\n{self.stderr}"
+        return dirs[0]
+
+    def rows(self, name: str = "collective.csv") -> list[dict]:
+        with open(self.run_dir / name, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def meta(self) -> dict:
+        return json.loads((self.run_dir / "run.json").read_text())
+
+
+def distbench(out: Path, *args: str, timeout: float = 180, **env: str) -> Run:
+    """`distbench collective ...` outside torchrun: it starts its own local workers."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "distbench", *args, "--out", str(out)],
+        capture_output=True, text=True, timeout=timeout, env=clean_env(**env), cwd=out,
+    )
+    return Run(proc.returncode, proc.stdout, proc.stderr, out)
+
+
+def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[str]],
+                   timeout: float = 180) -> list[subprocess.CompletedProcess]:
+    """`nnodes` torchrun agents on 127.0.0.1, as a multi-node job would start them."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+             "--nproc-per-node", str(nproc), "--node-rank", str(i), "--master-addr", "127.0.0.1",
+             "--master-port", str(port), "-m", "distbench", *per_node_args[i], "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=out,
+        )
+        for i in range(nnodes)
+    ]
+    done = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return done

@@ -1,0 +1,167 @@
+"""Real gloo workers on 127.0.0.1: what they wrote to the CSV and run.json, not just exit codes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+
+import pytest
+from helpers import distbench, torchrun_nodes
+
+pytestmark = pytest.mark.multiproc
+
+ELT = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8,
+       "int8": 1, "uint8": 1}
+SPLIT = {"reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"}
+ALL_OPS = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
+           "gather", "scatter"}
+
+
+def factor(op: str, n: int) -> float:  # DESIGN.md's table, written out again on purpose
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    return (n - 1) / n
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_op_at_world_size(tmp_path, n):
+    requested = [4, 1000, 65536]
+    res = distbench(tmp_path, "collective", "--op", "all", "--sizes", ",".join(map(str, requested)),
+                    "--placement", "both", "--iters", "2", "--warmup", "1", "--workers", str(n))
+    assert res.code == 0, res.stderr
+    rows = res.rows()
+    assert {r["op"] for r in rows} == ALL_OPS
+    ok = [r for r in rows if r["status"] == "ok"]
+    for r in rows:
+        assert int(r["world_size"]) == n and int(r["nnodes"]) == 1
+    for r in ok:
+        op, size, count = r["op"], int(r["size_bytes"]), int(r["count"])
+        elt = ELT[r["dtype"]]
+        assert size == count * elt
+        assert int(r["wrong"]) == 0
+        if op in SPLIT:  # the requested total, rounded down to whole elements per rank
+            assert size % (n * elt) == 0
+            assert any(req - n * elt < size <= req for req in requested)
+        else:
+            assert size in requested
+        algbw, busbw, t = float(r["algbw_gbps"]), float(r["busbw_gbps"]), float(r["time_us"])
+        assert algbw == pytest.approx(size / t / 1e3, rel=1e-4)
+        assert busbw == pytest.approx(algbw * factor(op, n), rel=1e-4)
+        assert float(r["rank_min_us"]) <= t <= float(r["rank_max_us"])
+        assert 0 <= int(r["slowest_rank"]) < n
+        assert int(r["iters"]) == 2
+    # 4 bytes cannot give every rank a float32 of a split op: a skipped row with a note
+    tiny = [r for r in rows if r["op"] in SPLIT and r["size_bytes"] == "4"]
+    assert tiny and all(r["status"] == "skipped" and "too small" in r["note"] for r in tiny)
+    # both placements where torch has them, in-place only where it has nothing else
+    places = {(r["op"], r["in_place"]) for r in ok}
+    assert ("reduce_scatter", "0") in places and ("reduce_scatter", "1") in places
+    assert ("all_gather", "0") in places and ("all_gather", "1") in places
+    assert ("all_reduce", "1") in places and ("all_reduce", "0") not in places
+    meta = res.meta()
+    assert meta["status"] == "ok" and meta["exit_code"] == 0 and meta["world_size"] == n
+    assert len(meta["ranks"]) == n and meta["end_utc"]
+    assert "CPU-only" in (res.run_dir / "topo.txt").read_text()
+    assert "all_reduce" in res.stdout and "busbw" in res.stdout
+
+
+def test_dtypes_and_redops_are_checked_or_skipped_with_reason(tmp_path):
+    res = distbench(tmp_path, "collective", "--op", "all_reduce,reduce_scatter,reduce",
+                    "--dtype", "all", "--redop", "all", "--sizes", "768", "--iters", "1",
+                    "--warmup", "0", "--workers", "3")
+    assert res.code == 0, res.stderr
+    rows = res.rows()
+    assert len(rows) == 3 * 8 * 5
+    for r in rows:
+        if r["redop"] == "avg" and r["dtype"].startswith(("int", "uint")):
+            assert r["status"] == "skipped" and "floating-point" in r["note"]
+        else:
+            assert r["status"] == "ok", r
+            assert r["wrong"] == "0", r
+
+
+def test_calibrated_iterations_follow_min_time(tmp_path):
+    res = distbench(tmp_path, "collective", "--sizes", "4K", "--min-time", "0.05",
+                    "--warmup", "2")
+    assert res.code == 0, res.stderr
+    (row,) = res.rows()
+    iters = int(row["iters"])
+    assert 5 <= iters <= 10_000
+    # the loop took about --min-time: not one op, not ten times the target
+    assert 0.02 <= iters * float(row["time_us"]) / 1e6 <= 1.0
+
+
+def test_two_nodes_two_agents(tmp_path):
+    args = ["collective", "--op", "all_reduce,all_gather", "--sizes", "4K,64K", "--iters", "2",
+            "--warmup", "1"]
+    node0, node1 = torchrun_nodes(tmp_path, nnodes=2, nproc=2, per_node_args=[args, args])
+    assert node0.returncode == 0, node0.stderr
+    assert node1.returncode == 0, node1.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    rows = list(csv.DictReader(open(run_dir / "collective.csv")))
+    assert len(rows) == 4
+    for r in rows:
+        assert (r["world_size"], r["nnodes"], r["wrong"], r["status"]) == ("4", "2", "0", "ok")
+        assert float(r["busbw_gbps"]) == pytest.approx(
+            float(r["algbw_gbps"]) * factor(r["op"], 4), rel=1e-4)
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["nnodes"] == 2 and [r["node"] for r in meta["ranks"]] == [0, 0, 1, 1]
+
+
+def test_ranks_with_different_options_are_refused(tmp_path):
+    base = ["collective", "--iters", "2", "--warmup", "1"]
+    node0, node1 = torchrun_nodes(tmp_path, nnodes=2, nproc=1,
+                                  per_node_args=[base + ["--sizes", "4K"],
+                                                 base + ["--sizes", "8K"]])
+    assert node0.returncode != 0 and node1.returncode != 0
+    assert "different options" in node0.stderr and "sizes" in node0.stderr
+    # torchrun prints its own traceback for any failed worker; none may come from our code
+    assert not [line for line in node0.stderr.splitlines()
+                if line.strip().startswith("File") and "/distbench/" in line]
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # refused before any measurement
+
+
+def test_a_corrupted_result_is_caught(tmp_path):
+    res = distbench(tmp_path, "collective", "--op", "all_reduce,all_gather", "--sizes", "4K,64K",
+                    "--iters", "2", "--warmup", "1", DISTBENCH_TEST_CORRUPT_RANK="1")
+    assert res.code == 1, res.stderr
+    rows = res.rows()
+    assert len(rows) == 4 and all(int(r["wrong"]) == 1 for r in rows)  # one element, one rank
+    assert res.meta()["status"] == "wrong" and res.meta()["exit_code"] == 1
+    assert "wrong results" in res.stderr
+
+
+def test_a_clean_run_has_no_wrong_elements_without_the_hook(tmp_path):
+    res = distbench(tmp_path, "collective", "--op", "all_reduce", "--sizes", "4K",
+                    "--iters", "2", "--warmup", "1")
+    assert res.code == 0 and res.rows()[0]["wrong"] == "0"
+
+
+def test_a_killed_worker_keeps_earlier_rows(tmp_path):
+    res = distbench(tmp_path, "collective", "--sizes", "4K,64K,1M", "--iters", "2",
+                    "--warmup", "1", "--timeout", "60", DISTBENCH_TEST_DIE="1:65536")
+    assert res.code != 0
+    rows = res.rows()
+    assert [r["size_bytes"] for r in rows] == ["4096"] and rows[0]["wrong"] == "0"
+    meta = res.meta()
+    assert meta["status"] in ("failed", "terminated") and meta["end_utc"]
+    assert meta["exit_code"] != 0 and meta["error"]
+    assert "64 KiB" in meta["error"] or "rank 1" in meta["error"]
+    assert "Traceback" not in res.stderr
+
+
+def test_a_stalled_rank_ends_the_run_at_the_timeout(tmp_path):
+    start = time.monotonic()
+    res = distbench(tmp_path, "collective", "--sizes", "4K,64K,1M", "--iters", "2",
+                    "--warmup", "1", "--timeout", "3", DISTBENCH_TEST_STALL="1:65536")
+    elapsed = time.monotonic() - start
+    assert res.code == 3, res.stderr
+    assert elapsed < 60
+    assert "timed out after 3 s in all_reduce 64 KiB" in res.stderr
+    rows = res.rows()
+    assert [r["size_bytes"] for r in rows] == ["4096"] and rows[0]["wrong"] == "0"
+    meta = res.meta()
+    assert meta["status"] == "timeout" and "all_reduce 64 KiB" in meta["error"]
