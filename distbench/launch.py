@@ -28,7 +28,6 @@ def dispatch(command: str, opts) -> int:
 def start_local(command: str, opts) -> int:
     import torch
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from distbench.runtime import RunFailure, resolve_backend
 
@@ -40,15 +39,8 @@ def start_local(command: str, opts) -> int:
     nproc = opts.workers or (torch.cuda.device_count() if backend == "nccl" else 2)
     run_dir = results.new_run_dir(opts.out, command)
     os.environ[results.RUN_DIR_ENV] = str(run_dir)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, minus its warning
-    # The agent's own warnings (closing signals sent to workers) repeat what we report.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"distbench-{uuid.uuid4().hex}",
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-    )
     try:
-        elastic_launch(config, sys.executable)("-u", "-m", "distbench", *opts.argv)
+        run_local_workers(nproc, ["-m", "distbench", *opts.argv])
         return 0
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
@@ -66,3 +58,18 @@ def start_local(command: str, opts) -> int:
     except KeyboardInterrupt:
         results.mark_unfinished(run_dir, "interrupted", 130)
         return 130
+
+
+def run_local_workers(nproc: int, python_args: list[str]) -> None:
+    """`python <python_args>` in nproc local workers, as torchrun --standalone starts them.
+    Raises torch's ChildFailedError when a worker fails."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, minus its warning
+    # The agent's own log lines (closing signals sent to workers) repeat what we report.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"distbench-{uuid.uuid4().hex}",
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+    )
+    elastic_launch(config, sys.executable)("-u", *python_args)

@@ -1,0 +1,118 @@
+"""Is distbench's own overhead nil? Its reported all_reduce time against the least possible
+timing loop (barrier, timer, back-to-back ops, timer; each rank's mean, averaged over ranks),
+on the same sizes and buffers, alternating A/B so machine noise hits both alike.
+
+    python benchmarks/overhead.py [--sizes 1M,4M,16M] [--rounds 15] [--workers 2]
+
+Run as is, it starts its own gloo workers; under torchrun it is one rank. Prints one line per
+size: the median time of each, and the median and interquartile range of the per-round ratio
+distbench / baseline (target: within +-3% at sizes >= 1 MiB), and the median ratio of a second
+baseline run to the first (A/A), which shows how much of the gap is this machine's noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+
+from distbench.launch import run_local_workers, under_launcher
+from distbench.sizes import format_size, parse_sizes
+
+
+def args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="64K,1M,4M,16M")
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--target-ms", type=float, default=100.0,
+                   help="timed work per measurement, to pick a fixed iteration count per size")
+    return p
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from distbench import runtime, timing
+    from distbench.accounting import layout
+    from distbench.commands.collective import Plan, _measure
+    from distbench.ops.collectives import SPECS, Ctx, allocate
+    from distbench.options import build_collective
+    from distbench.session import Session
+
+    sizes = parse_sizes(args.sizes)
+    opts = build_collective(op="all_reduce", sizes=args.sizes, dtype="float32", redop="sum",
+                            root=0, placement="out", iters=1, min_time=0.1, warmup=1,
+                            check=False, out=tempfile.gettempdir(), backend="gloo",
+                            timeout=300, workers=None, argv=[])
+    rt = runtime.start("gloo", opts.timeout, opts.identity())
+    s = Session("collective", opts, rt)
+    n, rank, device = rt.world, rt.rank, rt.device
+    spec = SPECS["all_reduce"]
+    ctx = Ctx(rank, n, -1, "sum", True)
+    plan = Plan(spec, "float32", "sum", -1, True)
+    lays = {size: layout("all_reduce", size, 4, n) for size in sizes}
+    bufs = allocate(spec, ctx, max(lay.per_rank_count for lay in lays.values()),
+                    torch.float32, device)
+
+    def baseline(buf, iters) -> float:
+        dist.all_reduce(buf)  # the one untimed op every measurement starts with
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf)
+        mean = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+        dist.all_reduce(mean)
+        return float(mean.item()) / n * 1e6
+
+    if rank == 0:
+        print(f"# all_reduce float32, gloo, {n} ranks, {args.rounds} alternating rounds; "
+              "times are medians over rounds")
+        print(f"{'size':>10} {'iters':>6} {'distbench(us)':>14} {'baseline(us)':>13} "
+              f"{'ratio':>7} {'ratio IQR':>13} {'A/A ratio':>9}", flush=True)
+    for size in sizes:
+        lay = lays[size]
+        buf = bufs[0][:lay.per_rank_count]
+        case = plan.spec.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
+        # one iteration count per size, agreed by all ranks, used by both methods
+        _, per_op = timing.warmup_and_calibrate(lambda b=buf: dist.all_reduce(b), 2, None,
+                                                0.1, device)
+        iters = timing.calibrated_iters(per_op, args.target_ms / 1e3)
+        opts.iters = iters
+        ours, base, control = [], [], []
+        for r in range(args.rounds):
+            # rotate the order so no arm always runs first
+            arms = ["ours", "base", "control"]
+            for which in arms[r % 3:] + arms[:r % 3]:
+                if which == "ours":
+                    ours.append(_measure(s, plan, ctx, bufs, size, lay)["time_us"])
+                else:
+                    case.prepare()  # the same data distbench's own measurement starts from
+                    (base if which == "base" else control).append(baseline(buf, iters))
+        s.watchdog.disarm()
+        if rank == 0:
+            # paired: each round's ratio, so slow drifts of the machine cancel out
+            q1, med, q3 = statistics.quantiles([a / b for a, b in zip(ours, base, strict=True)],
+                                               n=4)
+            # the baseline against itself: the noise floor this machine allows
+            aa = statistics.median(c / b for c, b in zip(control, base, strict=True))
+            print(f"{format_size(lay.size_bytes):>10} {iters:>6} {statistics.median(ours):>14.1f} "
+                  f"{statistics.median(base):>13.1f} {med:>7.3f} {q1:>6.3f}-{q3:<6.3f} "
+                  f"{aa:>9.3f}", flush=True)
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    args = args_parser().parse_args()
+    if under_launcher():
+        worker(args)
+        return 0
+    run_local_workers(args.workers, [__file__, *sys.argv[1:]])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
