@@ -40,9 +40,9 @@ class Console:
     def section(self, title: str) -> None:
         if not self.enabled:
             return
-        print(f"#\n# {title}")
-        print("#" + _line([h for h, _, _ in COLUMNS])[1:])
-        print("#" + _line([u for _, u, _ in COLUMNS])[1:], flush=True)
+        for text in ("#", f"# {title}", "#" + _line([h for h, _, _ in COLUMNS])[1:],
+                     "#" + _line([u for _, u, _ in COLUMNS])[1:]):
+            self._print_out(text)
 
     def row(self, r: dict) -> None:
         if not self.enabled:
@@ -75,9 +75,13 @@ class Console:
         self._progress.start()
         self._task = self._progress.add_task("measuring", total=total)
 
-    def advance(self, label: str) -> None:
+    def working_on(self, label: str) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, advance=1, description=label)
+            self._progress.update(self._task, description=label)
+
+    def advance(self) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1)
 
     def stop_progress(self) -> None:
         if self._progress is not None:

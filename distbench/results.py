@@ -66,6 +66,9 @@ class CsvSink:
         self._file.flush()
 
     def append(self, row: dict) -> None:
+        unknown = set(row) - set(self.columns)
+        if unknown:  # a misspelt key would otherwise leave a silently empty cell
+            raise KeyError(f"not columns of {self.path.name}: {sorted(unknown)}")
         self._writer.writerow({k: _cell(row.get(k)) for k in self.columns})
         self._file.flush()
 

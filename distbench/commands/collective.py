@@ -134,6 +134,8 @@ def _sweep(s: session_mod.Session) -> int:
             if reason:
                 row.update(status="skipped", note=reason)
             else:
+                console.working_on(describe(plan.spec.name, lay.size_bytes, plan.dtype,
+                                            plan.redop, plan.in_place))
                 row.update(_measure(s, plan, ctx, bufs, size, lay))
                 if row["wrong"]:
                     what = describe(plan.spec.name, lay.size_bytes, plan.dtype, plan.redop,
@@ -142,8 +144,7 @@ def _sweep(s: session_mod.Session) -> int:
             if sink:
                 sink.append(row)
             console.row(row)
-            console.advance(describe(plan.spec.name, size, plan.dtype, plan.redop,
-                                     plan.in_place))
+            console.advance()
         del bufs
     s.current = "end of sweep"
     s.watchdog.disarm()

@@ -1,0 +1,142 @@
+"""The run directory contract (distbench.results): CSV rows on disk at once, run.json states."""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from distbench import results
+
+DESIGN_COLUMNS = [
+    "op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes", "count",
+    "iters", "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us",
+    "cv_pct", "algbw_gbps", "busbw_gbps", "wrong",
+]
+
+
+def _read(path):
+    with open(path, newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_collective_columns_begin_with_the_design_list():
+    assert results.COLLECTIVE_COLUMNS[:len(DESIGN_COLUMNS)] == DESIGN_COLUMNS
+    assert len(set(results.COLLECTIVE_COLUMNS)) == len(results.COLLECTIVE_COLUMNS)
+
+
+def test_csv_sink_rows_on_disk_immediately(tmp_path):
+    path = tmp_path / "collective.csv"
+    cols = ["op", "in_place", "root", "time_us", "size_bytes", "note"]
+    sink = results.CsvSink(path, cols)
+    try:
+        assert _read(path) == [cols]  # header before any row
+        sink.append({"op": "all_reduce", "in_place": True, "root": None, "time_us": 12.5,
+                     "size_bytes": 1024, "note": "x"})
+        assert _read(path) == [cols, ["all_reduce", "1", "", "12.5", "1024", "x"]]
+        sink.append({"op": "broadcast", "in_place": False, "root": 0, "time_us": 1 / 3,
+                     "size_bytes": 8})  # missing key -> empty cell
+        rows = _read(path)
+        assert rows[2] == ["broadcast", "0", "0", "0.333333", "8", ""]
+        assert len(rows) == 3
+    finally:
+        sink.close()
+    assert len(_read(path)) == 3
+
+
+@pytest.mark.parametrize(("value", "cell"), [
+    (None, ""), (True, "1"), (False, "0"), (0, "0"), (3, "3"), ("s", "s"),
+    (2.0, "2"), (1234.56789, "1234.57"), (0.000123456789, "0.000123457"), (1e20, "1e+20"),
+])
+def test_csv_cells(tmp_path, value, cell):
+    path = tmp_path / "t.csv"
+    sink = results.CsvSink(path, ["a"])
+    sink.append({"a": value})
+    sink.close()
+    assert _read(path)[1] == [cell]
+
+
+def test_run_record_lifecycle(tmp_path):
+    rec = results.RunRecord(tmp_path, "collective", {"op": "all_reduce"}, ["collective", "-x"])
+    assert not (tmp_path / "run.json").exists()
+    rec.update(world_size=2)
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["status"] == "running"
+    assert data["exit_code"] is None and data["end_utc"] is None
+    assert data["world_size"] == 2
+    assert data["command"] == "collective"
+    assert data["options"] == {"op": "all_reduce"}
+    assert data["argv"] == ["collective", "-x"]
+    assert data["schema_version"] == results.SCHEMA_VERSION
+    datetime.fromisoformat(data["start_utc"])
+
+    rec.finish("ok", 0)
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["status"] == "ok" and data["exit_code"] == 0 and data["error"] is None
+    assert data["world_size"] == 2  # earlier fields survive
+    end = datetime.fromisoformat(data["end_utc"])
+    assert end >= datetime.fromisoformat(data["start_utc"])
+    assert not list(tmp_path.glob("*.tmp"))  # atomic write left nothing behind
+
+    # a finished run is not touched by the launcher's fallback
+    assert results.mark_unfinished(tmp_path, "rank 1 died", 1) is False
+    assert json.loads((tmp_path / "run.json").read_text())["status"] == "ok"
+
+
+def test_run_record_failure(tmp_path):
+    rec = results.RunRecord(tmp_path, "collective", {}, [])
+    rec.update()
+    rec.finish("failed", 3, "wrong results: all_reduce 1024 B rank 1")
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert (data["status"], data["exit_code"]) == ("failed", 3)
+    assert data["error"] == "wrong results: all_reduce 1024 B rank 1"
+
+
+def test_mark_unfinished_flips_running(tmp_path):
+    rec = results.RunRecord(tmp_path, "collective", {}, [])
+    rec.update()
+    assert results.mark_unfinished(tmp_path, "worker exited with code -9", 137) is True
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["status"] == "failed"
+    assert data["error"] == "worker exited with code -9"
+    assert data["exit_code"] == 137
+    assert data["end_utc"] is not None
+    assert results.mark_unfinished(tmp_path, "again", 1) is False  # no longer running
+    assert json.loads((tmp_path / "run.json").read_text())["error"] == "worker exited with code -9"
+
+
+def test_mark_unfinished_missing_or_unreadable(tmp_path):
+    assert results.mark_unfinished(tmp_path, "e", 1) is False
+    assert results.mark_unfinished(tmp_path / "nope", "e", 1) is False
+    (tmp_path / "run.json").write_text("{not json")
+    assert results.mark_unfinished(tmp_path, "e", 1) is False
+    assert (tmp_path / "run.json").read_text() == "{not json"
+
+
+def test_new_run_dir_unique_in_the_same_second(tmp_path, monkeypatch):
+    fixed = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
+
+    class FrozenDatetime(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return fixed
+
+    monkeypatch.setattr(results, "datetime", FrozenDatetime)
+    parent = tmp_path / "results"  # created on demand
+    a = results.new_run_dir(parent, "collective")
+    b = results.new_run_dir(parent, "collective")
+    c = results.new_run_dir(parent, "collective")
+    assert len({a, b, c}) == 3
+    assert all(p.is_dir() and p.parent == parent for p in (a, b, c))
+    assert a.name == "20240506T070809Z-collective"
+    assert all(p.name.startswith(a.name) for p in (b, c))
+    # a different command in the same second gets its own name
+    assert results.new_run_dir(parent, "p2p").name == "20240506T070809Z-p2p"
+
+
+def test_new_run_dir_real_clock(tmp_path):
+    a = results.new_run_dir(tmp_path, "collective")
+    b = results.new_run_dir(tmp_path, "collective")
+    assert a != b and a.is_dir() and b.is_dir()

@@ -1,0 +1,159 @@
+"""Timing statistics and loops (distbench.timing), without and with a one-rank gloo group."""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distbench import timing
+
+CPU = torch.device("cpu")
+
+
+def _stats(per_iter, *, mean_sum=0.002, n=1, rank_max=0.002, rank_min=0.002, slowest=0, wrong=0):
+    return timing.summarize_local(mean_sum=mean_sum, wrong=wrong, n=n, rank_max=rank_max,
+                                  rank_min=rank_min, slowest=slowest,
+                                  per_iter=torch.tensor(per_iter, dtype=torch.float64))
+
+
+def test_summarize_local_means_and_rank_extremes():
+    s = _stats([1e-3, 2e-3, 3e-3], mean_sum=0.009, n=3, rank_max=0.004, rank_min=0.0025,
+               slowest=2, wrong=7)
+    assert s.time_us == pytest.approx(3000.0)  # mean over ranks, in microseconds
+    assert s.rank_max_us == pytest.approx(4000.0)
+    assert s.rank_min_us == pytest.approx(2500.0)
+    assert s.slowest_rank == 2
+    assert s.wrong == 7
+    assert s.iters == 3
+
+
+def test_summarize_local_percentiles_hand_computed():
+    # linear interpolation: p50 of 1,2,3,4 is 2.5; p99 is at position 0.99 * 3 = 2.97 -> 3.97
+    s = _stats([4e-6, 1e-6, 3e-6, 2e-6])
+    assert s.p50_us == pytest.approx(2.5)
+    assert s.p99_us == pytest.approx(3.97)
+    v = torch.tensor([5.0, 1.0, 9.0, 2.0, 7.0, 7.5, 100.0], dtype=torch.float64) * 1e-6
+    s = _stats(v.tolist())
+    assert s.p50_us == pytest.approx(float(torch.quantile(v, 0.5)) * 1e6)
+    assert s.p50_us == pytest.approx(7.0)
+    assert s.p99_us == pytest.approx(float(torch.quantile(v, 0.99)) * 1e6)
+    assert s.p99_us > 9.0  # the outlier pulls p99 up, not p50
+
+
+@pytest.mark.parametrize(("per_iter", "cv"), [
+    ([1.0, 1.0, 1.0, 1.0], 0.0),
+    ([1.0, 3.0], 50.0),  # population std 1, mean 2
+    ([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0], 40.0),  # std 2, mean 5
+])
+def test_summarize_local_cv_is_population(per_iter, cv):
+    s = _stats([x * 1e-3 for x in per_iter])
+    assert s.cv_pct == pytest.approx(cv)
+
+
+def test_summarize_local_single_sample():
+    s = _stats([5e-6])
+    assert s.iters == 1
+    assert s.p50_us == pytest.approx(5.0) and s.p99_us == pytest.approx(5.0)
+    assert s.cv_pct == 0.0
+
+
+def test_calibrated_iters():
+    assert timing.calibrated_iters(0.0625, 0.5) == max(timing.MIN_ITERS, 8)
+    assert timing.calibrated_iters(0.001, 0.0205) == 21  # ceil, not round or floor
+    assert timing.calibrated_iters(0.001, 0.0201) == 21
+    assert timing.calibrated_iters(1.0, 0.1) == timing.MIN_ITERS
+    assert timing.calibrated_iters(10.0, 0.1) == timing.MIN_ITERS
+    assert timing.calibrated_iters(1e-9, 1.0) == timing.MAX_ITERS
+    assert timing.calibrated_iters(0.0, 1.0) == timing.MAX_ITERS
+    assert timing.calibrated_iters(-1.0, 1.0) == timing.MAX_ITERS
+    assert 1 <= timing.MIN_ITERS < timing.MAX_ITERS
+    for per_op in (1e-7, 1e-5, 3.3e-4, 0.01, 0.7):
+        it = timing.calibrated_iters(per_op, 0.2)
+        assert timing.MIN_ITERS <= it <= timing.MAX_ITERS
+        if timing.MIN_ITERS < it < timing.MAX_ITERS:
+            assert it == math.ceil(0.2 / per_op)
+            assert it * per_op >= 0.2 - 1e-12
+
+
+def test_timed_loop_cpu_samples():
+    calls = []
+
+    def fn():
+        calls.append(None)
+        time.sleep(0.002)
+
+    samples = timing.timed_loop(fn, 4, CPU)
+    assert len(samples) == 4 and len(calls) == 4
+    assert all(s >= 0.002 for s in samples)
+    assert sum(samples) < 1.0
+
+
+def test_timed_loop_each_sample_is_one_call():
+    delays = iter([0.0, 0.02, 0.0])
+    samples = timing.timed_loop(lambda: time.sleep(next(delays)), 3, CPU)
+    assert samples[1] >= 0.02
+    assert samples[1] > samples[0] and samples[1] > samples[2]
+
+
+# ---- with a process group ---------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def group():
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_summarize_single_rank(group):
+    s = timing.summarize([0.001, 0.002, 0.003], 0, CPU)
+    assert s.time_us == pytest.approx(2000.0)
+    assert s.slowest_rank == 0
+    assert s.rank_min_us == pytest.approx(2000.0)
+    assert s.rank_max_us == pytest.approx(2000.0)
+    assert s.rank_min_us == s.rank_max_us
+    assert s.p50_us == pytest.approx(2000.0)
+    assert s.iters == 3
+    assert s.wrong == 0
+    assert timing.summarize([0.001, 0.001], 5, CPU).wrong == 5
+
+
+def test_warmup_and_calibrate(group):
+    calls = []
+
+    def fn():
+        calls.append(None)
+        time.sleep(0.001)
+
+    iters, per_op = timing.warmup_and_calibrate(fn, 3, 17, 0.05, CPU)
+    assert iters == 17
+    assert len(calls) == 3
+    assert per_op >= 0.001
+
+    calls.clear()
+    iters, per_op = timing.warmup_and_calibrate(fn, 0, None, 0.02, CPU)
+    assert len(calls) == 1  # at least one untimed op
+    assert per_op >= 0.001
+    assert timing.MIN_ITERS <= iters <= timing.MAX_ITERS
+    assert iters == timing.calibrated_iters(per_op, 0.02)
+    assert iters <= 20  # 1 ms per op fills 20 ms in at most 20 iterations
+
+
+def test_measure_single_rank(group):
+    samples = timing.measure(lambda: time.sleep(0.001), 3, CPU)
+    assert len(samples) == 3 and all(s >= 0.001 for s in samples)
