@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import tomllib
@@ -33,6 +34,7 @@ DTYPES = tuple(dict.fromkeys(DTYPE_ALIASES.values()))
 REDOPS = ("sum", "prod", "max", "min", "avg")
 PLACEMENTS = ("out", "in", "both")
 BACKENDS = ("auto", "nccl", "gloo")
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 def _pick(option: str, text: str, valid: tuple[str, ...], example: str,
@@ -113,13 +115,16 @@ def build_collective(*, op: str, sizes: str, dtype: str, redop: str, root: int, 
         raise OptionError("--sizes", str(e), "--sizes 8:128M:x2") from None
     if iters is not None and iters <= 0:
         raise OptionError("--iters", f"must be at least 1, got {iters}", "--iters 20")
-    if not min_time > 0:
-        raise OptionError("--min-time", f"must be above 0 seconds, got {min_time}",
+    # inf passes `> 0` but cannot become a timedelta or an iteration count (OverflowError in
+    # every worker), so a finite number is required; nan fails `> 0` already.
+    if not (min_time > 0 and math.isfinite(min_time)):
+        raise OptionError("--min-time", f"must be a number of seconds above 0, got {min_time}",
                           "--min-time 0.2")
     if warmup < 0:
         raise OptionError("--warmup", f"must be 0 or more, got {warmup}", "--warmup 5")
-    if not timeout > 0:
-        raise OptionError("--timeout", f"must be above 0 seconds, got {timeout}", "--timeout 300")
+    if not (0 < timeout <= MAX_TIMEOUT_S):
+        raise OptionError("--timeout", f"must be above 0 and at most {MAX_TIMEOUT_S} seconds "
+                          f"(one week), got {timeout}", "--timeout 300")
     if root < 0:
         raise OptionError("--root", f"must be a rank (0 or more), got {root}", "--root 0")
     if workers is not None and workers < 1:
@@ -128,19 +133,26 @@ def build_collective(*, op: str, sizes: str, dtype: str, redop: str, root: int, 
     if world is not None and root >= world:
         raise OptionError("--root", f"rank {root} does not exist in a world of {world}",
                           "--root 0")
+    ops = _pick("--op", op, COLLECTIVES, "--op all_reduce,all_gather")
+    dtypes = _pick("--dtype", dtype, DTYPES, "--dtype float32,bfloat16", DTYPE_ALIASES)
+    redops = _pick("--redop", redop, REDOPS, "--redop sum")
+    placement = _one_of("--placement", placement, PLACEMENTS, "--placement both")
+    backend = _one_of("--backend", backend, BACKENDS, "--backend gloo")
+    # Last: it creates the directory, which a run with any other bad option must not leave behind.
+    out_dir = check_writable_dir("--out", Path(out), "--out results")
     return CollectiveOptions(
-        ops=_pick("--op", op, COLLECTIVES, "--op all_reduce,all_gather"),
+        ops=ops,
         sizes=size_list,
-        dtypes=_pick("--dtype", dtype, DTYPES, "--dtype float32,bfloat16", DTYPE_ALIASES),
-        redops=_pick("--redop", redop, REDOPS, "--redop sum"),
+        dtypes=dtypes,
+        redops=redops,
         root=root,
-        placement=_one_of("--placement", placement, PLACEMENTS, "--placement both"),
+        placement=placement,
         iters=iters,
         min_time=float(min_time),
         warmup=warmup,
         check=check,
-        out=check_writable_dir("--out", Path(out), "--out results"),
-        backend=_one_of("--backend", backend, BACKENDS, "--backend gloo"),
+        out=out_dir,
+        backend=backend,
         timeout=float(timeout),
         workers=workers,
         argv=argv,

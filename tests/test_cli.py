@@ -1,0 +1,406 @@
+"""The command line: bad input fails fast in one line, --help stays fast and torch-free, no option
+falls into torchrun's prefix trap, and config files / flags resolve to the options a run gets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+import distbench.cli
+import distbench.launch
+from distbench.accounting import COLLECTIVES
+from distbench.options import CollectiveOptions
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_VARS and not k.startswith("DISTBENCH_")}
+    env.update(NO_COLOR="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 60) -> tuple[subprocess.CompletedProcess,
+                                                                   float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, time.perf_counter() - t0
+
+
+def _distbench(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
+    return _run([sys.executable, "-m", "distbench", *args], cwd)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Bad input: exit 2, exactly one line on stderr naming the option, no traceback, no run dir.
+# --------------------------------------------------------------------------------------------
+
+# (id, args, option the line must name, whether it is our own validation -> "example:")
+BAD_FLAGS = [
+    ("sizes-bad-suffix", ["--sizes", "1Q"], "--sizes", True),
+    ("sizes-zero", ["--sizes", "0"], "--sizes", True),
+    ("sizes-end-below-start", ["--sizes", "1M:1K"], "--sizes", True),
+    ("sizes-factor-1", ["--sizes", "1K:1M:x1"], "--sizes", True),
+    ("sizes-factor-fraction", ["--sizes", "1K:1M:x0.5"], "--sizes", True),
+    ("sizes-too-many", ["--sizes", "1:2000:+1"], "--sizes", True),
+    ("sizes-overflow", ["--sizes", "99999999999999999999999T"], "--sizes", True),
+    ("op-unknown", ["--op", "foo"], "--op", True),
+    ("dtype-unknown", ["--dtype", "float7"], "--dtype", True),
+    ("redop-unknown", ["--redop", "xor"], "--redop", True),
+    ("backend-unknown", ["--backend", "mpi"], "--backend", True),
+    ("placement-unknown", ["--placement", "sideways"], "--placement", True),
+    ("iters-zero", ["--iters", "0"], "--iters", True),
+    ("iters-negative", ["--iters", "-3"], "--iters", True),
+    ("warmup-negative", ["--warmup", "-1"], "--warmup", True),
+    ("timeout-zero", ["--timeout", "0"], "--timeout", True),
+    ("timeout-negative", ["--timeout", "-5"], "--timeout", True),
+    # inf/nan pass a bare `> 0` test but crash every worker (timedelta / ceil overflow)
+    ("timeout-inf", ["--timeout", "inf"], "--timeout", True),
+    ("timeout-nan", ["--timeout", "nan"], "--timeout", True),
+    ("min-time-zero", ["--min-time", "0"], "--min-time", True),
+    ("min-time-inf", ["--min-time", "inf"], "--min-time", True),
+    ("workers-zero", ["--workers", "0"], "--workers", True),
+    ("root-negative", ["--root", "-1"], "--root", True),
+    ("root-outside-world", ["--root", "2", "--workers", "2"], "--root", True),
+    # click/typer's own usage errors
+    ("unknown-option", ["--bogus"], "--bogus", False),
+    ("iters-not-int", ["--iters", "x"], "--iters", False),
+]
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess, secs: float, option: str,
+                           ours: bool) -> str:
+    where = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 2, where
+    assert "Traceback" not in proc.stderr + proc.stdout, where
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, f"expected exactly one stderr line\n{where}"
+    line = lines[0]
+    assert line.startswith("distbench: error:"), where
+    assert option in line, f"error line does not name {option}\n{where}"
+    if ours:
+        assert "example:" in line, f"error line has no valid example\n{where}"
+    assert proc.stdout == "", where
+    assert secs < 5, f"bad input took {secs:.2f} s to be refused; it must fail before workers"
+    return line
+
+
+def _assert_no_run_dir(tmp_path: Path, out: Path) -> None:
+    runs = [p for p in tmp_path.rglob("*") if p.is_dir() and p.name.endswith("-collective")]
+    assert runs == [], f"a failing invocation created run directories: {runs}"
+    # Not even the parent: validation that fails must leave nothing behind.
+    assert not out.exists(), f"a failing invocation created {out}"
+
+
+@pytest.mark.parametrize("args,option,ours", [c[1:] for c in BAD_FLAGS],
+                         ids=[c[0] for c in BAD_FLAGS])
+def test_bad_flag_is_one_line_exit_2(tmp_path, args, option, ours):
+    out = tmp_path / "results"
+    proc, secs = _distbench("collective", *args, "--out", str(out), cwd=tmp_path)
+    _assert_one_line_error(proc, secs, option, ours)
+    _assert_no_run_dir(tmp_path, out)
+
+
+def test_out_under_a_regular_file(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory\n")
+    out = blocker / "results"
+    proc, secs = _distbench("collective", "--sizes", "8", "--out", str(out), cwd=tmp_path)
+    line = _assert_one_line_error(proc, secs, "--out", ours=True)
+    assert str(out) in line
+    _assert_no_run_dir(tmp_path, out)
+    assert blocker.read_text() == "not a directory\n"
+
+
+def test_out_in_read_only_directory(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        try:
+            (ro / "probe").write_text("x")
+        except PermissionError:
+            pass
+        else:
+            pytest.skip("chmod 0o500 does not stop writes here (running as root); "
+                        "test_out_under_a_regular_file covers an --out that cannot be written")
+        out = ro / "results"
+        proc, secs = _distbench("collective", "--sizes", "8", "--out", str(out), cwd=tmp_path)
+        _assert_one_line_error(proc, secs, "--out", ours=True)
+        _assert_no_run_dir(tmp_path, out)
+    finally:
+        ro.chmod(0o700)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+CONFIG_CASES = [
+    ("missing", None, "--config"),
+    ("malformed", 'sizes = [\nop = "all_reduce"\n', "--config"),
+    ("unknown-key", 'sizes = "4K"\nbogus_key = 1\n', "bogus_key"),
+    ("unknown-key-in-table", '[collective]\nnproc = 2\n', "nproc"),
+    ("bad-value", 'sizes = "1Q"\n', "--sizes"),
+    ("bad-value-in-table", '[collective]\niters = 0\n', "--iters"),
+]
+
+
+@pytest.mark.parametrize("text,needle", [c[1:] for c in CONFIG_CASES],
+                         ids=[c[0] for c in CONFIG_CASES])
+def test_bad_config_is_one_line_exit_2(tmp_path, text, needle):
+    cfg = tmp_path / "bench.toml"
+    if text is not None:
+        cfg.write_text(text)
+    out = tmp_path / "results"
+    proc, secs = _distbench("collective", "--config", str(cfg), "--out", str(out), cwd=tmp_path)
+    line = _assert_one_line_error(proc, secs, needle, ours=True)
+    if needle != "--config" and not needle.startswith("--"):
+        assert "--config" in line  # an unknown key is the config file's fault
+    if text is None:
+        assert str(cfg) in line
+    _assert_no_run_dir(tmp_path, out)
+
+
+def test_bad_config_value_fails_like_the_flag(tmp_path):
+    cfg = _write(tmp_path / "bench.toml", 'sizes = "1Q"\n')
+    out = tmp_path / "results"
+    from_file, _ = _distbench("collective", "--config", str(cfg), "--out", str(out),
+                              cwd=tmp_path)
+    from_flag, _ = _distbench("collective", "--sizes", "1Q", "--out", str(out), cwd=tmp_path)
+    assert from_flag.returncode == from_file.returncode == 2
+    assert from_file.stderr == from_flag.stderr
+    assert from_file.stderr.startswith("distbench: error: --sizes:")
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Bad input and --help never import torch.
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["collective", "--sizes", "1Q"], ["--help"],
+                                  ["collective", "--help"]], ids=["bad-sizes", "help",
+                                                                  "collective-help"])
+def test_no_torch_import(tmp_path, argv):
+    code = textwrap.dedent(f"""
+        import sys
+        import distbench.cli
+        try:
+            distbench.cli.main({argv!r})
+        except SystemExit as e:
+            print("exit", e.code)
+        print("torch-imported", "torch" in sys.modules)
+    """)
+    proc, _ = _run([sys.executable, "-c", code], tmp_path)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stderr
+    expected_exit = "exit 2" if "1Q" in argv else "exit 0"
+    assert expected_exit in lines, proc.stdout + proc.stderr
+    assert lines[-1] == "torch-imported False", proc.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# 3. --help is fast.
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,needle", [(["--help"], "collective"),
+                                         (["collective", "--help"], "--sizes")],
+                         ids=["help", "collective-help"])
+def test_help_is_fast(tmp_path, args, needle):
+    proc, secs = _distbench(*args, cwd=tmp_path)
+    print(f"distbench {' '.join(args)}: {secs:.3f} s")
+    assert proc.returncode == 0, proc.stderr
+    assert needle in proc.stdout
+    assert proc.stderr == ""
+    assert secs < 1.5, f"distbench {' '.join(args)} took {secs:.2f} s"
+
+
+# --------------------------------------------------------------------------------------------
+# 4. The torchrun trap: torchrun's argparse reads the script's arguments too.
+# --------------------------------------------------------------------------------------------
+
+def _distbench_options() -> dict[str, list[tuple[str, bool]]]:
+    """command -> [(long option, takes a value)]"""
+    group = typer.main.get_command(distbench.cli.app)
+    found: dict[str, list[tuple[str, bool]]] = {}
+    for name, command in group.commands.items():
+        found[name] = [(o, not param.is_flag)
+                       for param in command.params
+                       for o in (*param.opts, *param.secondary_opts) if o.startswith("--")]
+    return found
+
+
+def _torchrun_parser():
+    from torch.distributed.run import get_args_parser
+
+    return get_args_parser()
+
+
+def test_option_discovery_sees_the_options():
+    found = _distbench_options()
+    opts = {o for options in found.values() for o, _ in options}
+    assert {"--sizes", "--op", "--no-check", "--config", "--min-time"} <= opts
+    assert dict(found["collective"])["--sizes"] is True
+    assert dict(found["collective"])["--no-check"] is False
+
+
+def test_no_option_is_a_prefix_of_a_torchrun_option():
+    torchrun = sorted({o for a in _torchrun_parser()._actions for o in a.option_strings
+                       if o.startswith("--")})
+    assert "--nproc-per-node" in torchrun  # the parser is the one we think it is
+    clashes = [(cmd, ours, theirs)
+               for cmd, options in _distbench_options().items()
+               for ours, _ in options
+               for theirs in torchrun if theirs.startswith(ours)]
+    assert clashes == [], f"torchrun would take these as its own (ambiguous) options: {clashes}"
+
+
+def test_torchrun_passes_every_option_through():
+    parser = _torchrun_parser()
+    for cmd, options in _distbench_options().items():
+        script_args = [cmd, "--help"]
+        for opt, takes_value in options:
+            script_args += [opt, "1"] if takes_value else [opt]
+        script_args += [f"{opt}=1" for opt, takes_value in options if takes_value]
+        try:
+            ns = parser.parse_args(["--nproc-per-node", "2", "-m", "distbench", *script_args])
+        except SystemExit as e:
+            pytest.fail(f"torchrun's parser refused distbench {cmd} options (exit {e.code})")
+        assert ns.module is True
+        assert ns.training_script == "distbench"
+        assert ns.training_script_args == script_args
+        assert ns.nproc_per_node == "2"
+
+
+def test_torchrun_trap_check_can_fail():
+    """The check above sees the failure it guards against."""
+    with pytest.raises(SystemExit):
+        _torchrun_parser().parse_args(["--nproc-per-node", "2", "-m", "distbench", "collective",
+                                       "--nproc", "2"])
+
+
+# --------------------------------------------------------------------------------------------
+# 5/6. Resolved options, observed by replacing the launcher.
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def captured(monkeypatch, tmp_path):
+    """Run the CLI in-process with dispatch replaced; returns the list of opts it was given."""
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)  # the default --out is relative
+    seen: list[tuple[str, CollectiveOptions]] = []
+
+    def fake_dispatch(command, opts):
+        seen.append((command, opts))
+        return 0
+
+    monkeypatch.setattr(distbench.launch, "dispatch", fake_dispatch)
+    return seen
+
+
+def _resolve(captured, *args: str) -> CollectiveOptions:
+    result = CliRunner().invoke(distbench.cli.app, list(args))
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert len(captured) == 1
+    command, opts = captured[0]
+    assert command == "collective"
+    captured.clear()
+    return opts
+
+
+CONFIG_TOP = """
+    op = "all_gather"
+    sizes = "4K,8K"
+    dtype = ["float32", "bfloat16"]
+    iters = 3
+    min-time = 0.5
+    check = false
+"""
+CONFIG_TABLE = "[collective]\n" + textwrap.dedent(CONFIG_TOP) + '\n[p2p]\npattern = "ring"\n'
+
+
+@pytest.mark.parametrize("text", [CONFIG_TOP, CONFIG_TABLE], ids=["top-level", "table"])
+def test_config_values_land_and_flags_win(captured, tmp_path, text):
+    cfg = _write(tmp_path / "bench.toml", text)
+    opts = _resolve(captured, "collective", "--config", str(cfg))
+    assert opts.ops == ["all_gather"]
+    assert opts.sizes == [4096, 8192]
+    assert opts.dtypes == ["float32", "bfloat16"]
+    assert opts.iters == 3
+    assert opts.min_time == 0.5
+    assert opts.check is False
+    assert opts.redops == ["sum"]  # not in the file: the default
+
+    opts = _resolve(captured, "collective", "--config", str(cfg), "--iters", "7")
+    assert opts.iters == 7
+    assert opts.ops == ["all_gather"] and opts.sizes == [4096, 8192]
+
+    # the flag wins whichever side of --config it is on
+    opts = _resolve(captured, "collective", "--sizes", "1K", "--check", "--config", str(cfg))
+    assert opts.sizes == [1024]
+    assert opts.check is True
+    assert opts.iters == 3
+
+
+def test_defaults(captured):
+    opts = _resolve(captured, "collective")
+    assert opts.ops == ["all_reduce"]
+    assert opts.sizes[0] == 8 and opts.sizes[-1] == 128 * 2**20
+    assert opts.dtypes == ["float32"] and opts.redops == ["sum"]
+    assert opts.placement == "out" and opts.backend == "auto"
+    assert opts.iters is None and opts.check is True and opts.workers is None
+    assert opts.out == Path("results")
+
+
+def test_good_inputs_resolve(captured):
+    opts = _resolve(captured, "collective", "--op", "all", "--dtype", "bf16,fp32", "--redop",
+                    "all", "--placement", "both", "--root", "1", "--workers", "2",
+                    "--backend", "GLOO", "--sizes", "1K:4K:+1K")
+    assert opts.ops == list(COLLECTIVES)
+    assert set(opts.ops) == {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                             "reduce", "all_to_all", "gather", "scatter"}
+    assert opts.dtypes == ["bfloat16", "float32"]
+    assert opts.redops == ["sum", "prod", "max", "min", "avg"]
+    assert opts.placement == "both"
+    assert opts.root == 1 and opts.workers == 2
+    assert opts.backend == "gloo"
+    assert opts.sizes == [1024, 2048, 3072, 4096]
+
+
+def test_duplicates_and_aliases_collapse(captured):
+    opts = _resolve(captured, "collective", "--dtype", "fp32,float32,float,bf16",
+                    "--op", "all_reduce, all_reduce ,broadcast")
+    assert opts.dtypes == ["float32", "bfloat16"]
+    assert opts.ops == ["all_reduce", "broadcast"]
+
+
+def _main_error(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        distbench.cli.main(list(argv))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_root_must_exist_in_the_world(captured, capsys, monkeypatch):
+    err = _main_error(capsys, "collective", "--root", "2", "--workers", "2")
+    assert err.startswith("distbench: error: --root:") and "example:" in err
+    # under a launcher the world size comes from the environment
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    err = _main_error(capsys, "collective", "--root", "3")
+    assert err.startswith("distbench: error: --root:")
+    assert captured == []
+    assert _resolve(captured, "collective", "--root", "2").root == 2
