@@ -90,25 +90,34 @@ class Stats:
     wrong: int
 
 
-def summarize(samples: list[float], wrong: int, device: torch.device) -> Stats:
+def summarize(samples: list[float], wrong: int, device: torch.device,
+              active: bool = True) -> Stats:
+    """Cross-rank statistics. A rank with no part in the pattern (say the odd rank out of a
+    ping-pong) passes active=False with the same number of samples: it adds nothing."""
     rank, n = dist.get_rank(), dist.get_world_size()
     mean = sum(samples) / len(samples)
     f64 = dict(dtype=torch.float64, device=device)
-    sums = torch.tensor([mean, float(wrong)], **f64)
+    sums = torch.tensor([mean if active else 0.0, float(wrong), float(active)], **f64)
     dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-    maxes = torch.tensor([mean, -mean, *samples], **f64)
+    if active:
+        maxes = torch.tensor([mean, -mean, *samples], **f64)
+    else:
+        maxes = torch.full((len(samples) + 2,), -math.inf, **f64)
     dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
     rank_max = float(maxes[0].item())
-    slowest = torch.tensor([rank if mean >= rank_max else n], dtype=torch.int64, device=device)
+    slowest = torch.tensor([rank if active and mean >= rank_max else n], dtype=torch.int64,
+                           device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MIN)
     return summarize_local(
-        mean_sum=float(sums[0].item()), wrong=int(sums[1].item()), n=n, rank_max=rank_max,
-        rank_min=-float(maxes[1].item()), slowest=int(slowest.item()), per_iter=maxes[2:].cpu())
+        mean_sum=float(sums[0].item()), wrong=int(sums[1].item()), n=int(sums[2].item()),
+        rank_max=rank_max, rank_min=-float(maxes[1].item()), slowest=int(slowest.item()),
+        per_iter=maxes[2:].cpu())
 
 
 def summarize_local(*, mean_sum: float, wrong: int, n: int, rank_max: float, rank_min: float,
                     slowest: int, per_iter: torch.Tensor) -> Stats:
-    """The arithmetic half of summarize, separate so it can be tested without a process group."""
+    """The arithmetic half of summarize, separate so it can be tested without a process group.
+    n is the number of ranks that took part."""
     per_iter = per_iter.double()
     p50, p99 = torch.quantile(per_iter, torch.tensor([0.5, 0.99], dtype=torch.float64)).tolist()
     avg = float(per_iter.mean())

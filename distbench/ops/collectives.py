@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from distbench.accounting import ACCOUNTING
 from distbench.ops import data
+from distbench.ops.case import Case
 
 REDOPS = {
     "sum": dist.ReduceOp.SUM,
@@ -24,16 +25,6 @@ REDOPS = {
 # torch 2.13 renamed these; 2.4 only has the old names.
 _torch_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _torch_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-@dataclass
-class Case:
-    """One op at one size on this rank: the call to time and how to prepare and check it."""
-
-    run: Callable[[], object]
-    prepare: Callable[[], None]
-    check: Callable[[], int]
-    output: torch.Tensor | None  # what the check reads (tests corrupt it)
 
 
 @dataclass(frozen=True)
