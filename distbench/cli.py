@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from distbench.options import OptionError, build_collective, load_config
+from distbench.options import OptionError, build_collective, build_p2p, build_topo, load_config
 
 app = typer.Typer(
     name="distbench",
@@ -30,6 +30,36 @@ def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: Path
     return value
 
 
+# Options shared by the commands, declared once.
+Sizes = Annotated[str, typer.Option(
+    help="Per-rank buffer sizes: 8:128M:x2 (factor), 1K:64K:+4K (step) or 1K,4K (list). "
+         "Binary suffixes.")]
+Dtype = Annotated[str, typer.Option(
+    help="float32, float16, bfloat16, float64, int32, int64, int8, uint8; comma list or 'all'.")]
+Iters = Annotated[int | None, typer.Option(
+    help="Timed iterations per size. Default: calibrated to --min-time.", show_default=False)]
+MinTime = Annotated[float, typer.Option(
+    help="Seconds of timed work per size when --iters is not given.")]
+Warmup = Annotated[int, typer.Option(help="Untimed iterations before each size.")]
+Check = Annotated[bool, typer.Option(help="Check results against independently computed values.")]
+Out = Annotated[Path, typer.Option(help="Parent directory of the run directory.")]
+Backend = Annotated[str, typer.Option(help="auto (nccl with CUDA, else gloo), nccl, gloo.")]
+Timeout = Annotated[float, typer.Option(
+    help="Seconds a rank may wait on its peers before the run is ended.")]
+Workers = Annotated[int | None, typer.Option(
+    help="Local workers to start when not under torchrun. Default: one per GPU, or 2 on CPU.",
+    show_default=False)]
+Config = Annotated[Path | None, typer.Option(
+    help="TOML file of options; flags on the command line win.", is_eager=True,
+    callback=_config_callback)]
+
+
+def _dispatch(command: str, opts) -> None:
+    from distbench.launch import dispatch
+
+    raise typer.Exit(dispatch(command, opts))
+
+
 @app.callback()
 def _root() -> None:
     """Run a benchmark under torchrun, or alone (it then starts local workers itself)."""
@@ -40,48 +70,72 @@ def collective(
     op: Annotated[str, typer.Option(
         help="Collectives, comma-separated, or 'all': all_reduce, reduce_scatter, all_gather, "
              "broadcast, reduce, all_to_all, gather, scatter.")] = "all_reduce",
-    sizes: Annotated[str, typer.Option(
-        help="Per-rank buffer sizes: 8:128M:x2 (factor), 1K:64K:+4K (step) or 1K,4K (list). "
-             "Binary suffixes.")] = "8:128M:x2",
-    dtype: Annotated[str, typer.Option(
-        help="float32, float16, bfloat16, float64, int32, int64, int8, uint8; comma list or "
-             "'all'.")] = "float32",
+    sizes: Sizes = "8:128M:x2",
+    dtype: Dtype = "float32",
     redop: Annotated[str, typer.Option(
         help="sum, prod, max, min, avg; comma list or 'all'.")] = "sum",
     root: Annotated[int, typer.Option(
         help="Root rank for broadcast, reduce, gather, scatter.")] = 0,
     placement: Annotated[str, typer.Option(
         help="out, in or both: out-of-place or in-place buffers.")] = "out",
-    iters: Annotated[int | None, typer.Option(
-        help="Timed iterations per size. Default: calibrated to --min-time.",
-        show_default=False)] = None,
-    min_time: Annotated[float, typer.Option(
-        help="Seconds of timed work per size when --iters is not given.")] = 0.1,
-    warmup: Annotated[int, typer.Option(help="Untimed iterations before each size.")] = 5,
-    check: Annotated[bool, typer.Option(
-        help="Check results against independently computed values.")] = True,
-    out: Annotated[Path, typer.Option(help="Parent directory of the run directory.")] = Path(
-        "results"),
-    backend: Annotated[str, typer.Option(help="auto (nccl with CUDA, else gloo), nccl, gloo.")
-                       ] = "auto",
-    timeout: Annotated[float, typer.Option(
-        help="Seconds a rank may wait on its peers before the run is ended.")] = 300.0,
-    workers: Annotated[int | None, typer.Option(
-        help="Local workers to start when not under torchrun. Default: one per GPU, or 2 on CPU.",
-        show_default=False)] = None,
-    config: Annotated[Path | None, typer.Option(
-        help="TOML file of options; flags on the command line win.", is_eager=True,
-        callback=_config_callback)] = None,
+    iters: Iters = None,
+    min_time: MinTime = 0.1,
+    warmup: Warmup = 5,
+    check: Check = True,
+    out: Out = Path("results"),
+    backend: Backend = "auto",
+    timeout: Timeout = 300.0,
+    workers: Workers = None,
+    config: Config = None,
 ) -> None:
     """Time collectives over a size sweep; bus bandwidth as nccl-tests reports it."""
-    opts = build_collective(
+    _dispatch("collective", build_collective(
         op=op, sizes=sizes, dtype=dtype, redop=redop, root=root, placement=placement,
         iters=iters, min_time=min_time, warmup=warmup, check=check, out=out, backend=backend,
-        timeout=timeout, workers=workers, argv=sys.argv[1:],
-    )
-    from distbench.launch import dispatch
+        timeout=timeout, workers=workers, argv=sys.argv[1:]))
 
-    raise typer.Exit(dispatch("collective", opts))
+
+@app.command()
+def p2p(
+    pattern: Annotated[str, typer.Option(
+        help="ring (send to r+1, receive from r-1), pingpong (pairs i, i+n/2: one-way latency), "
+             "matrix (every ordered pair alone); comma list or 'all'.")] = "ring",
+    sizes: Sizes = "8:128M:x2",
+    dtype: Dtype = "float32",
+    outlier_below: Annotated[float, typer.Option(
+        help="matrix: name links below this fraction of their class median "
+             "(intra-node and inter-node links judged apart).")] = 0.8,
+    fail_below: Annotated[float | None, typer.Option(
+        help="matrix: exit 4 when a link is below this fraction of its class median.",
+        show_default=False)] = None,
+    iters: Iters = None,
+    min_time: MinTime = 0.1,
+    warmup: Warmup = 5,
+    check: Check = True,
+    out: Out = Path("results"),
+    backend: Backend = "auto",
+    timeout: Timeout = 300.0,
+    workers: Workers = None,
+    config: Config = None,
+) -> None:
+    """Point-to-point: ring, ping-pong latency, and the pairwise link matrix with outliers."""
+    _dispatch("p2p", build_p2p(
+        pattern=pattern, sizes=sizes, dtype=dtype, outlier_below=outlier_below,
+        fail_below=fail_below, iters=iters, min_time=min_time, warmup=warmup, check=check,
+        out=out, backend=backend, timeout=timeout, workers=workers, argv=sys.argv[1:]))
+
+
+@app.command()
+def topo(
+    out: Out = Path("results"),
+    backend: Backend = "auto",
+    timeout: Timeout = 300.0,
+    config: Config = None,
+) -> None:
+    """Topology snapshot (nvidia-smi topo -m, NVML inventory, CPU/NUMA): this machine, or one
+    per node under torchrun."""
+    _dispatch("topo", build_topo(out=out, backend=backend, timeout=timeout, workers=None,
+                                 argv=sys.argv[1:]))
 
 
 def _one_line(text: str) -> str:

@@ -57,6 +57,19 @@ class Console:
                                  _fmt_time(r["p99_us"]), str(r["slowest_rank"])])
         self._print_out(text)
 
+    def matrix(self, title: str, names: list[str], grid: dict[tuple[int, int], float]) -> None:
+        """An N x N table: row = source rank, column = destination rank."""
+        if not self.enabled:
+            return
+        n = len(names)
+        width = max(8, *(len(str(i)) + 2 for i in range(n)))
+        self._print_out(f"#\n# {title}")
+        self._print_out("#" + " " * 5 + "".join(str(j).rjust(width) for j in range(n)))
+        for i in range(n):
+            cells = ["-" if i == j else (f"{grid[i, j]:.3g}" if (i, j) in grid else "?")
+                     for j in range(n)]
+            self._print_out(f"{i:>6}" + "".join(c.rjust(width) for c in cells) + f"   {names[i]}")
+
     def _print_out(self, text: str) -> None:
         # Both on one terminal: print above the live bar, or the two would garble each other.
         if self._progress is not None and sys.stdout.isatty():

@@ -12,7 +12,11 @@ import uuid
 
 from distbench import results
 
-COMMANDS = {"collective": "distbench.commands.collective"}
+COMMANDS = {
+    "collective": "distbench.commands.collective",
+    "p2p": "distbench.commands.p2p",
+    "topo": "distbench.commands.topo",
+}
 
 
 def under_launcher() -> bool:
@@ -20,8 +24,11 @@ def under_launcher() -> bool:
 
 
 def dispatch(command: str, opts) -> int:
+    module = importlib.import_module(COMMANDS[command])
     if under_launcher():
-        return importlib.import_module(COMMANDS[command]).run(opts)
+        return module.run(opts)
+    if hasattr(module, "run_local"):  # a command that needs no workers on one machine
+        return module.run_local(opts)
     return start_local(command, opts)
 
 

@@ -73,18 +73,10 @@ def check_writable_dir(option: str, path: Path, example: str) -> Path:
     return path
 
 
-@dataclass
-class CollectiveOptions:
-    ops: list[str]
-    sizes: list[int]
-    dtypes: list[str]
-    redops: list[str]
-    root: int
-    placement: str
-    iters: int | None
-    min_time: float
-    warmup: int
-    check: bool
+@dataclass(kw_only=True)
+class RunOptions:
+    """What every command that starts workers takes."""
+
     out: Path
     backend: str
     timeout: float
@@ -98,65 +90,123 @@ class CollectiveOptions:
         return d
 
     def identity(self) -> dict:
-        """What every rank must agree on (argv and out may legitimately differ per node)."""
+        """What every rank must agree on (out may legitimately differ per node)."""
         d = self.to_json()
         for k in ("out", "workers"):
             d.pop(k)
         return d
 
 
-def build_collective(*, op: str, sizes: str, dtype: str, redop: str, root: int, placement: str,
-                     iters: int | None, min_time: float, warmup: int, check: bool, out: Path,
-                     backend: str, timeout: float, workers: int | None,
-                     argv: list[str]) -> CollectiveOptions:
+@dataclass(kw_only=True)
+class SweepOptions(RunOptions):
+    """A size sweep with checked results: what collective and p2p share."""
+
+    sizes: list[int]
+    dtypes: list[str]
+    iters: int | None
+    min_time: float
+    warmup: int
+    check: bool
+
+
+@dataclass(kw_only=True)
+class CollectiveOptions(SweepOptions):
+    ops: list[str]
+    redops: list[str]
+    root: int
+    placement: str
+
+
+@dataclass(kw_only=True)
+class P2POptions(SweepOptions):
+    patterns: list[str]
+    outlier_below: float
+    fail_below: float | None
+
+
+@dataclass(kw_only=True)
+class TopoOptions(RunOptions):
+    pass
+
+
+def _run_fields(*, backend: str, timeout: float, workers: int | None, argv: list[str]) -> dict:
+    # inf would pass `> 0` but cannot become a timedelta (OverflowError in every worker)
+    if not (0 < timeout <= MAX_TIMEOUT_S):
+        raise OptionError("--timeout", f"must be above 0 and at most {MAX_TIMEOUT_S} seconds "
+                          f"(one week), got {timeout}", "--timeout 300")
+    if workers is not None and workers < 1:
+        raise OptionError("--workers", f"must be at least 1, got {workers}", "--workers 2")
+    return dict(backend=_one_of("--backend", backend, BACKENDS, "--backend gloo"),
+                timeout=float(timeout), workers=workers, argv=argv)
+
+
+def _sweep_fields(*, sizes: str, dtype: str, iters: int | None, min_time: float, warmup: int,
+                  check: bool, **run) -> dict:
     try:
         size_list = parse_sizes(str(sizes))
     except SizeError as e:
         raise OptionError("--sizes", str(e), "--sizes 8:128M:x2") from None
     if iters is not None and iters <= 0:
         raise OptionError("--iters", f"must be at least 1, got {iters}", "--iters 20")
-    # inf passes `> 0` but cannot become a timedelta or an iteration count (OverflowError in
-    # every worker), so a finite number is required; nan fails `> 0` already.
+    # inf passes `> 0` but cannot become an iteration count; nan fails `> 0` already
     if not (min_time > 0 and math.isfinite(min_time)):
         raise OptionError("--min-time", f"must be a number of seconds above 0, got {min_time}",
                           "--min-time 0.2")
     if warmup < 0:
         raise OptionError("--warmup", f"must be 0 or more, got {warmup}", "--warmup 5")
-    if not (0 < timeout <= MAX_TIMEOUT_S):
-        raise OptionError("--timeout", f"must be above 0 and at most {MAX_TIMEOUT_S} seconds "
-                          f"(one week), got {timeout}", "--timeout 300")
+    return dict(sizes=size_list, iters=iters, min_time=float(min_time), warmup=warmup,
+                check=check, **_run_fields(**run),
+                dtypes=_pick("--dtype", dtype, DTYPES, "--dtype float32,bfloat16",
+                             DTYPE_ALIASES))
+
+
+def _out_dir(out: Path) -> Path:
+    # Last of all checks: it creates the directory, which a run with any other bad option
+    # must not leave behind.
+    return check_writable_dir("--out", Path(out), "--out results")
+
+
+def build_collective(*, op: str, redop: str, root: int, placement: str, out: Path,
+                     **common) -> CollectiveOptions:
+    fields = _sweep_fields(**common)
     if root < 0:
         raise OptionError("--root", f"must be a rank (0 or more), got {root}", "--root 0")
-    if workers is not None and workers < 1:
-        raise OptionError("--workers", f"must be at least 1, got {workers}", "--workers 2")
-    world = workers or _env_int("WORLD_SIZE")
+    world = fields["workers"] or _env_int("WORLD_SIZE")
     if world is not None and root >= world:
         raise OptionError("--root", f"rank {root} does not exist in a world of {world}",
                           "--root 0")
-    ops = _pick("--op", op, COLLECTIVES, "--op all_reduce,all_gather")
-    dtypes = _pick("--dtype", dtype, DTYPES, "--dtype float32,bfloat16", DTYPE_ALIASES)
-    redops = _pick("--redop", redop, REDOPS, "--redop sum")
-    placement = _one_of("--placement", placement, PLACEMENTS, "--placement both")
-    backend = _one_of("--backend", backend, BACKENDS, "--backend gloo")
-    # Last: it creates the directory, which a run with any other bad option must not leave behind.
-    out_dir = check_writable_dir("--out", Path(out), "--out results")
     return CollectiveOptions(
-        ops=ops,
-        sizes=size_list,
-        dtypes=dtypes,
-        redops=redops,
+        ops=_pick("--op", op, COLLECTIVES, "--op all_reduce,all_gather"),
+        redops=_pick("--redop", redop, REDOPS, "--redop sum"),
         root=root,
-        placement=placement,
-        iters=iters,
-        min_time=float(min_time),
-        warmup=warmup,
-        check=check,
-        out=out_dir,
-        backend=backend,
-        timeout=float(timeout),
-        workers=workers,
-        argv=argv,
+        placement=_one_of("--placement", placement, PLACEMENTS, "--placement both"),
+        **fields,
+        out=_out_dir(out),
     )
+
+
+P2P_PATTERNS = ("ring", "pingpong", "matrix")
+
+
+def build_p2p(*, pattern: str, outlier_below: float, fail_below: float | None, out: Path,
+              **common) -> P2POptions:
+    fields = _sweep_fields(**common)
+    if not 0 < outlier_below <= 1:
+        raise OptionError("--outlier-below", f"must be a fraction in (0, 1], got {outlier_below}",
+                          "--outlier-below 0.8")
+    if fail_below is not None and not 0 < fail_below <= 1:
+        raise OptionError("--fail-below", f"must be a fraction in (0, 1], got {fail_below}",
+                          "--fail-below 0.8")
+    world = fields["workers"] or _env_int("WORLD_SIZE")
+    if world is not None and world < 2:
+        raise OptionError("--workers", f"p2p needs at least 2 ranks, got {world}", "--workers 2")
+    return P2POptions(
+        patterns=_pick("--pattern", pattern, P2P_PATTERNS, "--pattern ring,pingpong"),
+        outlier_below=float(outlier_below), fail_below=fail_below, **fields, out=_out_dir(out))
+
+
+def build_topo(*, out: Path, **run) -> TopoOptions:
+    return TopoOptions(**_run_fields(**run), out=_out_dir(out))
 
 
 def _env_int(name: str) -> int | None:

@@ -23,6 +23,19 @@ COLLECTIVE_COLUMNS = [
     "cv_pct", "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note",
 ]
 
+P2P_COLUMNS = [
+    "pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters", "time_us",
+    "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct", "algbw_gbps",
+    "busbw_gbps", "wrong", "backend", "status", "note",
+]
+
+# Long form: one row per ordered pair, direction and size.
+MATRIX_COLUMNS = [
+    "direction", "src_rank", "dst_rank", "src_host", "dst_host", "src_local_rank",
+    "dst_local_rank", "link", "dtype", "world_size", "nnodes", "size_bytes", "count", "iters",
+    "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend",
+]
+
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                 "NVIDIA_VISIBLE_DEVICES", "UCX_", "FI_")
 

@@ -33,6 +33,15 @@ def _first_line(e: BaseException) -> str:
     return line if len(line) <= 300 else line[:297] + "..."
 
 
+def write_topology(run_dir: Path, snapshots: list[dict]) -> None:
+    """topo.txt for people, topo.json for tools: the same snapshot in every run directory."""
+    (run_dir / "topo.txt").write_text(topo.render_text(snapshots))
+    nodes = [{**snap, "gpu_links": topo.parse_topo_matrix(snap.get("nvidia_smi_topo") or "")}
+             for snap in snapshots]
+    results.write_json(run_dir / "topo.json", {"schema_version": results.SCHEMA_VERSION,
+                                               "nodes": nodes})
+
+
 class Session:
     def __init__(self, command: str, opts, rt: Runtime):
         self.command = command
@@ -58,7 +67,7 @@ class Session:
                       None)
         self.record.update(backend=rt.backend, world_size=rt.world, nnodes=rt.nnodes,
                            versions={**rt.versions(), "driver": driver}, ranks=rt.ranks)
-        (self.run_dir / "topo.txt").write_text(topo.render_text(rt.snapshots))
+        write_topology(self.run_dir, rt.snapshots)
 
     def step(self, what: str, seconds: float) -> None:
         """Name what runs now (errors and timeouts quote it) and how long it may take."""

@@ -10,6 +10,7 @@ import time
 CORRUPT_RANK = "DISTBENCH_TEST_CORRUPT_RANK"  # "1": rank 1 flips an element before the check
 STALL = "DISTBENCH_TEST_STALL"  # "1:65536": rank 1 hangs when it reaches that size in bytes
 DIE = "DISTBENCH_TEST_DIE"  # "1:65536": rank 1 is SIGKILLed when it reaches that size
+SLOW_SEND = "DISTBENCH_TEST_SLOW_SEND"  # "2:0.002": rank 2 waits 2 ms before every p2p send
 
 
 def _at(var: str, rank: int, size: int) -> bool:
@@ -30,3 +31,11 @@ def before_measurement(rank: int, size: int) -> None:
 def corrupt(rank: int, tensor) -> None:
     if tensor is not None and tensor.numel() and os.environ.get(CORRUPT_RANK) == str(rank):
         tensor.view(-1)[0] += 1
+
+
+def slow_send(rank: int) -> None:
+    value = os.environ.get(SLOW_SEND)
+    if value:
+        want_rank, _, seconds = value.partition(":")
+        if int(want_rank) == rank:
+            time.sleep(float(seconds))

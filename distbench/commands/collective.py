@@ -8,9 +8,10 @@ import torch
 import torch.distributed as dist
 
 from distbench import session as session_mod
-from distbench import testhooks, timing
+from distbench import timing
 from distbench.accounting import bandwidth, layout
 from distbench.console import describe
+from distbench.measure import fail_if_wrong, measure_case, stats_columns
 from distbench.ops.collectives import SPECS, CollectiveSpec, Ctx, allocate
 from distbench.results import COLLECTIVE_COLUMNS, CsvSink
 
@@ -150,10 +151,7 @@ def _sweep(s: session_mod.Session) -> int:
     s.watchdog.disarm()
     if sink:
         sink.close()
-    if bad_rows:
-        raise session_mod.RunFailure("wrong results: " + "; ".join(bad_rows[:5]) +
-                                     (f" (+{len(bad_rows) - 5} more)" if len(bad_rows) > 5 else ""),
-                                     status="wrong", exit_code=session_mod.EXIT_WRONG)
+    fail_if_wrong(bad_rows)
     return session_mod.EXIT_OK
 
 
@@ -176,31 +174,8 @@ def _base_row(plan: Plan, rt, size: int, lay) -> dict:
 
 
 def _measure(s: session_mod.Session, plan: Plan, ctx: Ctx, bufs, size: int, lay) -> dict:
-    opts, device = s.opts, s.rt.device
     what = describe(plan.spec.name, lay.size_bytes, plan.dtype, plan.redop, plan.in_place)
-    s.step(f"{what} (setup)", opts.timeout)
-    testhooks.before_measurement(ctx.rank, size)
     case = plan.spec.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
-    case.prepare()
-    s.step(what, opts.timeout)
-    iters, per_op = timing.warmup_and_calibrate(case.run, opts.warmup, opts.iters,
-                                                opts.min_time, device)
-    s.step(what, opts.timeout + 2 * iters * per_op)
-    samples = timing.measure(case.run, iters, device)
-    wrong = 0
-    if opts.check:
-        s.step(f"{what} (check)", opts.timeout)
-        case.prepare()
-        case.run()
-        timing.sync(device)
-        testhooks.corrupt(ctx.rank, case.output)
-        wrong = case.check()
-    s.step(f"{what} (statistics)", opts.timeout)
-    st = timing.summarize(samples, wrong, device)
+    st = measure_case(s, case, what, size)
     algbw, busbw = bandwidth(plan.spec.name, lay.size_bytes, st.time_us / 1e6, ctx.n)
-    return {
-        "iters": st.iters, "time_us": st.time_us, "rank_min_us": st.rank_min_us,
-        "rank_max_us": st.rank_max_us, "slowest_rank": st.slowest_rank, "p50_us": st.p50_us,
-        "p99_us": st.p99_us, "cv_pct": st.cv_pct, "algbw_gbps": algbw, "busbw_gbps": busbw,
-        "wrong": st.wrong if opts.check else None,
-    }
+    return {**stats_columns(st, s.opts.check), "algbw_gbps": algbw, "busbw_gbps": busbw}

@@ -1,0 +1,50 @@
+"""One measurement of one Case on every rank, under the session's watchdog: setup, warmup and
+calibration, the timed loop, the correctness check, the cross-rank statistics."""
+
+from __future__ import annotations
+
+from distbench import testhooks, timing
+from distbench.ops.case import Case
+from distbench.session import EXIT_WRONG, RunFailure, Session
+
+
+def measure_case(s: Session, case: Case, what: str, size: int, scale: float = 1.0
+                 ) -> timing.Stats:
+    """`scale` turns a timed call into the quantity reported (0.5: one way of a round trip)."""
+    opts, device, rank = s.opts, s.rt.device, s.rt.rank
+    s.step(f"{what} (setup)", opts.timeout)
+    testhooks.before_measurement(rank, size)
+    case.prepare()
+    s.step(what, opts.timeout)
+    iters, per_op = timing.warmup_and_calibrate(case.run, opts.warmup, opts.iters,
+                                                opts.min_time, device)
+    s.step(what, opts.timeout + 2 * iters * per_op)
+    samples = timing.measure(case.run, iters, device)
+    wrong = 0
+    if opts.check:
+        s.step(f"{what} (check)", opts.timeout)
+        case.prepare()
+        case.run()
+        timing.sync(device)
+        testhooks.corrupt(rank, case.output)
+        wrong = case.check()
+    s.step(f"{what} (statistics)", opts.timeout)
+    if scale != 1.0:
+        samples = [x * scale for x in samples]
+    return timing.summarize(samples, wrong, device, active=case.active)
+
+
+def stats_columns(st: timing.Stats, checked: bool) -> dict:
+    return {
+        "iters": st.iters, "time_us": st.time_us, "rank_min_us": st.rank_min_us,
+        "rank_max_us": st.rank_max_us, "slowest_rank": st.slowest_rank, "p50_us": st.p50_us,
+        "p99_us": st.p99_us, "cv_pct": st.cv_pct, "wrong": st.wrong if checked else None,
+    }
+
+
+def fail_if_wrong(bad: list[str]) -> None:
+    """Every rank knows the summed wrong counts, so every rank raises the same failure."""
+    if bad:
+        more = f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise RunFailure("wrong results: " + "; ".join(bad[:5]) + more, status="wrong",
+                         exit_code=EXIT_WRONG)

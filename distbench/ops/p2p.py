@@ -1,0 +1,103 @@
+"""Point-to-point patterns: ring (nccl-tests' sendrecv), ping-pong pairs, and one ordered pair
+at a time for the link matrix. Received data is checked like the collectives' results."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from distbench import testhooks
+from distbench.ops import data
+from distbench.ops.case import Case
+
+
+def _exchange(ops: list[dist.P2POp]) -> None:
+    # batched so NCCL posts both sides at once; gloo takes the same call
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
+
+def _mov(rank: int, buf: torch.Tensor):
+    return lambda start, count: data.movement(rank, start, count, buf.device)
+
+
+def ring(rank: int, n: int, send: torch.Tensor, recv: torch.Tensor) -> Case:
+    """Send to r+1 and receive from r-1 at once."""
+    nxt, prev = (rank + 1) % n, (rank - 1) % n
+
+    def run():
+        testhooks.slow_send(rank)
+        _exchange([dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prev)])
+
+    def prepare():
+        data.fill(send, _mov(rank, send))
+        recv.fill_(data.SENTINEL)
+    return Case(run=run, prepare=prepare, check=lambda: data.count_wrong(recv, _mov(prev, recv)),
+                output=recv)
+
+
+def pingpong_partner(rank: int, n: int) -> int | None:
+    """Rank i pairs with i + n//2, so on two nodes every pair crosses between them; with an odd
+    world the last rank sits out."""
+    half = n // 2
+    if rank < half:
+        return rank + half
+    if rank < 2 * half:
+        return rank - half
+    return None
+
+
+def pingpong(rank: int, n: int, buf: torch.Tensor) -> Case:
+    """One round trip per call: the lower rank of a pair sends first and gets the message back."""
+    partner = pingpong_partner(rank, n)
+    if partner is None:
+        return Case(run=lambda: None, prepare=lambda: None, check=lambda: 0, output=None,
+                    active=False)
+    first = rank < partner
+
+    def run():
+        if first:
+            testhooks.slow_send(rank)
+            dist.send(buf, partner)
+            dist.recv(buf, partner)
+        else:
+            dist.recv(buf, partner)
+            testhooks.slow_send(rank)
+            dist.send(buf, partner)
+
+    def prepare():
+        if first:
+            data.fill(buf, _mov(rank, buf))
+        else:
+            buf.fill_(data.SENTINEL)
+    # the message that comes back is the one the first rank sent
+    origin = rank if first else partner
+    return Case(run=run, prepare=prepare, check=lambda: data.count_wrong(buf, _mov(origin, buf)),
+                output=buf)
+
+
+def one_link(rank: int, src: int, dst: int, bidirectional: bool, send: torch.Tensor,
+             recv: torch.Tensor) -> Case:
+    """src sends to dst (and dst to src when bidirectional); every other rank sits out."""
+    if rank not in (src, dst):
+        return Case(run=lambda: None, prepare=lambda: None, check=lambda: 0, output=None,
+                    active=False)
+    peer = dst if rank == src else src
+    sends = bidirectional or rank == src
+    receives = bidirectional or rank == dst
+
+    def run():
+        ops = []
+        if sends:
+            testhooks.slow_send(rank)
+            ops.append(dist.P2POp(dist.isend, send, peer))
+        if receives:
+            ops.append(dist.P2POp(dist.irecv, recv, peer))
+        _exchange(ops)
+
+    def prepare():
+        data.fill(send, _mov(rank, send))
+        recv.fill_(data.SENTINEL)
+    return Case(run=run, prepare=prepare,
+                check=lambda: data.count_wrong(recv, _mov(peer, recv)) if receives else 0,
+                output=recv if receives else None)
