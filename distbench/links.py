@@ -51,26 +51,33 @@ def find_outliers(links: list[Link], below: float) -> list[Outlier]:
 
 
 def culprits(outliers: list[Outlier]) -> list[str]:
-    """The rank, then the host, that takes part in the most outlier links, when that is more
-    than half of them: one slow GPU or NIC drags down every link it is on."""
+    """The rank, then the host, that most of the slowness goes through: one slow GPU or NIC
+    drags down every link it is on. Each outlier link counts by how far it fell short
+    (1 - fraction of its median), so one marginal, noisy link cannot tie with a rank whose links
+    are all far below; the top one is named when it holds over half of that weight."""
     if not outliers:
         return []
-    total = len(outliers)
     names: dict[int, str] = {}
-    ranks: Counter[int] = Counter()
-    hosts: Counter[str] = Counter()
+    weight: dict[str, dict] = {"rank": {}, "host": {}}
+    count: dict[str, Counter] = {"rank": Counter(), "host": Counter()}
     for o in outliers:
         lk = o.link
         names[lk.src_rank], names[lk.dst_rank] = lk.src_name, lk.dst_name
-        ranks.update({lk.src_rank, lk.dst_rank})
-        hosts.update({lk.src_name.rsplit(":", 1)[0], lk.dst_name.rsplit(":", 1)[0]})
+        short = 1.0 - o.fraction
+        ends = {"rank": {lk.src_rank, lk.dst_rank},
+                "host": {lk.src_name.rsplit(":", 1)[0], lk.dst_name.rsplit(":", 1)[0]}}
+        for label, keys in ends.items():
+            for key in keys:
+                weight[label][key] = weight[label].get(key, 0.0) + short
+                count[label][key] += 1
+    total = sum(1.0 - o.fraction for o in outliers)
     found = []
-    for counter, label in ((ranks, "rank"), (hosts, "host")):
-        top = counter.most_common(2)
-        count = top[0][1]
-        unique = len(top) == 1 or top[1][1] < count
-        if count * 2 > total and unique and (label == "rank" or len(hosts) > 1):
-            who = top[0][0]
+    for label in ("rank", "host"):
+        if label == "host" and len(weight["host"]) < 2:
+            continue  # one host in every slow link says nothing beyond the rank
+        ranked = sorted(weight[label].items(), key=lambda kv: -kv[1])
+        who, top = ranked[0]
+        if top * 2 > total and (len(ranked) == 1 or ranked[1][1] < top):
             what = f"rank {who} ({names[who]})" if label == "rank" else f"host {who}"
-            found.append(f"{what}: in {count} of {total} slow links")
+            found.append(f"{what}: in {count[label][who]} of {len(outliers)} slow links")
     return found

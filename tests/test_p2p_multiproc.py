@@ -1,0 +1,98 @@
+"""p2p on real gloo workers: what the CSVs and run.json say."""
+
+from __future__ import annotations
+
+import csv
+import json
+import socket
+
+import pytest
+from helpers import distbench, torchrun_nodes
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ring_pingpong_and_matrix(tmp_path, n):
+    res = distbench(tmp_path, "p2p", "--pattern", "all", "--sizes", "4K,64K", "--iters", "3",
+                    "--warmup", "1", "--workers", str(n))
+    assert res.code == 0, res.stderr
+    rows = res.rows("p2p.csv")
+    assert [(r["pattern"], r["size_bytes"]) for r in rows] == [
+        ("ring", "4096"), ("ring", "65536"), ("pingpong", "4096"), ("pingpong", "65536")]
+    for r in rows:
+        assert r["status"] == "ok" and r["wrong"] == "0" and int(r["world_size"]) == n
+        t = float(r["time_us"])
+        assert float(r["algbw_gbps"]) == pytest.approx(int(r["size_bytes"]) / t / 1e3, rel=1e-4)
+        assert float(r["busbw_gbps"]) == pytest.approx(float(r["algbw_gbps"]), rel=1e-4)
+        assert float(r["p50_us"]) > 0 and float(r["p99_us"]) >= float(r["p50_us"])
+    pingpong = [r for r in rows if r["pattern"] == "pingpong"]
+    assert all(int(r["pairs"]) == n // 2 for r in pingpong)
+    # the odd rank out of a ping-pong takes no part: it is never the slowest
+    assert all(int(r["slowest_rank"]) < 2 * (n // 2) for r in pingpong)
+
+    matrix = res.rows("p2p_matrix.csv")
+    uni = [r for r in matrix if r["direction"] == "uni"]
+    bi = [r for r in matrix if r["direction"] == "bi"]
+    for size in ("4096", "65536"):
+        pairs = {(int(r["src_rank"]), int(r["dst_rank"])) for r in uni if r["size_bytes"] == size}
+        assert pairs == {(i, j) for i in range(n) for j in range(n) if i != j}
+        assert len([r for r in bi if r["size_bytes"] == size]) == n * (n - 1) // 2
+    for r in matrix:
+        assert r["link"] == "intra" and r["wrong"] == "0"
+        moved = int(r["size_bytes"]) * (2 if r["direction"] == "bi" else 1)
+        assert float(r["gbps"]) == pytest.approx(moved / float(r["time_us"]) / 1e3, rel=1e-4)
+    assert res.meta()["matrix"]["links"] == len(matrix)
+    assert "row = sender" in res.stdout
+    for name in ("topo.txt", "topo.json"):
+        assert (res.run_dir / name).exists()
+
+
+def test_one_slow_rank_is_named_and_fails_the_run(tmp_path):
+    # rank 2 waits 20 ms before every send: every link it sends on is ~100x slower
+    res = distbench(tmp_path, "p2p", "--pattern", "matrix", "--sizes", "16K", "--iters", "5",
+                    "--warmup", "1", "--workers", "3", "--fail-below", "0.5",
+                    DISTBENCH_TEST_SLOW_SEND="2:0.02")
+    assert res.code == 4, res.stderr
+    host = socket.gethostname()
+    meta = res.meta()
+    assert meta["status"] == "slow_links" and meta["exit_code"] == 4
+    outliers = meta["matrix"]["outliers"]
+    for dst in (0, 1):
+        assert any(o.startswith(f"{host}:2 -> {host}:{dst} ") for o in outliers), outliers
+    assert meta["matrix"]["culprits"][0].startswith(f"rank 2 ({host}:2)")
+    assert f"likely culprit: rank 2 ({host}:2)" in res.stderr
+    # the slow rank's rows are measured and kept, not dropped
+    rows = res.rows("p2p_matrix.csv")
+    slow = [float(r["gbps"]) for r in rows if r["direction"] == "uni" and r["src_rank"] == "2"]
+    fast = [float(r["gbps"]) for r in rows if r["direction"] == "uni" and r["src_rank"] != "2"]
+    assert len(slow) == 2 and max(slow) < min(fast)
+
+
+def test_without_fail_below_slow_links_are_reported_but_pass(tmp_path):
+    res = distbench(tmp_path, "p2p", "--pattern", "matrix", "--sizes", "16K", "--iters", "3",
+                    "--warmup", "1", "--workers", "3", DISTBENCH_TEST_SLOW_SEND="2:0.02")
+    assert res.code == 0, res.stderr
+    assert res.meta()["matrix"]["culprits"]
+
+
+def test_two_nodes_label_links_intra_and_inter(tmp_path):
+    args = ["p2p", "--pattern", "matrix,pingpong", "--sizes", "4K", "--iters", "2",
+            "--warmup", "1"]
+    node0, node1 = torchrun_nodes(tmp_path, nnodes=2, nproc=2, per_node_args=[args, args])
+    assert node0.returncode == 0, node0.stderr
+    assert node1.returncode == 0, node1.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["nnodes"] == 2
+    node_of = {r["rank"]: r["node"] for r in meta["ranks"]}
+    rows = list(csv.DictReader(open(run_dir / "p2p_matrix.csv")))
+    assert len([r for r in rows if r["direction"] == "uni"]) == 4 * 3
+    for r in rows:
+        same = node_of[int(r["src_rank"])] == node_of[int(r["dst_rank"])]
+        assert r["link"] == ("intra" if same else "inter"), r
+        assert r["nnodes"] == "2"
+    assert {r["link"] for r in rows} == {"intra", "inter"}
+    # ping-pong pairs i with i + n/2: on two nodes of two, every pair crosses nodes
+    (pp,) = list(csv.DictReader(open(run_dir / "p2p.csv")))
+    assert pp["pattern"] == "pingpong" and pp["pairs"] == "2" and pp["wrong"] == "0"
