@@ -84,7 +84,7 @@ class Session:
         self.console.stop_progress()
         # Every rank agrees on a wrong result or a refused option: rank 0 speaks for all. Other
         # failures are local, and the rank that saw one may be the only one to tell.
-        if error and (self.rt.rank == 0 or status not in ("wrong", "bad_input")):
+        if error and (self.rt.rank == 0 or status not in ("wrong", "bad_input", "slow_links")):
             print(f"distbench: rank {self.rt.rank}: error: {error}", file=sys.stderr, flush=True)
         if self.record is not None:
             self.record.finish(status, code, error)

@@ -22,6 +22,7 @@ from typing import Any
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 _CPUINFO_PATH = Path("/proc/cpuinfo")
 _NUMA_DIR = Path("/sys/devices/system/node")
+_NET_DIR = Path("/sys/class/net")
 
 _NVIDIA_SMI_TIMEOUT_S = 20
 # NVML_NVLINK_MAX_LINKS was 18 up to Hopper; probing stops at the first error anyway.
@@ -123,8 +124,13 @@ def _optional(fn: Any, *args: Any) -> Any:
 
 
 def _nvlinks_up(nvml: Any, handle: Any) -> int:
+    return _nvlink_probe(nvml, handle)[0]
+
+
+def _nvlink_probe(nvml: Any, handle: Any) -> tuple[int, int | None]:
+    """(links up, NVLink version of the first link up, None when no link is up)."""
     enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
-    up = 0
+    up, version = 0, None
     for link in range(_MAX_NVLINKS):
         try:
             state = nvml.nvmlDeviceGetNvLinkState(handle, link)
@@ -134,7 +140,10 @@ def _nvlinks_up(nvml: Any, handle: Any) -> int:
             break
         if state == enabled:
             up += 1
-    return up
+            if version is None:
+                version = _optional(getattr(nvml, "nvmlDeviceGetNvLinkVersion", None), handle,
+                                    link)
+    return up, version
 
 
 def _nvml_probe() -> dict[str, Any]:
@@ -165,9 +174,9 @@ def _nvml_probe() -> dict[str, Any]:
                     "pcie_gen_max": _optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
                     "pcie_width_current": _optional(nvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
                     "pcie_width_max": _optional(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
-                    "nvlinks_up": _nvlinks_up(nvml, handle),
                 }
             )
+            gpus[-1]["nvlinks_up"], gpus[-1]["nvlink_version"] = _nvlink_probe(nvml, handle)
         driver = _optional(nvml.nvmlSystemGetDriverVersion)
         cuda = _optional(nvml.nvmlSystemGetCudaDriverVersion)
         out["driver_version"] = _text(driver) if driver is not None else None
@@ -212,6 +221,26 @@ def _numa_nodes() -> list[dict[str, Any]]:
     return nodes
 
 
+def _network_interfaces() -> list[dict[str, Any]]:
+    """Interfaces from sysfs: what a multi-node run's traffic can take (speed in Mb/s)."""
+    out = []
+    try:
+        entries = sorted(_NET_DIR.iterdir())
+    except Exception:
+        return []
+    for entry in entries:
+        speed = _read_text(entry / "speed")
+        out.append({
+            "name": entry.name,
+            "state": (_read_text(entry / "operstate") or "").strip() or None,
+            "speed_mbps": int(speed) if speed and speed.strip().lstrip("-").isdigit()
+            and int(speed) > 0 else None,
+            "mtu": int(m) if (m := (_read_text(entry / "mtu") or "").strip()).isdigit() else None,
+            "address": (_read_text(entry / "address") or "").strip() or None,
+        })
+    return out
+
+
 def _cpu_probe() -> dict[str, Any]:
     try:
         cores = os.cpu_count()
@@ -246,6 +275,10 @@ def node_snapshot() -> dict:
         snap["cpu"] = _cpu_probe()
     except Exception:
         snap["cpu"] = {"model": "", "logical_cores": None, "numa_nodes": []}
+    try:
+        snap["network"] = _network_interfaces()
+    except Exception:
+        snap["network"] = []
     return snap
 
 
@@ -324,7 +357,9 @@ def _gpu_line(gpu: dict) -> str:
     return (
         f"GPU{_fmt(gpu.get('index'))}: {gpu.get('name') or '?'}, "
         f"{_fmt_gib(gpu.get('memory_total_bytes'))}, {pcie}, "
-        f"NVLinks up {_fmt(gpu.get('nvlinks_up'))}, {gpu.get('uuid') or '?'}"
+        f"NVLinks up {_fmt(gpu.get('nvlinks_up'))}"
+        + (f" (NVLink v{gpu['nvlink_version']})" if gpu.get("nvlink_version") else "")
+        + f", {gpu.get('uuid') or '?'}"
     )
 
 
@@ -361,6 +396,10 @@ def _render_one(snap: dict) -> list[str]:
         )
     if snap.get("nvml_error"):
         out.append(f"NVML not available: {snap['nvml_error']}")
+    for nic in snap.get("network") or []:
+        speed = f"{nic['speed_mbps']} Mb/s" if nic.get("speed_mbps") else "speed ?"
+        out.append(f"network {nic.get('name')}: {nic.get('state') or '?'}, {speed}, "
+                   f"mtu {_fmt(nic.get('mtu'))}")
     return out
 
 

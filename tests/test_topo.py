@@ -335,6 +335,7 @@ def _fake_pynvml(*, init_error=None, nvlinks=(18, 0), fail_pcie=False):
     fake.nvmlDeviceGetCurrPcieLinkWidth = pcie(16)
     fake.nvmlDeviceGetMaxPcieLinkWidth = pcie(16)
     fake.nvmlDeviceGetNvLinkState = link_state
+    fake.nvmlDeviceGetNvLinkVersion = lambda handle, link: 4
     fake.nvmlSystemGetDriverVersion = lambda: b"550.54.15"
     fake.nvmlSystemGetCudaDriverVersion = lambda: 12040
     return fake
@@ -365,13 +366,15 @@ def test_nvml_two_gpus(monkeypatch):
         "pcie_width_current": 16,
         "pcie_width_max": 16,
         "nvlinks_up": 18,
+        "nvlink_version": 4,
     }
     assert gpus[1]["name"] == "NVIDIA L40S"
     assert gpus[1]["nvlinks_up"] == 0
+    assert gpus[1]["nvlink_version"] is None  # no link up, no version to ask
     assert fake.state["shutdown"] == 1
 
     text = topo.render_text([snap])
-    assert "GiB" in text and "NVIDIA L40S" in text
+    assert "GiB" in text and "NVIDIA L40S" in text and "NVLink v4" in text
     assert "nvidia-smi not available: nvidia-smi not found on PATH" in text
     assert "CPU-only" not in text
 
@@ -431,3 +434,25 @@ def test_dedupe_by_node():
     out = topo.dedupe_by_node([a0, a1, b2, a_rebooted, b4])
     assert [s["rank"] for s in out] == [0, 2, 3]
     assert topo.dedupe_by_node([]) == []
+
+
+def test_network_interfaces_from_sysfs(monkeypatch, tmp_path):
+    for name, state, speed, mtu in (("eth0", "up", "25000", "9000"), ("lo", "unknown", "", "")):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "operstate").write_text(state + "\n")
+        (d / "speed").write_text(speed + "\n")
+        (d / "mtu").write_text(mtu + "\n")
+    monkeypatch.setattr(topo, "_NET_DIR", tmp_path)
+    _no_nvidia_smi(monkeypatch)
+    snap = topo.node_snapshot()
+    nics = {n["name"]: n for n in snap["network"]}
+    assert nics["eth0"]["speed_mbps"] == 25000 and nics["eth0"]["mtu"] == 9000
+    assert nics["eth0"]["state"] == "up"
+    assert nics["lo"]["speed_mbps"] is None and nics["lo"]["mtu"] is None
+    assert "network eth0: up, 25000 Mb/s, mtu 9000" in topo.render_text([snap])
+
+
+def test_network_interfaces_absent_sysfs(monkeypatch, tmp_path):
+    monkeypatch.setattr(topo, "_NET_DIR", tmp_path / "missing")
+    assert topo.node_snapshot()["network"] == []

@@ -44,7 +44,8 @@ def print_summary(console: Console, snapshots: list[dict]) -> None:
                 f"  GPU{g.get('index')}  {g.get('name')}  {mem:.0f} GiB  PCIe gen "
                 f"{g.get('pcie_gen_current')}/{g.get('pcie_gen_max')} x"
                 f"{g.get('pcie_width_current')}/{g.get('pcie_width_max')}  "
-                f"NVLinks up {g.get('nvlinks_up')}")
+                f"NVLinks up {g.get('nvlinks_up')}"
+                + (f" v{g['nvlink_version']}" if g.get("nvlink_version") else ""))
         if gpus:
             lines.append(f"  driver {snap.get('driver_version')}, CUDA "
                          f"{snap.get('cuda_driver_version')}")
@@ -61,5 +62,10 @@ def print_summary(console: Console, snapshots: list[dict]) -> None:
         lines.append(f"  CPU {cpu.get('model')}, {cpu.get('logical_cores')} logical cores")
         for numa in cpu.get("numa_nodes") or []:
             lines.append(f"  NUMA node{numa['node']}: cpus {numa['cpus']}")
+        nics = [f"{n['name']} ({n.get('state')}"
+                + (f", {n['speed_mbps']} Mb/s)" if n.get("speed_mbps") else ")")
+                for n in snap.get("network") or []]
+        if nics:
+            lines.append("  network: " + ", ".join(nics))
         if console.enabled:
             print("\n".join(lines), file=sys.stdout, flush=True)
