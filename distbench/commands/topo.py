@@ -57,7 +57,9 @@ def print_summary(console: Console, snapshots: list[dict]) -> None:
             lines.append("  GPU-GPU links (ordered pairs): " + ", ".join(
                 f"{count} x {kind}" for kind, count in sorted(kinds.items())))
         elif snap.get("nvidia_smi_topo") is None:
-            lines.append(f"  no nvidia-smi ({snap.get('nvidia_smi_error')}): CPU-only node")
+            # NVML may still have found GPUs (nvidia-smi missing or broken): not CPU-only then.
+            what = "GPUs from NVML above" if gpus else "CPU-only node"
+            lines.append(f"  no nvidia-smi ({snap.get('nvidia_smi_error')}): {what}")
         cpu = snap.get("cpu") or {}
         lines.append(f"  CPU {cpu.get('model')}, {cpu.get('logical_cores')} logical cores")
         for numa in cpu.get("numa_nodes") or []:

@@ -1,0 +1,246 @@
+"""The command line of `distbench p2p` and `distbench topo`: bad input fails fast in one line
+naming the option, good input resolves to the options a run gets, and no option falls into
+torchrun's prefix trap."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from helpers import LAUNCHER_VARS, clean_env
+from test_cli import _distbench_options, _torchrun_parser
+from typer.testing import CliRunner
+
+import distbench.cli
+import distbench.launch
+from distbench.options import P2POptions, TopoOptions
+
+
+def _distbench(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "distbench", *args], cwd=cwd, env=clean_env(),
+                          capture_output=True, text=True, timeout=60)
+    return proc, time.perf_counter() - t0
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess, secs: float, option: str,
+                           ours: bool) -> str:
+    where = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 2, where
+    assert "Traceback" not in proc.stderr + proc.stdout, where
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, f"expected exactly one stderr line\n{where}"
+    line = lines[0]
+    assert line.startswith("distbench: error:"), where
+    assert option in line, f"error line does not name {option}\n{where}"
+    if ours:
+        assert line.startswith(f"distbench: error: {option}:"), where
+        assert "example:" in line, f"error line has no valid example\n{where}"
+    assert proc.stdout == "", where
+    assert secs < 5, f"bad input took {secs:.2f} s to be refused; it must fail before workers"
+    return line
+
+
+def _assert_nothing_written(tmp_path: Path, out: Path) -> None:
+    assert not out.exists(), f"a failing invocation created {out}"
+    runs = [p for p in tmp_path.rglob("*") if p.is_dir() and p.name.endswith(("-p2p", "-topo"))]
+    assert runs == [], f"a failing invocation created run directories: {runs}"
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: exit 2, one line naming the option, no traceback, nothing written.
+# --------------------------------------------------------------------------------------------
+
+# (id, command, args, option the line must name, whether it is our own validation)
+BAD = [
+    ("p2p-pattern-unknown", "p2p", ["--pattern", "star"], "--pattern", True),
+    ("p2p-pattern-in-list", "p2p", ["--pattern", "ring,star"], "--pattern", True),
+    ("p2p-outlier-below-zero", "p2p", ["--outlier-below", "0"], "--outlier-below", True),
+    ("p2p-outlier-below-above-1", "p2p", ["--outlier-below", "1.5"], "--outlier-below", True),
+    ("p2p-outlier-below-nan", "p2p", ["--outlier-below", "nan"], "--outlier-below", True),
+    ("p2p-fail-below-zero", "p2p", ["--fail-below", "0"], "--fail-below", True),
+    ("p2p-fail-below-above-1", "p2p", ["--fail-below", "2"], "--fail-below", True),
+    ("p2p-one-worker", "p2p", ["--workers", "1"], "--workers", True),
+    ("p2p-sizes-bad", "p2p", ["--sizes", "1Q"], "--sizes", True),
+    ("p2p-sizes-end-below-start", "p2p", ["--sizes", "1M:1K"], "--sizes", True),
+    ("p2p-iters-zero", "p2p", ["--iters", "0"], "--iters", True),
+    ("p2p-timeout-zero", "p2p", ["--timeout", "0"], "--timeout", True),
+    ("p2p-dtype-unknown", "p2p", ["--dtype", "float7"], "--dtype", True),
+    ("p2p-not-a-collective-option", "p2p", ["--op", "all_reduce"], "--op", False),
+    ("topo-timeout-zero", "topo", ["--timeout", "0"], "--timeout", True),
+    ("topo-backend-unknown", "topo", ["--backend", "mpi"], "--backend", True),
+    ("topo-no-workers-option", "topo", ["--workers", "2"], "--workers", False),
+]
+
+
+@pytest.mark.parametrize("command,args,option,ours", [c[1:] for c in BAD],
+                         ids=[c[0] for c in BAD])
+def test_bad_flag_is_one_line_exit_2(tmp_path, command, args, option, ours):
+    out = tmp_path / "results"
+    proc, secs = _distbench(command, *args, "--out", str(out), cwd=tmp_path)
+    _assert_one_line_error(proc, secs, option, ours)
+    _assert_nothing_written(tmp_path, out)
+
+
+def test_p2p_needs_two_ranks_under_a_launcher(tmp_path):
+    """Under torchrun the world size comes from the environment."""
+    out = tmp_path / "results"
+    env = clean_env(WORLD_SIZE="1")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "distbench", "p2p", "--out", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    line = _assert_one_line_error(proc, time.perf_counter() - t0, "--workers", ours=True)
+    assert "2 ranks" in line
+    _assert_nothing_written(tmp_path, out)
+
+
+# --------------------------------------------------------------------------------------------
+# Good input resolves: the launcher is replaced, the options it would get are inspected.
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def captured(monkeypatch, tmp_path):
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)  # the default --out is relative
+    seen: list[tuple[str, object]] = []
+
+    def fake_dispatch(command, opts):
+        seen.append((command, opts))
+        return 0
+
+    monkeypatch.setattr(distbench.launch, "dispatch", fake_dispatch)
+    return seen
+
+
+def _resolve(captured, command: str, *args: str):
+    result = CliRunner().invoke(distbench.cli.app, [command, *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert len(captured) == 1
+    got, opts = captured.pop()
+    assert got == command
+    return opts
+
+
+def test_p2p_defaults(captured):
+    opts = _resolve(captured, "p2p")
+    assert isinstance(opts, P2POptions)
+    assert opts.patterns == ["ring"]
+    assert opts.outlier_below == 0.8
+    assert opts.fail_below is None
+    assert opts.sizes[0] == 8 and opts.sizes[-1] == 128 * 2**20
+    assert opts.dtypes == ["float32"]
+    assert opts.iters is None and opts.check is True and opts.workers is None
+    assert opts.backend == "auto" and opts.timeout == 300.0
+    assert opts.out == Path("results")
+
+
+def test_p2p_pattern_all(captured):
+    assert _resolve(captured, "p2p", "--pattern", "all").patterns == ["ring", "pingpong",
+                                                                         "matrix"]
+    assert _resolve(captured, "p2p", "--pattern", "Matrix, ring,matrix").patterns == [
+        "matrix", "ring"]
+
+
+def test_p2p_good_values(captured):
+    opts = _resolve(captured, "p2p", "--pattern", "matrix", "--fail-below", "0.5",
+                    "--outlier-below", "1", "--workers", "3", "--sizes", "1K,4K", "--iters",
+                    "4", "--no-check", "--backend", "gloo", "--dtype", "bf16")
+    assert opts.patterns == ["matrix"]
+    assert opts.fail_below == 0.5
+    assert opts.outlier_below == 1.0  # the upper end is allowed
+    assert opts.workers == 3
+    assert opts.sizes == [1024, 4096]
+    assert opts.iters == 4 and opts.check is False
+    assert opts.backend == "gloo" and opts.dtypes == ["bfloat16"]
+
+
+CONFIG = """
+    iters = 9
+
+    [collective]
+    op = "all_gather"
+
+    [p2p]
+    pattern = "matrix"
+    outlier-below = 0.6
+    sizes = ["1K", "2K"]
+"""
+
+
+def test_p2p_config_table_lands_and_flags_win(captured, tmp_path):
+    cfg = tmp_path / "bench.toml"
+    cfg.write_text(textwrap.dedent(CONFIG))
+    opts = _resolve(captured, "p2p", "--config", str(cfg))
+    assert opts.patterns == ["matrix"]
+    assert opts.outlier_below == 0.6
+    assert opts.sizes == [1024, 2048]
+    assert opts.iters is None  # top-level keys do not apply when the [p2p] table exists
+    assert opts.fail_below is None
+
+    opts = _resolve(captured, "p2p", "--pattern", "ring", "--config", str(cfg))
+    assert opts.patterns == ["ring"]
+    assert opts.outlier_below == 0.6
+
+
+def test_p2p_config_bad_value_is_refused(captured, tmp_path, capsys):
+    cfg = tmp_path / "bench.toml"
+    cfg.write_text('[p2p]\nfail-below = 3\n')
+    with pytest.raises(SystemExit) as exc:
+        distbench.cli.main(["p2p", "--config", str(cfg)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("distbench: error: --fail-below:") and len(err.splitlines()) == 1
+    assert captured == []
+
+
+def test_p2p_world_size_from_the_environment(captured, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(SystemExit) as exc:
+        distbench.cli.main(["p2p"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith("distbench: error: --workers:")
+    assert captured == []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert _resolve(captured, "p2p").patterns == ["ring"]
+
+
+def test_topo_resolves(captured):
+    opts = _resolve(captured, "topo")
+    assert isinstance(opts, TopoOptions)
+    assert opts.backend == "auto" and opts.timeout == 300.0 and opts.workers is None
+    opts = _resolve(captured, "topo", "--backend", "NCCL", "--timeout", "30")
+    assert opts.backend == "nccl" and opts.timeout == 30.0
+
+
+# --------------------------------------------------------------------------------------------
+# torchrun's prefix trap: test_cli.py's checks iterate every command; make sure they see ours.
+# --------------------------------------------------------------------------------------------
+
+def test_torchrun_checks_see_p2p_and_topo_options():
+    found = _distbench_options()
+    p2p = dict(found["p2p"])
+    assert {"--pattern", "--outlier-below", "--fail-below", "--sizes", "--workers",
+            "--no-check"} <= set(p2p)
+    assert p2p["--fail-below"] is True and p2p["--no-check"] is False
+    assert {"--out", "--backend", "--timeout", "--config"} <= set(dict(found["topo"]))
+    assert "--workers" not in dict(found["topo"])
+
+
+@pytest.mark.parametrize("command", ["p2p", "topo"])
+def test_torchrun_passes_p2p_and_topo_options_through(command):
+    torchrun = {o for a in _torchrun_parser()._actions for o in a.option_strings
+                if o.startswith("--")}
+    options = _distbench_options()[command]
+    assert [o for o, _ in options if any(t.startswith(o) for t in torchrun)] == []
+    script_args = [command]
+    for opt, takes_value in options:
+        script_args += [opt, "1"] if takes_value else [opt]
+    ns = _torchrun_parser().parse_args(["--nproc-per-node", "2", "-m", "distbench",
+                                        *script_args])
+    assert ns.training_script == "distbench"
+    assert ns.training_script_args == script_args

@@ -1,0 +1,241 @@
+"""`distbench topo`: standalone it snapshots this machine without starting workers; the summary
+on stdout digests the snapshot; write_topology stores topo.txt for people, topo.json for tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distbench import session
+from distbench.commands.topo import print_summary
+from distbench.console import Console
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NV18_TEXT = (FIXTURES / "topo_dgx_h100_nv18.txt").read_text()
+PCIE_TEXT = (FIXTURES / "topo_pcie_4gpu.txt").read_text()
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+GIB = 2**30
+FAKE_GPUS = [
+    {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaa",
+     "memory_total_bytes": 80 * GIB, "pcie_gen_current": 5, "pcie_gen_max": 5,
+     "pcie_width_current": 16, "pcie_width_max": 16, "nvlinks_up": 18},
+    {"index": 1, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-bbbb",
+     "memory_total_bytes": 80 * GIB, "pcie_gen_current": 4, "pcie_gen_max": 5,
+     "pcie_width_current": 8, "pcie_width_max": 16, "nvlinks_up": 17},
+]
+CPU = {"model": "Fake CPU 9000", "logical_cores": 224,
+       "numa_nodes": [{"node": 0, "cpus": "0-55,112-167"}, {"node": 1, "cpus": "56-111,168-223"}]}
+
+
+def _snap(host: str, topo_text: str | None, gpus: list[dict] | None = None, **extra) -> dict:
+    snap = {"host": host, "boot_id": f"boot-{host}", "nvidia_smi_topo": topo_text,
+            "gpus": gpus or [], "driver_version": "550.54.15" if gpus else None,
+            "cuda_driver_version": "12.4" if gpus else None, "cpu": CPU}
+    if topo_text is None:
+        snap["nvidia_smi_error"] = "nvidia-smi not found on PATH"
+    snap.update(extra)
+    return snap
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_VARS and not k.startswith("DISTBENCH_")}
+    env.update(NO_COLOR="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+# standalone `distbench topo`
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("topo")
+    out = tmp / "results"
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "distbench", "topo", "--out", str(out)],
+                          cwd=tmp, env=_env(), capture_output=True, text=True, timeout=60)
+    return proc, time.perf_counter() - t0, out
+
+
+def test_standalone_exits_0_fast(standalone):
+    proc, secs, _ = standalone
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr
+    assert secs < 20, f"distbench topo took {secs:.1f} s"
+
+
+def test_standalone_writes_one_run_directory(standalone):
+    proc, _, out = standalone
+    runs = sorted(out.iterdir())
+    assert len(runs) == 1 and runs[0].is_dir(), runs
+    run_dir = runs[0]
+    assert run_dir.name.endswith("-topo")
+    assert {p.name for p in run_dir.iterdir()} == {"topo.txt", "topo.json", "run.json"}
+    assert str(run_dir) in proc.stderr  # where the results are
+
+
+def test_standalone_files(standalone):
+    _, _, out = standalone
+    (run_dir,) = out.iterdir()
+    host = _hostname()
+
+    text = (run_dir / "topo.txt").read_text()
+    assert text.startswith(f"==== node {host} ")
+    if _cpu_only():
+        assert "CPU-only" in text
+
+    data = json.loads((run_dir / "topo.json").read_text())
+    assert data["schema_version"] == 1
+    assert isinstance(data["nodes"], list) and len(data["nodes"]) == 1
+    (node,) = data["nodes"]
+    assert node["host"] == host
+    assert node["cpu"]["logical_cores"] == os.cpu_count()
+    assert "model" in node["cpu"] and "numa_nodes" in node["cpu"]
+    assert set(node["gpu_links"]) == {"devices", "links"}
+    if _cpu_only():
+        assert node["gpu_links"] == {"devices": [], "links": {}}
+        assert node["gpus"] == []
+
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "ok"
+    assert meta["exit_code"] == 0
+    assert meta["command"] == "topo"
+    assert meta["nnodes"] == 1
+    assert meta["end_utc"] is not None
+    assert meta["options"]["out"] == str(out)
+
+
+def test_standalone_stdout_summary(standalone):
+    proc, _, _ = standalone
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"node {_hostname()}"
+    assert any(line.strip().startswith("CPU ") and "logical cores" in line for line in lines)
+    if _cpu_only():
+        assert "CPU-only" in proc.stdout
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _cpu_only() -> bool:
+    import shutil
+
+    return shutil.which("nvidia-smi") is None
+
+
+# --------------------------------------------------------------------------------------------
+# print_summary
+# --------------------------------------------------------------------------------------------
+
+def _summary(capsys, snapshots: list[dict]) -> str:
+    print_summary(Console(True), snapshots)
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    return captured.out
+
+
+def test_summary_nvlink_node(capsys):
+    out = _summary(capsys, [_snap("dgx1", NV18_TEXT, FAKE_GPUS)])
+    lines = out.splitlines()
+    assert lines[0] == "node dgx1"
+    assert "GPU-GPU links (ordered pairs): 56 x NV18" in out
+    # one line per GPU with its name, memory, PCIe and NVLinks
+    gpu_lines = [line for line in lines if line.strip().startswith("GPU") and "H100" in line]
+    assert len(gpu_lines) == 2
+    assert gpu_lines[0].strip().startswith("GPU0  NVIDIA H100 80GB HBM3  80 GiB")
+    assert "PCIe gen 5/5 x16/16" in gpu_lines[0] and "NVLinks up 18" in gpu_lines[0]
+    assert "PCIe gen 4/5 x8/16" in gpu_lines[1] and "NVLinks up 17" in gpu_lines[1]
+    assert "driver 550.54.15, CUDA 12.4" in out
+    assert "CPU-only" not in out
+    assert "CPU Fake CPU 9000, 224 logical cores" in out
+    assert "NUMA node0: cpus 0-55,112-167" in out
+    assert "NUMA node1: cpus 56-111,168-223" in out
+
+
+def test_summary_pcie_node(capsys):
+    out = _summary(capsys, [_snap("pcie1", PCIE_TEXT, FAKE_GPUS)])
+    (links_line,) = [line for line in out.splitlines() if "GPU-GPU links" in line]
+    # 4 GPUs: 12 ordered pairs; the NIC's NODE cells are not GPU links
+    assert links_line.strip() == "GPU-GPU links (ordered pairs): 2 x PIX, 2 x PXB, 8 x SYS"
+    assert "NV" not in links_line
+    assert "NODE" not in links_line
+
+
+def test_summary_cpu_only_node(capsys):
+    out = _summary(capsys, [_snap("laptop", None)])
+    assert out.splitlines()[0] == "node laptop"
+    assert "no nvidia-smi (nvidia-smi not found on PATH): CPU-only node" in out
+    assert "GPU-GPU links" not in out
+    assert "driver" not in out
+    assert "GPU0" not in out
+
+
+def test_summary_gpus_without_nvidia_smi_are_not_called_cpu_only(capsys):
+    # NVML found GPUs but nvidia-smi is missing or broken: the node is not CPU-only.
+    out = _summary(capsys, [_snap("odd", None, FAKE_GPUS)])
+    assert "GPU0  NVIDIA H100" in out
+    assert "no nvidia-smi (nvidia-smi not found on PATH): GPUs from NVML above" in out
+    assert "CPU-only" not in out
+
+
+def test_summary_one_block_per_node(capsys):
+    out = _summary(capsys, [_snap("n1", NV18_TEXT, FAKE_GPUS), _snap("n2", PCIE_TEXT, FAKE_GPUS)])
+    nodes = [line for line in out.splitlines() if line.startswith("node ")]
+    assert nodes == ["node n1", "node n2"]
+    assert out.index("56 x NV18") < out.index("node n2") < out.index("8 x SYS")
+
+
+def test_summary_silent_when_console_disabled(capsys):
+    print_summary(Console(False), [_snap("n1", NV18_TEXT, FAKE_GPUS)])
+    assert capsys.readouterr().out == ""
+
+
+# --------------------------------------------------------------------------------------------
+# session.write_topology
+# --------------------------------------------------------------------------------------------
+
+def test_write_topology(tmp_path):
+    snaps = [_snap("dgx1", NV18_TEXT, FAKE_GPUS), _snap("cpu1", None)]
+    session.write_topology(tmp_path, snaps)
+    assert {p.name for p in tmp_path.iterdir()} == {"topo.txt", "topo.json"}
+
+    text = (tmp_path / "topo.txt").read_text()
+    assert "==== node dgx1 (boot boot-dgx" in text
+    assert "==== node cpu1 (boot boot-cpu" in text
+    assert "NV18" in text  # the matrix verbatim
+    assert text.index("node dgx1") < text.index("node cpu1")
+
+    data = json.loads((tmp_path / "topo.json").read_text())
+    assert data["schema_version"] == 1
+    nv, cpu = data["nodes"]
+    assert nv["host"] == "dgx1" and cpu["host"] == "cpu1"
+    assert nv["gpu_links"]["devices"] == [f"GPU{i}" for i in range(8)]
+    assert len(nv["gpu_links"]["links"]) == 56
+    assert set(nv["gpu_links"]["links"].values()) == {"NV18"}
+    assert nv["gpus"] == FAKE_GPUS
+    assert nv["nvidia_smi_topo"] == NV18_TEXT
+    assert cpu["gpu_links"] == {"devices": [], "links": {}}
+    assert cpu["nvidia_smi_error"] == "nvidia-smi not found on PATH"
+    assert not list(tmp_path.glob("*.tmp"))  # written atomically, nothing left over
+
+
+def test_write_topology_pcie(tmp_path):
+    session.write_topology(tmp_path, [_snap("pcie1", PCIE_TEXT, FAKE_GPUS[:1])])
+    (node,) = json.loads((tmp_path / "topo.json").read_text())["nodes"]
+    links = node["gpu_links"]["links"]
+    assert len(links) == 12
+    assert links["GPU0-GPU1"] == "PIX" and links["GPU3-GPU2"] == "PXB"
+    assert links["GPU1-GPU3"] == "SYS"
