@@ -9,7 +9,15 @@ from typing import Annotated
 
 import typer
 
-from distbench.options import OptionError, build_collective, build_p2p, build_topo, load_config
+from distbench.options import (
+    OptionError,
+    build_collective,
+    build_p2p,
+    build_pp,
+    build_topo,
+    build_tp,
+    load_config,
+)
 
 app = typer.Typer(
     name="distbench",
@@ -136,6 +144,73 @@ def topo(
     per node under torchrun."""
     _dispatch("topo", build_topo(out=out, backend=backend, timeout=timeout, workers=None,
                                  argv=sys.argv[1:]))
+
+
+HiddenSize = Annotated[int, typer.Option(help="Model hidden size.")]
+SeqLen = Annotated[int, typer.Option(help="Sequence length (tokens per sample).")]
+MicroBatchSize = Annotated[int, typer.Option(help="Samples per micro-batch.")]
+Layers = Annotated[int, typer.Option(help="Transformer layers (blocks) in the stack.")]
+StepDtype = Annotated[str, typer.Option(help="float32, bfloat16, float16 or float64.")]
+StepIters = Annotated[int, typer.Option(help="Timed training steps.")]
+StepWarmup = Annotated[int, typer.Option(help="Untimed steps first.")]
+StepCheck = Annotated[bool, typer.Option(
+    help="Compare outputs and gradients with a single-rank reference on the same seed.")]
+
+
+@app.command()
+def tp(
+    block: Annotated[str, typer.Option(help="mlp, attention or both.")] = "both",
+    hidden_size: HiddenSize = 1024,
+    ffn_size: Annotated[int, typer.Option(help="MLP inner size.")] = 4096,
+    heads: Annotated[int, typer.Option(help="Attention heads.")] = 16,
+    seq_len: SeqLen = 512,
+    micro_batch_size: MicroBatchSize = 1,
+    layers: Layers = 2,
+    dtype: StepDtype = "float32",
+    iters: StepIters = 10,
+    warmup: StepWarmup = 2,
+    check: StepCheck = True,
+    out: Out = Path("results"),
+    backend: Backend = "auto",
+    timeout: Timeout = 300.0,
+    workers: Workers = None,
+    config: Config = None,
+) -> None:
+    """Tensor-parallel step timing: Megatron-style MLP and attention blocks, forward+backward."""
+    _dispatch("tp", build_tp(
+        block=block, hidden_size=hidden_size, ffn_size=ffn_size, heads=heads, seq_len=seq_len,
+        micro_batch_size=micro_batch_size, layers=layers, dtype=dtype, iters=iters,
+        warmup=warmup, check=check, out=out, backend=backend, timeout=timeout, workers=workers,
+        argv=sys.argv[1:]))
+
+
+@app.command()
+def pp(
+    schedule: Annotated[str, typer.Option(
+        help="naive, gpipe, 1f1b, interleaved-1f1b; comma list or 'all'.")] = "all",
+    micro_batches: Annotated[int, typer.Option(help="Micro-batches per step (m).")] = 8,
+    virtual_stages: Annotated[int, typer.Option(
+        help="Stages per rank for interleaved-1f1b (v).")] = 2,
+    hidden_size: HiddenSize = 1024,
+    seq_len: SeqLen = 128,
+    micro_batch_size: MicroBatchSize = 1,
+    layers: Layers = 8,
+    dtype: StepDtype = "float32",
+    iters: StepIters = 10,
+    warmup: StepWarmup = 2,
+    check: StepCheck = True,
+    out: Out = Path("results"),
+    backend: Backend = "auto",
+    timeout: Timeout = 300.0,
+    workers: Workers = None,
+    config: Config = None,
+) -> None:
+    """Pipeline-parallel step timing: schedules side by side, measured and analytic bubble."""
+    _dispatch("pp", build_pp(
+        schedule=schedule, micro_batches=micro_batches, virtual_stages=virtual_stages,
+        hidden_size=hidden_size, seq_len=seq_len, micro_batch_size=micro_batch_size,
+        layers=layers, dtype=dtype, iters=iters, warmup=warmup, check=check, out=out,
+        backend=backend, timeout=timeout, workers=workers, argv=sys.argv[1:]))
 
 
 def _one_line(text: str) -> str:

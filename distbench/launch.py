@@ -16,6 +16,8 @@ COMMANDS = {
     "collective": "distbench.commands.collective",
     "p2p": "distbench.commands.p2p",
     "topo": "distbench.commands.topo",
+    "tp": "distbench.commands.tp",
+    "pp": "distbench.commands.pp",
 }
 
 

@@ -129,6 +129,34 @@ class TopoOptions(RunOptions):
     pass
 
 
+@dataclass(kw_only=True)
+class StepOptions(RunOptions):
+    """A training-step benchmark (tp, pp): a model shape, a dtype, fixed iteration counts."""
+
+    hidden_size: int
+    seq_len: int
+    micro_batch_size: int
+    layers: int
+    dtype: str
+    iters: int
+    warmup: int
+    check: bool
+
+
+@dataclass(kw_only=True)
+class TPOptions(StepOptions):
+    ffn_size: int
+    heads: int
+    blocks: list[str]
+
+
+@dataclass(kw_only=True)
+class PPOptions(StepOptions):
+    schedules: list[str]
+    micro_batches: int
+    virtual_stages: int
+
+
 def _run_fields(*, backend: str, timeout: float, workers: int | None, argv: list[str]) -> dict:
     # inf would pass `> 0` but cannot become a timedelta (OverflowError in every worker)
     if not (0 < timeout <= MAX_TIMEOUT_S):
@@ -207,6 +235,73 @@ def build_p2p(*, pattern: str, outlier_below: float, fail_below: float | None, o
 
 def build_topo(*, out: Path, **run) -> TopoOptions:
     return TopoOptions(**_run_fields(**run), out=_out_dir(out))
+
+
+def _positive(option: str, value: int, example: str) -> int:
+    if value < 1:
+        raise OptionError(option, f"must be at least 1, got {value}", example)
+    return value
+
+
+def _step_fields(*, hidden_size: int, seq_len: int, micro_batch_size: int, layers: int,
+                 dtype: str, iters: int, warmup: int, check: bool, **run) -> dict:
+    fields = _run_fields(**run)
+    dtypes = _pick("--dtype", dtype, ("float32", "bfloat16", "float16", "float64"),
+                   "--dtype bfloat16", DTYPE_ALIASES)
+    if len(dtypes) != 1:
+        raise OptionError("--dtype", "takes one floating-point dtype", "--dtype bfloat16")
+    if warmup < 0:
+        raise OptionError("--warmup", f"must be 0 or more, got {warmup}", "--warmup 2")
+    return dict(
+        hidden_size=_positive("--hidden-size", hidden_size, "--hidden-size 1024"),
+        seq_len=_positive("--seq-len", seq_len, "--seq-len 512"),
+        micro_batch_size=_positive("--micro-batch-size", micro_batch_size,
+                                   "--micro-batch-size 1"),
+        layers=_positive("--layers", layers, "--layers 2"),
+        dtype=dtypes[0], iters=_positive("--iters", iters, "--iters 10"), warmup=warmup,
+        check=check, **fields)
+
+
+TP_BLOCKS = ("mlp", "attention")
+
+
+def build_tp(*, ffn_size: int, heads: int, block: str, out: Path, **common) -> TPOptions:
+    fields = _step_fields(**common)
+    _positive("--ffn-size", ffn_size, "--ffn-size 4096")
+    _positive("--heads", heads, "--heads 16")
+    if fields["hidden_size"] % heads:
+        raise OptionError("--heads", f"{heads} heads do not divide --hidden-size "
+                          f"{fields['hidden_size']}", "--heads 16 --hidden-size 1024")
+    blocks = ["mlp", "attention"] if block.strip().lower() == "both" else _pick(
+        "--block", block, TP_BLOCKS, "--block both")
+    world = fields["workers"] or _env_int("WORLD_SIZE")
+    if world is not None:
+        if heads % world:
+            raise OptionError("--heads", f"{heads} heads do not split over {world} ranks",
+                              f"--heads {world * 4}")
+        if ffn_size % world:
+            raise OptionError("--ffn-size", f"{ffn_size} does not split over {world} ranks",
+                              f"--ffn-size {world * 1024}")
+    return TPOptions(ffn_size=ffn_size, heads=heads, blocks=blocks, **fields, out=_out_dir(out))
+
+
+PP_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b")
+
+
+def build_pp(*, schedule: str, micro_batches: int, virtual_stages: int, out: Path,
+             **common) -> PPOptions:
+    fields = _step_fields(**common)
+    schedules = _pick("--schedule", schedule, PP_SCHEDULES, "--schedule gpipe,1f1b")
+    _positive("--micro-batches", micro_batches, "--micro-batches 8")
+    _positive("--virtual-stages", virtual_stages, "--virtual-stages 2")
+    world = fields["workers"] or _env_int("WORLD_SIZE")
+    if world is not None:
+        stages = world * (virtual_stages if "interleaved-1f1b" in schedules else 1)
+        if fields["layers"] < stages:
+            raise OptionError("--layers", f"{fields['layers']} layers cannot fill {stages} "
+                              "stages", f"--layers {stages}")
+    return PPOptions(schedules=schedules, micro_batches=micro_batches,
+                     virtual_stages=virtual_stages, **fields, out=_out_dir(out))
 
 
 def _env_int(name: str) -> int | None:

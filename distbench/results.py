@@ -36,6 +36,23 @@ MATRIX_COLUMNS = [
     "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend",
 ]
 
+TP_COLUMNS = [
+    "block", "dtype", "world_size", "nnodes", "hidden_size", "ffn_size", "heads", "seq_len",
+    "micro_batch_size", "layers", "iters", "step_us", "rank_min_us", "rank_max_us",
+    "slowest_rank", "p50_us", "p99_us", "cv_pct", "compute_only_us", "comm_pct",
+    "tflops_per_rank", "tokens_per_s", "allreduce_bytes_per_step", "implied_busbw_gbps",
+    "t1_us", "speedup", "efficiency", "max_abs_err", "backend", "status", "note",
+]
+
+PP_COLUMNS = [
+    "schedule", "dtype", "world_size", "nnodes", "stages", "virtual_stages", "layers",
+    "layers_per_stage", "micro_batches", "micro_batch_size", "hidden_size", "seq_len", "iters",
+    "step_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
+    "samples_per_s", "bubble_measured", "bubble_measured_per_stage", "bubble_analytic",
+    "p2p_bytes_per_step", "t1_us", "speedup", "efficiency", "max_abs_err", "backend", "status",
+    "note",
+]
+
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                 "NVIDIA_VISIBLE_DEVICES", "UCX_", "FI_")
 
