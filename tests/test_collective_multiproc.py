@@ -165,3 +165,20 @@ def test_a_stalled_rank_ends_the_run_at_the_timeout(tmp_path):
     assert [r["size_bytes"] for r in rows] == ["4096"] and rows[0]["wrong"] == "0"
     meta = res.meta()
     assert meta["status"] == "timeout" and "all_reduce 64 KiB" in meta["error"]
+
+
+def test_smoke_config_file(tmp_path):
+    """configs/smoke-gloo.toml is what CI smoke runs use: it must run as documented."""
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parent.parent / "configs" / "smoke-gloo.toml"
+    res = distbench(tmp_path, "collective", "--config", str(config), "--iters", "2",
+                    "--warmup", "1")
+    assert res.code == 0, res.stderr
+    rows = res.rows()
+    assert {r["op"] for r in rows} == ALL_OPS
+    assert {r["iters"] for r in rows if r["status"] == "ok"} == {"2"}  # the flag beat the file
+    assert {r["size_bytes"] for r in rows if r["op"] == "all_reduce"} == {
+        str(1024 * 4 ** k) for k in range(4)}
+    assert all(r["wrong"] == "0" for r in rows if r["status"] == "ok")
+    assert res.meta()["options"]["placement"] == "both"

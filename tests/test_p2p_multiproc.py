@@ -96,3 +96,17 @@ def test_two_nodes_label_links_intra_and_inter(tmp_path):
     # ping-pong pairs i with i + n/2: on two nodes of two, every pair crosses nodes
     (pp,) = list(csv.DictReader(open(run_dir / "p2p.csv")))
     assert pp["pattern"] == "pingpong" and pp["pairs"] == "2" and pp["wrong"] == "0"
+
+
+def test_topo_under_torchrun_gathers_every_node(tmp_path):
+    node0, node1 = torchrun_nodes(tmp_path, nnodes=2, nproc=1,
+                                  per_node_args=[["topo"], ["topo"]])
+    assert node0.returncode == 0, node0.stderr
+    assert node1.returncode == 0, node1.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["command"] == "topo" and meta["status"] == "ok" and meta["nnodes"] == 2
+    nodes = json.loads((run_dir / "topo.json").read_text())["nodes"]
+    # both agents run on this one machine: one physical snapshot, under its host name
+    assert [n["host"] for n in nodes] == [socket.gethostname()]
+    assert f"node {socket.gethostname()}" in node0.stdout
