@@ -3,7 +3,6 @@ falls into torchrun's prefix trap, and config files / flags resolve to the optio
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import typer.main
+from helpers import clean_env
 from typer.testing import CliRunner
 
 import distbench.cli
@@ -19,21 +19,11 @@ import distbench.launch
 from distbench.accounting import COLLECTIVES
 from distbench.options import CollectiveOptions
 
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in LAUNCHER_VARS and not k.startswith("DISTBENCH_")}
-    env.update(NO_COLOR="1", PYTHONUNBUFFERED="1")
-    return env
-
 
 def _run(args: list[str], cwd: Path, timeout: float = 60) -> tuple[subprocess.CompletedProcess,
                                                                    float]:
     t0 = time.perf_counter()
-    proc = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True,
+    proc = subprocess.run(args, cwd=cwd, env=clean_env(), capture_output=True, text=True,
                           timeout=timeout)
     return proc, time.perf_counter() - t0
 
@@ -293,22 +283,6 @@ def test_torchrun_trap_check_can_fail():
 # --------------------------------------------------------------------------------------------
 # 5/6. Resolved options, observed by replacing the launcher.
 # --------------------------------------------------------------------------------------------
-
-@pytest.fixture
-def captured(monkeypatch, tmp_path):
-    """Run the CLI in-process with dispatch replaced; returns the list of opts it was given."""
-    for var in LAUNCHER_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)  # the default --out is relative
-    seen: list[tuple[str, CollectiveOptions]] = []
-
-    def fake_dispatch(command, opts):
-        seen.append((command, opts))
-        return 0
-
-    monkeypatch.setattr(distbench.launch, "dispatch", fake_dispatch)
-    return seen
-
 
 def _resolve(captured, *args: str) -> CollectiveOptions:
     result = CliRunner().invoke(distbench.cli.app, list(args))

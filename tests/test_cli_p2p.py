@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import LAUNCHER_VARS, clean_env
+from helpers import clean_env
 from test_cli import _distbench_options, _torchrun_parser
 from typer.testing import CliRunner
 
@@ -101,21 +101,6 @@ def test_p2p_needs_two_ranks_under_a_launcher(tmp_path):
 # --------------------------------------------------------------------------------------------
 # Good input resolves: the launcher is replaced, the options it would get are inspected.
 # --------------------------------------------------------------------------------------------
-
-@pytest.fixture
-def captured(monkeypatch, tmp_path):
-    for var in LAUNCHER_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)  # the default --out is relative
-    seen: list[tuple[str, object]] = []
-
-    def fake_dispatch(command, opts):
-        seen.append((command, opts))
-        return 0
-
-    monkeypatch.setattr(distbench.launch, "dispatch", fake_dispatch)
-    return seen
-
 
 def _resolve(captured, command: str, *args: str):
     result = CliRunner().invoke(distbench.cli.app, [command, *args])
