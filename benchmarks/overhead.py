@@ -89,7 +89,7 @@ def worker(args) -> None:
             arms = ["ours", "base", "control"]
             for which in arms[r % 3:] + arms[:r % 3]:
                 if which == "ours":
-                    ours.append(_measure(s, plan, ctx, bufs, size, lay)["time_us"])
+                    ours.append(_measure(s, plan, ctx, bufs, size, lay, "bench")["time_us"])
                 else:
                     case.prepare()  # the same data distbench's own measurement starts from
                     (base if which == "base" else control).append(baseline(buf, iters))

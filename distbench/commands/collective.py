@@ -13,13 +13,8 @@ from distbench.accounting import bandwidth, layout
 from distbench.console import describe
 from distbench.measure import fail_if_wrong, measure_case, stats_columns
 from distbench.ops.collectives import SPECS, CollectiveSpec, Ctx, allocate
+from distbench.ops.dtypes import TORCH_DTYPES, element_size
 from distbench.results import COLLECTIVE_COLUMNS, CsvSink
-
-TORCH_DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "int8": torch.int8,
-    "uint8": torch.uint8,
-}
 
 
 @dataclass(frozen=True)
@@ -109,8 +104,7 @@ def _sweep(s: session_mod.Session) -> int:
         console.log(f"{', '.join(in_only)}: in place only in torch.distributed; "
                     "their rows say in_place=1")
     console.log(f"{len(all_plans)} combinations x {len(opts.sizes)} sizes on {n} ranks, "
-                f"{rt.nnodes} node(s), backend {rt.backend}, results in {s.run_dir}/"
-                if s.run_dir else "")
+                f"{rt.nnodes} node(s), backend {rt.backend}, results in {s.run_dir}/")
     console.start_progress(len(all_plans) * len(opts.sizes))
     bad_rows: list[str] = []
     for plan in all_plans:
@@ -119,7 +113,7 @@ def _sweep(s: session_mod.Session) -> int:
         console.section(f"{plan.spec.name}  {plan.dtype}  redop {plan.redop}  root {plan.root}  "
                         f"{'in-place' if plan.in_place else 'out-of-place'}  ranks {n}  "
                         f"nodes {rt.nnodes}  backend {rt.backend}")
-        elt = torch.empty(0, dtype=TORCH_DTYPES[plan.dtype]).element_size()
+        elt = element_size(plan.dtype)
         layouts = [(size, layout(plan.spec.name, size, elt, n)) for size in opts.sizes]
         s.step(f"{plan.spec.name} {plan.dtype} probe", opts.timeout)
         skip = plan.skip or _probe(plan, ctx, device)
@@ -135,12 +129,11 @@ def _sweep(s: session_mod.Session) -> int:
             if reason:
                 row.update(status="skipped", note=reason)
             else:
-                console.working_on(describe(plan.spec.name, lay.size_bytes, plan.dtype,
-                                            plan.redop, plan.in_place))
-                row.update(_measure(s, plan, ctx, bufs, size, lay))
+                what = describe(plan.spec.name, lay.size_bytes, plan.dtype, plan.redop,
+                                plan.in_place)
+                console.working_on(what)
+                row.update(_measure(s, plan, ctx, bufs, size, lay, what))
                 if row["wrong"]:
-                    what = describe(plan.spec.name, lay.size_bytes, plan.dtype, plan.redop,
-                                    plan.in_place)
                     bad_rows.append(f"{what}: {row['wrong']} wrong")
             if sink:
                 sink.append(row)
@@ -173,8 +166,8 @@ def _base_row(plan: Plan, rt, size: int, lay) -> dict:
     }
 
 
-def _measure(s: session_mod.Session, plan: Plan, ctx: Ctx, bufs, size: int, lay) -> dict:
-    what = describe(plan.spec.name, lay.size_bytes, plan.dtype, plan.redop, plan.in_place)
+def _measure(s: session_mod.Session, plan: Plan, ctx: Ctx, bufs, size: int, lay,
+             what: str) -> dict:
     case = plan.spec.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
     st = measure_case(s, case, what, size)
     algbw, busbw = bandwidth(plan.spec.name, lay.size_bytes, st.time_us / 1e6, ctx.n)

@@ -8,10 +8,10 @@ import torch
 
 from distbench import session as session_mod
 from distbench.accounting import bandwidth, layout
-from distbench.commands.collective import TORCH_DTYPES
 from distbench.links import Link, culprits, find_outliers
 from distbench.measure import fail_if_wrong, measure_case, stats_columns
 from distbench.ops import p2p
+from distbench.ops.dtypes import TORCH_DTYPES, element_size
 from distbench.results import MATRIX_COLUMNS, P2P_COLUMNS, CsvSink
 from distbench.sizes import format_size
 
@@ -49,7 +49,7 @@ def _sweep(s: session_mod.Session) -> int:
 
 def _buffers(dtype: str, sizes: list[int], device) -> tuple[torch.Tensor, torch.Tensor, int]:
     tdtype = TORCH_DTYPES[dtype]
-    elt = torch.empty(0, dtype=tdtype).element_size()
+    elt = element_size(dtype)
     count = max(size // elt for size in sizes)
     return (torch.empty(count, dtype=tdtype, device=device),
             torch.empty(count, dtype=tdtype, device=device), elt)

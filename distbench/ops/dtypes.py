@@ -1,0 +1,15 @@
+"""The dtype names the options accept (distbench.options.DTYPES), as torch dtypes."""
+
+from __future__ import annotations
+
+import torch
+
+TORCH_DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "int8": torch.int8,
+    "uint8": torch.uint8,
+}
+
+
+def element_size(name: str) -> int:
+    return torch.empty(0, dtype=TORCH_DTYPES[name]).element_size()
