@@ -1,0 +1,203 @@
+"""tp without workers: the FLOP and byte formulas, the shard layout (a rank's plain shard modules
+add up to the unsharded block), the comparison, a one-rank DTensor run, the table, and option
+errors through the real command line."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers import clean_env
+
+from distbench.commands import tp as cmd
+from distbench.strategies import tp as strat
+
+CPU = torch.device("cpu")
+
+
+# ---- formulas ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_flops_per_rank_by_hand(n):
+    sh = strat.Shape(hidden=1024, ffn=4096, heads=16, seq=512, batch=2, layers=3)
+    tokens = 2 * 512
+    # MLP: up h x f and down f x h, split n ways; fwd 2 FLOPs per weight per token, bwd twice that
+    assert strat.params_per_rank("mlp", sh, n) == 3 * 2 * 1024 * 4096 // n
+    assert strat.flops_per_rank("mlp", sh, n) == 3 * 6 * (2 * 1024 * 4096 // n) * tokens
+    # attention: qkv h x 3h + out h x h; scores QK^T and PV: 2 x (2 b s^2 h/n) forward, x3 fwd+bwd
+    linear = 3 * 6 * (4 * 1024 * 1024 // n) * tokens
+    attn = 3 * 3 * 2 * 2 * 2 * 512 * 512 * (1024 // n)
+    assert strat.flops_per_rank("attention", sh, n) == linear + attn
+    # n ranks do 1/n of the work each
+    assert strat.flops_per_rank("attention", sh, n) * n == strat.flops_per_rank("attention", sh, 1)
+
+
+def test_allreduce_bytes_formula():
+    sh = strat.Shape(hidden=1024, ffn=4096, heads=16, seq=512, batch=2, layers=3)
+    for kind in strat.BLOCKS:
+        # per layer: forward one (b, s, h) after the row-parallel layer, backward one (b, s, h)
+        # for the column-parallel layer's input gradient
+        assert strat.allreduce_bytes(kind, sh, 4, 2) == 2 * 3 * 2 * 512 * 1024 * 4
+        assert strat.allreduce_bytes(kind, sh, 2, 8) == 2 * 3 * 2 * 512 * 1024 * 2
+        assert strat.allreduce_bytes(kind, sh, 4, 1) == 0  # one rank: nothing to reduce
+
+
+def test_implied_busbw_comm_fraction_and_scaling():
+    # 1 GB all-reduced on 4 ranks, 0.5 s exposed: algbw 2 GB/s x 2(n-1)/n = 3 GB/s
+    assert strat.implied_busbw_gbps(10**9, 4, 1.0, 0.5) == pytest.approx(3.0)
+    assert strat.implied_busbw_gbps(10**9, 2, 1.0, 0.5) == pytest.approx(2.0)
+    assert strat.implied_busbw_gbps(10**9, 2, 1.0, 1.0) is None  # no exposed time
+    assert strat.implied_busbw_gbps(10**9, 2, 1.0, 1.2) is None
+    assert strat.implied_busbw_gbps(0, 1, 1.0, 0.5) is None
+    assert strat.comm_fraction(1.0, 0.25) == (pytest.approx(0.75), False)
+    assert strat.comm_fraction(1.0, 1.5) == (0.0, True)
+    speedup, eff = strat.scaling(t1_s=3.0, tn_s=2.0, world=2)
+    assert speedup == pytest.approx(1.5) and eff == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_small_check_shape_splits_over_any_world(n):
+    sh = strat.small_shape(n)
+    assert sh.hidden % sh.heads == 0 and sh.heads % n == 0 and sh.ffn % n == 0
+    big = strat.Shape(hidden=1024, ffn=4096, heads=16, seq=512, batch=1, layers=2)
+    assert strat.check_shape(big, n) == (sh, False)
+    tiny = strat.Shape(hidden=64, ffn=128, heads=4, seq=16, batch=2, layers=2)
+    assert strat.check_shape(tiny, n) == (tiny, True)
+
+
+# ---- the shard layout --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", strat.BLOCKS)
+@pytest.mark.parametrize("n", [2, 4])
+def test_local_shards_add_up_to_the_unsharded_block(kind, n):
+    """What TP computes, without a process group: each rank's shard (rows of the column-parallel
+    weight, columns of the row-parallel one) gives a partial output; the all-reduce sums them.
+    This fails if the fused QKV rows were not grouped by head."""
+    sh = strat.Shape(hidden=64, ffn=128, heads=8, seq=8, batch=2, layers=1)
+    full = strat.build_full(kind, sh, 7, CPU, torch.float64)
+    x, _ = strat.inputs(sh, 7, CPU, torch.float64)
+    x = x.detach()
+    with torch.no_grad():
+        total = x + sum(strat.local_shard(full, kind, sh, r, n)(x) - x for r in range(n))
+        ref = full(x)
+    torch.testing.assert_close(total, ref, rtol=1e-12, atol=1e-12)
+    local = strat.local_shard(full, kind, sh, 1, n)
+    assert sum(p.numel() for p in local.parameters()) == strat.params_per_rank(kind, sh, n)
+
+
+def test_same_seed_same_model_other_seed_other_model():
+    sh = strat.small_shape(2)
+    a = strat.build_full("mlp", sh, 3, CPU, torch.float32)
+    b = strat.build_full("mlp", sh, 3, CPU, torch.float32)
+    c = strat.build_full("mlp", sh, 4, CPU, torch.float32)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert not torch.equal(next(a.parameters()), next(c.parameters()))
+
+
+def test_step_resets_gradients_and_backpropagates_to_the_input():
+    sh = strat.small_shape(1)
+    model = strat.build_full("attention", sh, 1, CPU, torch.float32)
+    x, dy = strat.inputs(sh, 1, CPU, torch.float32)
+    step = strat.make_step(model, x, dy)
+    step()
+    g1 = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    step()  # a second step gives the same gradients, not twice them
+    g2 = [p.grad for p in model.parameters()] + [x.grad]
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2, strict=True))
+    assert float(x.grad.abs().sum()) > 0
+
+
+def test_compare_flags_errors_beyond_tolerance():
+    ref = torch.linspace(-4, 4, 100, dtype=torch.float64)
+    ok = strat.compare([("out", ref + 1e-6, ref)], rtol=1e-5)
+    assert ok.max_abs_err == pytest.approx(1e-6, rel=1e-2) and ok.worst_ratio < 1
+    bad_ref = ref.clone()
+    bad = ref.clone()
+    bad[3] += 1  # what testhooks.corrupt does
+    c = strat.compare([("out", ref, ref), ("grad", bad, bad_ref)], rtol=1e-5)
+    assert c.worst == "grad" and c.worst_ratio > 1 and c.max_abs_err == pytest.approx(1.0)
+    nan = ref.clone()
+    nan[0] = float("nan")
+    assert strat.compare([("out", nan, ref)], rtol=1e-5).worst_ratio == float("inf")
+    assert strat.compare([("out", ref[:10], ref)], rtol=1e-5).worst_ratio == float("inf")
+
+
+# ---- DTensor on one rank -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def group():
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield strat.device_mesh(CPU, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kind", strat.BLOCKS)
+def test_parallelized_stack_matches_reference_on_one_rank(group, kind):
+    sh = strat.small_shape(1)
+    pairs = strat.tp_vs_reference(kind, sh, 5, CPU, torch.float32, group)
+    names = [name for name, _, _ in pairs]
+    assert names[:2] == ["output", "input gradient"]
+    assert len(names) == 2 + 2 * sh.layers  # every weight gradient is compared
+    assert strat.compare(pairs, strat.RTOL["float32"]).worst_ratio < 1
+    corrupted = strat.tp_vs_reference(kind, sh, 5, CPU, torch.float32, group,
+                                      corrupt=lambda t: t.view(-1)[0].add_(1))
+    c = strat.compare(corrupted, strat.RTOL["float32"])
+    assert c.worst == "output" and c.worst_ratio > 1
+
+
+def test_parallelize_shards_the_planned_layers(group):
+    from torch.distributed.tensor import DTensor
+
+    sh = strat.small_shape(1)
+    full = strat.build_full("mlp", sh, 1, CPU, torch.float32)
+    tp = strat.parallelize(full, "mlp", sh, group)
+    assert all(isinstance(p, DTensor) for p in tp.parameters())
+    assert not any(isinstance(p, DTensor) for p in full.parameters())  # reference untouched
+    assert set(strat.tp_plan("attention", 2)) == {"blocks.0.qkv", "blocks.0.out", "blocks.1.qkv",
+                                                  "blocks.1.out"}
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+def test_table_lines_align_and_show_missing_values():
+    head = cmd.header_lines("tp")
+    row = {"block": "mlp", "step_us": 2500.0, "compute_only_us": 2000.0, "comm_pct": 20.0,
+           "tflops_per_rank": 0.5, "tokens_per_s": 1000.0, "allreduce_bytes_per_step": 4096,
+           "implied_busbw_gbps": None, "t1_us": 4000.0, "speedup": 1.6, "efficiency": 0.8,
+           "max_abs_err": None}
+    line = cmd.table_line(row)
+    assert len(line) == len(head[2]) == len(head[3])
+    cells = line.split()
+    assert cells == ["mlp", "2.50", "2.00", "20.0", "0.5000", "1000.0", "4096", "-", "4.00",
+                     "1.60", "0.80", "-"]
+
+
+# ---- option errors through the command line ---------------------------------------------------
+
+@pytest.mark.parametrize("args, option", [
+    (["--hidden-size", "100", "--heads", "16"], "--heads"),
+    (["--ffn-size", "1001", "--workers", "2"], "--ffn-size"),
+    (["--heads", "3", "--hidden-size", "96", "--workers", "2"], "--heads"),
+    (["--block", "conv"], "--block"),
+    (["--dtype", "int8"], "--dtype"),
+])
+def test_bad_tp_option_is_one_line_exit_2(tmp_path, args, option):
+    proc = subprocess.run([sys.executable, "-m", "distbench", "tp", *args, "--out",
+                           str(tmp_path / "r")], env=clean_env(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"distbench: error: {option}"), proc.stderr
+    assert "example:" in lines[0]
+    assert not (tmp_path / "r").exists()  # refused before anything was created
