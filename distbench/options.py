@@ -295,6 +295,8 @@ def build_pp(*, schedule: str, micro_batches: int, virtual_stages: int, out: Pat
     _positive("--micro-batches", micro_batches, "--micro-batches 8")
     _positive("--virtual-stages", virtual_stages, "--virtual-stages 2")
     world = fields["workers"] or _env_int("WORLD_SIZE")
+    if world is not None and world < 2:
+        raise OptionError("--workers", f"pp needs at least 2 ranks, got {world}", "--workers 2")
     if world is not None:
         stages = world * (virtual_stages if "interleaved-1f1b" in schedules else 1)
         if fields["layers"] < stages:

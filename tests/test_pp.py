@@ -1,0 +1,163 @@
+"""pp's pure logic: stage split, analytic bubble, p2p byte accounting, the check's comparison."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+
+import pytest
+import torch
+
+import distbench.cli
+from distbench.strategies import pp
+
+
+@pytest.mark.parametrize(("layers", "stages", "want"), [
+    (4, 2, [2, 2]), (5, 2, [3, 2]), (7, 3, [3, 2, 2]), (8, 3, [3, 3, 2]), (6, 6, [1] * 6),
+    (7, 6, [2, 1, 1, 1, 1, 1]), (9, 4, [3, 2, 2, 2]),
+])
+def test_split_is_contiguous_and_as_even_as_possible(layers, stages, want):
+    assert pp.split_layers(layers, stages) == want
+    ranges = pp.stage_ranges(layers, stages)
+    assert [len(r) for r in ranges] == want
+    assert [i for r in ranges for i in r] == list(range(layers))  # contiguous, in order
+    assert pp.layers_per_stage_text(layers, stages) == "/".join(map(str, want))
+
+
+def test_split_refuses_fewer_layers_than_stages():
+    with pytest.raises(ValueError, match="cannot fill"):
+        pp.split_layers(3, 4)
+
+
+def test_interleaved_stages_live_on_rank_s_mod_world():
+    assert pp.num_stages("interleaved-1f1b", 3, 2) == 6
+    assert pp.stages_of_rank("interleaved-1f1b", 0, 3, 2) == [0, 3]
+    assert pp.stages_of_rank("interleaved-1f1b", 2, 3, 2) == [2, 5]
+    for schedule in ("naive", "gpipe", "1f1b"):
+        assert pp.num_stages(schedule, 3, 2) == 3
+        assert pp.stages_of_rank(schedule, 1, 3, 2) == [1]
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (3, 6, 2), (4, 8, 3), (8, 32, 4), (1, 4, 2)])
+def test_analytic_bubble(p, m, v):
+    exact = {
+        "naive": Fraction(p - 1, p),
+        "gpipe": Fraction(p - 1, m + p - 1),
+        "1f1b": Fraction(p - 1, m + p - 1),
+        "interleaved-1f1b": Fraction(p - 1, v * m + p - 1),
+    }
+    for schedule, want in exact.items():
+        assert pp.analytic_bubble(schedule, p, m, v) == pytest.approx(float(want), abs=1e-15)
+
+
+def test_analytic_bubble_known_values():
+    assert pp.analytic_bubble("gpipe", 2, 4) == pytest.approx(0.2)
+    assert pp.analytic_bubble("1f1b", 4, 8) == pytest.approx(3 / 11)
+    assert pp.analytic_bubble("interleaved-1f1b", 2, 4, 2) == pytest.approx(1 / 9)
+    assert pp.analytic_bubble("naive", 4, 100) == pytest.approx(0.75)  # m does not help naive
+    with pytest.raises(ValueError):
+        pp.analytic_bubble("zero-bubble", 2, 4)
+
+
+def test_p2p_bytes_count_both_directions_over_every_boundary():
+    # 2 stages, 8 samples x 32 tokens x 1024 float32: one boundary, activation + gradient
+    assert pp.p2p_bytes_per_step(2, 8, 32, 1024, 4) == 2 * 8 * 32 * 1024 * 4
+    # 6 stages (3 ranks x 2 virtual): 5 boundaries
+    assert pp.p2p_bytes_per_step(6, 6, 16, 256, 2) == 5 * 2 * 6 * 16 * 256 * 2
+    assert pp.p2p_bytes_per_step(1, 8, 32, 1024, 4) == 0
+
+
+def _shape(**kw) -> pp.Shape:
+    base = dict(hidden=32, seq_len=4, micro_batch_size=2, micro_batches=3, layers=3,
+                dtype="float32")
+    return pp.Shape(**{**base, **kw})
+
+
+def test_check_runs_on_the_measured_shape_when_small_else_a_small_one():
+    small = _shape()
+    assert pp.check_shape(small) is small
+    big = _shape(hidden=1024, seq_len=128, micro_batch_size=1, micro_batches=8, layers=8)
+    c = pp.check_shape(big)
+    assert (c.hidden, c.seq_len, c.micro_batch_size) == (pp.SMALL_HIDDEN, pp.SMALL_SEQ, 1)
+    assert (c.layers, c.micro_batches, c.dtype) == (8, 8, "float32")
+
+
+def test_a_layer_depends_only_on_seed_and_index():
+    shape, cpu = _shape(), torch.device("cpu")
+    a, b = pp.make_layer(1, shape, cpu), pp.make_layer(1, shape, cpu)
+    c = pp.make_layer(2, shape, cpu)
+    torch.manual_seed(99)  # the global RNG plays no part
+    d = pp.make_layer(1, shape, cpu)
+    for pa, pb, pc, pd in zip(a.parameters(), b.parameters(), c.parameters(), d.parameters(),
+                              strict=True):
+        assert torch.equal(pa, pb) and torch.equal(pa, pd)
+        assert not torch.equal(pa, pc)
+    other = pp.make_layer(1, replace(shape, seed=7), cpu)
+    assert not torch.equal(a.fc1.weight, other.fc1.weight)
+
+
+class _FakePipe:
+    """What compare() reads of a pipeline: the layers a rank holds, their grads and the loss."""
+
+    def __init__(self, shape, indices, holds_last):
+        self.shape = shape
+        full = pp.SingleRank(shape, torch.device("cpu"))
+        full.step()
+        self.layers = {i: full.layer(i) for i in indices}
+        self.holds_last = holds_last
+        self.loss = full.loss
+
+
+def test_compare_accepts_equal_gradients_and_catches_a_corrupted_one():
+    shape = _shape()
+    ref = pp.SingleRank(shape, torch.device("cpu"))
+    ref.step()
+    pipe = _FakePipe(shape, [1, 2], holds_last=True)
+    ok = pp.compare(pipe, ref, lambda t: None)
+    assert ok.wrong == 0 and ok.max_abs_err == 0.0
+
+    def corrupt(t):
+        t.view(-1)[0] += 1
+
+    bad = pp.compare(pipe, ref, corrupt)
+    assert bad.wrong == 1 and bad.max_abs_err == pytest.approx(1.0, rel=1e-3)
+
+
+def test_compare_catches_a_wrong_loss_and_a_small_relative_error():
+    shape = _shape()
+    ref = pp.SingleRank(shape, torch.device("cpu"))
+    ref.step()
+    pipe = _FakePipe(shape, [0], holds_last=True)
+    pipe.loss = pipe.loss * 1.01
+    assert pp.compare(pipe, ref, lambda t: None).wrong == 1
+    # gradients are small (mean loss): 1e-3 of their own scale is still wrong
+    pipe = _FakePipe(shape, [0], holds_last=False)
+    g = pipe.layers[0].fc1.weight.grad
+    g.view(-1)[0] += 1e-3 * float(g.abs().max())
+    assert pp.compare(pipe, ref, lambda t: None).wrong == 1
+
+
+def test_pp_options_reach_the_command(captured):
+    with pytest.raises(SystemExit) as e:
+        distbench.cli.main(["pp", "--schedule", "gpipe,interleaved-1f1b", "--micro-batches", "4",
+                            "--layers", "5", "--workers", "2", "--virtual-stages", "2"])
+    assert e.value.code == 0
+    ((command, opts),) = captured
+    assert command == "pp"
+    assert opts.schedules == ["gpipe", "interleaved-1f1b"]
+    assert (opts.micro_batches, opts.layers, opts.virtual_stages) == (4, 5, 2)
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["--workers", "1"], "--workers"),
+    (["--workers", "2", "--layers", "3"], "--layers"),  # 2 ranks x 2 virtual stages = 4 stages
+    (["--schedule", "zero-bubble"], "--schedule"),
+    (["--micro-batches", "0"], "--micro-batches"),
+])
+def test_bad_pp_option_is_one_line_and_exit_2(captured, capsys, args, option):
+    with pytest.raises(SystemExit) as e:
+        distbench.cli.main(["pp", *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"distbench: error: {option}:") and "\n" not in err
+    assert captured == []  # no worker was started
