@@ -80,3 +80,23 @@ def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[
         stdout, stderr = p.communicate(timeout=timeout)
         done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
     return done
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, secs: float, option: str,
+                          ours: bool) -> str:
+    """Bad input: exit 2, one stderr line naming the option (ours also give an example), no
+    traceback, nothing on stdout, and refused before any worker could start."""
+    where = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 2, where
+    assert "Traceback" not in proc.stderr + proc.stdout, where
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, f"expected exactly one stderr line\n{where}"
+    line = lines[0]
+    assert line.startswith("distbench: error:"), where
+    assert option in line, f"error line does not name {option}\n{where}"
+    if ours:
+        assert line.startswith(f"distbench: error: {option}:"), where
+        assert "example:" in line, f"error line has no valid example\n{where}"
+    assert proc.stdout == "", where
+    assert secs < 5, f"bad input took {secs:.2f} s to be refused; it must fail before workers"
+    return line

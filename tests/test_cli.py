@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import typer.main
-from helpers import clean_env
+from helpers import assert_one_line_error, clean_env
 from typer.testing import CliRunner
 
 import distbench.cli
@@ -69,21 +69,6 @@ BAD_FLAGS = [
 ]
 
 
-def _assert_one_line_error(proc: subprocess.CompletedProcess, secs: float, option: str,
-                           ours: bool) -> str:
-    where = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    assert proc.returncode == 2, where
-    assert "Traceback" not in proc.stderr + proc.stdout, where
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, f"expected exactly one stderr line\n{where}"
-    line = lines[0]
-    assert line.startswith("distbench: error:"), where
-    assert option in line, f"error line does not name {option}\n{where}"
-    if ours:
-        assert "example:" in line, f"error line has no valid example\n{where}"
-    assert proc.stdout == "", where
-    assert secs < 5, f"bad input took {secs:.2f} s to be refused; it must fail before workers"
-    return line
 
 
 def _assert_no_run_dir(tmp_path: Path, out: Path) -> None:
@@ -98,7 +83,7 @@ def _assert_no_run_dir(tmp_path: Path, out: Path) -> None:
 def test_bad_flag_is_one_line_exit_2(tmp_path, args, option, ours):
     out = tmp_path / "results"
     proc, secs = _distbench("collective", *args, "--out", str(out), cwd=tmp_path)
-    _assert_one_line_error(proc, secs, option, ours)
+    assert_one_line_error(proc, secs, option, ours)
     _assert_no_run_dir(tmp_path, out)
 
 
@@ -107,7 +92,7 @@ def test_out_under_a_regular_file(tmp_path):
     blocker.write_text("not a directory\n")
     out = blocker / "results"
     proc, secs = _distbench("collective", "--sizes", "8", "--out", str(out), cwd=tmp_path)
-    line = _assert_one_line_error(proc, secs, "--out", ours=True)
+    line = assert_one_line_error(proc, secs, "--out", ours=True)
     assert str(out) in line
     _assert_no_run_dir(tmp_path, out)
     assert blocker.read_text() == "not a directory\n"
@@ -127,7 +112,7 @@ def test_out_in_read_only_directory(tmp_path):
                         "test_out_under_a_regular_file covers an --out that cannot be written")
         out = ro / "results"
         proc, secs = _distbench("collective", "--sizes", "8", "--out", str(out), cwd=tmp_path)
-        _assert_one_line_error(proc, secs, "--out", ours=True)
+        assert_one_line_error(proc, secs, "--out", ours=True)
         _assert_no_run_dir(tmp_path, out)
     finally:
         ro.chmod(0o700)
@@ -156,9 +141,10 @@ def test_bad_config_is_one_line_exit_2(tmp_path, text, needle):
         cfg.write_text(text)
     out = tmp_path / "results"
     proc, secs = _distbench("collective", "--config", str(cfg), "--out", str(out), cwd=tmp_path)
-    line = _assert_one_line_error(proc, secs, needle, ours=True)
-    if needle != "--config" and not needle.startswith("--"):
-        assert "--config" in line  # an unknown key is the config file's fault
+    # an unknown key is the config file's fault: the line names --config, then the key
+    option = needle if needle.startswith("--") else "--config"
+    line = assert_one_line_error(proc, secs, option, ours=True)
+    assert needle in line
     if text is None:
         assert str(cfg) in line
     _assert_no_run_dir(tmp_path, out)

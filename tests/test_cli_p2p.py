@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
+from helpers import assert_one_line_error, clean_env
 from test_cli import _distbench_options, _torchrun_parser
 from typer.testing import CliRunner
 
@@ -27,22 +27,6 @@ def _distbench(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, floa
     return proc, time.perf_counter() - t0
 
 
-def _assert_one_line_error(proc: subprocess.CompletedProcess, secs: float, option: str,
-                           ours: bool) -> str:
-    where = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    assert proc.returncode == 2, where
-    assert "Traceback" not in proc.stderr + proc.stdout, where
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, f"expected exactly one stderr line\n{where}"
-    line = lines[0]
-    assert line.startswith("distbench: error:"), where
-    assert option in line, f"error line does not name {option}\n{where}"
-    if ours:
-        assert line.startswith(f"distbench: error: {option}:"), where
-        assert "example:" in line, f"error line has no valid example\n{where}"
-    assert proc.stdout == "", where
-    assert secs < 5, f"bad input took {secs:.2f} s to be refused; it must fail before workers"
-    return line
 
 
 def _assert_nothing_written(tmp_path: Path, out: Path) -> None:
@@ -82,7 +66,7 @@ BAD = [
 def test_bad_flag_is_one_line_exit_2(tmp_path, command, args, option, ours):
     out = tmp_path / "results"
     proc, secs = _distbench(command, *args, "--out", str(out), cwd=tmp_path)
-    _assert_one_line_error(proc, secs, option, ours)
+    assert_one_line_error(proc, secs, option, ours)
     _assert_nothing_written(tmp_path, out)
 
 
@@ -93,7 +77,7 @@ def test_p2p_needs_two_ranks_under_a_launcher(tmp_path):
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "distbench", "p2p", "--out", str(out)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    line = _assert_one_line_error(proc, time.perf_counter() - t0, "--workers", ours=True)
+    line = assert_one_line_error(proc, time.perf_counter() - t0, "--workers", ours=True)
     assert "2 ranks" in line
     _assert_nothing_written(tmp_path, out)
 
