@@ -7,10 +7,12 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
 import uuid
 
 from distbench import results
+from distbench.options import OptionError
 
 COMMANDS = {
     "collective": "distbench.commands.collective",
@@ -36,6 +38,7 @@ def dispatch(command: str, opts) -> int:
 
 def start_local(command: str, opts) -> int:
     import torch
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from distbench.runtime import RunFailure, resolve_backend
@@ -46,6 +49,11 @@ def start_local(command: str, opts) -> int:
         print(f"distbench: error: {e}", file=sys.stderr)
         return e.exit_code
     nproc = opts.workers or (torch.cuda.device_count() if backend == "nccl" else 2)
+    try:
+        opts.check_world(nproc)  # the default worker count is only known now
+    except OptionError as e:
+        print(f"distbench: error: {e}", file=sys.stderr)
+        return 2
     run_dir = results.new_run_dir(opts.out, command)
     os.environ[results.RUN_DIR_ENV] = str(run_dir)
     try:
@@ -64,9 +72,12 @@ def start_local(command: str, opts) -> int:
             print(f"distbench: error: {message}; rows measured so far are in {run_dir}/",
                   file=sys.stderr)
         return code
-    except KeyboardInterrupt:
-        results.mark_unfinished(run_dir, "interrupted", 130)
-        return 130
+    except (KeyboardInterrupt, SignalException) as e:
+        # the elastic agent turns SIGINT/SIGTERM (Ctrl-C, scancel) into SignalException
+        signum = getattr(e, "sigval", signal.SIGINT)
+        results.mark_unfinished(run_dir, f"interrupted by {signal.Signals(signum).name}",
+                                128 + signum)
+        return 128 + signum
 
 
 def run_local_workers(nproc: int, python_args: list[str]) -> None:

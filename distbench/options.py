@@ -89,6 +89,11 @@ class RunOptions:
         d.pop("argv")  # run.json records it once, at the top level
         return d
 
+    def check_world(self, world: int) -> None:
+        """Options that depend on the number of ranks. Called as soon as it is known: from the
+        flags (--workers, or WORLD_SIZE under a launcher), by the local launcher, and once the
+        process group exists; raises OptionError."""
+
     def identity(self) -> dict:
         """What every rank must agree on (out may legitimately differ per node)."""
         d = self.to_json()
@@ -116,12 +121,26 @@ class CollectiveOptions(SweepOptions):
     root: int
     placement: str
 
+    def check_world(self, world: int) -> None:
+        if self.root >= world:
+            raise OptionError("--root", f"rank {self.root} does not exist in a world of {world}",
+                              "--root 0")
+
 
 @dataclass(kw_only=True)
 class P2POptions(SweepOptions):
     patterns: list[str]
     outlier_below: float
     fail_below: float | None
+
+    def check_world(self, world: int) -> None:
+        _at_least_two("p2p", world)
+
+
+def _at_least_two(command: str, world: int) -> None:
+    if world < 2:
+        raise OptionError("--workers", f"{command} needs at least 2 ranks, got {world}",
+                          "--workers 2")
 
 
 @dataclass(kw_only=True)
@@ -149,12 +168,27 @@ class TPOptions(StepOptions):
     heads: int
     blocks: list[str]
 
+    def check_world(self, world: int) -> None:
+        if self.heads % world:
+            raise OptionError("--heads", f"{self.heads} heads do not split over {world} ranks",
+                              f"--heads {world * 4}")
+        if self.ffn_size % world:
+            raise OptionError("--ffn-size", f"{self.ffn_size} does not split over {world} "
+                              "ranks", f"--ffn-size {world * 1024}")
+
 
 @dataclass(kw_only=True)
 class PPOptions(StepOptions):
     schedules: list[str]
     micro_batches: int
     virtual_stages: int
+
+    def check_world(self, world: int) -> None:
+        _at_least_two("pp", world)
+        stages = world * (self.virtual_stages if "interleaved-1f1b" in self.schedules else 1)
+        if self.layers < stages:
+            raise OptionError("--layers", f"{self.layers} layers cannot fill {stages} stages",
+                              f"--layers {stages}")
 
 
 def _run_fields(*, backend: str, timeout: float, workers: int | None, argv: list[str]) -> dict:
@@ -188,10 +222,14 @@ def _sweep_fields(*, sizes: str, dtype: str, iters: int | None, min_time: float,
                              DTYPE_ALIASES))
 
 
-def _out_dir(out: Path) -> Path:
+def _finish(opts, out: Path):
+    world = opts.workers or _env_int("WORLD_SIZE")
+    if world is not None:
+        opts.check_world(world)
     # Last of all checks: it creates the directory, which a run with any other bad option
     # must not leave behind.
-    return check_writable_dir("--out", Path(out), "--out results")
+    opts.out = check_writable_dir("--out", Path(out), "--out results")
+    return opts
 
 
 def build_collective(*, op: str, redop: str, root: int, placement: str, out: Path,
@@ -199,18 +237,12 @@ def build_collective(*, op: str, redop: str, root: int, placement: str, out: Pat
     fields = _sweep_fields(**common)
     if root < 0:
         raise OptionError("--root", f"must be a rank (0 or more), got {root}", "--root 0")
-    world = fields["workers"] or _env_int("WORLD_SIZE")
-    if world is not None and root >= world:
-        raise OptionError("--root", f"rank {root} does not exist in a world of {world}",
-                          "--root 0")
-    return CollectiveOptions(
+    return _finish(CollectiveOptions(
         ops=_pick("--op", op, COLLECTIVES, "--op all_reduce,all_gather"),
         redops=_pick("--redop", redop, REDOPS, "--redop sum"),
         root=root,
         placement=_one_of("--placement", placement, PLACEMENTS, "--placement both"),
-        **fields,
-        out=_out_dir(out),
-    )
+        **fields, out=Path(out)), out)
 
 
 P2P_PATTERNS = ("ring", "pingpong", "matrix")
@@ -225,16 +257,13 @@ def build_p2p(*, pattern: str, outlier_below: float, fail_below: float | None, o
     if fail_below is not None and not 0 < fail_below <= 1:
         raise OptionError("--fail-below", f"must be a fraction in (0, 1], got {fail_below}",
                           "--fail-below 0.8")
-    world = fields["workers"] or _env_int("WORLD_SIZE")
-    if world is not None and world < 2:
-        raise OptionError("--workers", f"p2p needs at least 2 ranks, got {world}", "--workers 2")
-    return P2POptions(
+    return _finish(P2POptions(
         patterns=_pick("--pattern", pattern, P2P_PATTERNS, "--pattern ring,pingpong"),
-        outlier_below=float(outlier_below), fail_below=fail_below, **fields, out=_out_dir(out))
+        outlier_below=float(outlier_below), fail_below=fail_below, **fields, out=Path(out)), out)
 
 
 def build_topo(*, out: Path, **run) -> TopoOptions:
-    return TopoOptions(**_run_fields(**run), out=_out_dir(out))
+    return _finish(TopoOptions(**_run_fields(**run), out=Path(out)), out)
 
 
 def _positive(option: str, value: int, example: str) -> int:
@@ -274,15 +303,8 @@ def build_tp(*, ffn_size: int, heads: int, block: str, out: Path, **common) -> T
                           f"{fields['hidden_size']}", "--heads 16 --hidden-size 1024")
     blocks = ["mlp", "attention"] if block.strip().lower() == "both" else _pick(
         "--block", block, TP_BLOCKS, "--block both")
-    world = fields["workers"] or _env_int("WORLD_SIZE")
-    if world is not None:
-        if heads % world:
-            raise OptionError("--heads", f"{heads} heads do not split over {world} ranks",
-                              f"--heads {world * 4}")
-        if ffn_size % world:
-            raise OptionError("--ffn-size", f"{ffn_size} does not split over {world} ranks",
-                              f"--ffn-size {world * 1024}")
-    return TPOptions(ffn_size=ffn_size, heads=heads, blocks=blocks, **fields, out=_out_dir(out))
+    return _finish(TPOptions(ffn_size=ffn_size, heads=heads, blocks=blocks, **fields,
+                             out=Path(out)), out)
 
 
 PP_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b")
@@ -294,16 +316,8 @@ def build_pp(*, schedule: str, micro_batches: int, virtual_stages: int, out: Pat
     schedules = _pick("--schedule", schedule, PP_SCHEDULES, "--schedule gpipe,1f1b")
     _positive("--micro-batches", micro_batches, "--micro-batches 8")
     _positive("--virtual-stages", virtual_stages, "--virtual-stages 2")
-    world = fields["workers"] or _env_int("WORLD_SIZE")
-    if world is not None and world < 2:
-        raise OptionError("--workers", f"pp needs at least 2 ranks, got {world}", "--workers 2")
-    if world is not None:
-        stages = world * (virtual_stages if "interleaved-1f1b" in schedules else 1)
-        if fields["layers"] < stages:
-            raise OptionError("--layers", f"{fields['layers']} layers cannot fill {stages} "
-                              "stages", f"--layers {stages}")
-    return PPOptions(schedules=schedules, micro_batches=micro_batches,
-                     virtual_stages=virtual_stages, **fields, out=_out_dir(out))
+    return _finish(PPOptions(schedules=schedules, micro_batches=micro_batches,
+                             virtual_stages=virtual_stages, **fields, out=Path(out)), out)
 
 
 def _env_int(name: str) -> int | None:

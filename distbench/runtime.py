@@ -82,11 +82,8 @@ def start(backend_choice: str, timeout_s: float, identity: dict) -> Runtime:
     backend = resolve_backend(backend_choice)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
-        if local_rank >= torch.cuda.device_count():
-            raise RunFailure(f"local rank {local_rank} has no GPU: only "
-                             f"{torch.cuda.device_count()} visible", status="bad_input",
-                             exit_code=2)
-        device = torch.device("cuda", local_rank)
+        # Slurm and some launchers give each task only its own GPU: local rank 3 sees GPU 0.
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

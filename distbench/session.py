@@ -13,10 +13,12 @@ import torch.distributed as dist
 
 from distbench import results, topo
 from distbench.console import Console
+from distbench.options import OptionError
 from distbench.runtime import RunFailure, Runtime, Watchdog, start
 
 EXIT_OK, EXIT_WRONG, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
 EXIT_TERMINATED = 128 + signal.SIGTERM
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 
 class Terminated(BaseException):
@@ -96,6 +98,10 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         rt = start(opts.backend, opts.timeout, opts.identity())
+        try:
+            opts.check_world(rt.world)  # a launcher may start any number of ranks
+        except OptionError as e:
+            raise RunFailure(str(e), status="bad_input", exit_code=EXIT_BAD_INPUT) from None
     except RunFailure as e:
         if not dist.is_initialized() or dist.get_rank() == 0:
             print(f"distbench: error: {e}", file=sys.stderr, flush=True)
@@ -112,12 +118,15 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         cause = f" while handling: {_first_line(e.__context__)}" if e.__context__ else ""
         status, code = "terminated", EXIT_TERMINATED
         error = f"stopped by SIGTERM in {session.current}{cause}"
+    except KeyboardInterrupt:
+        status, code, error = "interrupted", EXIT_INTERRUPTED, f"interrupted in {session.current}"
     except Exception as e:
         status, code = "failed", EXIT_FAILED
         error = f"{session.current} failed: {type(e).__name__}: {_first_line(e)}"
     finally:
-        # Writing run.json must not be cut short by the launcher's SIGTERM.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        # Writing run.json must not be cut short by the launcher's SIGTERM. Ignored, not
+        # blocked: a mask would cover this thread only, and Python runs handlers here anyway.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         session.watchdog.disarm()
         session._end(status, code, error)
     if code in (EXIT_OK, EXIT_WRONG):

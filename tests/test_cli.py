@@ -364,3 +364,15 @@ def test_root_must_exist_in_the_world(captured, capsys, monkeypatch):
     assert err.startswith("distbench: error: --root:")
     assert captured == []
     assert _resolve(captured, "collective", "--root", "2").root == 2
+
+
+def test_root_outside_the_default_world_is_refused_before_workers(tmp_path):
+    """Without --workers the world size is known only once the launcher counts devices (2 gloo
+    workers here): the root is checked then, before any worker or run directory exists."""
+    out = tmp_path / "results"
+    proc, _ = _distbench("collective", "--op", "broadcast", "--root", "5", "--sizes", "4K",
+                         "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "distbench: error: --root: rank 5 does not exist in a world of 2 (example: --root 0)"]
+    assert not [p for p in out.iterdir() if p.is_dir()]

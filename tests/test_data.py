@@ -215,14 +215,28 @@ def test_fill_float_exact_multiple_of_chunk(monkeypatch):
 
 # ---- movement pattern and sentinel ------------------------------------------------------------
 
-def test_movement_values():
+@pytest.mark.parametrize("dtype", (torch.float32, torch.int64, torch.float16, torch.bfloat16,
+                                   torch.int8, torch.uint8), ids=str)
+def test_movement_values(dtype):
+    m = data.modulus(dtype)
     for start in (0, 1000):
-        a = data.movement(0, start, 500, "cpu")
-        b = data.movement(1, start, 500, "cpu")
+        a = data.movement(0, start, 5000, "cpu", dtype)
+        b = data.movement(1, start, 5000, "cpu", dtype)
         assert (a != b).all()
         for v in (a, b):
-            assert int(v.min()) >= 0 and int(v.max()) <= data.MODULUS - 1
-        assert len(torch.unique(a)) == data.MODULUS  # the whole range occurs
+            assert int(v.min()) >= 0 and int(v.max()) <= m - 1
+        assert len(torch.unique(a)) == min(m, 5000)  # the whole range occurs
+    # a block from a rank that many ranks away is told apart up to the modulus
+    assert (data.movement(0, 0, 100, "cpu", dtype) !=
+            data.movement(min(m - 1, 1000), 0, 100, "cpu", dtype)).all()
+
+
+def test_movement_moduli_are_exact_in_their_dtype():
+    for dtype, exact in ((torch.float32, 2**24), (torch.float16, 2048), (torch.bfloat16, 256),
+                         (torch.int8, 256), (torch.uint8, 256)):
+        assert data.modulus(dtype) <= exact
+        values = torch.arange(data.modulus(dtype), dtype=torch.int64)
+        assert len(torch.unique(values.to(dtype))) == data.modulus(dtype)
     # consecutive indices differ too, so a shifted block is caught
     a = data.movement(0, 0, 500, "cpu")
     assert (a[1:] != a[:-1]).all()
@@ -231,11 +245,12 @@ def test_movement_values():
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16, torch.float64,
                                    torch.int32, torch.int64, torch.int8, torch.uint8), ids=str)
 def test_sentinel_never_a_movement_value(dtype):
-    values = torch.arange(data.MODULUS, dtype=torch.int64)
+    values = torch.arange(data.modulus(dtype), dtype=torch.int64)
     cast = values.to(dtype)
-    assert torch.equal(cast.long(), values)  # the pattern is exact in every dtype
+    if dtype != torch.int8:  # int8 wraps 128..250 to negatives, still distinct
+        assert torch.equal(cast.long(), values)  # the pattern is exact in every dtype
     sentinel = torch.tensor([data.SENTINEL]).to(dtype)
     assert not (cast == sentinel).any()
     # a buffer left at the sentinel counts as wrong everywhere
     buf = torch.full((50,), data.SENTINEL).to(dtype)
-    assert data.count_wrong(buf, lambda s, c: data.movement(2, s, c, "cpu")) == 50
+    assert data.count_wrong(buf, lambda s, c: data.movement(2, s, c, "cpu", dtype)) == 50

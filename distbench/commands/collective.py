@@ -75,6 +75,12 @@ def _probe(plan: Plan, ctx: Ctx, device) -> str:
     return reason or "another rank could not run this combination"
 
 
+# Free device memory a size must leave for the check's generated data (CHUNK-bounded) and
+# the backend's own buffers; without it a size that just fits dies in the check instead of
+# being skipped.
+HEADROOM_BYTES = 512 << 20
+
+
 def _allocate_fitting(plan: Plan, ctx: Ctx, counts: list[int], device):
     """Buffers for the largest count that fits on every rank; larger sizes are skipped."""
     dtype = TORCH_DTYPES[plan.dtype]
@@ -82,6 +88,8 @@ def _allocate_fitting(plan: Plan, ctx: Ctx, counts: list[int], device):
         bufs = None
         try:
             bufs = allocate(plan.spec, ctx, limit, dtype, device)
+            if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] < HEADROOM_BYTES:
+                bufs = None
         except (RuntimeError, MemoryError):  # torch.OutOfMemoryError is a RuntimeError
             bufs = None
         if _agree(bufs is not None, device):

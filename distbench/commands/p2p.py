@@ -24,9 +24,6 @@ def run(opts) -> int:
 
 def _sweep(s: session_mod.Session) -> int:
     rt, opts = s.rt, s.opts
-    if rt.world < 2:
-        raise session_mod.RunFailure("p2p needs at least 2 ranks (example: --workers 2)",
-                                     status="bad_input", exit_code=2)
     bad: list[str] = []
     patterns = [p for p in ("ring", "pingpong") if p in opts.patterns]
     steps = len(opts.sizes) * len(opts.dtypes) * (

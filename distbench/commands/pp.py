@@ -42,13 +42,7 @@ def _agree(reason: str, device) -> str:
 
 def _body(s: session_mod.Session) -> int:
     rt, opts = s.rt, s.opts
-    p = rt.world
-    if p < 2:
-        raise session_mod.RunFailure("pp needs at least 2 ranks (example: --workers 2)",
-                                     status="bad_input", exit_code=2)
-    if opts.layers < p:
-        raise session_mod.RunFailure(f"--layers: {opts.layers} layers cannot fill {p} stages "
-                                     f"(example: --layers {p})", status="bad_input", exit_code=2)
+    # at least 2 ranks, and layers for every stage: opts.check_world saw to it
     shape = _shape(opts)
     cshape = pp.check_shape(shape)
     if opts.check and cshape != shape:

@@ -68,7 +68,7 @@ def _red_out(ctx, buf, offset=0):
 
 def _mov(rank, buf, offset=0):
     def make(start, count):
-        return data.movement(rank, offset + start, count, buf.device)
+        return data.movement(rank, offset + start, count, buf.device, buf.dtype)
     return make
 
 

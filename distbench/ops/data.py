@@ -12,9 +12,14 @@ from __future__ import annotations
 import torch
 
 PERIOD = 7
-MODULUS = 127  # fits int8 and is exact in bfloat16
-SENTINEL = -1  # uint8 sees 255: also outside 0..MODULUS-1
-CHUNK = 1 << 22  # elements per generated block: bounds temporary int64 memory
+SENTINEL = -1  # uint8 sees 255, int8 -1: never a movement value (those are 0..modulus-1 <= 250)
+CHUNK = 1 << 20  # elements per generated block: bounds temporary int64 memory (~0.2 GB)
+
+# Movement values are (5 i + 3 rank + SEED) mod a prime, as many distinct values as the dtype
+# holds exactly, so a block from the wrong rank or offset shows unless the ranks (or offsets)
+# differ by a multiple of that prime: 16M for 32/64-bit types, 2039 and 251 for 16/8-bit ones.
+_MODULI = {torch.float16: 2039, torch.bfloat16: 251, torch.int8: 251, torch.uint8: 251}
+_WIDE_MODULUS = 16_777_213  # largest prime below 2**24: exact in float32
 SEED = 12345
 
 # |got - expected| <= atol + rtol * |expected|. Exact (0, 0) unless listed: integers and
@@ -30,8 +35,13 @@ def _index(start: int, count: int, device) -> torch.Tensor:
     return torch.arange(start, start + count, dtype=torch.int64, device=device)
 
 
-def movement(rank: int, start: int, count: int, device) -> torch.Tensor:
-    return (_index(start, count, device) * 5 + rank * 3 + SEED) % MODULUS
+def modulus(dtype: torch.dtype) -> int:
+    return _MODULI.get(dtype, _WIDE_MODULUS)
+
+
+def movement(rank: int, start: int, count: int, device,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (_index(start, count, device) * 5 + rank * 3 + SEED) % modulus(dtype)
 
 
 def _residue_values(k: torch.Tensor, redop: str, dtype: torch.dtype) -> torch.Tensor:

@@ -18,7 +18,7 @@ def _exchange(ops: list[dist.P2POp]) -> None:
 
 
 def _mov(rank: int, buf: torch.Tensor):
-    return lambda start, count: data.movement(rank, start, count, buf.device)
+    return lambda start, count: data.movement(rank, start, count, buf.device, buf.dtype)
 
 
 def ring(rank: int, n: int, send: torch.Tensor, recv: torch.Tensor) -> Case:
