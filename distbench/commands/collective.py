@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
 from distbench import session as session_mod
@@ -12,6 +12,7 @@ from distbench import timing
 from distbench.accounting import bandwidth, layout
 from distbench.console import describe
 from distbench.measure import fail_if_wrong, measure_case, stats_columns
+from distbench.memory import agree, allocate_fitting
 from distbench.ops.collectives import SPECS, CollectiveSpec, Ctx, allocate
 from distbench.ops.dtypes import TORCH_DTYPES, element_size
 from distbench.results import COLLECTIVE_COLUMNS, CsvSink
@@ -51,12 +52,6 @@ def plans(opts) -> list[Plan]:
     return out
 
 
-def _agree(ok: bool, device) -> bool:
-    flag = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() == 0
-
-
 def _probe(plan: Plan, ctx: Ctx, device) -> str:
     """Run the combination once on one element per rank: a dtype or redop the backend lacks
     becomes a skip reason here instead of a crash mid-sweep."""
@@ -70,32 +65,9 @@ def _probe(plan: Plan, ctx: Ctx, device) -> str:
     except (RuntimeError, ValueError) as e:
         reason = f"{dist.get_backend()} cannot run this: " + (str(e).strip().splitlines()
                                                                or [type(e).__name__])[0][:200]
-    if _agree(not reason, device):
+    if agree(not reason, device):
         return ""
     return reason or "another rank could not run this combination"
-
-
-# Free device memory a size must leave for the check's generated data (CHUNK-bounded) and
-# the backend's own buffers; without it a size that just fits dies in the check instead of
-# being skipped.
-HEADROOM_BYTES = 512 << 20
-
-
-def _allocate_fitting(plan: Plan, ctx: Ctx, counts: list[int], device):
-    """Buffers for the largest count that fits on every rank; larger sizes are skipped."""
-    dtype = TORCH_DTYPES[plan.dtype]
-    for limit in sorted(set(counts), reverse=True):
-        bufs = None
-        try:
-            bufs = allocate(plan.spec, ctx, limit, dtype, device)
-            if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] < HEADROOM_BYTES:
-                bufs = None
-        except (RuntimeError, MemoryError):  # torch.OutOfMemoryError is a RuntimeError
-            bufs = None
-        if _agree(bufs is not None, device):
-            return bufs, limit
-        del bufs
-    return None, 0
 
 
 def run(opts) -> int:
@@ -130,7 +102,9 @@ def _sweep(s: session_mod.Session) -> int:
             counts = [lay.per_rank_count for _, lay in layouts if lay]
             if counts:
                 s.step(f"{plan.spec.name} {plan.dtype} allocation", opts.timeout)
-                bufs, fitted = _allocate_fitting(plan, ctx, counts, device)
+                bufs, fitted = allocate_fitting(
+                    functools.partial(allocate, plan.spec, ctx, dtype=TORCH_DTYPES[plan.dtype],
+                                      device=device), counts, device)
         for size, lay in layouts:
             row = _base_row(plan, rt, size, lay)
             reason = skip or _size_skip(plan, lay, fitted, n, elt)

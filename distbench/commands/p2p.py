@@ -10,6 +10,7 @@ from distbench import session as session_mod
 from distbench.accounting import bandwidth, layout
 from distbench.links import Link, culprits, find_outliers
 from distbench.measure import fail_if_wrong, measure_case, stats_columns
+from distbench.memory import allocate_fitting
 from distbench.ops import p2p
 from distbench.ops.dtypes import TORCH_DTYPES, element_size
 from distbench.results import MATRIX_COLUMNS, P2P_COLUMNS, CsvSink
@@ -44,12 +45,17 @@ def _sweep(s: session_mod.Session) -> int:
     return code
 
 
-def _buffers(dtype: str, sizes: list[int], device) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _buffers(dtype: str, sizes: list[int], device):
+    """Send and receive buffers for the largest size that fits on every rank, that size's
+    element count (larger sizes are skipped), and the element size."""
     tdtype = TORCH_DTYPES[dtype]
     elt = element_size(dtype)
-    count = max(size // elt for size in sizes)
-    return (torch.empty(count, dtype=tdtype, device=device),
-            torch.empty(count, dtype=tdtype, device=device), elt)
+    counts = [size // elt for size in sizes if size >= elt]
+    bufs, fitted = allocate_fitting(
+        lambda c: (torch.empty(c, dtype=tdtype, device=device),
+                   torch.empty(c, dtype=tdtype, device=device)), counts or [1], device)
+    send, recv = bufs if bufs else (None, None)
+    return send, recv, fitted, elt
 
 
 def _pattern_sweep(s, pattern: str, dtype: str, sink, bad: list[str]) -> None:
@@ -59,7 +65,7 @@ def _pattern_sweep(s, pattern: str, dtype: str, sink, bad: list[str]) -> None:
     console.section(f"p2p {pattern}  {dtype}  ranks {n}  nodes {rt.nnodes}  backend "
                     f"{rt.backend}" + ("  (time = one-way latency, half the round trip)"
                                        if pattern == "pingpong" else ""))
-    send, recv, elt = _buffers(dtype, opts.sizes, rt.device)
+    send, recv, fitted, elt = _buffers(dtype, opts.sizes, rt.device)
     for size in opts.sizes:
         lay = layout("sendrecv", size, elt, n)
         row = {"pattern": pattern, "dtype": dtype, "world_size": n, "nnodes": rt.nnodes,
@@ -68,6 +74,8 @@ def _pattern_sweep(s, pattern: str, dtype: str, sink, bad: list[str]) -> None:
                "note": ""}
         if lay is None:
             row.update(status="skipped", note=f"too small: needs at least {elt} B of {dtype}")
+        elif lay.count > fitted:
+            row.update(status="skipped", note="does not fit in device memory")
         else:
             c = lay.count
             what = f"p2p {pattern} {format_size(lay.size_bytes)} {dtype}"
@@ -94,11 +102,12 @@ def _matrix(s, bad: list[str]) -> int:
     who = [f"{r['host']}:{r['local_rank']}" for r in rt.ranks]
     links: list[Link] = []
     for dtype in opts.dtypes:
-        send, recv, elt = _buffers(dtype, opts.sizes, rt.device)
+        send, recv, fitted, elt = _buffers(dtype, opts.sizes, rt.device)
         for size in opts.sizes:
             lay = layout("sendrecv", size, elt, n)
-            if lay is None:
-                console.log(f"matrix: {size} B is too small for one {dtype}: skipped")
+            if lay is None or lay.count > fitted:
+                why = "is too small for one" if lay is None else "does not fit in memory as"
+                console.log(f"matrix: {size} B {why} {dtype}: skipped")
                 continue
             c = lay.count
             for direction in ("uni", "bi"):

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from distbench import session as session_mod
 from distbench import testhooks, timing
 from distbench.measure import fail_if_wrong
+from distbench.memory import agree
 from distbench.results import PP_COLUMNS, CsvSink
 from distbench.strategies import pp
 
@@ -33,9 +34,7 @@ def _shape(opts) -> pp.Shape:
 
 def _agree(reason: str, device) -> str:
     """A configuration runs only if every rank could set it up."""
-    flag = torch.tensor([1 if reason else 0], dtype=torch.int64, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() == 0:
+    if agree(not reason, device):
         return ""
     return reason or "another rank could not set this schedule up"
 
