@@ -130,8 +130,12 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         session.watchdog.disarm()
         session._end(status, code, error)
     if code in (EXIT_OK, EXIT_WRONG):
+        # Every rank is alive: leave together, so none closes its connections while a peer's
+        # background threads still use them (seen: std::terminate in a rank's teardown).
+        dist.barrier()
         dist.destroy_process_group()
-        return code
-    # Peers may be dead or stuck: tearing the process group down could hang.
+    # Skip the interpreter's teardown of torch's C++ threads; and when peers may be dead or
+    # stuck, tearing the process group down could hang. Everything is written by now.
+    sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
