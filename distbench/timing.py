@@ -8,6 +8,7 @@ per measurement whatever the world size (SUM, MAX, MIN), never Python-object gat
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,12 +57,9 @@ def warmup_and_calibrate(fn: Callable[[], object], warmup: int, iters: int | Non
     per-op time the warmup suggests."""
     sync(device)
     dist.barrier()
-    count = max(1, warmup)
-    start = time.perf_counter()
-    for _ in range(count):
-        fn()
-    sync(device)
-    per_op = (time.perf_counter() - start) / count
+    # The median warmup op, not the mean: one slow first op (connection setup, a scheduler
+    # hiccup) would otherwise shrink the calibrated count well below --min-time.
+    per_op = statistics.median(timed_loop(fn, max(1, warmup), device))
     if iters is not None:
         return iters, per_op
     # the slowest rank's estimate, so every rank runs the same count

@@ -85,7 +85,7 @@ def test_dtypes_and_redops_are_checked_or_skipped_with_reason(tmp_path):
 
 def test_calibrated_iterations_follow_min_time(tmp_path):
     res = distbench(tmp_path, "collective", "--sizes", "4K", "--min-time", "0.05",
-                    "--warmup", "2")
+                    "--warmup", "5")
     assert res.code == 0, res.stderr
     (row,) = res.rows()
     iters = int(row["iters"])
