@@ -8,6 +8,19 @@ from distbench.ops.case import Case
 from distbench.session import EXIT_WRONG, RunFailure, Session
 
 
+def timed_samples(s: Session, fn, what: str, min_time: float = 0.0,
+                  before_loop=None) -> list[float]:
+    """Warmup (and calibration to min_time when opts.iters is None), then the timed loop, each
+    under the watchdog; `before_loop` runs between them (e.g. to reset a compute clock)."""
+    opts, device = s.opts, s.rt.device
+    s.step(f"{what} (warmup)", opts.timeout)
+    iters, per_op = timing.warmup_and_calibrate(fn, opts.warmup, opts.iters, min_time, device)
+    if before_loop is not None:
+        before_loop()
+    s.step(what, opts.timeout + 2 * iters * per_op)
+    return timing.measure(fn, iters, device)
+
+
 def measure_case(s: Session, case: Case, what: str, size: int, scale: float = 1.0
                  ) -> timing.Stats:
     """`scale` turns a timed call into the quantity reported (0.5: one way of a round trip)."""
@@ -15,11 +28,7 @@ def measure_case(s: Session, case: Case, what: str, size: int, scale: float = 1.
     s.step(f"{what} (setup)", opts.timeout)
     testhooks.before_measurement(rank, size)
     case.prepare()
-    s.step(what, opts.timeout)
-    iters, per_op = timing.warmup_and_calibrate(case.run, opts.warmup, opts.iters,
-                                                opts.min_time, device)
-    s.step(what, opts.timeout + 2 * iters * per_op)
-    samples = timing.measure(case.run, iters, device)
+    samples = timed_samples(s, case.run, what, opts.min_time)
     wrong = 0
     if opts.check:
         s.step(f"{what} (check)", opts.timeout)

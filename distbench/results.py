@@ -106,6 +106,13 @@ class CsvSink:
         self._file.close()
 
 
+class NullSink:
+    """What ranks other than 0 write to: nothing."""
+
+    def append(self, row: dict) -> None:
+        pass
+
+
 def _cell(value):
     if value is None:
         return ""

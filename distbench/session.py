@@ -53,6 +53,7 @@ class Session:
         self.current = "startup"
         self.run_dir: Path | None = None
         self.record: results.RunRecord | None = None
+        self._sinks: list[results.CsvSink] = []
         self.watchdog = Watchdog(self._timed_out)
 
     def open_run_dir(self) -> None:
@@ -71,6 +72,15 @@ class Session:
                            versions={**rt.versions(), "driver": driver}, ranks=rt.ranks)
         write_topology(self.run_dir, rt.snapshots)
 
+    def csv(self, name: str, columns: list[str]) -> results.CsvSink | results.NullSink:
+        """A CSV in the run directory on rank 0 (a sink that drops rows elsewhere); the session
+        closes it when the run ends, however it ends."""
+        if self.run_dir is None:
+            return results.NullSink()
+        sink = results.CsvSink(self.run_dir / name, columns)
+        self._sinks.append(sink)
+        return sink
+
     def step(self, what: str, seconds: float) -> None:
         """Name what runs now (errors and timeouts quote it) and how long it may take."""
         self.current = what
@@ -83,7 +93,10 @@ class Session:
         os._exit(EXIT_FAILED)
 
     def _end(self, status: str, code: int, error: str | None) -> None:
+        self.watchdog.disarm()
         self.console.stop_progress()
+        for sink in self._sinks:
+            sink.close()
         # Every rank agrees on a wrong result or a refused option: rank 0 speaks for all. Other
         # failures are local, and the rank that saw one may be the only one to tell.
         if error and (self.rt.rank == 0 or status not in ("wrong", "bad_input", "slow_links")):

@@ -15,7 +15,7 @@ from distbench.measure import fail_if_wrong, measure_case, stats_columns
 from distbench.memory import agree, allocate_fitting
 from distbench.ops.collectives import SPECS, CollectiveSpec, Ctx, allocate
 from distbench.ops.dtypes import TORCH_DTYPES, element_size
-from distbench.results import COLLECTIVE_COLUMNS, CsvSink
+from distbench.results import COLLECTIVE_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def run(opts) -> int:
 def _sweep(s: session_mod.Session) -> int:
     rt, opts, console = s.rt, s.opts, s.console
     n, device = rt.world, rt.device
-    sink = CsvSink(s.run_dir / "collective.csv", COLLECTIVE_COLUMNS) if s.run_dir else None
+    sink = s.csv("collective.csv", COLLECTIVE_COLUMNS)
     all_plans = plans(opts)
     if opts.placement == "out" and any(p.in_place for p in all_plans):
         in_only = sorted({p.spec.name for p in all_plans if p.in_place})
@@ -117,15 +117,10 @@ def _sweep(s: session_mod.Session) -> int:
                 row.update(_measure(s, plan, ctx, bufs, size, lay, what))
                 if row["wrong"]:
                     bad_rows.append(f"{what}: {row['wrong']} wrong")
-            if sink:
-                sink.append(row)
+            sink.append(row)
             console.row(row)
             console.advance()
         del bufs
-    s.current = "end of sweep"
-    s.watchdog.disarm()
-    if sink:
-        sink.close()
     fail_if_wrong(bad_rows)
     return session_mod.EXIT_OK
 

@@ -13,7 +13,7 @@ from distbench.measure import fail_if_wrong, measure_case, stats_columns
 from distbench.memory import allocate_fitting
 from distbench.ops import p2p
 from distbench.ops.dtypes import TORCH_DTYPES, element_size
-from distbench.results import MATRIX_COLUMNS, P2P_COLUMNS, CsvSink
+from distbench.results import MATRIX_COLUMNS, P2P_COLUMNS
 from distbench.sizes import format_size
 
 EXIT_SLOW_LINK = 4
@@ -31,12 +31,10 @@ def _sweep(s: session_mod.Session) -> int:
         len(patterns) + (2 * rt.world * (rt.world - 1) if "matrix" in opts.patterns else 0))
     s.console.start_progress(steps)
     if patterns:
-        sink = CsvSink(s.run_dir / "p2p.csv", P2P_COLUMNS) if s.run_dir else None
+        sink = s.csv("p2p.csv", P2P_COLUMNS)
         for pattern in patterns:
             for dtype in opts.dtypes:
                 _pattern_sweep(s, pattern, dtype, sink, bad)
-        if sink:
-            sink.close()
     code = session_mod.EXIT_OK
     if "matrix" in opts.patterns:
         code = _matrix(s, bad)
@@ -89,8 +87,7 @@ def _pattern_sweep(s, pattern: str, dtype: str, sink, bad: list[str]) -> None:
             row.update(stats_columns(st, opts.check), algbw_gbps=algbw, busbw_gbps=busbw)
             if st.wrong:
                 bad.append(f"{what}: {st.wrong} wrong")
-        if sink:
-            sink.append(row)
+        sink.append(row)
         console.row({**row, "redop": "none", "root": -1, "in_place": False})
         console.advance()
 
@@ -98,7 +95,7 @@ def _pattern_sweep(s, pattern: str, dtype: str, sink, bad: list[str]) -> None:
 def _matrix(s, bad: list[str]) -> int:
     rt, opts, console = s.rt, s.opts, s.console
     n = rt.world
-    sink = CsvSink(s.run_dir / "p2p_matrix.csv", MATRIX_COLUMNS) if s.run_dir else None
+    sink = s.csv("p2p_matrix.csv", MATRIX_COLUMNS)
     who = [f"{r['host']}:{r['local_rank']}" for r in rt.ranks]
     links: list[Link] = []
     for dtype in opts.dtypes:
@@ -135,26 +132,23 @@ def _matrix(s, bad: list[str]) -> int:
                         links.append(link)
                         if st.wrong:
                             bad.append(f"{what}: {st.wrong} wrong")
-                        if sink:
-                            sink.append({
-                                "direction": direction, "src_rank": src, "dst_rank": dst,
-                                "src_host": rt.ranks[src]["host"],
-                                "dst_host": rt.ranks[dst]["host"],
-                                "src_local_rank": rt.ranks[src]["local_rank"],
-                                "dst_local_rank": rt.ranks[dst]["local_rank"],
-                                "link": link.link, "dtype": dtype, "world_size": n,
-                                "nnodes": rt.nnodes, "size_bytes": lay.size_bytes, "count": c,
-                                "iters": st.iters, "time_us": st.time_us, "p50_us": st.p50_us,
-                                "p99_us": st.p99_us, "cv_pct": st.cv_pct, "gbps": gbps,
-                                "wrong": st.wrong if opts.check else None,
-                                "backend": rt.backend})
+                        sink.append({
+                            "direction": direction, "src_rank": src, "dst_rank": dst,
+                            "src_host": rt.ranks[src]["host"],
+                            "dst_host": rt.ranks[dst]["host"],
+                            "src_local_rank": rt.ranks[src]["local_rank"],
+                            "dst_local_rank": rt.ranks[dst]["local_rank"],
+                            "link": link.link, "dtype": dtype, "world_size": n,
+                            "nnodes": rt.nnodes, "size_bytes": lay.size_bytes, "count": c,
+                            "iters": st.iters, "time_us": st.time_us, "p50_us": st.p50_us,
+                            "p99_us": st.p99_us, "cv_pct": st.cv_pct, "gbps": gbps,
+                            "wrong": st.wrong if opts.check else None,
+                            "backend": rt.backend})
                         console.advance()
                         if direction == "bi":
                             console.advance()
                 console.matrix(f"p2p matrix {direction} GB/s, {format_size(lay.size_bytes)} "
                                f"{dtype} (row = sender)", who, grid)
-    if sink:
-        sink.close()
     return _judge(s, links)
 
 

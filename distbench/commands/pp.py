@@ -14,12 +14,10 @@ import torch.distributed as dist
 
 from distbench import session as session_mod
 from distbench import testhooks, timing
-from distbench.measure import fail_if_wrong
+from distbench.measure import fail_if_wrong, timed_samples
 from distbench.memory import agree
-from distbench.results import PP_COLUMNS, CsvSink
+from distbench.results import PP_COLUMNS
 from distbench.strategies import pp
-
-MIN_TIME = 0.1  # what warmup_and_calibrate would fill were --iters not fixed
 
 
 def run(opts) -> int:
@@ -67,17 +65,12 @@ def _body(s: session_mod.Session) -> int:
         ref = pp.SingleRank(cshape, rt.device)
         ref.step()
         timing.sync(rt.device)
-    sink = CsvSink(s.run_dir / "pp.csv", PP_COLUMNS) if s.run_dir else None
+    sink = s.csv("pp.csv", PP_COLUMNS)
     bad: list[str] = []
     for schedule in opts.schedules:
         row = _measure_schedule(s, schedule, shape, cshape, ref, t1, bad)
-        if sink:
-            sink.append(row)
+        sink.append(row)
         _print_row(s, row)
-    s.current = "end of pp"
-    s.watchdog.disarm()
-    if sink:
-        sink.close()
     fail_if_wrong(bad)
     return session_mod.EXIT_OK
 
@@ -164,13 +157,8 @@ def _measure_schedule(s: session_mod.Session, schedule: str, shape: pp.Shape,
         row.update(status="skipped", note=reason)
         return row
     # The first steps also exchange the stages' shapes (torch's metadata inference).
-    s.step(f"{what} (warmup)", opts.timeout)
-    iters, per_op = timing.warmup_and_calibrate(pipe.step, opts.warmup, opts.iters, MIN_TIME,
-                                                device)
-    pipe.clock.reset()
-    s.step(what, opts.timeout + 2 * iters * per_op)
-    samples = timing.measure(pipe.step, iters, device)
-    compute = pipe.clock.total() / iters  # this rank's compute seconds per step
+    samples = timed_samples(s, pipe.step, what, before_loop=pipe.clock.reset)
+    compute = pipe.clock.total() / len(samples)  # this rank's compute seconds per step
 
     err, wrong = 0.0, 0
     if opts.check:

@@ -17,13 +17,12 @@ import torch.distributed as dist
 
 from distbench import session as session_mod
 from distbench import testhooks, timing
-from distbench.commands.collective import TORCH_DTYPES
-from distbench.measure import fail_if_wrong
-from distbench.results import TP_COLUMNS, CsvSink
+from distbench.measure import fail_if_wrong, timed_samples
+from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.results import TP_COLUMNS
 from distbench.strategies import tp as strat
 
 SEED = 1234
-MIN_TIME = 0.1  # unused with fixed --iters, passed for the calibration call's signature
 
 # (header, unit, width)
 TABLE = [("block", "", 10), ("step", "(ms)", 10), ("compute", "(ms)", 10), ("comm", "(%)", 7),
@@ -75,7 +74,7 @@ def _body(s: session_mod.Session) -> int:
     s.step("tp device mesh", opts.timeout)
     mesh = strat.device_mesh(rt.device, rt.world)
     check_sh, on_configured = strat.check_shape(shape, rt.world)
-    sink = CsvSink(s.run_dir / "tp.csv", TP_COLUMNS) if s.run_dir else None
+    sink = s.csv("tp.csv", TP_COLUMNS)
     s.console.log(f"tp: {', '.join(opts.blocks)} x {shape.layers} layers on {rt.world} ranks, "
                   f"{rt.nnodes} node(s), backend {rt.backend}; t1 = the unsharded stack on rank 0 "
                   "alone while the others wait")
@@ -92,28 +91,19 @@ def _body(s: session_mod.Session) -> int:
     for kind in opts.blocks:
         row, info = _measure_block(s, kind, shape, mesh, dtype, check_sh, on_configured, bad)
         details["blocks"][kind] = info
-        if sink:
-            sink.append(row)
+        sink.append(row)
         if s.record is not None:
             s.record.update(tp=details)
         _print(s, table_line(row))
-    s.current = "end of tp"
-    s.watchdog.disarm()
-    if sink:
-        sink.close()
     fail_if_wrong(bad)
     return session_mod.EXIT_OK
 
 
 def _timed(s: session_mod.Session, what: str, step) -> timing.Stats:
     """warmup (fixed count), barrier, timed loop, cross-rank statistics: as every command."""
-    opts, device = s.opts, s.rt.device
-    s.step(f"{what} (warmup)", opts.timeout)
-    iters, per_op = timing.warmup_and_calibrate(step, opts.warmup, opts.iters, MIN_TIME, device)
-    s.step(what, opts.timeout + 2 * iters * per_op)
-    samples = timing.measure(step, iters, device)
-    s.step(f"{what} (statistics)", opts.timeout)
-    return timing.summarize(samples, 0, device)
+    samples = timed_samples(s, step, what)
+    s.step(f"{what} (statistics)", s.opts.timeout)
+    return timing.summarize(samples, 0, s.rt.device)
 
 
 def _time_on_rank0(s: session_mod.Session, what: str, step, expected_s: float) -> float | None:
