@@ -30,10 +30,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from distbench import reference
+from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.reference import Comparison
+
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b")
 
-TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-                "float16": torch.float16}
 
 # Correctness tolerance, relative to the largest magnitude of the reference tensor: the pipeline
 # sums micro-batch gradients where the reference computes the whole batch at once, so the two
@@ -369,18 +371,11 @@ class SingleRank:
         return self.model[index]
 
 
-@dataclass
-class CheckResult:
-    max_abs_err: float
-    wrong: int  # tensors out of tolerance on this rank
-
-
 def compare(pipe: Pipeline, ref: SingleRank, corrupt: Callable[[torch.Tensor], None]
-            ) -> CheckResult:
+            ) -> Comparison:
     """This rank's parameter gradients (and the loss, on the last stage's rank) against the
     single-rank reference. `corrupt` is the test hook, applied to a gradient before comparing."""
-    rtol = RTOL[pipe.shape.dtype]
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    pairs: list[tuple[str, torch.Tensor, torch.Tensor]] = []
     for index, block in sorted(pipe.layers.items()):
         ref_block = ref.layer(index)
         for (name, p), (ref_name, r) in zip(block.named_parameters(),
@@ -388,17 +383,9 @@ def compare(pipe: Pipeline, ref: SingleRank, corrupt: Callable[[torch.Tensor], N
             assert name == ref_name
             if p.grad is None or r.grad is None:
                 raise RuntimeError(f"layer {index} {name}: no gradient")
-            pairs.append((p.grad.detach().clone(), r.grad.detach()))
+            pairs.append((f"layer {index} {name} grad", p.grad.detach().clone(), r.grad))
     if pairs:
-        corrupt(pairs[0][0])
+        corrupt(pairs[0][1])
     if pipe.holds_last:
-        pairs.append((pipe.loss.detach().reshape(1), ref.loss.detach().reshape(1)))
-    err, wrong = 0.0, 0
-    for got, want in pairs:
-        got, want = got.double(), want.double()
-        e = float((got - want).abs().max())
-        scale = float(want.abs().max())
-        err = max(err, e)
-        if not e <= rtol * max(scale, 1e-30):  # nan is wrong too
-            wrong += 1
-    return CheckResult(err, wrong)
+        pairs.append(("loss", pipe.loss.detach().reshape(1), ref.loss.detach().reshape(1)))
+    return reference.compare(pairs, RTOL[pipe.shape.dtype])

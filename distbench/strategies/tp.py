@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from distbench.reference import Comparison, compare  # noqa: F401 - strat.compare for callers
+
 BLOCKS = ("mlp", "attention")
 
 # Relative tolerance of the correctness check: |tp - reference| <= rtol * max|reference|, per
@@ -309,29 +311,6 @@ class CommCounter(TorchDispatchMode):
 # ------------------------------------------------------------------------------------------
 # Correctness: TP against the single-rank reference from the same seed
 # ------------------------------------------------------------------------------------------
-
-@dataclass
-class Comparison:
-    max_abs_err: float  # over every compared tensor
-    worst_ratio: float  # max over tensors of err / (rtol x max|reference|): > 1 is wrong
-    worst: str  # which tensor has worst_ratio
-
-
-def compare(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], rtol: float) -> Comparison:
-    max_err, worst_ratio, worst = 0.0, 0.0, ""
-    for name, got, ref in pairs:
-        got, ref = got.detach().double(), ref.detach().double()
-        if got.shape != ref.shape or not torch.isfinite(got).all():
-            err = float("inf")
-        else:
-            err = float((got - ref).abs().max()) if got.numel() else 0.0
-        scale = float(ref.abs().max()) if ref.numel() else 0.0
-        ratio = err / (rtol * scale) if scale > 0 else (0.0 if err == 0 else float("inf"))
-        max_err = max(max_err, err)
-        if ratio > worst_ratio or not worst:
-            worst_ratio, worst = ratio, name
-    return Comparison(max_err, worst_ratio, worst)
-
 
 def tp_vs_reference(kind: str, shape: Shape, seed: int, device, dtype, mesh,
                     corrupt=None) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
