@@ -37,27 +37,24 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from distbench import runtime, timing
+    from distbench import runtime, series, timing
     from distbench.accounting import layout
-    from distbench.commands.collective import Plan, _measure
-    from distbench.ops.collectives import SPECS, Ctx, allocate
-    from distbench.options import build_collective
+    from distbench.commands.collective import OUTPUT, CollectiveOptions, plans
+    from distbench.measure import measure_case
+    from distbench.options import build
     from distbench.session import Session
 
     sizes = parse_sizes(args.sizes)
-    opts = build_collective(op="all_reduce", sizes=args.sizes, dtype="float32", redop="sum",
-                            root=0, placement="out", iters=1, min_time=0.1, warmup=1,
-                            check=False, out=tempfile.gettempdir(), backend="gloo",
-                            timeout=300, workers=None, argv=[])
+    opts = build(CollectiveOptions, {"op": "all_reduce", "sizes": args.sizes, "iters": 1,
+                                     "warmup": 1, "check": False, "backend": "gloo",
+                                     "out": tempfile.gettempdir()}, argv=[])
     rt = runtime.start("gloo", opts.timeout, opts.identity())
     s = Session("collective", opts, rt)
     n, rank, device = rt.world, rt.rank, rt.device
-    spec = SPECS["all_reduce"]
-    ctx = Ctx(rank, n, -1, "sum", True)
-    plan = Plan(spec, "float32", "sum", -1, True)
-    lays = {size: layout("all_reduce", size, 4, n) for size in sizes}
-    bufs = allocate(spec, ctx, max(lay.per_rank_count for lay in lays.values()),
-                    torch.float32, device)
+    (plan,) = plans(opts)
+    ser = series.collective(s, plan, OUTPUT)  # what the engine measures, minus sink and console
+    lays = {size: layout(plan.op.accounting, size, 4, n) for size in sizes}
+    bufs = ser.alloc(max(lay.per_rank_count for lay in lays.values()))
 
     def baseline(buf, iters) -> float:
         dist.all_reduce(buf)  # the one untimed op every measurement starts with
@@ -77,7 +74,8 @@ def worker(args) -> None:
     for size in sizes:
         lay = lays[size]
         buf = bufs[0][:lay.per_rank_count]
-        case = plan.spec.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
+        (point,) = ser.points(bufs, lay)
+        case = point.case
         # one iteration count per size, agreed by all ranks, used by both methods
         _, per_op = timing.warmup_and_calibrate(lambda b=buf: dist.all_reduce(b), 2, None,
                                                 0.1, device)
@@ -89,7 +87,8 @@ def worker(args) -> None:
             arms = ["ours", "base", "control"]
             for which in arms[r % 3:] + arms[:r % 3]:
                 if which == "ours":
-                    ours.append(_measure(s, plan, ctx, bufs, size, lay, "bench")["time_us"])
+                    st = measure_case(s, case, "bench", size)
+                    ours.append(point.columns(st)["time_us"])
                 else:
                     case.prepare()  # the same data distbench's own measurement starts from
                     (base if which == "base" else control).append(baseline(buf, iters))

@@ -4,7 +4,6 @@ otherwise start the local workers ourselves through torch's own launcher API, as
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import signal
@@ -12,15 +11,9 @@ import sys
 import uuid
 
 from distbench import results
+from distbench.commands import COMMANDS
+from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED
 from distbench.options import OptionError
-
-COMMANDS = {
-    "collective": "distbench.commands.collective",
-    "p2p": "distbench.commands.p2p",
-    "topo": "distbench.commands.topo",
-    "tp": "distbench.commands.tp",
-    "pp": "distbench.commands.pp",
-}
 
 
 def under_launcher() -> bool:
@@ -28,11 +21,13 @@ def under_launcher() -> bool:
 
 
 def dispatch(command: str, opts) -> int:
-    module = importlib.import_module(COMMANDS[command])
+    entry = COMMANDS[command]
     if under_launcher():
-        return module.run(opts)
-    if hasattr(module, "run_local"):  # a command that needs no workers on one machine
-        return module.run_local(opts)
+        from distbench import session
+
+        return session.run(command, opts, entry.run)
+    if entry.run_local is not None:  # a command that needs no workers on one machine
+        return entry.run_local(opts)
     return start_local(command, opts)
 
 
@@ -53,7 +48,7 @@ def start_local(command: str, opts) -> int:
         opts.check_world(nproc)  # the default worker count is only known now
     except OptionError as e:
         print(f"distbench: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     run_dir = results.new_run_dir(opts.out, command)
     os.environ[results.RUN_DIR_ENV] = str(run_dir)
     try:
@@ -64,7 +59,7 @@ def start_local(command: str, opts) -> int:
         worker0 = e.failures.get(0)
         # Rank 0 decides the outcome (it sees the whole run); a signal death is a failure.
         chosen = worker0 if worker0 is not None and worker0.exitcode > 0 else failure
-        code = chosen.exitcode if chosen.exitcode > 0 else 3
+        code = chosen.exitcode if chosen.exitcode > 0 else EXIT_FAILED
         how = (f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0
                else f"exited with code {failure.exitcode}")
         message = f"worker rank {rank} {how}"

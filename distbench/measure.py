@@ -1,32 +1,33 @@
-"""One measurement of one Case on every rank, under the session's watchdog: setup, warmup and
-calibration, the timed loop, the correctness check, the cross-rank statistics."""
+"""One measurement on every rank, under the session's watchdog: warmup and calibration, the timed
+loop, the correctness check and the cross-rank statistics."""
 
 from __future__ import annotations
 
-from distbench import testhooks, timing
+from distbench import timing
+from distbench.exitcodes import EXIT_WRONG
 from distbench.ops.case import Case
-from distbench.session import EXIT_WRONG, RunFailure, Session
+from distbench.runtime import RunFailure
 
 
-def timed_samples(s: Session, fn, what: str, min_time: float = 0.0,
-                  before_loop=None) -> list[float]:
+def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None) -> list[float]:
     """Warmup (and calibration to min_time when opts.iters is None), then the timed loop, each
     under the watchdog; `before_loop` runs between them (e.g. to reset a compute clock)."""
     opts, device = s.opts, s.rt.device
     s.step(f"{what} (warmup)", opts.timeout)
-    iters, per_op = timing.warmup_and_calibrate(fn, opts.warmup, opts.iters, min_time, device)
+    iters, per_op = timing.warmup_and_calibrate(fn, opts.warmup, opts.iters,
+                                                min_time, device)
     if before_loop is not None:
         before_loop()
     s.step(what, opts.timeout + 2 * iters * per_op)
     return timing.measure(fn, iters, device)
 
 
-def measure_case(s: Session, case: Case, what: str, size: int, scale: float = 1.0
-                 ) -> timing.Stats:
-    """`scale` turns a timed call into the quantity reported (0.5: one way of a round trip)."""
-    opts, device, rank = s.opts, s.rt.device, s.rt.rank
+def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0) -> timing.Stats:
+    """`scale` turns a timed call into the quantity reported (0.5: one way of a round trip).
+    The session's faults (tests only) apply here, the one hook point, before anything runs."""
+    opts, device = s.opts, s.rt.device
     s.step(f"{what} (setup)", opts.timeout)
-    testhooks.before_measurement(rank, size)
+    case = s.faults.apply(case, size)
     case.prepare()
     samples = timed_samples(s, case.run, what, opts.min_time)
     wrong = 0
@@ -35,7 +36,6 @@ def measure_case(s: Session, case: Case, what: str, size: int, scale: float = 1.
         case.prepare()
         case.run()
         timing.sync(device)
-        testhooks.corrupt(rank, case.output)
         wrong = case.check()
     s.step(f"{what} (statistics)", opts.timeout)
     if scale != 1.0:

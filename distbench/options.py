@@ -1,4 +1,6 @@
-"""Resolved, validated options. No torch import: bad input must fail fast, before any worker."""
+"""The option schema: each command's options are one dataclass whose fields carry their default,
+help text and validation (`option()`); the command line, the TOML `--config` keys and run.json's
+`options` all derive from it. No torch import: bad input must fail fast, before any worker."""
 
 from __future__ import annotations
 
@@ -6,10 +8,12 @@ import math
 import os
 import tempfile
 import tomllib
-from dataclasses import asdict, dataclass, field
+import typing
+from collections.abc import Callable
+from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-from distbench.accounting import COLLECTIVES
 from distbench.sizes import SizeError, parse_sizes
 
 
@@ -18,6 +22,102 @@ class OptionError(Exception):
 
     def __init__(self, option: str, message: str, example: str):
         super().__init__(f"{option}: {message} (example: {example})")
+
+
+Check = Callable[[str, Any], Any]  # (--flag, raw value) -> value; raises OptionError
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one option appears on the command line and in a config file."""
+
+    help: str | Callable[[], str]  # a function when the text depends on a registry
+    flag: str  # the command-line and TOML name (underscores; dashes on the command line)
+    check: Check | None
+    cli_type: Any  # what the command line parses into, when the stored field differs
+    show_default: bool
+
+
+def option(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
+           check: Check | None = None, cli_type: Any = None, show_default: bool = True) -> Any:
+    """A dataclass field that is a command-line option. `default` is the value as typed on the
+    command line; `check` validates it and turns it into the stored value."""
+    return field(default=default, metadata={"option": Spec(help, flag or "", check, cli_type,
+                                                           show_default)})
+
+
+def spec_of(f: Field) -> Spec | None:
+    spec = f.metadata.get("option")
+    return None if spec is None else Spec(spec.help, spec.flag or f.name, spec.check,
+                                          spec.cli_type, spec.show_default)
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: each returns the value to store or raises OptionError with a valid example.
+
+def require(test: Callable[[Any], bool], message: str, example: str,
+            convert: Callable[[Any], Any] = lambda v: v, optional: bool = False) -> Check:
+    """`message` may name the value as {value}."""
+    def check(option: str, value):
+        if optional and value is None:
+            return None
+        if not test(value):
+            raise OptionError(option, message.format(value=value), example)
+        return convert(value)
+    return check
+
+
+def at_least(low: int, example: str, optional: bool = False) -> Check:
+    text = f"must be at least {low}, got {{value}}" if low else "must be 0 or more, got {value}"
+    return require(lambda v: v >= low, text, example, optional=optional)
+
+
+def fraction(example: str, optional: bool = False) -> Check:
+    return require(lambda v: 0 < v <= 1, "must be a fraction in (0, 1], got {value}", example,
+                   float, optional)
+
+
+def one_of(valid: tuple[str, ...], example: str) -> Check:
+    def check(option: str, value) -> str:
+        value = str(value).strip().lower()
+        if value not in valid:
+            raise OptionError(option, f"unknown value {value!r} (valid: {', '.join(valid)})",
+                              example)
+        return value
+    return check
+
+
+def pick(valid: tuple[str, ...] | Callable[[], tuple[str, ...]], example: str,
+         aliases: dict[str, str] | None = None) -> Check:
+    """A comma list of names from `valid` (or 'all'), order kept, duplicates dropped."""
+    def check(option: str, text) -> list[str]:
+        names_ok = valid() if callable(valid) else valid
+        names = [t.strip().lower() for t in str(text).split(",")]
+        if names == ["all"]:
+            return list(names_ok)
+        out: list[str] = []
+        for name in names:
+            canon = (aliases or {}).get(name, name)
+            if canon not in names_ok:
+                raise OptionError(option, f"unknown value {name!r} (valid: "
+                                  f"{', '.join(names_ok)}, all)", example)
+            if canon not in out:
+                out.append(canon)
+        return out
+    return check
+
+
+def sizes(example: str) -> Check:
+    def check(option: str, text) -> list[int]:
+        try:
+            return parse_sizes(str(text))
+        except SizeError as e:
+            raise OptionError(option, str(e), example) from None
+    return check
 
 
 DTYPE_ALIASES = {
@@ -31,34 +131,16 @@ DTYPE_ALIASES = {
     "uint8": "uint8",
 }
 DTYPES = tuple(dict.fromkeys(DTYPE_ALIASES.values()))
-REDOPS = ("sum", "prod", "max", "min", "avg")
-PLACEMENTS = ("out", "in", "both")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 BACKENDS = ("auto", "nccl", "gloo")
 MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
-def _pick(option: str, text: str, valid: tuple[str, ...], example: str,
-          aliases: dict[str, str] | None = None) -> list[str]:
-    """A comma list of names from `valid` (or 'all'), order kept, duplicates dropped."""
-    names = [t.strip().lower() for t in str(text).split(",")]
-    if names == ["all"]:
-        return list(valid)
-    out: list[str] = []
-    for name in names:
-        canon = (aliases or {}).get(name, name)
-        if canon not in valid:
-            raise OptionError(option, f"unknown value {name!r} (valid: {', '.join(valid)}, all)",
-                              example)
-        if canon not in out:
-            out.append(canon)
-    return out
-
-
-def _one_of(option: str, value: str, valid: tuple[str, ...], example: str) -> str:
-    value = str(value).strip().lower()
-    if value not in valid:
-        raise OptionError(option, f"unknown value {value!r} (valid: {', '.join(valid)})", example)
-    return value
+def _one_float_dtype(option: str, text) -> str:
+    dtypes = pick(FLOAT_DTYPES, "--dtype bfloat16", DTYPE_ALIASES)(option, text)
+    if len(dtypes) != 1:
+        raise OptionError(option, "takes one floating-point dtype", "--dtype bfloat16")
+    return dtypes[0]
 
 
 def check_writable_dir(option: str, path: Path, example: str) -> Path:
@@ -73,26 +155,46 @@ def check_writable_dir(option: str, path: Path, example: str) -> Path:
     return path
 
 
+# ---------------------------------------------------------------------------------------------
+# The options every command shares
+
+def at_least_two(command: str, world: int) -> None:
+    if world < 2:
+        raise OptionError("--workers", f"{command} needs at least 2 ranks, got {world}",
+                          "--workers 2")
+
+
 @dataclass(kw_only=True)
 class RunOptions:
     """What every command that starts workers takes."""
 
-    out: Path
-    backend: str
-    timeout: float
-    workers: int | None
-    argv: list[str] = field(default_factory=list)
+    out: Path = option(Path("results"), "Parent directory of the run directory.")
+    backend: str = option("auto", "auto (nccl with CUDA, else gloo), nccl, gloo.",
+                          check=one_of(BACKENDS, "--backend gloo"))
+    # inf would pass `> 0` but cannot become a timedelta (OverflowError in every worker)
+    timeout: float = option(
+        300.0, "Seconds a rank may wait on its peers before the run is ended.",
+        check=require(lambda v: 0 < v <= MAX_TIMEOUT_S, f"must be above 0 and at most "
+                      f"{MAX_TIMEOUT_S} seconds (one week), got {{value}}", "--timeout 300",
+                      float))
+    workers: int | None = option(
+        None, "Local workers to start when not under torchrun. Default: one per GPU, or 2 on "
+        "CPU.", check=at_least(1, "--workers 2", optional=True), show_default=False)
+    argv: list[str] = field(default_factory=list)  # as typed; run.json records it at top level
 
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["out"] = str(self.out)
-        d.pop("argv")  # run.json records it once, at the top level
-        return d
+    def validate(self) -> None:
+        """Rules between fields, once each field is valid; raises OptionError."""
 
     def check_world(self, world: int) -> None:
         """Options that depend on the number of ranks. Called as soon as it is known: from the
         flags (--workers, or WORLD_SIZE under a launcher), by the local launcher, and once the
         process group exists; raises OptionError."""
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        d.pop("argv")
+        return d
 
     def identity(self) -> dict:
         """What every rank must agree on (out may legitimately differ per node)."""
@@ -106,218 +208,83 @@ class RunOptions:
 class SweepOptions(RunOptions):
     """A size sweep with checked results: what collective and p2p share."""
 
-    sizes: list[int]
-    dtypes: list[str]
-    iters: int | None
-    min_time: float
-    warmup: int
-    check: bool
-
-
-@dataclass(kw_only=True)
-class CollectiveOptions(SweepOptions):
-    ops: list[str]
-    redops: list[str]
-    root: int
-    placement: str
-
-    def check_world(self, world: int) -> None:
-        if self.root >= world:
-            raise OptionError("--root", f"rank {self.root} does not exist in a world of {world}",
-                              "--root 0")
-
-
-@dataclass(kw_only=True)
-class P2POptions(SweepOptions):
-    patterns: list[str]
-    outlier_below: float
-    fail_below: float | None
-
-    def check_world(self, world: int) -> None:
-        _at_least_two("p2p", world)
-
-
-def _at_least_two(command: str, world: int) -> None:
-    if world < 2:
-        raise OptionError("--workers", f"{command} needs at least 2 ranks, got {world}",
-                          "--workers 2")
-
-
-@dataclass(kw_only=True)
-class TopoOptions(RunOptions):
-    pass
+    sizes: list[int] = option(
+        "8:128M:x2", "Per-rank buffer sizes: 8:128M:x2 (factor), 1K:64K:+4K (step) or 1K,4K "
+        "(list). Binary suffixes.", check=sizes("--sizes 8:128M:x2"), cli_type=str)
+    dtypes: list[str] = option(
+        "float32", "float32, float16, bfloat16, float64, int32, int64, int8, uint8; comma list "
+        "or 'all'.", flag="dtype", check=pick(DTYPES, "--dtype float32,bfloat16", DTYPE_ALIASES),
+        cli_type=str)
+    iters: int | None = option(None, "Timed iterations per size. Default: calibrated to "
+                               "--min-time.", check=at_least(1, "--iters 20", optional=True),
+                               show_default=False)
+    # inf passes `> 0` but cannot become an iteration count; nan fails `> 0` already
+    min_time: float = option(
+        0.1, "Seconds of timed work per size when --iters is not given.",
+        check=require(lambda v: v > 0 and math.isfinite(v), "must be a number of seconds above "
+                      "0, got {value}", "--min-time 0.2", float))
+    warmup: int = option(5, "Untimed iterations before each size.",
+                         check=at_least(0, "--warmup 5"))
+    check: bool = option(True, "Check results against independently computed values.")
 
 
 @dataclass(kw_only=True)
 class StepOptions(RunOptions):
     """A training-step benchmark (tp, pp): a model shape, a dtype, fixed iteration counts."""
 
-    hidden_size: int
-    seq_len: int
-    micro_batch_size: int
-    layers: int
-    dtype: str
-    iters: int
-    warmup: int
-    check: bool
+    hidden_size: int = option(1024, "Model hidden size.",
+                              check=at_least(1, "--hidden-size 1024"))
+    seq_len: int = option(512, "Sequence length (tokens per sample).",
+                          check=at_least(1, "--seq-len 512"))
+    micro_batch_size: int = option(1, "Samples per micro-batch.",
+                                   check=at_least(1, "--micro-batch-size 1"))
+    layers: int = option(2, "Transformer layers (blocks) in the stack.",
+                         check=at_least(1, "--layers 2"))
+    dtype: str = option("float32", "float32, bfloat16, float16 or float64.",
+                        check=_one_float_dtype)
+    iters: int = option(10, "Timed training steps.", check=at_least(1, "--iters 10"))
+    warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
+    check: bool = option(True, "Compare outputs and gradients with a single-rank reference on "
+                         "the same seed.")
 
 
-@dataclass(kw_only=True)
-class TPOptions(StepOptions):
-    ffn_size: int
-    heads: int
-    blocks: list[str]
+# ---------------------------------------------------------------------------------------------
+# From raw values (command line, config file) to validated options
 
-    def check_world(self, world: int) -> None:
-        if self.heads % world:
-            raise OptionError("--heads", f"{self.heads} heads do not split over {world} ranks",
-                              f"--heads {world * 4}")
-        if self.ffn_size % world:
-            raise OptionError("--ffn-size", f"{self.ffn_size} does not split over {world} "
-                              "ranks", f"--ffn-size {world * 1024}")
-
-
-@dataclass(kw_only=True)
-class PPOptions(StepOptions):
-    schedules: list[str]
-    micro_batches: int
-    virtual_stages: int
-
-    def check_world(self, world: int) -> None:
-        _at_least_two("pp", world)
-        stages = world * (self.virtual_stages if "interleaved-1f1b" in self.schedules else 1)
-        if self.layers < stages:
-            raise OptionError("--layers", f"{self.layers} layers cannot fill {stages} stages",
-                              f"--layers {stages}")
+def option_fields(cls: type) -> list[tuple[Field, Spec]]:
+    """The options of `cls` in the order --help lists them: the command's own first, then those
+    it shares, the most general last."""
+    by_owner: dict[type, list[tuple[Field, Spec]]] = {}
+    order = [k for k in cls.__mro__ if "__dataclass_fields__" in vars(k)]
+    for f in fields(cls):
+        spec = spec_of(f)
+        if spec is None:
+            continue
+        owner = next(k for k in reversed(order) if f.name in vars(k).get("__annotations__", {}))
+        by_owner.setdefault(owner, []).append((f, spec))
+    return [item for k in order for item in by_owner.get(k, [])]
 
 
-def _run_fields(*, backend: str, timeout: float, workers: int | None, argv: list[str]) -> dict:
-    # inf would pass `> 0` but cannot become a timedelta (OverflowError in every worker)
-    if not (0 < timeout <= MAX_TIMEOUT_S):
-        raise OptionError("--timeout", f"must be above 0 and at most {MAX_TIMEOUT_S} seconds "
-                          f"(one week), got {timeout}", "--timeout 300")
-    if workers is not None and workers < 1:
-        raise OptionError("--workers", f"must be at least 1, got {workers}", "--workers 2")
-    return dict(backend=_one_of("--backend", backend, BACKENDS, "--backend gloo"),
-                timeout=float(timeout), workers=workers, argv=argv)
+def cli_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: spec.cli_type or hints[f.name] for f, spec in option_fields(cls)}
 
 
-def _sweep_fields(*, sizes: str, dtype: str, iters: int | None, min_time: float, warmup: int,
-                  check: bool, **run) -> dict:
-    try:
-        size_list = parse_sizes(str(sizes))
-    except SizeError as e:
-        raise OptionError("--sizes", str(e), "--sizes 8:128M:x2") from None
-    if iters is not None and iters <= 0:
-        raise OptionError("--iters", f"must be at least 1, got {iters}", "--iters 20")
-    # inf passes `> 0` but cannot become an iteration count; nan fails `> 0` already
-    if not (min_time > 0 and math.isfinite(min_time)):
-        raise OptionError("--min-time", f"must be a number of seconds above 0, got {min_time}",
-                          "--min-time 0.2")
-    if warmup < 0:
-        raise OptionError("--warmup", f"must be 0 or more, got {warmup}", "--warmup 5")
-    return dict(sizes=size_list, iters=iters, min_time=float(min_time), warmup=warmup,
-                check=check, **_run_fields(**run),
-                dtypes=_pick("--dtype", dtype, DTYPES, "--dtype float32,bfloat16",
-                             DTYPE_ALIASES))
-
-
-def _finish(opts, out: Path):
+def build(cls: type, raw: dict[str, Any], argv: list[str]):
+    """Validated options from raw values keyed by flag name (missing ones take the default).
+    --out is created last of all, so a run with any other bad option leaves nothing behind."""
+    values = {}
+    for f, spec in option_fields(cls):
+        value = raw.get(spec.flag, f.default)
+        values[f.name] = spec.check(flag(spec.flag), value) if spec.check else value
+    out = Path(values.pop("out"))
+    opts = cls(**values, out=out, argv=argv)
+    opts.validate()
     world = opts.workers or _env_int("WORLD_SIZE")
     if world is not None:
         opts.check_world(world)
-    # Last of all checks: it creates the directory, which a run with any other bad option
-    # must not leave behind.
-    opts.out = check_writable_dir("--out", Path(out), "--out results")
+    opts.out = check_writable_dir("--out", out, "--out results")
     return opts
-
-
-def build_collective(*, op: str, redop: str, root: int, placement: str, out: Path,
-                     **common) -> CollectiveOptions:
-    fields = _sweep_fields(**common)
-    if root < 0:
-        raise OptionError("--root", f"must be a rank (0 or more), got {root}", "--root 0")
-    return _finish(CollectiveOptions(
-        ops=_pick("--op", op, COLLECTIVES, "--op all_reduce,all_gather"),
-        redops=_pick("--redop", redop, REDOPS, "--redop sum"),
-        root=root,
-        placement=_one_of("--placement", placement, PLACEMENTS, "--placement both"),
-        **fields, out=Path(out)), out)
-
-
-P2P_PATTERNS = ("ring", "pingpong", "matrix")
-
-
-def build_p2p(*, pattern: str, outlier_below: float, fail_below: float | None, out: Path,
-              **common) -> P2POptions:
-    fields = _sweep_fields(**common)
-    if not 0 < outlier_below <= 1:
-        raise OptionError("--outlier-below", f"must be a fraction in (0, 1], got {outlier_below}",
-                          "--outlier-below 0.8")
-    if fail_below is not None and not 0 < fail_below <= 1:
-        raise OptionError("--fail-below", f"must be a fraction in (0, 1], got {fail_below}",
-                          "--fail-below 0.8")
-    return _finish(P2POptions(
-        patterns=_pick("--pattern", pattern, P2P_PATTERNS, "--pattern ring,pingpong"),
-        outlier_below=float(outlier_below), fail_below=fail_below, **fields, out=Path(out)), out)
-
-
-def build_topo(*, out: Path, **run) -> TopoOptions:
-    return _finish(TopoOptions(**_run_fields(**run), out=Path(out)), out)
-
-
-def _positive(option: str, value: int, example: str) -> int:
-    if value < 1:
-        raise OptionError(option, f"must be at least 1, got {value}", example)
-    return value
-
-
-def _step_fields(*, hidden_size: int, seq_len: int, micro_batch_size: int, layers: int,
-                 dtype: str, iters: int, warmup: int, check: bool, **run) -> dict:
-    fields = _run_fields(**run)
-    dtypes = _pick("--dtype", dtype, ("float32", "bfloat16", "float16", "float64"),
-                   "--dtype bfloat16", DTYPE_ALIASES)
-    if len(dtypes) != 1:
-        raise OptionError("--dtype", "takes one floating-point dtype", "--dtype bfloat16")
-    if warmup < 0:
-        raise OptionError("--warmup", f"must be 0 or more, got {warmup}", "--warmup 2")
-    return dict(
-        hidden_size=_positive("--hidden-size", hidden_size, "--hidden-size 1024"),
-        seq_len=_positive("--seq-len", seq_len, "--seq-len 512"),
-        micro_batch_size=_positive("--micro-batch-size", micro_batch_size,
-                                   "--micro-batch-size 1"),
-        layers=_positive("--layers", layers, "--layers 2"),
-        dtype=dtypes[0], iters=_positive("--iters", iters, "--iters 10"), warmup=warmup,
-        check=check, **fields)
-
-
-TP_BLOCKS = ("mlp", "attention")
-
-
-def build_tp(*, ffn_size: int, heads: int, block: str, out: Path, **common) -> TPOptions:
-    fields = _step_fields(**common)
-    _positive("--ffn-size", ffn_size, "--ffn-size 4096")
-    _positive("--heads", heads, "--heads 16")
-    if fields["hidden_size"] % heads:
-        raise OptionError("--heads", f"{heads} heads do not divide --hidden-size "
-                          f"{fields['hidden_size']}", "--heads 16 --hidden-size 1024")
-    blocks = ["mlp", "attention"] if block.strip().lower() == "both" else _pick(
-        "--block", block, TP_BLOCKS, "--block both")
-    return _finish(TPOptions(ffn_size=ffn_size, heads=heads, blocks=blocks, **fields,
-                             out=Path(out)), out)
-
-
-PP_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b")
-
-
-def build_pp(*, schedule: str, micro_batches: int, virtual_stages: int, out: Path,
-             **common) -> PPOptions:
-    fields = _step_fields(**common)
-    schedules = _pick("--schedule", schedule, PP_SCHEDULES, "--schedule gpipe,1f1b")
-    _positive("--micro-batches", micro_batches, "--micro-batches 8")
-    _positive("--virtual-stages", virtual_stages, "--virtual-stages 2")
-    return _finish(PPOptions(schedules=schedules, micro_batches=micro_batches,
-                             virtual_stages=virtual_stages, **fields, out=Path(out)), out)
 
 
 def _env_int(name: str) -> int | None:
@@ -353,3 +320,5 @@ def load_config(path: Path, command: str, known: set[str]) -> dict:
             value = ",".join(str(v) for v in value)
         out[name] = value
     return out
+
+

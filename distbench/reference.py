@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
+# (what it is, the distributed result, the single-rank reference)
+Pair = tuple[str, torch.Tensor, torch.Tensor]
+
 
 @dataclass
 class Comparison:
@@ -17,7 +20,7 @@ class Comparison:
     wrong: int  # tensors with a ratio above 1 (non-finite or misshapen ones count)
 
 
-def compare(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], rtol: float) -> Comparison:
+def compare(pairs: list[Pair], rtol: float) -> Comparison:
     max_err, worst_ratio, worst, wrong = 0.0, 0.0, "", 0
     for name, got, ref in pairs:
         got, ref = got.detach().double(), ref.detach().double()

@@ -11,47 +11,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from distbench import __version__
+from distbench import __version__, topo
 
 SCHEMA_VERSION = 1
 RUN_DIR_ENV = "DISTBENCH_RUN_DIR"
-
-# Stable contract: add columns at the end, never rename.
-COLLECTIVE_COLUMNS = [
-    "op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes", "count",
-    "iters", "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us",
-    "cv_pct", "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note",
-]
-
-P2P_COLUMNS = [
-    "pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters", "time_us",
-    "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct", "algbw_gbps",
-    "busbw_gbps", "wrong", "backend", "status", "note",
-]
-
-# Long form: one row per ordered pair, direction and size.
-MATRIX_COLUMNS = [
-    "direction", "src_rank", "dst_rank", "src_host", "dst_host", "src_local_rank",
-    "dst_local_rank", "link", "dtype", "world_size", "nnodes", "size_bytes", "count", "iters",
-    "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend",
-]
-
-TP_COLUMNS = [
-    "block", "dtype", "world_size", "nnodes", "hidden_size", "ffn_size", "heads", "seq_len",
-    "micro_batch_size", "layers", "iters", "step_us", "rank_min_us", "rank_max_us",
-    "slowest_rank", "p50_us", "p99_us", "cv_pct", "compute_only_us", "comm_pct",
-    "tflops_per_rank", "tokens_per_s", "allreduce_bytes_per_step", "implied_busbw_gbps",
-    "t1_us", "speedup", "efficiency", "max_abs_err", "backend", "status", "note",
-]
-
-PP_COLUMNS = [
-    "schedule", "dtype", "world_size", "nnodes", "stages", "virtual_stages", "layers",
-    "layers_per_stage", "micro_batches", "micro_batch_size", "hidden_size", "seq_len", "iters",
-    "step_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
-    "samples_per_s", "bubble_measured", "bubble_measured_per_stage", "bubble_analytic",
-    "p2p_bytes_per_step", "t1_us", "speedup", "efficiency", "max_abs_err", "backend", "status",
-    "note",
-]
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                 "NVIDIA_VISIBLE_DEVICES", "UCX_", "FI_")
@@ -112,6 +75,9 @@ class NullSink:
     def append(self, row: dict) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 def _cell(value):
     if value is None:
@@ -166,3 +132,11 @@ def mark_unfinished(run_dir: Path, error: str, exit_code: int) -> bool:
     data.update(status="failed", exit_code=exit_code, error=error, end_utc=utc_now())
     write_json(path, data)
     return True
+
+
+def write_topology(run_dir: Path, snapshots: list[dict]) -> None:
+    """topo.txt for people, topo.json for tools: the same snapshot in every run directory."""
+    (run_dir / "topo.txt").write_text(topo.render_text(snapshots))
+    nodes = [{**snap, "gpu_links": topo.parse_topo_matrix(snap.get("nvidia_smi_topo") or "")}
+             for snap in snapshots]
+    write_json(run_dir / "topo.json", {"schema_version": SCHEMA_VERSION, "nodes": nodes})

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from distbench import topo
+from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED
 
 # Our watchdog ends a stalled run at --timeout; the process group's own timeout only backs it up.
 PG_TIMEOUT_GRACE_S = 30
@@ -25,7 +26,7 @@ PG_TIMEOUT_GRACE_S = 30
 class RunFailure(Exception):
     """A failure with a known cause: one line for the user, a status for run.json."""
 
-    def __init__(self, message: str, status: str = "failed", exit_code: int = 3):
+    def __init__(self, message: str, status: str = "failed", exit_code: int = EXIT_FAILED):
         super().__init__(message)
         self.status = status
         self.exit_code = exit_code
@@ -37,7 +38,7 @@ def resolve_backend(choice: str) -> str:
         return "nccl" if cuda else "gloo"
     if choice == "nccl" and not cuda:
         raise RunFailure("--backend: nccl needs CUDA GPUs and none is visible here "
-                         "(example: --backend gloo)", status="bad_input", exit_code=2)
+                         "(example: --backend gloo)", status="bad_input", exit_code=EXIT_BAD_INPUT)
     return choice
 
 
@@ -131,7 +132,7 @@ def _refuse_mismatched_options(everyone: list[dict], rank: int) -> None:
                        f"{first['identity'].get(k)!r}" for k in keys)
     raise RunFailure(f"ranks were started with different options ({len(odd)} of "
                      f"{len(everyone)} ranks differ from rank 0; {detail})",
-                     status="bad_input", exit_code=2)
+                     status="bad_input", exit_code=EXIT_BAD_INPUT)
 
 
 class Watchdog:

@@ -11,14 +11,20 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from distbench import results, topo
+from distbench import results
 from distbench.console import Console
+from distbench.exitcodes import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_WRONG,
+)
+from distbench.faults import Faults
 from distbench.options import OptionError
 from distbench.runtime import RunFailure, Runtime, Watchdog, start
-
-EXIT_OK, EXIT_WRONG, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
-EXIT_TERMINATED = 128 + signal.SIGTERM
-EXIT_INTERRUPTED = 128 + signal.SIGINT
+from distbench.tables import Output
 
 
 class Terminated(BaseException):
@@ -35,15 +41,6 @@ def _first_line(e: BaseException) -> str:
     return line if len(line) <= 300 else line[:297] + "..."
 
 
-def write_topology(run_dir: Path, snapshots: list[dict]) -> None:
-    """topo.txt for people, topo.json for tools: the same snapshot in every run directory."""
-    (run_dir / "topo.txt").write_text(topo.render_text(snapshots))
-    nodes = [{**snap, "gpu_links": topo.parse_topo_matrix(snap.get("nvidia_smi_topo") or "")}
-             for snap in snapshots]
-    results.write_json(run_dir / "topo.json", {"schema_version": results.SCHEMA_VERSION,
-                                               "nodes": nodes})
-
-
 class Session:
     def __init__(self, command: str, opts, rt: Runtime):
         self.command = command
@@ -53,7 +50,8 @@ class Session:
         self.current = "startup"
         self.run_dir: Path | None = None
         self.record: results.RunRecord | None = None
-        self._sinks: list[results.CsvSink] = []
+        self._sinks: dict[str, results.CsvSink | results.NullSink] = {}
+        self.faults = Faults.from_env(rt.rank)  # all off outside the test suite
         self.watchdog = Watchdog(self._timed_out)
 
     def open_run_dir(self) -> None:
@@ -70,16 +68,16 @@ class Session:
                       None)
         self.record.update(backend=rt.backend, world_size=rt.world, nnodes=rt.nnodes,
                            versions={**rt.versions(), "driver": driver}, ranks=rt.ranks)
-        write_topology(self.run_dir, rt.snapshots)
+        results.write_topology(self.run_dir, rt.snapshots)
 
-    def csv(self, name: str, columns: list[str]) -> results.CsvSink | results.NullSink:
-        """A CSV in the run directory on rank 0 (a sink that drops rows elsewhere); the session
-        closes it when the run ends, however it ends."""
-        if self.run_dir is None:
-            return results.NullSink()
-        sink = results.CsvSink(self.run_dir / name, columns)
-        self._sinks.append(sink)
-        return sink
+    def sink(self, output: Output) -> results.CsvSink | results.NullSink:
+        """The output's CSV in the run directory on rank 0 (a sink that drops rows elsewhere),
+        opened on first use; the session closes it when the run ends, however it ends."""
+        if output.file not in self._sinks:
+            self._sinks[output.file] = (
+                results.NullSink() if self.run_dir is None
+                else results.CsvSink(self.run_dir / output.file, list(output.csv)))
+        return self._sinks[output.file]
 
     def step(self, what: str, seconds: float) -> None:
         """Name what runs now (errors and timeouts quote it) and how long it may take."""
@@ -95,7 +93,7 @@ class Session:
     def _end(self, status: str, code: int, error: str | None) -> None:
         self.watchdog.disarm()
         self.console.stop_progress()
-        for sink in self._sinks:
+        for sink in self._sinks.values():
             sink.close()
         # Every rank agrees on a wrong result or a refused option: rank 0 speaks for all. Other
         # failures are local, and the rank that saw one may be the only one to tell.

@@ -1,4 +1,4 @@
-"""Timed loops and their cross-rank statistics (the timing contract in DESIGN.md).
+"""Timed loops and their cross-rank statistics (the timing contract in docs/methodology.md).
 
 Per rank: `iters` back-to-back ops with a timestamp after each (CUDA events on the stream with
 one sync at the end on GPU, perf_counter on CPU). Across ranks: three small tensor collectives

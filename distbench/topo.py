@@ -424,3 +424,44 @@ def dedupe_by_node(snapshots: list[dict]) -> list[dict]:
         seen.add(key)
         out.append(snap)
     return out
+
+
+def summary_lines(snapshots: list[dict]) -> list[str]:
+    """A readable digest for stdout; the full text is in topo.txt."""
+    out: list[str] = []
+    for snap in snapshots:
+        lines = [f"node {snap.get('host')}"]
+        gpus = snap.get("gpus") or []
+        for g in gpus:
+            mem = (g.get("memory_total_bytes") or 0) / 2**30
+            lines.append(
+                f"  GPU{g.get('index')}  {g.get('name')}  {mem:.0f} GiB  PCIe gen "
+                f"{g.get('pcie_gen_current')}/{g.get('pcie_gen_max')} x"
+                f"{g.get('pcie_width_current')}/{g.get('pcie_width_max')}  "
+                f"NVLinks up {g.get('nvlinks_up')}"
+                + (f" v{g['nvlink_version']}" if g.get("nvlink_version") else ""))
+        if gpus:
+            lines.append(f"  driver {snap.get('driver_version')}, CUDA "
+                         f"{snap.get('cuda_driver_version')}")
+        links = parse_topo_matrix(snap.get("nvidia_smi_topo") or "")["links"]
+        if links:
+            kinds: dict[str, int] = {}
+            for kind in links.values():
+                kinds[kind] = kinds.get(kind, 0) + 1
+            lines.append("  GPU-GPU links (ordered pairs): " + ", ".join(
+                f"{count} x {kind}" for kind, count in sorted(kinds.items())))
+        elif snap.get("nvidia_smi_topo") is None:
+            # NVML may still have found GPUs (nvidia-smi missing or broken): not CPU-only then.
+            what = "GPUs from NVML above" if gpus else "CPU-only node"
+            lines.append(f"  no nvidia-smi ({snap.get('nvidia_smi_error')}): {what}")
+        cpu = snap.get("cpu") or {}
+        lines.append(f"  CPU {cpu.get('model')}, {cpu.get('logical_cores')} logical cores")
+        for numa in cpu.get("numa_nodes") or []:
+            lines.append(f"  NUMA node{numa['node']}: cpus {numa['cpus']}")
+        nics = [f"{n['name']} ({n.get('state')}"
+                + (f", {n['speed_mbps']} Mb/s)" if n.get("speed_mbps") else ")")
+                for n in snap.get("network") or []]
+        if nics:
+            lines.append("  network: " + ", ".join(nics))
+        out.extend(lines)
+    return out

@@ -1,15 +1,17 @@
-"""Byte accounting against the DESIGN.md table, written out here independently of the module."""
+"""Byte accounting against nccl-tests' PERFORMANCE.md table, written out here on its own."""
 
 from __future__ import annotations
 
 import pytest
 
 from distbench import accounting
+from distbench.ops.collectives import OPS
+from distbench.series import SENDRECV
 
 NS = (2, 3, 4, 8)
 ELTS = (1, 2, 4, 8)
 
-# The DESIGN.md table: (split across ranks?, busbw factor as a function of n).
+# The nccl-tests table: (split across ranks?, busbw factor as a function of n).
 TABLE = {
     "all_reduce": (False, lambda n: 2 * (n - 1) / n),
     "reduce_scatter": (True, lambda n: (n - 1) / n),
@@ -35,6 +37,7 @@ REQUESTED = (1, 3, 7, 8, 24, 1000, 1001, 4096, 65536, 1 << 20, 3 * (1 << 20) + 5
 
 def expected_layout(op: str, requested: int, elt: int, n: int):
     split, _ = TABLE[op]
+    assert _acc(op).split == split
     if split:
         per_rank = requested // (n * elt)
         size = per_rank * n * elt
@@ -46,9 +49,12 @@ def expected_layout(op: str, requested: int, elt: int, n: int):
     return per_rank, size // elt, size
 
 
+def _acc(op: str) -> accounting.Accounting:
+    return SENDRECV if op == "sendrecv" else OPS[op].accounting
+
+
 def test_registry_matches_the_design_table():
-    assert set(accounting.ACCOUNTING) == set(TABLE)
-    assert set(accounting.COLLECTIVES) == set(TABLE) - {"sendrecv"}
+    assert set(OPS) == set(TABLE) - {"sendrecv"}
 
 
 @pytest.mark.parametrize("op", sorted(TABLE))
@@ -56,7 +62,7 @@ def test_registry_matches_the_design_table():
 @pytest.mark.parametrize("elt", ELTS)
 def test_layout(op, n, elt):
     for requested in REQUESTED:
-        got = accounting.layout(op, requested, elt, n)
+        got = accounting.layout(_acc(op), requested, elt, n)
         want = expected_layout(op, requested, elt, n)
         if want is None:
             assert got is None, (op, requested, elt, n)
@@ -75,11 +81,11 @@ def test_layout(op, n, elt):
 def test_bandwidth(op, n):
     _, factor = TABLE[op]
     for size, seconds in ((1_000_000_000, 1.0), (4096, 1e-5), (1000, 3e-6), (8, 2.5e-6)):
-        algbw, busbw = accounting.bandwidth(op, size, seconds, n)
+        algbw, busbw = accounting.bandwidth(_acc(op), size, seconds, n)
         assert algbw == pytest.approx(size / seconds / 1e9, rel=1e-12)
         assert busbw == pytest.approx(size / seconds / 1e9 * factor(n), rel=1e-12)
     if (op, n) in KNOWN_BUSBW_FACTOR:
-        algbw, busbw = accounting.bandwidth(op, 2_000_000_000, 1.0, n)
+        algbw, busbw = accounting.bandwidth(_acc(op), 2_000_000_000, 1.0, n)
         assert algbw == pytest.approx(2.0)  # decimal GB/s, not GiB/s
         assert busbw == pytest.approx(2.0 * KNOWN_BUSBW_FACTOR[(op, n)])
 
@@ -113,7 +119,7 @@ def test_bandwidth(op, n):
     ],
 )
 def test_layout_known_values(op, requested, elt, n, want):
-    got = accounting.layout(op, requested, elt, n)
+    got = accounting.layout(_acc(op), requested, elt, n)
     if want is None:
         assert got is None
     else:

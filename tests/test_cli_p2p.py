@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 import distbench.cli
 import distbench.launch
-from distbench.options import P2POptions, TopoOptions
+from distbench.commands.p2p import P2POptions
+from distbench.commands.topo import TopoOptions
 
 
 def _distbench(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:

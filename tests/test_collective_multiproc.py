@@ -18,7 +18,7 @@ ALL_OPS = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", 
            "gather", "scatter"}
 
 
-def factor(op: str, n: int) -> float:  # DESIGN.md's table, written out again on purpose
+def factor(op: str, n: int) -> float:  # nccl-tests' table, written out again on purpose
     if op == "all_reduce":
         return 2 * (n - 1) / n
     if op in ("broadcast", "reduce"):

@@ -1,4 +1,5 @@
-"""pp's pure logic: stage split, analytic bubble, p2p byte accounting, the check's comparison."""
+"""pp's pure logic: stage split, analytic bubble, p2p byte accounting, the shape and the model,
+the check's pairs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import pytest
 import torch
 
 import distbench.cli
+from distbench import reference
+from distbench.commands.pp import OUTPUT, PPOptions
+from distbench.models import PipelineShape, make_layer
 from distbench.strategies import pp
 
 
@@ -67,37 +71,50 @@ def test_p2p_bytes_count_both_directions_over_every_boundary():
     assert pp.p2p_bytes_per_step(1, 8, 32, 1024, 4) == 0
 
 
-def _shape(**kw) -> pp.Shape:
-    base = dict(hidden=32, seq_len=4, micro_batch_size=2, micro_batches=3, layers=3,
+def _shape(**kw) -> PipelineShape:
+    base = dict(hidden_size=32, seq_len=4, micro_batch_size=2, micro_batches=3, layers=3,
                 dtype="float32")
-    return pp.Shape(**{**base, **kw})
+    return PipelineShape(**{**base, **kw})
+
+
+def test_the_shape_takes_the_options_names():
+    opts = PPOptions(hidden_size=48, seq_len=6, micro_batch_size=2, micro_batches=5, layers=7,
+                     dtype="bfloat16", virtual_stages=3)
+    sh = PipelineShape.from_options(opts)
+    assert sh == _shape(hidden_size=48, seq_len=6, micro_batch_size=2, micro_batches=5,
+                        layers=7, dtype="bfloat16", virtual_stages=3)
+    assert sh.seed == 1234  # not an option: the default
+    assert (sh.samples, sh.elt_size, sh.torch_dtype) == (10, 2, torch.bfloat16)
+    # the shape's names are pp.csv's own
+    assert set(sh.to_json()) - {"dtype", "seed"} <= set(OUTPUT.csv)
 
 
 def test_check_runs_on_the_measured_shape_when_small_else_a_small_one():
     small = _shape()
     assert pp.check_shape(small) is small
-    big = _shape(hidden=1024, seq_len=128, micro_batch_size=1, micro_batches=8, layers=8)
+    big = _shape(hidden_size=1024, seq_len=128, micro_batch_size=1, micro_batches=8, layers=8)
     c = pp.check_shape(big)
-    assert (c.hidden, c.seq_len, c.micro_batch_size) == (pp.SMALL_HIDDEN, pp.SMALL_SEQ, 1)
+    assert (c.hidden_size, c.seq_len, c.micro_batch_size) == (pp.SMALL_HIDDEN, pp.SMALL_SEQ, 1)
     assert (c.layers, c.micro_batches, c.dtype) == (8, 8, "float32")
 
 
 def test_a_layer_depends_only_on_seed_and_index():
     shape, cpu = _shape(), torch.device("cpu")
-    a, b = pp.make_layer(1, shape, cpu), pp.make_layer(1, shape, cpu)
-    c = pp.make_layer(2, shape, cpu)
+    a, b = make_layer(1, shape, cpu), make_layer(1, shape, cpu)
+    c = make_layer(2, shape, cpu)
     torch.manual_seed(99)  # the global RNG plays no part
-    d = pp.make_layer(1, shape, cpu)
+    d = make_layer(1, shape, cpu)
     for pa, pb, pc, pd in zip(a.parameters(), b.parameters(), c.parameters(), d.parameters(),
                               strict=True):
         assert torch.equal(pa, pb) and torch.equal(pa, pd)
         assert not torch.equal(pa, pc)
-    other = pp.make_layer(1, replace(shape, seed=7), cpu)
+    other = make_layer(1, replace(shape, seed=7), cpu)
     assert not torch.equal(a.fc1.weight, other.fc1.weight)
 
 
 class _FakePipe:
-    """What compare() reads of a pipeline: the layers a rank holds, their grads and the loss."""
+    """What pp_vs_reference() reads of a pipeline: the layers a rank holds, their grads and the
+    loss."""
 
     def __init__(self, shape, indices, holds_last):
         self.shape = shape
@@ -108,18 +125,36 @@ class _FakePipe:
         self.loss = full.loss
 
 
+def _compare(pipe, ref) -> reference.Comparison:
+    return reference.compare(pp.pp_vs_reference(pipe, ref), pp.RTOL[pipe.shape.dtype])
+
+
+def test_pairs_hold_the_rank_s_gradients_then_the_loss():
+    shape = _shape()
+    ref = pp.SingleRank(shape, torch.device("cpu"))
+    ref.step()
+    pairs = pp.pp_vs_reference(_FakePipe(shape, [1, 2], holds_last=True), ref)
+    assert [name for name, _, _ in pairs] == [
+        f"layer {i} {p} grad" for i in (1, 2) for p in ("fc1.weight", "fc1.bias", "fc2.weight",
+                                                        "fc2.bias")] + ["loss"]
+    assert pairs[0][2] is ref.layer(1).fc1.weight.grad
+    first_rank = pp.pp_vs_reference(_FakePipe(shape, [0], holds_last=False), ref)
+    assert [name for name, _, _ in first_rank][-1] == "layer 0 fc2.bias grad"  # no loss here
+
+
 def test_compare_accepts_equal_gradients_and_catches_a_corrupted_one():
     shape = _shape()
     ref = pp.SingleRank(shape, torch.device("cpu"))
     ref.step()
     pipe = _FakePipe(shape, [1, 2], holds_last=True)
-    ok = pp.compare(pipe, ref, lambda t: None)
+    ok = _compare(pipe, ref)
     assert ok.wrong == 0 and ok.max_abs_err == 0.0
 
-    def corrupt(t):
-        t.view(-1)[0] += 1
-
-    bad = pp.compare(pipe, ref, corrupt)
+    # what the corrupt-rank fault does, on a copy of the first gradient as the check does
+    (name, got, want), *rest = pp.pp_vs_reference(pipe, ref)
+    got = got.clone()
+    got.view(-1)[0] += 1
+    bad = reference.compare([(name, got, want), *rest], pp.RTOL[shape.dtype])
     assert bad.wrong == 1 and bad.max_abs_err == pytest.approx(1.0, rel=1e-3)
 
 
@@ -129,12 +164,12 @@ def test_compare_catches_a_wrong_loss_and_a_small_relative_error():
     ref.step()
     pipe = _FakePipe(shape, [0], holds_last=True)
     pipe.loss = pipe.loss * 1.01
-    assert pp.compare(pipe, ref, lambda t: None).wrong == 1
+    assert _compare(pipe, ref).wrong == 1
     # gradients are small (mean loss): 1e-3 of their own scale is still wrong
     pipe = _FakePipe(shape, [0], holds_last=False)
     g = pipe.layers[0].fc1.weight.grad
     g.view(-1)[0] += 1e-3 * float(g.abs().max())
-    assert pp.compare(pipe, ref, lambda t: None).wrong == 1
+    assert _compare(pipe, ref).wrong == 1
 
 
 def test_pp_options_reach_the_command(captured):

@@ -1,5 +1,6 @@
 """`distbench topo`: standalone it snapshots this machine without starting workers; the summary
-on stdout digests the snapshot; write_topology stores topo.txt for people, topo.json for tools."""
+on stdout digests the snapshot; results.write_topology stores topo.txt for people, topo.json for
+tools."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from distbench import session
-from distbench.commands.topo import print_summary
+from distbench import results
 from distbench.console import Console
+from distbench.topo import summary_lines
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NV18_TEXT = (FIXTURES / "topo_dgx_h100_nv18.txt").read_text()
@@ -137,13 +138,14 @@ def _cpu_only() -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# print_summary
+# summary_lines, printed by the console
 # --------------------------------------------------------------------------------------------
 
 def _summary(capsys, snapshots: list[dict]) -> str:
-    print_summary(Console(True), snapshots)
+    Console(True).lines(summary_lines(snapshots))
     captured = capsys.readouterr()
     assert captured.err == ""
+    assert captured.out.splitlines() == summary_lines(snapshots)
     return captured.out
 
 
@@ -199,17 +201,17 @@ def test_summary_one_block_per_node(capsys):
 
 
 def test_summary_silent_when_console_disabled(capsys):
-    print_summary(Console(False), [_snap("n1", NV18_TEXT, FAKE_GPUS)])
+    Console(False).lines(summary_lines([_snap("n1", NV18_TEXT, FAKE_GPUS)]))
     assert capsys.readouterr().out == ""
 
 
 # --------------------------------------------------------------------------------------------
-# session.write_topology
+# results.write_topology
 # --------------------------------------------------------------------------------------------
 
 def test_write_topology(tmp_path):
     snaps = [_snap("dgx1", NV18_TEXT, FAKE_GPUS), _snap("cpu1", None)]
-    session.write_topology(tmp_path, snaps)
+    results.write_topology(tmp_path, snaps)
     assert {p.name for p in tmp_path.iterdir()} == {"topo.txt", "topo.json"}
 
     text = (tmp_path / "topo.txt").read_text()
@@ -233,7 +235,7 @@ def test_write_topology(tmp_path):
 
 
 def test_write_topology_pcie(tmp_path):
-    session.write_topology(tmp_path, [_snap("pcie1", PCIE_TEXT, FAKE_GPUS[:1])])
+    results.write_topology(tmp_path, [_snap("pcie1", PCIE_TEXT, FAKE_GPUS[:1])])
     (node,) = json.loads((tmp_path / "topo.json").read_text())["nodes"]
     links = node["gpu_links"]["links"]
     assert len(links) == 12

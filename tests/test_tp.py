@@ -1,29 +1,65 @@
-"""tp without workers: the FLOP and byte formulas, the shard layout (a rank's plain shard modules
-add up to the unsharded block), the comparison, a one-rank DTensor run, the table, and option
-errors through the real command line."""
+"""tp without workers: the shapes and models, the FLOP and byte formulas, the shard layout (a
+rank's plain shard modules add up to the unsharded block), the comparison, a one-rank DTensor
+run and its check, the table, and option errors through the real command line."""
 
 from __future__ import annotations
 
+import ast
 import socket
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 from helpers import clean_env
 
+import distbench.models
+from distbench import reference
 from distbench.commands import tp as cmd
+from distbench.faults import Faults
+from distbench.models import StackShape, build_stack, make_inputs, make_step
+from distbench.steps.common import check_against_reference
 from distbench.strategies import tp as strat
+from distbench.tables import format_table
 
 CPU = torch.device("cpu")
+
+
+# ---- shapes and models -------------------------------------------------------------------------
+
+def test_models_know_nothing_of_parallelism():
+    tree = ast.parse(Path(distbench.models.__file__).read_text())
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert "torch" in imported  # the walk sees the imports
+    for name in imported:
+        assert not name.startswith(("torch.distributed", "distbench.strategies",
+                                    "distbench.steps")), name
+
+
+def test_the_shape_takes_the_options_names():
+    opts = cmd.TPOptions(hidden_size=96, ffn_size=192, heads=6, seq_len=8, micro_batch_size=3,
+                         layers=4)
+    sh = StackShape.from_options(opts)
+    assert sh == StackShape(hidden_size=96, ffn_size=192, heads=6, seq_len=8,
+                            micro_batch_size=3, layers=4)
+    assert sh.tokens == 24 and sh.head_dim == 16
+    # every key is a tp.csv column: the row takes them as they are
+    assert sh.to_json() == {"hidden_size": 96, "seq_len": 8, "micro_batch_size": 3,
+                            "layers": 4, "ffn_size": 192, "heads": 6}
+    assert set(sh.to_json()) <= set(cmd.OUTPUT.csv)
+    assert sh.describe() == "hidden 96 ffn 192 heads 6 seq 8 batch 3 layers 4"
 
 
 # ---- formulas ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_flops_per_rank_by_hand(n):
-    sh = strat.Shape(hidden=1024, ffn=4096, heads=16, seq=512, batch=2, layers=3)
+    sh = StackShape(hidden_size=1024, ffn_size=4096, heads=16, seq_len=512,
+                    micro_batch_size=2, layers=3)
     tokens = 2 * 512
     # MLP: up h x f and down f x h, split n ways; fwd 2 FLOPs per weight per token, bwd twice that
     assert strat.params_per_rank("mlp", sh, n) == 3 * 2 * 1024 * 4096 // n
@@ -37,7 +73,8 @@ def test_flops_per_rank_by_hand(n):
 
 
 def test_allreduce_bytes_formula():
-    sh = strat.Shape(hidden=1024, ffn=4096, heads=16, seq=512, batch=2, layers=3)
+    sh = StackShape(hidden_size=1024, ffn_size=4096, heads=16, seq_len=512,
+                    micro_batch_size=2, layers=3)
     for kind in strat.BLOCKS:
         # per layer: forward one (b, s, h) after the row-parallel layer, backward one (b, s, h)
         # for the column-parallel layer's input gradient
@@ -62,10 +99,12 @@ def test_implied_busbw_comm_fraction_and_scaling():
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 def test_small_check_shape_splits_over_any_world(n):
     sh = strat.small_shape(n)
-    assert sh.hidden % sh.heads == 0 and sh.heads % n == 0 and sh.ffn % n == 0
-    big = strat.Shape(hidden=1024, ffn=4096, heads=16, seq=512, batch=1, layers=2)
+    assert sh.hidden_size % sh.heads == 0 and sh.heads % n == 0 and sh.ffn_size % n == 0
+    big = StackShape(hidden_size=1024, ffn_size=4096, heads=16, seq_len=512, micro_batch_size=1,
+                     layers=2)
     assert strat.check_shape(big, n) == (sh, False)
-    tiny = strat.Shape(hidden=64, ffn=128, heads=4, seq=16, batch=2, layers=2)
+    tiny = StackShape(hidden_size=64, ffn_size=128, heads=4, seq_len=16, micro_batch_size=2,
+                      layers=2)
     assert strat.check_shape(tiny, n) == (tiny, True)
 
 
@@ -77,9 +116,10 @@ def test_local_shards_add_up_to_the_unsharded_block(kind, n):
     """What TP computes, without a process group: each rank's shard (rows of the column-parallel
     weight, columns of the row-parallel one) gives a partial output; the all-reduce sums them.
     This fails if the fused QKV rows were not grouped by head."""
-    sh = strat.Shape(hidden=64, ffn=128, heads=8, seq=8, batch=2, layers=1)
-    full = strat.build_full(kind, sh, 7, CPU, torch.float64)
-    x, _ = strat.inputs(sh, 7, CPU, torch.float64)
+    sh = StackShape(hidden_size=64, ffn_size=128, heads=8, seq_len=8, micro_batch_size=2,
+                    layers=1)
+    full = build_stack(kind, sh, 7, CPU, torch.float64)
+    x, _ = make_inputs(sh, 7, CPU, torch.float64)
     x = x.detach()
     with torch.no_grad():
         total = x + sum(strat.local_shard(full, kind, sh, r, n)(x) - x for r in range(n))
@@ -91,18 +131,18 @@ def test_local_shards_add_up_to_the_unsharded_block(kind, n):
 
 def test_same_seed_same_model_other_seed_other_model():
     sh = strat.small_shape(2)
-    a = strat.build_full("mlp", sh, 3, CPU, torch.float32)
-    b = strat.build_full("mlp", sh, 3, CPU, torch.float32)
-    c = strat.build_full("mlp", sh, 4, CPU, torch.float32)
+    a = build_stack("mlp", sh, 3, CPU, torch.float32)
+    b = build_stack("mlp", sh, 3, CPU, torch.float32)
+    c = build_stack("mlp", sh, 4, CPU, torch.float32)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
     assert not torch.equal(next(a.parameters()), next(c.parameters()))
 
 
 def test_step_resets_gradients_and_backpropagates_to_the_input():
     sh = strat.small_shape(1)
-    model = strat.build_full("attention", sh, 1, CPU, torch.float32)
-    x, dy = strat.inputs(sh, 1, CPU, torch.float32)
-    step = strat.make_step(model, x, dy)
+    model = build_stack("attention", sh, 1, CPU, torch.float32)
+    x, dy = make_inputs(sh, 1, CPU, torch.float32)
+    step = make_step(model, x, dy)
     step()
     g1 = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
     step()  # a second step gives the same gradients, not twice them
@@ -113,17 +153,17 @@ def test_step_resets_gradients_and_backpropagates_to_the_input():
 
 def test_compare_flags_errors_beyond_tolerance():
     ref = torch.linspace(-4, 4, 100, dtype=torch.float64)
-    ok = strat.compare([("out", ref + 1e-6, ref)], rtol=1e-5)
+    ok = reference.compare([("out", ref + 1e-6, ref)], rtol=1e-5)
     assert ok.max_abs_err == pytest.approx(1e-6, rel=1e-2) and ok.worst_ratio < 1
     bad_ref = ref.clone()
     bad = ref.clone()
-    bad[3] += 1  # what testhooks.corrupt does
-    c = strat.compare([("out", ref, ref), ("grad", bad, bad_ref)], rtol=1e-5)
+    bad[3] += 1  # what the corrupt-rank fault does
+    c = reference.compare([("out", ref, ref), ("grad", bad, bad_ref)], rtol=1e-5)
     assert c.worst == "grad" and c.worst_ratio > 1 and c.max_abs_err == pytest.approx(1.0)
     nan = ref.clone()
     nan[0] = float("nan")
-    assert strat.compare([("out", nan, ref)], rtol=1e-5).worst_ratio == float("inf")
-    assert strat.compare([("out", ref[:10], ref)], rtol=1e-5).worst_ratio == float("inf")
+    assert reference.compare([("out", nan, ref)], rtol=1e-5).worst_ratio == float("inf")
+    assert reference.compare([("out", ref[:10], ref)], rtol=1e-5).worst_ratio == float("inf")
 
 
 # ---- DTensor on one rank -----------------------------------------------------------------------
@@ -149,19 +189,35 @@ def test_parallelized_stack_matches_reference_on_one_rank(group, kind):
     names = [name for name, _, _ in pairs]
     assert names[:2] == ["output", "input gradient"]
     assert len(names) == 2 + 2 * sh.layers  # every weight gradient is compared
-    assert strat.compare(pairs, strat.RTOL["float32"]).worst_ratio < 1
-    corrupted = strat.tp_vs_reference(kind, sh, 5, CPU, torch.float32, group,
-                                      corrupt=lambda t: t.view(-1)[0].add_(1))
-    c = strat.compare(corrupted, strat.RTOL["float32"])
-    assert c.worst == "output" and c.worst_ratio > 1
+    assert reference.compare(pairs, strat.RTOL["float32"]).worst_ratio < 1
 
 
-def test_parallelize_shards_the_planned_layers(group):
+def _session(corrupt: bool):
+    """What check_against_reference reads of a session."""
+    return SimpleNamespace(rt=SimpleNamespace(device=CPU), faults=Faults(corrupt=corrupt))
+
+
+@pytest.mark.parametrize("kind", strat.BLOCKS)
+def test_the_check_agrees_and_a_fault_hits_a_copy_of_the_output(group, kind):
+    sh = strat.small_shape(1)
+    rtol = strat.RTOL["float32"]
+    pairs = strat.tp_vs_reference(kind, sh, 5, CPU, torch.float32, group)
+    clean = check_against_reference(_session(False), pairs, rtol)
+    assert clean.worst_ratio < 1 and clean.wrong == 0
+    assert clean == reference.compare(pairs, rtol)  # one rank: the agreed verdict is its own
+    before = pairs[0][1].clone()
+    c = check_against_reference(_session(True), pairs, rtol)
+    assert c.worst == "output" and c.worst_ratio > 1 and c.wrong == 1
+    assert c.max_abs_err == pytest.approx(1.0, rel=1e-3)
+    assert torch.equal(pairs[0][1], before)  # the strategy's tensor was not touched
+
+
+def test_apply_tp_shards_the_planned_layers(group):
     from torch.distributed.tensor import DTensor
 
     sh = strat.small_shape(1)
-    full = strat.build_full("mlp", sh, 1, CPU, torch.float32)
-    tp = strat.parallelize(full, "mlp", sh, group)
+    full = build_stack("mlp", sh, 1, CPU, torch.float32)
+    tp = strat.apply_tp(full, "mlp", sh, group)
     assert all(isinstance(p, DTensor) for p in tp.parameters())
     assert not any(isinstance(p, DTensor) for p in full.parameters())  # reference untouched
     assert set(strat.tp_plan("attention", 2)) == {"blocks.0.qkv", "blocks.0.out", "blocks.1.qkv",
@@ -171,12 +227,12 @@ def test_parallelize_shards_the_planned_layers(group):
 # ---- the table ---------------------------------------------------------------------------------
 
 def test_table_lines_align_and_show_missing_values():
-    head = cmd.header_lines("tp")
+    head = format_table(cmd.OUTPUT.console, [], title="tp")
     row = {"block": "mlp", "step_us": 2500.0, "compute_only_us": 2000.0, "comm_pct": 20.0,
            "tflops_per_rank": 0.5, "tokens_per_s": 1000.0, "allreduce_bytes_per_step": 4096,
            "implied_busbw_gbps": None, "t1_us": 4000.0, "speedup": 1.6, "efficiency": 0.8,
            "max_abs_err": None}
-    line = cmd.table_line(row)
+    (line,) = format_table(cmd.OUTPUT.console, [row])
     assert len(line) == len(head[2]) == len(head[3])
     cells = line.split()
     assert cells == ["mlp", "2.50", "2.00", "20.0", "0.5000", "1000.0", "4096", "-", "4.00",

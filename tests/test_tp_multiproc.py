@@ -1,27 +1,40 @@
-"""tp on real gloo workers: what tp.csv and run.json say."""
+"""tp on real gloo workers: what tp.csv and run.json say, and the helpers tp shares with pp (t1
+on rank 0 alone, the check's verdict agreed across ranks) on two ranks of their own."""
 
 from __future__ import annotations
 
-import pytest
-from helpers import distbench
+import json
+import time
+from types import SimpleNamespace
 
-from distbench.results import TP_COLUMNS
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from helpers import distbench, free_port
+
+from distbench.commands.tp import OUTPUT
+from distbench.models import StackShape
+from distbench.reference import Comparison
+from distbench.steps.common import agree_comparison, time_on_rank0_alone
 from distbench.strategies import tp as strat
 
 pytestmark = pytest.mark.multiproc
 
 # (workers, dtype, element size, shape): an odd world size catches rounding in the splits
 CASES = [
-    (2, "float32", 4, strat.Shape(hidden=64, ffn=128, heads=4, seq=16, batch=2, layers=2)),
-    (3, "bfloat16", 2, strat.Shape(hidden=96, ffn=192, heads=6, seq=8, batch=2, layers=3)),
+    (2, "float32", 4, StackShape(hidden_size=64, ffn_size=128, heads=4, seq_len=16,
+                                 micro_batch_size=2, layers=2)),
+    (3, "bfloat16", 2, StackShape(hidden_size=96, ffn_size=192, heads=6, seq_len=8,
+                                  micro_batch_size=2, layers=3)),
 ]
 
 
-def _args(n: int, dtype: str, sh: strat.Shape) -> list[str]:
-    return ["tp", "--workers", str(n), "--dtype", dtype, "--hidden-size", str(sh.hidden),
-            "--ffn-size", str(sh.ffn), "--heads", str(sh.heads), "--seq-len", str(sh.seq),
-            "--micro-batch-size", str(sh.batch), "--layers", str(sh.layers), "--iters", "3",
-            "--warmup", "1"]
+def _args(n: int, dtype: str, sh: StackShape) -> list[str]:
+    return ["tp", "--workers", str(n), "--dtype", dtype, "--hidden-size", str(sh.hidden_size),
+            "--ffn-size", str(sh.ffn_size), "--heads", str(sh.heads), "--seq-len",
+            str(sh.seq_len), "--micro-batch-size", str(sh.micro_batch_size), "--layers",
+            str(sh.layers), "--iters", "3", "--warmup", "1"]
 
 
 @pytest.mark.parametrize("n, dtype, elt, sh", CASES, ids=["2-float32", "3-bfloat16"])
@@ -29,7 +42,7 @@ def test_tp_rows(tmp_path, n, dtype, elt, sh):
     res = distbench(tmp_path, *_args(n, dtype, sh))
     assert res.code == 0, res.stderr
     with open(res.run_dir / "tp.csv") as f:
-        assert f.readline().strip().split(",") == TP_COLUMNS
+        assert f.readline().strip().split(",") == list(OUTPUT.csv)
     rows = res.rows("tp.csv")
     assert [r["block"] for r in rows] == ["mlp", "attention"]
     meta = res.meta()
@@ -38,14 +51,13 @@ def test_tp_rows(tmp_path, n, dtype, elt, sh):
         kind = r["block"]
         assert r["status"] == "ok" and r["dtype"] == dtype and r["backend"] == "gloo"
         assert int(r["world_size"]) == n and int(r["nnodes"]) == 1 and r["iters"] == "3"
-        assert (int(r["hidden_size"]), int(r["heads"]), int(r["layers"])) == (
-            sh.hidden, sh.heads, sh.layers)
+        assert {k: int(r[k]) for k in sh.to_json()} == sh.to_json()
         step, compute = float(r["step_us"]), float(r["compute_only_us"])
         assert float(r["rank_min_us"]) <= step <= float(r["rank_max_us"])
         assert 0 <= int(r["slowest_rank"]) < n and float(r["p99_us"]) >= float(r["p50_us"]) > 0
         assert compute > 0
         # communication: the formula, and what DTensor was counted sending
-        ar = 2 * sh.layers * sh.batch * sh.seq * sh.hidden * elt
+        ar = 2 * sh.layers * sh.micro_batch_size * sh.seq_len * sh.hidden_size * elt
         assert int(r["allreduce_bytes_per_step"]) == ar
         counted = meta["tp"]["blocks"][kind]
         assert counted["allreduce_bytes_counted"] == ar
@@ -72,6 +84,10 @@ def test_tp_rows(tmp_path, n, dtype, elt, sh):
         limit = 1e-4 if dtype == "float32" else 0.25
         assert 0 <= float(r["max_abs_err"]) < limit
     assert meta["tp"]["check"]["configured_shapes"] is True
+    assert meta["tp"]["shape"] == meta["tp"]["check"]["shape"] == {
+        "hidden_size": sh.hidden_size, "seq_len": sh.seq_len,
+        "micro_batch_size": sh.micro_batch_size, "layers": sh.layers, "ffn_size": sh.ffn_size,
+        "heads": sh.heads}
     # the table on stdout: one line per block
     lines = [ln.split() for ln in res.stdout.splitlines() if not ln.startswith("#")]
     assert [ln[0] for ln in lines] == ["mlp", "attention"]
@@ -93,3 +109,59 @@ def test_corrupted_output_fails_the_run_after_writing_the_rows(tmp_path):
     assert meta["status"] == "wrong" and meta["exit_code"] == 1
     errors = [ln for ln in res.stderr.splitlines() if "error:" in ln]
     assert len(errors) == 1 and "wrong results: tp mlp float32: output differs" in errors[0]
+
+
+# ---- what tp and pp share, on two gloo ranks ----------------------------------------------------
+
+def _shared_helpers_on(rank: int, world: int, port: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        named, logs, calls = [], [], []
+        s = SimpleNamespace(rt=SimpleNamespace(rank=rank, device=torch.device("cpu")),
+                            opts=SimpleNamespace(timeout=60, warmup=0, iters=3),
+                            step=lambda what, seconds: named.append(what),
+                            console=SimpleNamespace(log=logs.append))
+
+        def build():
+            calls.append("build")
+            return lambda: (calls.append("step"), time.sleep(0.02))
+
+        def too_big():
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+        t1 = time_on_rank0_alone(s, "t1", build)
+        t1_oom = time_on_rank0_alone(s, "t1 oom", too_big)
+        # rank 1 holds the worst tensor, under a name rank 0 does not have
+        mine = Comparison(max_abs_err=0.1 * (rank + 1), worst_ratio=(0.5, 3.0)[rank],
+                          worst=f"tensor of rank {rank}", wrong=rank)
+        tie = Comparison(max_abs_err=1.0, worst_ratio=2.0, worst=f"r{rank}", wrong=1)
+        nan = Comparison(max_abs_err=0.0, worst_ratio=float("nan"), worst=f"r{rank}", wrong=0)
+        agreed = [vars(agree_comparison(c, torch.device("cpu"))) for c in (mine, tie, nan)]
+        with open(f"{out}/{rank}.json", "w") as f:
+            json.dump({"t1": t1, "t1_oom": t1_oom, "named": named, "logs": logs,
+                       "calls": calls, "agreed": agreed}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_shared_t1_timer_and_check_agreement_on_two_ranks(tmp_path):
+    mp.spawn(_shared_helpers_on, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    r0, r1 = (json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1))
+    # t1: rank 0 alone builds and runs warmup (at least one) + iters steps; all ranks get it
+    assert r0["calls"] == ["build"] + ["step"] * 4 and r1["calls"] == []
+    assert r0["t1"] == r1["t1"] and r0["t1"] >= 0.02
+    # one watchdog step per step, the same on every rank, so every wait is one step long
+    steps = ["t1 setup", "t1 step 1", "t1 step 2", "t1 step 3", "t1 step 4", "t1 oom setup"]
+    assert r0["named"] == r1["named"] == steps
+    # rank 0 running out of memory is no t1 on every rank, and said once per rank
+    assert r0["t1_oom"] is None and r1["t1_oom"] is None
+    assert r0["logs"] == r1["logs"] == [
+        "t1: the whole model does not fit on one rank; no scaling view"]
+    # the check's verdict: the same on every rank
+    assert r0["agreed"] == r1["agreed"]
+    mine, tie, nan = r0["agreed"]
+    assert mine == {"max_abs_err": pytest.approx(0.2), "worst_ratio": 3.0,
+                    "worst": "tensor of rank 1", "wrong": 1}
+    assert tie == {"max_abs_err": 1.0, "worst_ratio": 2.0, "worst": "r0", "wrong": 2}
+    assert nan["worst"] == "?" and nan["wrong"] == 0

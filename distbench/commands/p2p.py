@@ -4,155 +4,73 @@ judged against their own class of link."""
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from distbench import session as session_mod
-from distbench.accounting import bandwidth, layout
-from distbench.links import Link, culprits, find_outliers
-from distbench.measure import fail_if_wrong, measure_case, stats_columns
-from distbench.memory import allocate_fitting
-from distbench.ops import p2p
-from distbench.ops.dtypes import TORCH_DTYPES, element_size
-from distbench.results import MATRIX_COLUMNS, P2P_COLUMNS
-from distbench.sizes import format_size
+from distbench.commands.collective import MEASURED_COLUMNS, SIZE_COLUMNS
+from distbench.exitcodes import EXIT_BELOW, EXIT_OK
+from distbench.options import SweepOptions, at_least_two, fraction, option, pick
+from distbench.tables import Output
 
-EXIT_SLOW_LINK = 4
+PATTERNS = ("ring", "pingpong", "matrix")
+
+HELP = "Point-to-point: ring, ping-pong latency, and the pairwise link matrix with outliers."
 
 
-def run(opts) -> int:
-    return session_mod.run("p2p", opts, _sweep)
+@dataclass(kw_only=True)
+class P2POptions(SweepOptions):
+    patterns: list[str] = option(
+        "ring", "ring (send to r+1, receive from r-1), pingpong (pairs i, i+n/2: one-way "
+        "latency), matrix (every ordered pair alone); comma list or 'all'.", flag="pattern",
+        check=pick(PATTERNS, "--pattern ring,pingpong"), cli_type=str)
+    outlier_below: float = option(
+        0.8, "matrix: name links below this fraction of their class median (intra-node and "
+        "inter-node links judged apart).", check=fraction("--outlier-below 0.8"))
+    fail_below: float | None = option(
+        None, "matrix: exit 4 when a link is below this fraction of its class median.",
+        check=fraction("--fail-below 0.8", optional=True), show_default=False)
+
+    def check_world(self, world: int) -> None:
+        at_least_two("p2p", world)
 
 
-def _sweep(s: session_mod.Session) -> int:
-    rt, opts = s.rt, s.opts
-    bad: list[str] = []
-    patterns = [p for p in ("ring", "pingpong") if p in opts.patterns]
-    steps = len(opts.sizes) * len(opts.dtypes) * (
-        len(patterns) + (2 * rt.world * (rt.world - 1) if "matrix" in opts.patterns else 0))
-    s.console.start_progress(steps)
-    if patterns:
-        sink = s.csv("p2p.csv", P2P_COLUMNS)
-        for pattern in patterns:
-            for dtype in opts.dtypes:
-                _pattern_sweep(s, pattern, dtype, sink, bad)
-    code = session_mod.EXIT_OK
+# Stable contracts: add columns at the end, never rename.
+OUTPUT = Output("p2p.csv", csv=(
+    "pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
+    "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
+    "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note",
+), console=(*SIZE_COLUMNS, *MEASURED_COLUMNS))
+
+# Long form: one row per ordered pair, direction and size. On the console: N x N grids.
+MATRIX_OUTPUT = Output("p2p_matrix.csv", csv=(
+    "direction", "src_rank", "dst_rank", "src_host", "dst_host", "src_local_rank",
+    "dst_local_rank", "link", "dtype", "world_size", "nnodes", "size_bytes", "count", "iters",
+    "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend",
+))
+
+
+def run(s) -> int:
+    """Per rank, under a launcher."""
+    from distbench import engine, series
+    from distbench.measure import fail_if_wrong
+
+    opts = s.opts
+    todo = [series.p2p_pattern(s, pattern, dtype, OUTPUT)
+            for pattern in ("ring", "pingpong") if pattern in opts.patterns
+            for dtype in opts.dtypes]
+    links: list = []
     if "matrix" in opts.patterns:
-        code = _matrix(s, bad)
-    s.console.stop_progress()
+        todo += [series.matrix(s, dtype, MATRIX_OUTPUT, links) for dtype in opts.dtypes]
+    bad = engine.run(s, todo)
+    if "matrix" in opts.patterns:
+        _judge(s, links)  # slow links fail the run before wrong results do
     fail_if_wrong(bad)
-    return code
+    return EXIT_OK
 
 
-def _buffers(dtype: str, sizes: list[int], device):
-    """Send and receive buffers for the largest size that fits on every rank, that size's
-    element count (larger sizes are skipped), and the element size."""
-    tdtype = TORCH_DTYPES[dtype]
-    elt = element_size(dtype)
-    counts = [size // elt for size in sizes if size >= elt]
-    bufs, fitted = allocate_fitting(
-        lambda c: (torch.empty(c, dtype=tdtype, device=device),
-                   torch.empty(c, dtype=tdtype, device=device)), counts or [1], device)
-    send, recv = bufs if bufs else (None, None)
-    return send, recv, fitted, elt
+def _judge(s, links) -> None:
+    from distbench.links import culprits, find_outliers
+    from distbench.runtime import RunFailure
 
-
-def _pattern_sweep(s, pattern: str, dtype: str, sink, bad: list[str]) -> None:
-    rt, opts, console = s.rt, s.opts, s.console
-    n = rt.world
-    pairs = n // 2 if pattern == "pingpong" else n
-    console.section(f"p2p {pattern}  {dtype}  ranks {n}  nodes {rt.nnodes}  backend "
-                    f"{rt.backend}" + ("  (time = one-way latency, half the round trip)"
-                                       if pattern == "pingpong" else ""))
-    send, recv, fitted, elt = _buffers(dtype, opts.sizes, rt.device)
-    for size in opts.sizes:
-        lay = layout("sendrecv", size, elt, n)
-        row = {"pattern": pattern, "dtype": dtype, "world_size": n, "nnodes": rt.nnodes,
-               "pairs": pairs, "size_bytes": lay.size_bytes if lay else size,
-               "count": lay.count if lay else 0, "backend": rt.backend, "status": "ok",
-               "note": ""}
-        if lay is None:
-            row.update(status="skipped", note=f"too small: needs at least {elt} B of {dtype}")
-        elif lay.count > fitted:
-            row.update(status="skipped", note="does not fit in device memory")
-        else:
-            c = lay.count
-            what = f"p2p {pattern} {format_size(lay.size_bytes)} {dtype}"
-            console.working_on(what)
-            if pattern == "ring":
-                case = p2p.ring(rt.rank, n, send[:c], recv[:c])
-            else:
-                case = p2p.pingpong(rt.rank, n, send[:c])
-            st = measure_case(s, case, what, size, scale=0.5 if pattern == "pingpong" else 1.0)
-            algbw, busbw = bandwidth("sendrecv", lay.size_bytes, st.time_us / 1e6, n)
-            row.update(stats_columns(st, opts.check), algbw_gbps=algbw, busbw_gbps=busbw)
-            if st.wrong:
-                bad.append(f"{what}: {st.wrong} wrong")
-        sink.append(row)
-        console.row({**row, "redop": "none", "root": -1, "in_place": False})
-        console.advance()
-
-
-def _matrix(s, bad: list[str]) -> int:
-    rt, opts, console = s.rt, s.opts, s.console
-    n = rt.world
-    sink = s.csv("p2p_matrix.csv", MATRIX_COLUMNS)
-    who = [f"{r['host']}:{r['local_rank']}" for r in rt.ranks]
-    links: list[Link] = []
-    for dtype in opts.dtypes:
-        send, recv, fitted, elt = _buffers(dtype, opts.sizes, rt.device)
-        for size in opts.sizes:
-            lay = layout("sendrecv", size, elt, n)
-            if lay is None or lay.count > fitted:
-                why = "is too small for one" if lay is None else "does not fit in memory as"
-                console.log(f"matrix: {size} B {why} {dtype}: skipped")
-                continue
-            c = lay.count
-            for direction in ("uni", "bi"):
-                grid: dict[tuple[int, int], float] = {}
-                for src in range(n):
-                    for dst in range(n):
-                        if src == dst or (direction == "bi" and dst < src):
-                            continue
-                        arrow = "<->" if direction == "bi" else "->"
-                        what = (f"p2p matrix {src}{arrow}{dst} {format_size(lay.size_bytes)} "
-                                f"{dtype}")
-                        console.working_on(what)
-                        case = p2p.one_link(rt.rank, src, dst, direction == "bi", send[:c],
-                                            recv[:c])
-                        st = measure_case(s, case, what, size)
-                        moved = lay.size_bytes * (2 if direction == "bi" else 1)
-                        gbps = moved / (st.time_us / 1e6) / 1e9
-                        grid[src, dst] = gbps
-                        if direction == "bi":
-                            grid[dst, src] = gbps
-                        same_node = rt.ranks[src]["node"] == rt.ranks[dst]["node"]
-                        link = Link(src, dst, who[src], who[dst],
-                                    "intra" if same_node else "inter", direction,
-                                    lay.size_bytes, gbps)
-                        links.append(link)
-                        if st.wrong:
-                            bad.append(f"{what}: {st.wrong} wrong")
-                        sink.append({
-                            "direction": direction, "src_rank": src, "dst_rank": dst,
-                            "src_host": rt.ranks[src]["host"],
-                            "dst_host": rt.ranks[dst]["host"],
-                            "src_local_rank": rt.ranks[src]["local_rank"],
-                            "dst_local_rank": rt.ranks[dst]["local_rank"],
-                            "link": link.link, "dtype": dtype, "world_size": n,
-                            "nnodes": rt.nnodes, "size_bytes": lay.size_bytes, "count": c,
-                            "iters": st.iters, "time_us": st.time_us, "p50_us": st.p50_us,
-                            "p99_us": st.p99_us, "cv_pct": st.cv_pct, "gbps": gbps,
-                            "wrong": st.wrong if opts.check else None,
-                            "backend": rt.backend})
-                        console.advance()
-                        if direction == "bi":
-                            console.advance()
-                console.matrix(f"p2p matrix {direction} GB/s, {format_size(lay.size_bytes)} "
-                               f"{dtype} (row = sender)", who, grid)
-    return _judge(s, links)
-
-
-def _judge(s, links: list[Link]) -> int:
     opts, console = s.opts, s.console
     outliers = find_outliers(links, opts.outlier_below)
     suspects = culprits(outliers)
@@ -173,9 +91,8 @@ def _judge(s, links: list[Link]) -> int:
             "outliers": [o.describe() for o in outliers], "culprits": suspects,
             "fail_below": opts.fail_below, "failing": [o.describe() for o in failing]})
     if failing:
-        raise session_mod.RunFailure(
+        raise RunFailure(
             f"{len(failing)} links below --fail-below {opts.fail_below:.0%} of their class "
             f"median, the worst {failing[0].describe()}"
             + (f"; likely culprit {suspects[0]}" if suspects else ""),
-            status="slow_links", exit_code=EXIT_SLOW_LINK)
-    return session_mod.EXIT_OK
+            status="slow_links", exit_code=EXIT_BELOW)

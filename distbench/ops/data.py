@@ -10,6 +10,7 @@ buffers start as a sentinel the pattern never produces.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 PERIOD = 7
 SENTINEL = -1  # uint8 sees 255, int8 -1: never a movement value (those are 0..modulus-1 <= 250)
@@ -106,3 +107,54 @@ def count_wrong(got: torch.Tensor, make, redop: str | None = None) -> int:
             ok = part == expected.to(dtype)
         wrong += int((~ok).sum())
     return wrong
+
+
+# ---------------------------------------------------------------------------------------------
+# What the op builders fill and check, by buffer (offset: the buffer's first element index in
+# the pattern, for a slice of a larger logical buffer)
+
+def fill_reduction(buf: torch.Tensor, ctx, offset: int = 0) -> None:
+    fill(buf, lambda start, count: reduction_input(ctx.rank, offset + start, count, ctx.redop,
+                                                   buf.dtype, buf.device))
+
+
+def wrong_reduction(buf: torch.Tensor, ctx, offset: int = 0) -> int:
+    return count_wrong(buf, lambda start, count: reduction_expected(
+        offset + start, count, ctx.n, ctx.redop, buf.dtype, buf.device), ctx.redop)
+
+
+def _movement_of(rank: int, buf: torch.Tensor, offset: int):
+    return lambda start, count: movement(rank, offset + start, count, buf.device, buf.dtype)
+
+
+def fill_movement(buf: torch.Tensor, rank: int, offset: int = 0) -> None:
+    fill(buf, _movement_of(rank, buf, offset))
+
+
+def wrong_movement(buf: torch.Tensor, rank: int, offset: int = 0) -> int:
+    """Elements of buf that are not what `rank` filled its buffer with."""
+    return count_wrong(buf, _movement_of(rank, buf, offset))
+
+
+def blocks(buf: torch.Tensor, n: int) -> list[torch.Tensor]:
+    return list(buf.view(n, -1).unbind(0))
+
+
+def wrong_blocks(out: torch.Tensor, n: int, offset: int = 0) -> int:
+    """Block q of `out` should be rank q's movement pattern."""
+    return sum(wrong_movement(b, q, offset) for q, b in enumerate(blocks(out, n)))
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.distributed calls by the names the builders use (resolved once, not in timed code)
+
+REDOPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
+          "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}
+
+# torch 2.13 renamed these; 2.4 only has the old names.
+reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def reduce_op(name: str):
+    return REDOPS[name]

@@ -6,9 +6,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from distbench import testhooks
 from distbench.ops import data
-from distbench.ops.case import Case
+from distbench.ops.case import Case, idle
 
 
 def _exchange(ops: list[dist.P2POp]) -> None:
@@ -17,23 +16,16 @@ def _exchange(ops: list[dist.P2POp]) -> None:
         req.wait()
 
 
-def _mov(rank: int, buf: torch.Tensor):
-    return lambda start, count: data.movement(rank, start, count, buf.device, buf.dtype)
-
-
 def ring(rank: int, n: int, send: torch.Tensor, recv: torch.Tensor) -> Case:
     """Send to r+1 and receive from r-1 at once."""
     nxt, prev = (rank + 1) % n, (rank - 1) % n
-
-    def run():
-        testhooks.slow_send(rank)
-        _exchange([dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prev)])
+    ops = [dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prev)]
 
     def prepare():
-        data.fill(send, _mov(rank, send))
+        data.fill_movement(send, rank)
         recv.fill_(data.SENTINEL)
-    return Case(run=run, prepare=prepare, check=lambda: data.count_wrong(recv, _mov(prev, recv)),
-                output=recv)
+    return Case(run=lambda: _exchange(ops), prepare=prepare,
+                check=lambda: data.wrong_movement(recv, prev), output=recv)
 
 
 def pingpong_partner(rank: int, n: int) -> int | None:
@@ -51,28 +43,25 @@ def pingpong(rank: int, n: int, buf: torch.Tensor) -> Case:
     """One round trip per call: the lower rank of a pair sends first and gets the message back."""
     partner = pingpong_partner(rank, n)
     if partner is None:
-        return Case(run=lambda: None, prepare=lambda: None, check=lambda: 0, output=None,
-                    active=False)
+        return idle()
     first = rank < partner
 
     def run():
         if first:
-            testhooks.slow_send(rank)
             dist.send(buf, partner)
             dist.recv(buf, partner)
         else:
             dist.recv(buf, partner)
-            testhooks.slow_send(rank)
             dist.send(buf, partner)
 
     def prepare():
         if first:
-            data.fill(buf, _mov(rank, buf))
+            data.fill_movement(buf, rank)
         else:
             buf.fill_(data.SENTINEL)
     # the message that comes back is the one the first rank sent
     origin = rank if first else partner
-    return Case(run=run, prepare=prepare, check=lambda: data.count_wrong(buf, _mov(origin, buf)),
+    return Case(run=run, prepare=prepare, check=lambda: data.wrong_movement(buf, origin),
                 output=buf)
 
 
@@ -80,24 +69,16 @@ def one_link(rank: int, src: int, dst: int, bidirectional: bool, send: torch.Ten
              recv: torch.Tensor) -> Case:
     """src sends to dst (and dst to src when bidirectional); every other rank sits out."""
     if rank not in (src, dst):
-        return Case(run=lambda: None, prepare=lambda: None, check=lambda: 0, output=None,
-                    active=False)
+        return idle()
     peer = dst if rank == src else src
     sends = bidirectional or rank == src
     receives = bidirectional or rank == dst
-
-    def run():
-        ops = []
-        if sends:
-            testhooks.slow_send(rank)
-            ops.append(dist.P2POp(dist.isend, send, peer))
-        if receives:
-            ops.append(dist.P2POp(dist.irecv, recv, peer))
-        _exchange(ops)
+    ops = ([dist.P2POp(dist.isend, send, peer)] if sends else []) + (
+        [dist.P2POp(dist.irecv, recv, peer)] if receives else [])
 
     def prepare():
-        data.fill(send, _mov(rank, send))
+        data.fill_movement(send, rank)
         recv.fill_(data.SENTINEL)
-    return Case(run=run, prepare=prepare,
-                check=lambda: data.count_wrong(recv, _mov(peer, recv)) if receives else 0,
-                output=recv if receives else None)
+    return Case(run=lambda: _exchange(ops), prepare=prepare,
+                check=lambda: data.wrong_movement(recv, peer) if receives else 0,
+                output=recv if receives else None, sends=sends, receives=receives)

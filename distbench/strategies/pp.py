@@ -1,8 +1,6 @@
-"""Pipeline parallelism: the model, its split into stages, the schedules and their accounting.
-
-The model is a stack of `layers` identical residual MLP blocks, x + fc2(gelu(fc1(x))), both
-linears hidden x hidden. Layer i's weights depend only on (seed, i), so any rank can build any
-layer and every rank agrees with a single-rank reference built from the same seed.
+"""Pipeline parallelism: pp's residual stack (distbench.models) split into stages, the schedules
+that run them, and their accounting. Stage s holds a contiguous run of layers; every rank builds its
+own layers from the shape's seed, so no weights travel.
 
 Schedules:
 - naive: the whole batch (all micro-batches at once) goes through one stage at a time forward,
@@ -20,19 +18,15 @@ events on the current stream on GPU, read once at the end of the timed loop.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 
-from distbench import reference
-from distbench.ops.dtypes import TORCH_DTYPES
-from distbench.reference import Comparison
+from distbench.models import Block, PipelineShape, loss_fn, make_batch, make_stage
+from distbench.reference import Pair
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b")
 
@@ -94,94 +88,26 @@ def analytic_bubble(schedule: str, p: int, m: int, v: int = 1) -> float:
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def p2p_bytes_per_step(stages: int, samples: int, seq_len: int, hidden: int,
+def p2p_bytes_per_step(stages: int, samples: int, seq_len: int, hidden_size: int,
                        elt_size: int) -> int:
     """Activations forward plus their gradients backward, across every stage boundary, summed
     over the stages - 1 boundaries. Each boundary carries the whole batch (all micro-batches)
     once in each direction."""
-    return 2 * (stages - 1) * samples * seq_len * hidden * elt_size
+    return 2 * (stages - 1) * samples * seq_len * hidden_size * elt_size
 
 
 # ---------------------------------------------------------------------------------------------
-# Model
+# The check's configuration
 
 
-@dataclass(frozen=True)
-class Shape:
-    hidden: int
-    seq_len: int
-    micro_batch_size: int
-    micro_batches: int
-    layers: int
-    dtype: str
-    virtual_stages: int = 1
-    seed: int = 1234
-
-    @property
-    def samples(self) -> int:
-        return self.micro_batches * self.micro_batch_size
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return TORCH_DTYPES[self.dtype]
-
-    @property
-    def elt_size(self) -> int:
-        return torch.empty(0, dtype=self.torch_dtype).element_size()
-
-
-def check_shape(shape: Shape) -> Shape:
+def check_shape(shape: PipelineShape) -> PipelineShape:
     """The configuration the correctness check runs on: the measured one when it is small,
     else a small one with the same layer count, micro-batches and stage split."""
-    work = shape.layers * shape.hidden ** 2 * shape.samples * shape.seq_len
+    work = shape.layers * shape.hidden_size ** 2 * shape.samples * shape.seq_len
     if work <= CHECK_MAX_WORK:
         return shape
-    return replace(shape, hidden=min(shape.hidden, SMALL_HIDDEN),
+    return replace(shape, hidden_size=min(shape.hidden_size, SMALL_HIDDEN),
                    seq_len=min(shape.seq_len, SMALL_SEQ), micro_batch_size=1)
-
-
-class Block(nn.Module):
-    """x + fc2(gelu(fc1(x))), hidden -> hidden."""
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(hidden, hidden)
-        self.fc2 = nn.Linear(hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(F.gelu(self.fc1(x)))
-
-
-def make_layer(index: int, shape: Shape, device: torch.device) -> Block:
-    """Layer `index` of the model: its weights depend on (seed, index) only."""
-    gen = torch.Generator().manual_seed(shape.seed * 100_003 + index)
-    block = Block(shape.hidden)
-    scale = 1 / math.sqrt(shape.hidden)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * scale)
-        block.fc2.weight.mul_(0.5)
-    return block.to(device=device, dtype=shape.torch_dtype)
-
-
-def make_stage(layer_indices: range, shape: Shape, device: torch.device) -> nn.Sequential:
-    return nn.Sequential(*[make_layer(i, shape, device) for i in layer_indices])
-
-
-def make_batch(shape: Shape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole batch (all micro-batches) and its regression target, the same on every rank."""
-    gen = torch.Generator().manual_seed(shape.seed)
-    dims = (shape.samples, shape.seq_len, shape.hidden)
-    x = torch.randn(dims, generator=gen)
-    target = torch.randn(dims, generator=gen)
-    return (x.to(device=device, dtype=shape.torch_dtype),
-            target.to(device=device, dtype=shape.torch_dtype))
-
-
-def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean squared error. Per micro-batch with torch's schedules (which divide the gradients by
-    the micro-batch count): the mean of equal micro-batch means is the whole batch's mean."""
-    return F.mse_loss(output, target)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,7 +158,7 @@ class Pipeline:
     """One rank's part of a pipelined training step (forward + backward, no optimizer)."""
 
     schedule: str
-    shape: Shape
+    shape: PipelineShape
     clock: ComputeClock
     layers: dict[int, Block]  # global layer index -> the block this rank holds
     holds_last: bool
@@ -251,7 +177,7 @@ class NaivePipeline(Pipeline):
     """The whole batch through stage 0, then stage 1, ... forward; backward in reverse. Written by
     hand with blocking dist.send / dist.recv: the baseline the schedules are judged against."""
 
-    def __init__(self, shape: Shape, rank: int, world: int, device: torch.device):
+    def __init__(self, shape: PipelineShape, rank: int, world: int, device: torch.device):
         self.schedule = "naive"
         self.shape, self.rank, self.world = shape, rank, world
         self.clock = ComputeClock(device)
@@ -290,7 +216,8 @@ class NaivePipeline(Pipeline):
 class TorchPipeline(Pipeline):
     """gpipe, 1f1b, interleaved-1f1b through torch.distributed.pipelining."""
 
-    def __init__(self, schedule: str, shape: Shape, rank: int, world: int, device: torch.device):
+    def __init__(self, schedule: str, shape: PipelineShape, rank: int, world: int,
+                 device: torch.device):
         from torch.distributed.pipelining import (
             PipelineStage,
             Schedule1F1B,
@@ -341,7 +268,7 @@ class TorchPipeline(Pipeline):
             self.loss = torch.stack([t.detach() for t in self.losses]).mean()
 
 
-def build_pipeline(schedule: str, shape: Shape, rank: int, world: int,
+def build_pipeline(schedule: str, shape: PipelineShape, rank: int, world: int,
                    device: torch.device) -> Pipeline:
     if schedule == "naive":
         return NaivePipeline(shape, rank, world, device)
@@ -355,7 +282,7 @@ def build_pipeline(schedule: str, shape: Shape, rank: int, world: int,
 class SingleRank:
     """The whole model on the whole batch on one rank: one forward, one backward."""
 
-    def __init__(self, shape: Shape, device: torch.device):
+    def __init__(self, shape: PipelineShape, device: torch.device):
         self.shape = shape
         self.model = make_stage(range(shape.layers), shape, device)
         self.x, self.target = make_batch(shape, device)
@@ -371,11 +298,10 @@ class SingleRank:
         return self.model[index]
 
 
-def compare(pipe: Pipeline, ref: SingleRank, corrupt: Callable[[torch.Tensor], None]
-            ) -> Comparison:
-    """This rank's parameter gradients (and the loss, on the last stage's rank) against the
-    single-rank reference. `corrupt` is the test hook, applied to a gradient before comparing."""
-    pairs: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+def pp_vs_reference(pipe: Pipeline, ref: SingleRank) -> list[Pair]:
+    """(name, pipelined, reference) for this rank's parameter gradients, then the loss on the
+    rank holding the last stage: what the check compares."""
+    pairs: list[Pair] = []
     for index, block in sorted(pipe.layers.items()):
         ref_block = ref.layer(index)
         for (name, p), (ref_name, r) in zip(block.named_parameters(),
@@ -383,9 +309,7 @@ def compare(pipe: Pipeline, ref: SingleRank, corrupt: Callable[[torch.Tensor], N
             assert name == ref_name
             if p.grad is None or r.grad is None:
                 raise RuntimeError(f"layer {index} {name}: no gradient")
-            pairs.append((f"layer {index} {name} grad", p.grad.detach().clone(), r.grad))
-    if pairs:
-        corrupt(pairs[0][1])
+            pairs.append((f"layer {index} {name} grad", p.grad.detach(), r.grad))
     if pipe.holds_last:
         pairs.append(("loss", pipe.loss.detach().reshape(1), ref.loss.detach().reshape(1)))
-    return reference.compare(pairs, RTOL[pipe.shape.dtype])
+    return pairs

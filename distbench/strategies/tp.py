@@ -1,36 +1,37 @@
-"""Megatron-style tensor-parallel blocks, built the way production code builds them: one module
-with the full shapes on every rank (same seed), then torch.distributed.tensor.parallel's
-parallelize_module shards it over a 1-D DeviceMesh.
+"""Megatron-style tensor parallelism over a 1-D DeviceMesh, applied the way production code
+applies it: the whole stack of distbench.models on every rank (same seed), then
+torch.distributed.tensor.parallel's parallelize_module shards it.
 
 - MLP: up-projection ColwiseParallel (h -> f/n on each rank), GELU, down-projection
   RowwiseParallel (f/n -> h, outputs summed by one all-reduce). Backward: one all-reduce of the
   input gradient of the column-parallel layer (DTensor's from_local backward turns the partial
   input gradient into a replicated one).
-- Attention: one fused QKV projection ColwiseParallel (h -> 3h/n: its output rows are laid out
-  head by head, [q_h, k_h, v_h] for each head h, so a contiguous row shard holds whole heads),
-  scaled_dot_product_attention on the rank's heads, output projection RowwiseParallel.
-  Separate q/k/v projections would cost three backward all-reduces instead of one.
+- Attention: the fused QKV projection ColwiseParallel (h -> 3h/n: its rows are grouped per
+  head, so a contiguous row shard holds whole heads), scaled_dot_product_attention on the
+  rank's heads, output projection RowwiseParallel. Separate q/k/v projections would cost three
+  backward all-reduces instead of one.
 
-Every block is `x + f(x)` (residual), no bias, no norm: the linear layers and the attention
-matmuls are all the work, so FLOPs and communication have closed forms (below).
-
-The same module classes with per-rank shard shapes and no DTensor make the compute-only
+The same model classes with per-rank shard shapes and no DTensor make the compute-only
 baseline; with full shapes on one rank, the single-rank reference and the scaling view's t1.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from distbench.reference import Comparison, compare  # noqa: F401 - strat.compare for callers
-
-BLOCKS = ("mlp", "attention")
+from distbench.models import (
+    BLOCKS,
+    Stack,
+    StackShape,
+    build_stack,
+    make_inputs,
+    make_stack,
+    make_step,
+)
+from distbench.reference import Pair
 
 # Relative tolerance of the correctness check: |tp - reference| <= rtol * max|reference|, per
 # compared tensor (output, input gradient, each weight gradient). The sharded path sums partial
@@ -42,67 +43,43 @@ RTOL = {"float64": 1e-10, "float32": 1e-5, "float16": 1e-2, "bfloat16": 2e-2}
 CHECK_MAX_FLOPS = 2e9
 
 
-@dataclass(frozen=True)
-class Shape:
-    hidden: int
-    ffn: int
-    heads: int
-    seq: int
-    batch: int
-    layers: int
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq
-
-    def describe(self) -> str:
-        return (f"hidden {self.hidden} ffn {self.ffn} heads {self.heads} seq {self.seq} "
-                f"batch {self.batch} layers {self.layers}")
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-def shape_of(opts) -> Shape:
-    return Shape(opts.hidden_size, opts.ffn_size, opts.heads, opts.seq_len,
-                 opts.micro_batch_size, opts.layers)
-
-
-def small_shape(world: int) -> Shape:
+def small_shape(world: int) -> StackShape:
     """A configuration that every world size can split: 2 heads of 16 per rank, ffn 64/rank."""
     heads = 2 * world
-    return Shape(hidden=16 * heads, ffn=64 * world, heads=heads, seq=8, batch=2, layers=2)
+    return StackShape(hidden_size=16 * heads, ffn_size=64 * world, heads=heads, seq_len=8,
+                      micro_batch_size=2, layers=2)
 
 
 # ------------------------------------------------------------------------------------------
 # Formulas (pure arithmetic: unit-tested)
 # ------------------------------------------------------------------------------------------
 
-def params_per_rank(kind: str, shape: Shape, world: int) -> int:
+def params_per_rank(kind: str, shape: StackShape, world: int) -> int:
     """Weights of this rank's shard of the `layers` blocks (no bias)."""
-    h, f = shape.hidden, shape.ffn
+    h, f = shape.hidden_size, shape.ffn_size
     per_layer = 2 * h * f if kind == "mlp" else 4 * h * h  # up+down, or qkv (3h^2) + out (h^2)
     return per_layer * shape.layers // world
 
 
-def flops_per_rank(kind: str, shape: Shape, world: int) -> float:
+def flops_per_rank(kind: str, shape: StackShape, world: int) -> float:
     """Forward+backward FLOPs of this rank's shard per step: 3 x 2 x params x tokens for the
     linear layers (backward is twice the forward), plus, for attention, the score (QK^T) and
     value (PV) matmuls on the rank's heads: 2 x 2 x b x s^2 x h/n forward, times 3."""
     linear = 3 * 2 * params_per_rank(kind, shape, world) * shape.tokens
     if kind == "mlp":
         return float(linear)
-    attn = 3 * 2 * 2 * shape.batch * shape.seq * shape.seq * (shape.hidden // world)
+    s = shape.seq_len
+    attn = 3 * 2 * 2 * shape.micro_batch_size * s * s * (shape.hidden_size // world)
     return float(linear + attn * shape.layers)
 
 
-def allreduce_bytes(kind: str, shape: Shape, elt: int, world: int) -> int:
+def allreduce_bytes(kind: str, shape: StackShape, elt: int, world: int) -> int:
     """Bytes all-reduced per step per rank: forward, one (b, s, h) per row-parallel projection;
     backward, one (b, s, h) per column-parallel input gradient. Two per layer, the same for
     both block kinds (the fused QKV projection is one column-parallel layer). None on 1 rank."""
     if world == 1:
         return 0
-    return 2 * shape.layers * shape.tokens * shape.hidden * elt
+    return 2 * shape.layers * shape.tokens * shape.hidden_size * elt
 
 
 def comm_fraction(step_s: float, compute_s: float) -> tuple[float, bool]:
@@ -129,7 +106,7 @@ def scaling(t1_s: float, tn_s: float, world: int) -> tuple[float, float]:
     return speedup, speedup / world
 
 
-def check_shape(shape: Shape, world: int) -> tuple[Shape, bool]:
+def check_shape(shape: StackShape, world: int) -> tuple[StackShape, bool]:
     """The configured shapes when one full forward+backward of both blocks is cheap, else the
     small configuration. Second value: whether the configured shapes are used."""
     cost = sum(flops_per_rank(kind, shape, 1) for kind in BLOCKS)
@@ -139,78 +116,22 @@ def check_shape(shape: Shape, world: int) -> tuple[Shape, bool]:
 
 
 # ------------------------------------------------------------------------------------------
-# Modules
+# Sharding
 # ------------------------------------------------------------------------------------------
 
-class MLP(nn.Module):
-    """x + down(gelu(up(x))); inner = ffn (full) or ffn / n (one rank's shard)."""
-
-    def __init__(self, hidden: int, inner: int):
-        super().__init__()
-        self.up = nn.Linear(hidden, inner, bias=False)
-        self.down = nn.Linear(inner, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(x)))
+def _sharded_layers(kind: str) -> tuple[str, str]:
+    """The names of a block's column-parallel and row-parallel projections."""
+    return ("up", "down") if kind == "mlp" else ("qkv", "out")
 
 
-class Attention(nn.Module):
-    """x + out(attention(qkv(x))); inner = heads x head_dim (full) or the rank's heads x head_dim.
-    The QKV weight rows are grouped per head ([q, k, v] of head 0, then of head 1, ...), so a
-    column-parallel shard of the rows is whole heads. The number of heads a forward runs on is
-    read from the tensor (it is the local count under TP)."""
-
-    def __init__(self, hidden: int, inner: int, head_dim: int):
-        super().__init__()
-        self.head_dim = head_dim
-        self.qkv = nn.Linear(hidden, 3 * inner, bias=False)
-        self.out = nn.Linear(inner, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        qkv = self.qkv(x)
-        heads = qkv.shape[-1] // (3 * self.head_dim)
-        q, k, v = qkv.view(b, s, heads, 3, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
-        o = F.scaled_dot_product_attention(q, k, v)  # (b, heads, s, d)
-        return x + self.out(o.transpose(1, 2).reshape(b, s, heads * self.head_dim))
-
-
-class Stack(nn.Module):
-    def __init__(self, blocks: list[nn.Module]):
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return x
-
-
-def _block(kind: str, shape: Shape, world: int) -> nn.Module:
-    if kind == "mlp":
-        return MLP(shape.hidden, shape.ffn // world)
-    head_dim = shape.hidden // shape.heads
-    return Attention(shape.hidden, head_dim * (shape.heads // world), head_dim)
-
-
-def build_full(kind: str, shape: Shape, seed: int, device, dtype) -> Stack:
-    """The unsharded stack, identical on every rank that passes the same seed (built on the CPU
-    generator, so the same on any device)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Stack([_block(kind, shape, 1) for _ in range(shape.layers)])
-    return model.to(device=device, dtype=dtype)
-
-
-def local_shard(full: Stack, kind: str, shape: Shape, rank: int, world: int) -> Stack:
+def local_shard(full: Stack, kind: str, shape: StackShape, rank: int, world: int) -> Stack:
     """Plain modules with this rank's shard shapes and weights (the rows/columns
     ColwiseParallel/RowwiseParallel give it): the same computation as TP minus communication."""
     p = next(full.parameters())
-    local = Stack([_block(kind, shape, world) for _ in range(shape.layers)]).to(
-        device=p.device, dtype=p.dtype)
+    local = make_stack(kind, shape, shards=world).to(device=p.device, dtype=p.dtype)
+    col, row = _sharded_layers(kind)
     with torch.no_grad():
         for src, dst in zip(full.blocks, local.blocks, strict=True):
-            col, row = ("up", "down") if kind == "mlp" else ("qkv", "out")
             getattr(dst, col).weight.copy_(getattr(src, col).weight.chunk(world, 0)[rank])
             getattr(dst, row).weight.copy_(getattr(src, row).weight.chunk(world, 1)[rank])
     return local
@@ -219,7 +140,7 @@ def local_shard(full: Stack, kind: str, shape: Shape, rank: int, world: int) -> 
 def tp_plan(kind: str, layers: int) -> dict:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    col, row = ("up", "down") if kind == "mlp" else ("qkv", "out")
+    col, row = _sharded_layers(kind)
     plan = {}
     for i in range(layers):
         plan[f"blocks.{i}.{col}"] = ColwiseParallel()
@@ -233,36 +154,11 @@ def device_mesh(device: torch.device, world: int):
     return init_device_mesh(device.type, (world,))
 
 
-def parallelize(full: Stack, kind: str, shape: Shape, mesh) -> Stack:
+def apply_tp(full: Stack, kind: str, shape: StackShape, mesh) -> Stack:
     """A deep copy of `full`, sharded by parallelize_module (full stays the reference)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     return parallelize_module(copy.deepcopy(full), mesh, tp_plan(kind, shape.layers))
-
-
-def inputs(shape: Shape, seed: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's input (a leaf that needs its gradient, as activations do) and the gradient fed
-    to the output: the same on every rank."""
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(shape.batch, shape.seq, shape.hidden, generator=g)
-    dy = torch.randn(shape.batch, shape.seq, shape.hidden, generator=g)
-    return (x.to(device=device, dtype=dtype).requires_grad_(True),
-            dy.to(device=device, dtype=dtype))
-
-
-def make_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor):
-    """One training step's forward and backward (gradients reset, not accumulated)."""
-    params = list(model.parameters())
-
-    def step() -> torch.Tensor:
-        for p in params:
-            p.grad = None
-        x.grad = None
-        y = model(x)
-        y.backward(dy)
-        return y
-
-    return step
 
 
 # ------------------------------------------------------------------------------------------
@@ -312,22 +208,18 @@ class CommCounter(TorchDispatchMode):
 # Correctness: TP against the single-rank reference from the same seed
 # ------------------------------------------------------------------------------------------
 
-def tp_vs_reference(kind: str, shape: Shape, seed: int, device, dtype, mesh,
-                    corrupt=None) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+def tp_vs_reference(kind: str, shape: StackShape, seed: int, device, dtype, mesh) -> list[Pair]:
     """One forward+backward of the sharded stack and of the unsharded reference (deep copy of the
     same seeded module), on the same input: (name, tp, reference) for the output, the input
-    gradient and every weight gradient (the sharded ones gathered whole). `corrupt(tensor)` is
-    applied to a copy of the TP output before comparison (the test hook)."""
+    gradient and every weight gradient (the sharded ones gathered whole)."""
     from torch.distributed.tensor import DTensor
 
-    ref = build_full(kind, shape, seed, device, dtype)
-    tp = parallelize(ref, kind, shape, mesh)
-    x, dy = inputs(shape, seed, device, dtype)
+    ref = build_stack(kind, shape, seed, device, dtype)
+    tp = apply_tp(ref, kind, shape, mesh)
+    x, dy = make_inputs(shape, seed, device, dtype)
     x_ref = x.detach().clone().requires_grad_(True)
-    y = make_step(tp, x, dy)().detach().clone()
+    y = make_step(tp, x, dy)().detach()
     y_ref = make_step(ref, x_ref, dy)().detach()
-    if corrupt is not None:
-        corrupt(y)
     pairs = [("output", y, y_ref), ("input gradient", x.grad, x_ref.grad)]
     for (name, p), (_, p_ref) in zip(tp.named_parameters(), ref.named_parameters(), strict=True):
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad

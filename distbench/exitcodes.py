@@ -1,0 +1,13 @@
+"""Exit codes: one meaning in every command, and the only place they are defined."""
+
+from __future__ import annotations
+
+import signal
+
+EXIT_OK = 0
+EXIT_WRONG = 1  # a result differs from its independently computed value or reference
+EXIT_BAD_INPUT = 2  # refused before any measurement
+EXIT_FAILED = 3  # a runtime failure: a dead or stalled rank, an error the run could not survive
+EXIT_BELOW = 4  # measured fine but below expectation (slow links)
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+EXIT_TERMINATED = 128 + signal.SIGTERM

@@ -1,0 +1,95 @@
+"""Faults on demand, for the test suite: a wrong result, a stalled rank, a dead rank and slow
+links, so tests can prove each is caught. Read from the environment once per run, when the
+session starts; the engine applies them at one point (Faults.apply), so nothing here runs in
+timed code unless a fault was asked for, and ops and strategies know nothing of it.
+
+    DISTBENCH_TEST_CORRUPT_RANK=1        rank 1 flips an element of what its check reads
+    DISTBENCH_TEST_STALL=1:65536         rank 1 hangs when it reaches that size in bytes
+    DISTBENCH_TEST_DIE=1:65536           rank 1 is SIGKILLed when it reaches that size
+    DISTBENCH_TEST_SLOW_SEND=2:0.002     rank 2 waits 2 ms before every op in which it sends
+    DISTBENCH_TEST_SLOW_RANK=2:0.002     rank 2 waits 2 ms before every op in which it sends or
+                                         receives: slow in both directions, like a bad NIC
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+PREFIX = "DISTBENCH_TEST_"
+CORRUPT_RANK = PREFIX + "CORRUPT_RANK"
+STALL = PREFIX + "STALL"
+DIE = PREFIX + "DIE"
+SLOW_SEND = PREFIX + "SLOW_SEND"
+SLOW_RANK = PREFIX + "SLOW_RANK"
+
+
+def _rank_and(value: str | None, rank: int, kind: type) -> object | None:
+    """"R:X" -> X (as `kind`) when R is this rank, else None."""
+    if not value:
+        return None
+    want_rank, _, rest = value.partition(":")
+    return kind(rest) if int(want_rank) == rank else None
+
+
+@dataclass(frozen=True)
+class Faults:
+    corrupt: bool = False
+    stall_at: int | None = None  # size in bytes
+    die_at: int | None = None
+    delay_s: float = 0.0  # before each op this rank takes part in...
+    delay_on_receive: bool = False  # ...as a sender, or as a receiver too
+
+    @classmethod
+    def from_env(cls, rank: int, env: Mapping[str, str] = os.environ) -> Faults:
+        both = _rank_and(env.get(SLOW_RANK), rank, float)
+        send = _rank_and(env.get(SLOW_SEND), rank, float)
+        return cls(corrupt=env.get(CORRUPT_RANK) == str(rank),
+                   stall_at=_rank_and(env.get(STALL), rank, int),
+                   die_at=_rank_and(env.get(DIE), rank, int),
+                   delay_s=both or send or 0.0, delay_on_receive=both is not None)
+
+    @property
+    def any(self) -> bool:
+        return self != Faults()
+
+    def apply(self, case, size: int):
+        """The case as this rank should run it at `size`: the same object when no fault applies
+        (the timed loop then calls the op itself, nothing between)."""
+        if size == self.die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if size == self.stall_at:
+            time.sleep(3600)
+        changes = {}
+        if self.delay_s and (case.sends or (self.delay_on_receive and case.receives)):
+            changes["run"] = _delayed(case.run, self.delay_s)
+        if self.corrupt and case.output is not None:
+            changes["check"] = _corrupting(case.check, case.output)
+        return replace(case, **changes) if changes else case
+
+    def corrupt_tensor(self, tensor) -> None:
+        """For checks that compare with a reference outside the engine (tp, pp)."""
+        if self.corrupt:
+            _flip(tensor)
+
+
+def _delayed(run, seconds: float):
+    def slow_run():
+        time.sleep(seconds)
+        return run()
+    return slow_run
+
+
+def _flip(tensor) -> None:
+    if tensor is not None and tensor.numel():
+        tensor.view(-1)[0] += 1
+
+
+def _corrupting(check, output):
+    def corrupt_then_check():
+        _flip(output)
+        return check()
+    return corrupt_then_check

@@ -1,0 +1,93 @@
+"""What the training-step commands (tp, pp) share: t1, the whole problem timed on rank 0 alone
+for the scaling view, and the check against a single-rank reference, one verdict on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from distbench import timing
+from distbench.memory import agree
+from distbench.reference import Comparison, Pair, compare
+from distbench.session import Session
+
+# Longest tensor name the agreed verdict carries; longer ones are cut.
+NAME_BYTES = 256
+
+
+def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], object]]
+                        ) -> float | None:
+    """t1: rank 0 builds a step with build() and runs it alone, warmup untimed steps (at least
+    one) then iters timed ones, while the other ranks wait at a barrier. A barrier after every
+    step keeps each wait one step long, well inside the process group's timeout. The mean in
+    seconds on every rank; None on every rank when the step does not fit on rank 0."""
+    rt, opts = s.rt, s.opts
+    s.step(f"{what} setup", opts.timeout)
+    step, fits = None, True
+    if rt.rank == 0:
+        try:
+            step = build()
+        except torch.OutOfMemoryError:
+            fits = False
+    if not agree(fits, rt.device):
+        s.console.log("t1: the whole model does not fit on one rank; no scaling view")
+        return None
+    warm = max(1, opts.warmup)
+    samples: list[float] = []
+    for i in range(warm + opts.iters):
+        s.step(f"{what} step {i + 1}", opts.timeout)
+        if step is not None:
+            if i < warm:
+                step()
+                timing.sync(rt.device)
+            else:
+                samples += timing.timed_loop(step, 1, rt.device)
+        dist.barrier()
+    step = None  # rank 0 lets the whole model go before the next measurement needs the memory
+    t1 = torch.tensor([sum(samples) / len(samples) if samples else 0.0], dtype=torch.float64,
+                      device=rt.device)
+    dist.broadcast(t1, src=0)
+    return float(t1.item())
+
+
+def check_against_reference(s: Session, pairs: list[Pair], rtol: float) -> Comparison:
+    """`pairs` compared by reference.compare, then agreed across ranks. The session's fault
+    (tests only) lands on a copy of the first distributed tensor, since strategies hand out
+    live tensors (a model's own gradients)."""
+    if pairs:
+        name, got, ref = pairs[0]
+        got = got.detach().clone()
+        s.faults.corrupt_tensor(got)
+        pairs = [(name, got, ref), *pairs[1:]]
+    return agree_comparison(compare(pairs, rtol), s.rt.device)
+
+
+def agree_comparison(c: Comparison, device: torch.device) -> Comparison:
+    """The verdict of every rank together, the same on each: the largest error and ratio, the
+    wrong tensors summed, and the worst tensor as named by the lowest rank holding it (ranks
+    compare different tensors, so the name travels as bytes; "?" when no ratio is comparable,
+    as with NaN)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    worst = torch.tensor([c.max_abs_err, c.worst_ratio], dtype=torch.float64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    max_err, ratio = worst.tolist()
+    wrong = torch.tensor([c.wrong], dtype=torch.int64, device=device)
+    dist.all_reduce(wrong, op=dist.ReduceOp.SUM)
+    holder = torch.tensor([rank if c.worst_ratio >= ratio else world], dtype=torch.int64,
+                          device=device)
+    dist.all_reduce(holder, op=dist.ReduceOp.MIN)
+    src = int(holder.item())
+    name = "?" if src == world else _broadcast_text(c.worst, src, device)
+    return Comparison(max_err, ratio, name, int(wrong.item()))
+
+
+def _broadcast_text(text: str, src: int, device: torch.device) -> str:
+    buf = torch.zeros(NAME_BYTES, dtype=torch.uint8, device=device)
+    if dist.get_rank() == src:
+        data = text.encode()[:NAME_BYTES]
+        buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=src)
+    return bytes(buf.cpu().tolist()).rstrip(b"\0").decode(errors="replace")

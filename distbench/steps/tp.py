@@ -1,0 +1,145 @@
+"""`distbench tp`: forward+backward of Megatron-style tensor-parallel blocks (MLP, attention),
+sharded over every rank with torch.distributed.tensor.parallel. One row per block kind:
+
+- step time of the TP stack (timed as every other command times: warmup, barrier, timed loop,
+  cross-rank statistics);
+- compute-only time: the same per-rank shard shapes as plain nn.Linear modules, no
+  communication, timed the same way on every rank at once; comm_pct = 100 x (1 - compute_only/step);
+- the scaling view: the same global problem unsharded on rank 0 alone (the others wait at a
+  barrier) gives t1, speedup = t1/tn and efficiency = t1/(n tn);
+- a correctness check against a single-rank reference built from the same seed.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from distbench import timing
+from distbench.exitcodes import EXIT_OK
+from distbench.measure import fail_if_wrong, timed_samples
+from distbench.models import StackShape, build_stack, make_inputs, make_step
+from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.session import Session
+from distbench.steps.common import check_against_reference, time_on_rank0_alone
+from distbench.strategies import tp as strat
+from distbench.tables import Output, format_table
+
+SEED = 1234
+
+
+def run(s: Session, output: Output) -> int:
+    rt, opts = s.rt, s.opts
+    shape = StackShape.from_options(opts)
+    dtype = TORCH_DTYPES[opts.dtype]
+    s.step("tp device mesh", opts.timeout)
+    mesh = strat.device_mesh(rt.device, rt.world)
+    check_sh, on_configured = strat.check_shape(shape, rt.world)
+    sink = s.sink(output)
+    s.console.log(f"tp: {', '.join(opts.blocks)} x {shape.layers} layers on {rt.world} ranks, "
+                  f"{rt.nnodes} node(s), backend {rt.backend}; t1 = the unsharded stack on rank 0 "
+                  "alone while the others wait")
+    if opts.check:
+        s.console.log(f"check: TP vs single-rank reference on {check_sh.describe()}"
+                      + ("" if on_configured else " (the configured shapes are too large)"))
+    details: dict = {"seed": SEED, "shape": shape.to_json(), "blocks": {}, "check": {
+        "enabled": opts.check, "shape": check_sh.to_json(), "configured_shapes": on_configured,
+        "rtol": strat.RTOL[opts.dtype]}}
+    s.console.lines(format_table(output.console, [], title=(
+        f"tp  {opts.dtype}  ranks {rt.world}  nodes {rt.nnodes}  backend {rt.backend}  "
+        f"{shape.describe()}")))
+    bad: list[str] = []
+    for kind in opts.blocks:
+        row, info = _measure_block(s, kind, shape, mesh, dtype, check_sh, on_configured, bad)
+        details["blocks"][kind] = info
+        sink.append(row)
+        if s.record is not None:
+            s.record.update(tp=details)
+        s.console.lines(format_table(output.console, [row]))
+    fail_if_wrong(bad)
+    return EXIT_OK
+
+
+def _timed(s: Session, what: str, step) -> timing.Stats:
+    """warmup (fixed count), barrier, timed loop, cross-rank statistics: as every command."""
+    samples = timed_samples(s, step, what)
+    s.step(f"{what} (statistics)", s.opts.timeout)
+    return timing.summarize(samples, 0, s.rt.device)
+
+
+def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
+                   check_sh: StackShape, on_configured: bool, bad: list[str]
+                   ) -> tuple[dict, dict]:
+    rt, opts = s.rt, s.opts
+    n, device = rt.world, rt.device
+    s.step(f"tp {kind} (build)", opts.timeout)
+    full = build_stack(kind, shape, SEED, device, dtype)
+    tp_model = strat.apply_tp(full, kind, shape, mesh)
+    local = strat.local_shard(full, kind, shape, rt.rank, n)
+    x, dy = make_inputs(shape, SEED, device, dtype)
+    elt = x.element_size()
+    notes: list[str] = []
+    if n == 1:
+        notes.append("1 rank: no communication; step - compute_only is DTensor's own overhead")
+
+    # One untimed step under the counter: what DTensor really sends, against the formula.
+    s.step(f"tp {kind} (communication count)", opts.timeout)
+    tp_step = make_step(tp_model, x, dy)
+    with strat.CommCounter() as counter:
+        tp_step()
+    ar_bytes = strat.allreduce_bytes(kind, shape, elt, n)
+    counted = counter.allreduce_bytes()
+    if counted != ar_bytes:
+        notes.append(f"DTensor all-reduced {counted} B per step, the formula says {ar_bytes} B")
+    if counter.other_collectives():
+        notes.append(f"other collectives: {counter.other_collectives()}")
+
+    st = _timed(s, f"tp {kind} step", tp_step)
+    compute = _timed(s, f"tp {kind} compute-only", make_step(local, x, dy))
+    del tp_model, local
+    t1 = time_on_rank0_alone(s, f"tp {kind} t1 (unsharded on rank 0)",
+                             partial(make_step, full, x, dy))
+    del full
+
+    step_s, compute_s = st.time_us / 1e6, compute.time_us / 1e6
+    comm, clamped = strat.comm_fraction(step_s, compute_s)
+    if clamped:
+        notes.append("comm_pct clamped to 0: compute-only took as long as the step")
+    busbw = strat.implied_busbw_gbps(ar_bytes, n, step_s, compute_s)
+    speedup = efficiency = None
+    if t1 is not None:
+        speedup, efficiency = strat.scaling(t1, step_s, n)
+
+    max_err = None
+    info = {"allreduce_bytes_formula": ar_bytes, "allreduce_bytes_counted": counted,
+            "collectives_counted": counter.counts,
+            "flops_per_rank_per_step": strat.flops_per_rank(kind, shape, n)}
+    if opts.check:
+        s.step(f"tp {kind} (check)", opts.timeout)
+        rtol = strat.RTOL[opts.dtype]
+        pairs = strat.tp_vs_reference(kind, check_sh, SEED, device, dtype, mesh)
+        c = check_against_reference(s, pairs, rtol)
+        max_err, ratio, worst = c.max_abs_err, c.worst_ratio, c.worst
+        info["check"] = {"max_abs_err": max_err, "worst_err_over_tolerance": ratio,
+                         "worst": worst}
+        if not on_configured:
+            notes.append(f"checked on {check_sh.describe()}")
+        if ratio > 1:
+            notes.append(f"WRONG: {worst} off by {max_err:.3g} ({ratio:.3g} x tolerance)")
+            bad.append(f"tp {kind} {opts.dtype}: {worst} differs from the single-rank reference "
+                       f"by {max_err:.3g}, {ratio:.3g} x the tolerance ({rtol:g} x max|ref|)")
+
+    row = {
+        "block": kind, "dtype": opts.dtype, "world_size": n, "nnodes": rt.nnodes,
+        **shape.to_json(),  # hidden_size, ffn_size, heads, seq_len, ...: the CSV's own names
+        "iters": st.iters, "step_us": st.time_us, "rank_min_us": st.rank_min_us,
+        "rank_max_us": st.rank_max_us, "slowest_rank": st.slowest_rank, "p50_us": st.p50_us,
+        "p99_us": st.p99_us, "cv_pct": st.cv_pct, "compute_only_us": compute.time_us,
+        "comm_pct": comm * 100,  # percent, like cv_pct
+        "tflops_per_rank": strat.flops_per_rank(kind, shape, n) / step_s / 1e12,
+        "tokens_per_s": shape.tokens / step_s, "allreduce_bytes_per_step": ar_bytes,
+        "implied_busbw_gbps": busbw, "t1_us": None if t1 is None else t1 * 1e6,
+        "speedup": speedup, "efficiency": efficiency, "max_abs_err": max_err,
+        "backend": rt.backend, "status": "wrong" if any(t.startswith("WRONG") for t in notes)
+        else "ok", "note": "; ".join(notes),
+    }
+    return row, info

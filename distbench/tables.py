@@ -1,0 +1,89 @@
+"""Tables on stdout in nccl-tests' shape: a command declares its columns once (beside its CSV
+contract) and these pure formatters turn rows into lines; the caller prints them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+
+def fmt_us(us: float) -> str:
+    """Microseconds: two decimals, or four significant digits past a second."""
+    return f"{us:.2f}" if us < 1e6 else f"{us:.4g}"
+
+
+def us_as_ms(spec: str) -> Callable[[float], str]:
+    return lambda us: format(us / 1e3, spec)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One console column: the row key it shows, its two header lines and its width."""
+
+    key: str
+    header: str
+    unit: str = ""
+    width: int = 10
+    fmt: str | Callable[[object], str] = ""  # a format spec, or a function of the value
+    ident: bool = False  # names the row: still shown when the row was skipped
+
+    def cell(self, row: dict) -> str:
+        value = row.get(self.key)
+        if value is None or value == "":
+            return "-"
+        if callable(self.fmt):
+            return self.fmt(value)
+        if isinstance(value, bool):
+            return str(int(value))
+        return format(value, self.fmt)
+
+
+@dataclass(frozen=True)
+class Output:
+    """A CSV contract (columns are added at the end, never renamed) and how its rows show on
+    the console."""
+
+    file: str
+    csv: tuple[str, ...]
+    console: tuple[Column, ...] = ()
+
+    def __post_init__(self):
+        unknown = [c.key for c in self.console if c.key not in self.csv]
+        if unknown:
+            raise ValueError(f"{self.file}: console columns not in the CSV: {unknown}")
+
+
+def _line(columns: Sequence[Column], cells: Iterable[str]) -> str:
+    return "".join(cell.rjust(col.width) for col, cell in zip(columns, cells, strict=False))
+
+
+def format_header(columns: Sequence[Column], title: str) -> list[str]:
+    return ["#", f"# {title}", "#" + _line(columns, [c.header for c in columns])[1:],
+            "#" + _line(columns, [c.unit for c in columns])[1:]]
+
+
+def format_row(columns: Sequence[Column], row: dict) -> str:
+    """A skipped row shows the columns that name it, then why it was skipped."""
+    if row.get("status") == "skipped":
+        named = [c for c in columns if c.ident]
+        return _line(named, [c.cell(row) for c in named]) + f"   skipped: {row.get('note')}"
+    return _line(columns, [c.cell(row) for c in columns])
+
+
+def format_table(columns: Sequence[Column], rows: Iterable[dict],
+                 title: str | None = None) -> list[str]:
+    """The header block (when a title is given) and one line per row."""
+    lines = format_header(columns, title) if title is not None else []
+    return lines + [format_row(columns, r) for r in rows]
+
+
+def format_matrix(title: str, names: list[str], grid: dict[tuple[int, int], float]) -> list[str]:
+    """An N x N table: row = source rank, column = destination rank."""
+    n = len(names)
+    width = max(8, *(len(str(i)) + 2 for i in range(n)))
+    lines = ["#", f"# {title}", "#" + " " * 5 + "".join(str(j).rjust(width) for j in range(n))]
+    for i in range(n):
+        cells = ["-" if i == j else (f"{grid[i, j]:.3g}" if (i, j) in grid else "?")
+                 for j in range(n)]
+        lines.append(f"{i:>6}" + "".join(c.rjust(width) for c in cells) + f"   {names[i]}")
+    return lines

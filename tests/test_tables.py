@@ -1,0 +1,113 @@
+"""The one table formatter, the column declarations beside each CSV contract, and the docs that
+describe them: docs/results.md lists every CSV column in order, README links only to pages that
+exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from distbench.commands import collective, p2p, pp, tp
+from distbench.tables import (
+    Column,
+    Output,
+    fmt_us,
+    format_header,
+    format_matrix,
+    format_row,
+    format_table,
+    us_as_ms,
+)
+
+ROOT = Path(__file__).parent.parent
+OUTPUTS = [collective.OUTPUT, p2p.OUTPUT, p2p.MATRIX_OUTPUT, tp.OUTPUT, pp.OUTPUT]
+COLS = (Column("name", "name", "", 6, ident=True), Column("t", "time", "(us)", 10, fmt=fmt_us),
+        Column("bw", "bw", "(GB/s)", 8, ".2f"), Column("ok", "ok", "", 4))
+
+
+def test_format_table_returns_header_then_rows():
+    rows = [{"name": "a", "t": 12.345, "bw": 1.5, "ok": True},
+            {"name": "b", "t": 2.5e6, "bw": None, "ok": False}]
+    assert format_table(COLS, rows, title="demo") == [
+        "#",
+        "# demo",
+        "#" + "  name      time      bw  ok"[1:],
+        "#" + "            (us)  (GB/s)    "[1:],
+        "     a     12.35    1.50   1",
+        "     b   2.5e+06       -   0",
+    ]
+    assert format_table(COLS, rows[:1]) == ["     a     12.35    1.50   1"]
+    assert format_table(COLS, [], title="x") == format_header(COLS, "x")
+
+
+def test_a_skipped_row_shows_what_names_it_and_why():
+    row = {"name": "c", "t": None, "status": "skipped", "note": "too small"}
+    assert format_row(COLS, row) == "     c   skipped: too small"
+    # another status is a measured row, shown in full (tp's "wrong" rows)
+    assert format_row(COLS, {"name": "c", "t": 1.0, "bw": 2.0, "ok": 0,
+                             "status": "wrong"}) == "     c      1.00    2.00   0"
+
+
+def test_cell_formats():
+    assert us_as_ms(".2f")(1234.0) == "1.23"
+    assert fmt_us(999_999.0) == "999999.00" and fmt_us(1e6) == "1e+06"
+    assert Column("x", "x", fmt=lambda v: "in" if v else "out").cell({"x": True}) == "in"
+    assert Column("x", "x").cell({"x": ""}) == "-"
+    assert Column("x", "x").cell({}) == "-"
+
+
+def test_matrix_grid():
+    lines = format_matrix("m", ["h:0", "h:1"], {(0, 1): 1.25})
+    assert lines[:2] == ["#", "# m"]
+    assert lines[3].split() == ["0", "-", "1.25", "h:0"]
+    assert lines[4].split() == ["1", "?", "-", "h:1"]
+
+
+def test_console_columns_must_be_csv_columns():
+    with pytest.raises(ValueError, match="nope"):
+        Output("x.csv", csv=("a",), console=(Column("nope", "n"),))
+
+
+@pytest.mark.parametrize("output", OUTPUTS, ids=[o.file for o in OUTPUTS])
+def test_declared_columns_are_unique_and_shown_ones_exist(output):
+    assert len(set(output.csv)) == len(output.csv)
+    assert all(c.key in output.csv for c in output.console)
+
+
+def _doc_table(text: str, heading: str) -> list[str]:
+    """First-column names of the first `| column | meaning |` table under `heading`."""
+    section = text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| column |"))
+    names = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        names.append(re.match(r"\|\s*`([^`]+)`", line).group(1))
+    return names
+
+
+@pytest.mark.parametrize("output", OUTPUTS, ids=[o.file for o in OUTPUTS])
+def test_results_doc_lists_every_column_in_order(output):
+    text = (ROOT / "docs" / "results.md").read_text()
+    assert _doc_table(text, f"## `{output.file}`") == list(output.csv)
+
+
+def test_readme_is_a_front_page_whose_links_exist():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    assert "make run" in text and "make test" in text
+    links = re.findall(r"\]\(([^)#\s]+)", text)
+    local = [link for link in links if "://" not in link]
+    for page in ("commands", "results", "methodology", "architecture", "scale"):
+        assert f"docs/{page}.md" in local
+    for link in local:
+        assert (ROOT / link).exists(), link
+
+
+def test_no_code_comment_points_outside_the_repository():
+    for path in [*(ROOT / "distbench").rglob("*.py"), *(ROOT / "tests").glob("*.py")]:
+        text = path.read_text()
+        assert "DESIGN" + ".md" not in text, path
