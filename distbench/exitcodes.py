@@ -9,5 +9,12 @@ EXIT_WRONG = 1  # a result differs from its independently computed value or refe
 EXIT_BAD_INPUT = 2  # refused before any measurement
 EXIT_FAILED = 3  # a runtime failure: a dead or stalled rank, an error the run could not survive
 EXIT_BELOW = 4  # measured fine but below expectation (slow links)
-EXIT_INTERRUPTED = 128 + signal.SIGINT
-EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+def for_signal(signum: int) -> int:
+    """What a shell reports for a process ended by that signal."""
+    return 128 + signum
+
+
+EXIT_INTERRUPTED = for_signal(signal.SIGINT)
+EXIT_TERMINATED = for_signal(signal.SIGTERM)

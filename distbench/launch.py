@@ -12,7 +12,7 @@ import uuid
 
 from distbench import results
 from distbench.commands import COMMANDS
-from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED
+from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, for_signal
 from distbench.options import OptionError
 
 
@@ -53,7 +53,7 @@ def start_local(command: str, opts) -> int:
     os.environ[results.RUN_DIR_ENV] = str(run_dir)
     try:
         run_local_workers(nproc, ["-m", "distbench", *opts.argv])
-        return 0
+        return EXIT_OK
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         worker0 = e.failures.get(0)
@@ -71,8 +71,8 @@ def start_local(command: str, opts) -> int:
         # the elastic agent turns SIGINT/SIGTERM (Ctrl-C, scancel) into SignalException
         signum = getattr(e, "sigval", signal.SIGINT)
         results.mark_unfinished(run_dir, f"interrupted by {signal.Signals(signum).name}",
-                                128 + signum)
-        return 128 + signum
+                                for_signal(signum))
+        return for_signal(signum)
 
 
 def run_local_workers(nproc: int, python_args: list[str]) -> None:

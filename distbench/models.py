@@ -21,10 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from distbench.commands.tp import BLOCKS  # noqa: F401 - the --block names, kept torch-free
 from distbench.ops.dtypes import TORCH_DTYPES
-
-BLOCKS = ("mlp", "attention")
-
 
 # ---------------------------------------------------------------------------------------------
 # Shapes

@@ -212,8 +212,8 @@ class SweepOptions(RunOptions):
         "8:128M:x2", "Per-rank buffer sizes: 8:128M:x2 (factor), 1K:64K:+4K (step) or 1K,4K "
         "(list). Binary suffixes.", check=sizes("--sizes 8:128M:x2"), cli_type=str)
     dtypes: list[str] = option(
-        "float32", "float32, float16, bfloat16, float64, int32, int64, int8, uint8; comma list "
-        "or 'all'.", flag="dtype", check=pick(DTYPES, "--dtype float32,bfloat16", DTYPE_ALIASES),
+        "float32", f"{', '.join(DTYPES)}; comma list or 'all'.", flag="dtype",
+        check=pick(DTYPES, "--dtype float32,bfloat16", DTYPE_ALIASES),
         cli_type=str)
     iters: int | None = option(None, "Timed iterations per size. Default: calibrated to "
                                "--min-time.", check=at_least(1, "--iters 20", optional=True),
@@ -240,7 +240,7 @@ class StepOptions(RunOptions):
                                    check=at_least(1, "--micro-batch-size 1"))
     layers: int = option(2, "Transformer layers (blocks) in the stack.",
                          check=at_least(1, "--layers 2"))
-    dtype: str = option("float32", "float32, bfloat16, float16 or float64.",
+    dtype: str = option("float32", f"{', '.join(FLOAT_DTYPES[:-1])} or {FLOAT_DTYPES[-1]}.",
                         check=_one_float_dtype)
     iters: int = option(10, "Timed training steps.", check=at_least(1, "--iters 10"))
     warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
@@ -272,9 +272,14 @@ def cli_types(cls: type) -> dict[str, Any]:
 
 def build(cls: type, raw: dict[str, Any], argv: list[str]):
     """Validated options from raw values keyed by flag name (missing ones take the default).
-    --out is created last of all, so a run with any other bad option leaves nothing behind."""
+    Checked in field order, the options every command shares first, so that of several bad
+    options the same one is named whichever command is run; --out is created last of all, so
+    a run with any other bad option leaves nothing behind."""
     values = {}
-    for f, spec in option_fields(cls):
+    for f in fields(cls):
+        spec = spec_of(f)
+        if spec is None:
+            continue
         value = raw.get(spec.flag, f.default)
         values[f.name] = spec.check(flag(spec.flag), value) if spec.check else value
     out = Path(values.pop("out"))

@@ -19,12 +19,16 @@ from distbench.exitcodes import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TERMINATED,
-    EXIT_WRONG,
 )
 from distbench.faults import Faults
 from distbench.options import OptionError
 from distbench.runtime import RunFailure, Runtime, Watchdog, start
 from distbench.tables import Output
+
+# Outcomes every rank of a run reaches together (the verdict is agreed by collectives): rank 0
+# speaks for all, and all ranks are alive to leave together. A refused option is agreed too,
+# but found before the session starts.
+AGREED = ("ok", "wrong", "slow_links")
 
 
 class Terminated(BaseException):
@@ -95,9 +99,8 @@ class Session:
         self.console.stop_progress()
         for sink in self._sinks.values():
             sink.close()
-        # Every rank agrees on a wrong result or a refused option: rank 0 speaks for all. Other
-        # failures are local, and the rank that saw one may be the only one to tell.
-        if error and (self.rt.rank == 0 or status not in ("wrong", "bad_input", "slow_links")):
+        # Other failures are local, and the rank that saw one may be the only one to tell.
+        if error and (self.rt.rank == 0 or status not in (*AGREED, "bad_input")):
             print(f"distbench: rank {self.rt.rank}: error: {error}", file=sys.stderr, flush=True)
         if self.record is not None:
             self.record.finish(status, code, error)
@@ -140,9 +143,11 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         session.watchdog.disarm()
         session._end(status, code, error)
-    if code in (EXIT_OK, EXIT_WRONG):
+    if status in AGREED:
         # Every rank is alive: leave together, so none closes its connections while a peer's
-        # background threads still use them (seen: std::terminate in a rank's teardown).
+        # background threads still use them (seen: std::terminate in a rank's teardown), and
+        # none exits non-zero (slow links) while rank 0 still writes run.json: the launcher
+        # would SIGTERM it.
         dist.barrier()
         dist.destroy_process_group()
     # Skip the interpreter's teardown of torch's C++ threads; and when peers may be dead or

@@ -378,3 +378,26 @@ def test_root_outside_the_default_world_is_refused_before_workers(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "distbench: error: --root: rank 5 does not exist in a world of 2 (example: --root 0)"]
     assert not [p for p in out.iterdir() if p.is_dir()]
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["collective", "--op", "foo", "--sizes", "1Q"], "--sizes"),
+    (["collective", "--backend", "mpi", "--dtype", "foo"], "--backend"),
+    (["tp", "--hidden-size", "0", "--heads", "0"], "--hidden-size"),
+    (["pp", "--dtype", "int32", "--timeout", "0"], "--timeout"),
+    (["p2p", "--pattern", "star", "--sizes", "1Q"], "--sizes"),
+], ids=["collective-op-sizes", "collective-backend-dtype", "tp-hidden-heads", "pp-dtype-timeout",
+        "p2p-pattern-sizes"])
+def test_of_several_bad_options_the_shared_one_is_named_first(captured, capsys, argv, named):
+    err = _main_error(capsys, *argv)
+    assert err.startswith(f"distbench: error: {named}:"), err
+    assert captured == []
+
+
+def test_dtype_names_are_torch_dtypes():
+    from distbench.ops.dtypes import TORCH_DTYPES
+    from distbench.options import DTYPES, FLOAT_DTYPES
+
+    assert set(DTYPES) == set(TORCH_DTYPES)
+    assert all(TORCH_DTYPES[d].is_floating_point for d in FLOAT_DTYPES)
+    assert {d for d in DTYPES if TORCH_DTYPES[d].is_floating_point} == set(FLOAT_DTYPES)

@@ -29,7 +29,7 @@ class CollectiveOptions(SweepOptions):
     ops: list[str] = option(
         "all_reduce", lambda: f"Collectives, comma-separated, or 'all': {', '.join(names())}.",
         flag="op", check=pick(names, "--op all_reduce,all_gather"), cli_type=str)
-    redops: list[str] = option("sum", "sum, prod, max, min, avg; comma list or 'all'.",
+    redops: list[str] = option("sum", f"{', '.join(REDOPS)}; comma list or 'all'.",
                                flag="redop", check=pick(REDOPS, "--redop sum"), cli_type=str)
     root: int = option(0, "Root rank for broadcast, reduce, gather, scatter.",
                        check=require(lambda v: v >= 0, "must be a rank (0 or more), got {value}",

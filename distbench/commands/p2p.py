@@ -26,7 +26,7 @@ class P2POptions(SweepOptions):
         0.8, "matrix: name links below this fraction of their class median (intra-node and "
         "inter-node links judged apart).", check=fraction("--outlier-below 0.8"))
     fail_below: float | None = option(
-        None, "matrix: exit 4 when a link is below this fraction of its class median.",
+        None, f"matrix: exit {EXIT_BELOW} when a link is below this fraction of its class median.",
         check=fraction("--fail-below 0.8", optional=True), show_default=False)
 
     def check_world(self, world: int) -> None:

@@ -29,8 +29,8 @@ def _redefault(name: str, default) -> object:
 
 @dataclass(kw_only=True)
 class PPOptions(StepOptions):
-    schedules: list[str] = option("all", "naive, gpipe, 1f1b, interleaved-1f1b; comma list or "
-                                  "'all'.", flag="schedule",
+    schedules: list[str] = option("all", f"{', '.join(SCHEDULES)}; comma list or 'all'.",
+                                  flag="schedule",
                                   check=pick(SCHEDULES, "--schedule gpipe,1f1b"), cli_type=str)
     micro_batches: int = option(8, "Micro-batches per step (m).",
                                 check=at_least(1, "--micro-batches 8"))

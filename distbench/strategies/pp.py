@@ -28,9 +28,6 @@ import torch.distributed as dist
 from distbench.models import Block, PipelineShape, loss_fn, make_batch, make_stage
 from distbench.reference import Pair
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b")
-
-
 # Correctness tolerance, relative to the largest magnitude of the reference tensor: the pipeline
 # sums micro-batch gradients where the reference computes the whole batch at once, so the two
 # differ by rounding only.
