@@ -5,6 +5,7 @@ option errors stay fast; the heavy modules load only once the options are known 
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -26,9 +27,11 @@ app = typer.Typer(
 
 def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: Path | None):
     if value is not None:
-        known = {p.name for p in ctx.command.params if p.name and p.name != "config"}
+        name = ctx.command.name or ""
+        known = {spec.flag: cli_types(COMMANDS[name].options)[f.name]
+                 for f, spec in option_fields(COMMANDS[name].options)}
         ctx.default_map = {**(ctx.default_map or {}),
-                           **load_config(value, ctx.command.name or "", known)}
+                           **load_config(value, name, known, set(COMMANDS))}
     return value
 
 
@@ -53,10 +56,16 @@ def _parameters(options: type) -> list[inspect.Parameter]:
 
 def _add(name: str, command: Command) -> None:
     def handler(**raw) -> None:
-        raw.pop("config")
-        opts = build(command.options, raw, argv=sys.argv[1:])
         from distbench import launch
 
+        raw.pop("config")
+        if raw.get("workers") is not None and launch.under_launcher():
+            # the launcher decided the world; refusing would fail a run that can go ahead
+            if os.environ.get("RANK") == "0" and not launch.started_by_us():
+                print(f"distbench: warning: --workers is ignored under a launcher (it started "
+                      f"{os.environ.get('WORLD_SIZE')} ranks)", file=sys.stderr, flush=True)
+            raw["workers"] = None
+        opts = build(command.options, raw, argv=sys.argv[1:])
         raise typer.Exit(launch.dispatch(name, opts))
 
     params = [*_parameters(command.options), CONFIG]

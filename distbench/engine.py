@@ -116,7 +116,7 @@ def _skipped(s, ser: Series, sink, size: int, lay: Layout | None, reason: str) -
         ser.on_skip(size, lay, reason)
     else:
         row = {**ser.row, "size_bytes": lay.size_bytes if lay else size,
-               "count": lay.count if lay else 0, "status": "skipped", "note": reason}
+               "count": lay.count if lay else None, "status": "skipped", "note": reason}
         sink.append(row)
         if ser.title is not None:
             s.console.lines([format_row(ser.output.console, row)])

@@ -20,6 +20,11 @@ def under_launcher() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def started_by_us() -> bool:
+    """A worker distbench started itself (start_local hands its workers the run directory)."""
+    return results.RUN_DIR_ENV in os.environ
+
+
 def dispatch(command: str, opts) -> int:
     entry = COMMANDS[command]
     if under_launcher():
@@ -81,8 +86,10 @@ def run_local_workers(nproc: int, python_args: list[str]) -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, minus its warning
-    # The agent's own log lines (closing signals sent to workers) repeat what we report.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # The agent's own log lines (closing signals sent to workers) repeat what we report. torch
+    # gives some of its elastic loggers their own level, so the parent's is not enough.
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed")]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"distbench-{uuid.uuid4().hex}",
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,

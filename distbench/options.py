@@ -4,6 +4,7 @@ help text and validation (`option()`); the command line, the TOML `--config` key
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -76,6 +77,14 @@ def at_least(low: int, example: str, optional: bool = False) -> Check:
     return require(lambda v: v >= low, text, example, optional=optional)
 
 
+def iterations(example: str, optional: bool = False) -> Check:
+    """At least 1, and at most what a timed loop can keep a sample of."""
+    low = at_least(1, example, optional)
+    high = require(lambda v: v <= MAX_ITERS, f"must be at most {MAX_ITERS} (one sample is kept "
+                   "per iteration), got {value}", example, optional=optional)
+    return lambda option, value: high(option, low(option, value))
+
+
 def fraction(example: str, optional: bool = False) -> Check:
     return require(lambda v: 0 < v <= 1, "must be a fraction in (0, 1], got {value}", example,
                    float, optional)
@@ -134,6 +143,8 @@ DTYPES = tuple(dict.fromkeys(DTYPE_ALIASES.values()))
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 BACKENDS = ("auto", "nccl", "gloo")
 MAX_TIMEOUT_S = 7 * 24 * 3600
+# A timed loop keeps one sample per iteration on every rank (and all-reduces them once).
+MAX_ITERS = 10_000_000
 
 
 def _one_float_dtype(option: str, text) -> str:
@@ -168,7 +179,10 @@ def at_least_two(command: str, world: int) -> None:
 class RunOptions:
     """What every command that starts workers takes."""
 
-    out: Path = option(Path("results"), "Parent directory of the run directory.")
+    # read as text: a Path would turn "" into "." and write into the current directory
+    out: Path = option("results", "Parent directory of the run directory.", cli_type=str,
+                       check=require(lambda v: str(v).strip() != "", "must name a directory, "
+                                     "got an empty path", "--out results", Path))
     backend: str = option("auto", "auto (nccl with CUDA, else gloo), nccl, gloo.",
                           check=one_of(BACKENDS, "--backend gloo"))
     # inf would pass `> 0` but cannot become a timedelta (OverflowError in every worker)
@@ -216,7 +230,7 @@ class SweepOptions(RunOptions):
         check=pick(DTYPES, "--dtype float32,bfloat16", DTYPE_ALIASES),
         cli_type=str)
     iters: int | None = option(None, "Timed iterations per size. Default: calibrated to "
-                               "--min-time.", check=at_least(1, "--iters 20", optional=True),
+                               "--min-time.", check=iterations("--iters 20", optional=True),
                                show_default=False)
     # inf passes `> 0` but cannot become an iteration count; nan fails `> 0` already
     min_time: float = option(
@@ -242,7 +256,7 @@ class StepOptions(RunOptions):
                          check=at_least(1, "--layers 2"))
     dtype: str = option("float32", f"{', '.join(FLOAT_DTYPES[:-1])} or {FLOAT_DTYPES[-1]}.",
                         check=_one_float_dtype)
-    iters: int = option(10, "Timed training steps.", check=at_least(1, "--iters 10"))
+    iters: int = option(10, "Timed training steps.", check=iterations("--iters 10"))
     warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
     check: bool = option(True, "Compare outputs and gradients with a single-rank reference on "
                          "the same seed.")
@@ -282,7 +296,7 @@ def build(cls: type, raw: dict[str, Any], argv: list[str]):
             continue
         value = raw.get(spec.flag, f.default)
         values[f.name] = spec.check(flag(spec.flag), value) if spec.check else value
-    out = Path(values.pop("out"))
+    out = values.pop("out")
     opts = cls(**values, out=out, argv=argv)
     opts.validate()
     world = opts.workers or _env_int("WORLD_SIZE")
@@ -297,9 +311,24 @@ def _env_int(name: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def load_config(path: Path, command: str, known: set[str]) -> dict:
-    """Options from a TOML file: top-level keys, or a [command] table. Keys as on the command line
-    (`min-time` or `min_time`); list values are joined with commas."""
+def _toml_type_ok(value, kind) -> bool:
+    """A TOML value fits an option of type `kind`: booleans are not numbers, numbers are not
+    booleans or text, and text (or a list, joined with commas) goes to text options only."""
+    base = {t for t in typing.get_args(kind) if t is not type(None)} or {kind}
+    if isinstance(value, bool):
+        return bool in base
+    if isinstance(value, int | float):
+        return float in base or (int in base and isinstance(value, int))
+    if isinstance(value, str | list):
+        return bool(base & {str, Path})
+    return False
+
+
+def load_config(path: Path, command: str, known: dict[str, Any], commands: set[str]) -> dict:
+    """Options from a TOML file: top-level keys, then the [command] table over them (tables of
+    other commands are skipped: one file may serve several). Keys as on the command line
+    (`min-time` or `min_time`), `known` maps each to its type; list values are joined with
+    commas."""
     example = "--config configs/smoke-gloo.toml"
     try:
         data = tomllib.loads(Path(path).read_text())
@@ -309,21 +338,27 @@ def load_config(path: Path, command: str, known: set[str]) -> dict:
         raise OptionError("--config", f"cannot read {str(path)!r}: {e.strerror}", example) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise OptionError("--config", f"{path} is not valid TOML: {e}", example) from None
-    table = data.get(command, data)
-    if not isinstance(table, dict):
-        raise OptionError("--config", f"[{command}] in {path} must be a table", example)
+    tables = {k for k, v in data.items() if isinstance(v, dict)}
+    unknown = sorted(tables - commands)
+    if unknown:
+        raise OptionError("--config", f"unknown table [{unknown[0]}] in {path} (tables: "
+                          f"{', '.join(sorted(commands))})", example)
+    top = {k: v for k, v in data.items() if k not in tables}
+    table = data.get(command, {})
+    if not top and not table and tables:
+        raise OptionError("--config", f"{path} has no [{command}] table and no top-level keys "
+                          f"(it has {', '.join(f'[{t}]' for t in sorted(tables))})", example)
     out: dict = {}
-    for key, value in table.items():
+    for key, value in {**top, **table}.items():
         name = key.replace("-", "_")
         if name not in known:
-            if isinstance(value, dict):  # another command's table
-                continue
             valid = ", ".join(sorted(k.replace("_", "-") for k in known))
             raise OptionError("--config", f"unknown key {key!r} in {path} (valid: {valid})",
                               example)
+        if not _toml_type_ok(value, known[name]):
+            raise OptionError("--config", f"{key} = {json.dumps(value)} in {path} is the wrong "
+                              f"type for {flag(name)}", example)
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
         out[name] = value
     return out
-
-

@@ -18,7 +18,7 @@ from distbench.exitcodes import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_TERMINATED,
+    for_signal,
 )
 from distbench.faults import Faults
 from distbench.options import OptionError
@@ -31,12 +31,19 @@ from distbench.tables import Output
 AGREED = ("ok", "wrong", "slow_links")
 
 
+# SIGTERM: usually the launcher stopping us because another worker failed; SIGHUP: the terminal
+# or the session went away; SIGQUIT: asked to stop. All end the run as terminated.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
 class Terminated(BaseException):
-    """SIGTERM, usually the launcher stopping us because another worker failed."""
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated()
+def _on_stop_signal(signum, frame):
+    raise Terminated(signum)
 
 
 def _first_line(e: BaseException) -> str:
@@ -109,7 +116,8 @@ class Session:
 
 
 def run(command: str, opts, body: Callable[[Session], int]) -> int:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_stop_signal)
     try:
         rt = start(opts.backend, opts.timeout, opts.identity())
         try:
@@ -130,8 +138,8 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         status, code, error = e.status, e.exit_code, str(e)
     except Terminated as e:
         cause = f" while handling: {_first_line(e.__context__)}" if e.__context__ else ""
-        status, code = "terminated", EXIT_TERMINATED
-        error = f"stopped by SIGTERM in {session.current}{cause}"
+        status, code = "terminated", for_signal(e.signum)
+        error = f"stopped by {signal.Signals(e.signum).name} in {session.current}{cause}"
     except KeyboardInterrupt:
         status, code, error = "interrupted", EXIT_INTERRUPTED, f"interrupted in {session.current}"
     except Exception as e:
@@ -140,7 +148,8 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     finally:
         # Writing run.json must not be cut short by the launcher's SIGTERM. Ignored, not
         # blocked: a mask would cover this thread only, and Python runs handlers here anyway.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
         session.watchdog.disarm()
         session._end(status, code, error)
     if status in AGREED:

@@ -52,6 +52,8 @@ BAD_FLAGS = [
     ("placement-unknown", ["--placement", "sideways"], "--placement", True),
     ("iters-zero", ["--iters", "0"], "--iters", True),
     ("iters-negative", ["--iters", "-3"], "--iters", True),
+    # a timed loop keeps a sample per iteration: refused before workers, not a MemoryError
+    ("iters-absurd", ["--iters", "1000000000000"], "--iters", True),
     ("warmup-negative", ["--warmup", "-1"], "--warmup", True),
     ("timeout-zero", ["--timeout", "0"], "--timeout", True),
     ("timeout-negative", ["--timeout", "-5"], "--timeout", True),
@@ -130,6 +132,11 @@ CONFIG_CASES = [
     ("unknown-key-in-table", '[collective]\nnproc = 2\n', "nproc"),
     ("bad-value", 'sizes = "1Q"\n', "--sizes"),
     ("bad-value-in-table", '[collective]\niters = 0\n', "--iters"),
+    ("table-typo", '[colective]\niters = 3\n', "unknown table [colective]"),
+    ("only-another-commands-table", '[p2p]\npattern = "ring"\n', "no [collective] table"),
+    ("bool-is-not-an-integer", 'iters = true\n', "iters = true"),
+    ("integer-is-not-a-bool", '[collective]\ncheck = 1\n', "check = 1"),
+    ("text-is-not-a-number", 'min-time = "fast"\n', 'min-time = "fast"'),
 ]
 
 
@@ -277,7 +284,7 @@ def _resolve(captured, *args: str) -> CollectiveOptions:
     assert result.exit_code == 0, (result.output, result.exception)
     assert len(captured) == 1
     command, opts = captured[0]
-    assert command == "collective"
+    assert command == args[0]
     captured.clear()
     return opts
 
@@ -314,6 +321,28 @@ def test_config_values_land_and_flags_win(captured, tmp_path, text):
     assert opts.sizes == [1024]
     assert opts.check is True
     assert opts.iters == 3
+
+
+def test_config_top_level_and_table_merge_the_table_winning(captured, tmp_path):
+    cfg = _write(tmp_path / "bench.toml", """
+        sizes = "4K"
+        iters = 3
+        [collective]
+        iters = 7
+        [p2p]
+        pattern = "ring"
+    """)
+    opts = _resolve(captured, "collective", "--config", str(cfg))
+    assert opts.sizes == [4096] and opts.iters == 7
+    opts = _resolve(captured, "p2p", "--config", str(cfg))
+    assert opts.sizes == [4096] and opts.iters == 3 and opts.patterns == ["ring"]
+
+
+def test_empty_out_is_refused(tmp_path):
+    proc, secs = _distbench("collective", "--out", "", cwd=tmp_path)
+    line = assert_one_line_error(proc, secs, "--out", ours=True)
+    assert "empty" in line
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
 
 
 def test_defaults(captured):

@@ -149,7 +149,7 @@ def test_p2p_config_table_lands_and_flags_win(captured, tmp_path):
     assert opts.patterns == ["matrix"]
     assert opts.outlier_below == 0.6
     assert opts.sizes == [1024, 2048]
-    assert opts.iters is None  # top-level keys do not apply when the [p2p] table exists
+    assert opts.iters == 9  # top-level keys apply to every command; the table adds to them
     assert opts.fail_below is None
 
     opts = _resolve(captured, "p2p", "--pattern", "ring", "--config", str(cfg))

@@ -110,3 +110,19 @@ def test_topo_under_torchrun_gathers_every_node(tmp_path):
     # both agents run on this one machine: one physical snapshot, under its host name
     assert [n["host"] for n in nodes] == [socket.gethostname()]
     assert f"node {socket.gethostname()}" in node0.stdout
+
+
+def test_workers_under_a_launcher_is_ignored_with_one_warning(tmp_path):
+    """The launcher decided the world (2 ranks): --workers 1 would refuse p2p, so it is ignored
+    and said so once, not once per rank."""
+    (node,) = torchrun_nodes(tmp_path, nnodes=1, nproc=2, per_node_args=[
+        ["p2p", "--pattern", "ring", "--sizes", "4K", "--iters", "2", "--warmup", "1",
+         "--workers", "1"]])
+    assert node.returncode == 0, node.stderr
+    warnings = [line for line in node.stderr.splitlines() if "warning" in line]
+    assert warnings == ["distbench: warning: --workers is ignored under a launcher (it started "
+                        "2 ranks)"]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    rows = list(csv.DictReader(open(run_dir / "p2p.csv")))
+    assert [(r["pattern"], r["world_size"], r["status"]) for r in rows] == [("ring", "2", "ok")]
+    assert json.loads((run_dir / "run.json").read_text())["options"]["workers"] is None

@@ -1,0 +1,78 @@
+"""Real signals on a real self-launched run: the run ends with the exit code the signal maps to,
+run.json says how it ended, the rows measured before it are kept, torch's agent adds no noise,
+and no worker outlives the command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import clean_env
+
+pytestmark = pytest.mark.multiproc
+
+
+def _workers_of(out: Path) -> list[int]:
+    """Processes whose command line names this run's --out: the launcher and its workers."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(out).encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def _start_and_wait_for_first_row(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """Rank 1 stalls at 4 KiB, so the run sits, deterministically, after its 1 KiB row."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distbench", "collective", "--sizes", "1K,4K", "--iters", "3",
+         "--warmup", "1", "--workers", "2", "--timeout", "120", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=clean_env(DISTBENCH_TEST_STALL="1:4096"), start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rows = list(out.glob("*/collective.csv"))
+        if rows and len(rows[0].read_text().splitlines()) >= 2:
+            time.sleep(0.5)  # both ranks on to the 4 KiB size
+            return proc, rows[0].parent
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the first row never came")
+
+
+@pytest.mark.parametrize("signum,to_group,code,status", [
+    (signal.SIGINT, True, 130, "interrupted"),  # Ctrl-C: the terminal signals the whole group
+    (signal.SIGHUP, True, 129, "terminated"),  # the terminal went away
+    (signal.SIGTERM, False, 143, "terminated"),  # a scheduler stopping the launcher alone
+], ids=["sigint-group", "sighup-group", "sigterm-launcher"])
+def test_a_signal_ends_the_run_truthfully(tmp_path, signum, to_group, code, status):
+    proc, run_dir = _start_and_wait_for_first_row(tmp_path)
+    if to_group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=90)
+    assert proc.returncode == code, stderr
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == status, meta
+    assert meta["exit_code"] in (code, 143), meta  # the agent stops its workers with SIGTERM
+    lines = (run_dir / "collective.csv").read_text().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("all_reduce,float32,sum,-1,1,2,1,1024,")
+    assert "death signal" not in stderr and "Traceback" not in stderr, stderr
+    assert not list(run_dir.glob("*.tmp"))
+    deadline = time.monotonic() + 10
+    while _workers_of(tmp_path / "out") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _workers_of(tmp_path / "out") == [], "a worker outlived the command"
