@@ -3,7 +3,9 @@ elsewhere (console.py); later tools read these files, so their shape is a contra
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import json
 import os
 import platform
@@ -37,10 +39,23 @@ def new_run_dir(parent: Path, command: str) -> Path:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Atomic: a reader (or a crash) never sees half a file."""
+    """Atomic: a reader (or a crash) never sees half a file, and a failed write (a full disk)
+    leaves the previous file as it was, with no temporary beside it."""
+    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno != errno.ENOSPC or not path.exists():
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        # A full disk: rewriting in place frees the old file's blocks first, which is the only
+        # way left to say how the run ended.
+        try:
+            path.write_text(text)
+        except OSError:
+            raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def comm_environment() -> dict[str, str]:
@@ -55,18 +70,31 @@ class CsvSink:
         self.columns = columns
         self._file = open(path, "w", newline="")  # noqa: SIM115 - lives as long as the run
         self._writer = csv.DictWriter(self._file, fieldnames=columns, extrasaction="raise")
-        self._writer.writeheader()
-        self._file.flush()
+        self._complete = 0  # bytes on disk that end with a whole row
+        self._write(self._writer.writeheader)
 
     def append(self, row: dict) -> None:
         unknown = set(row) - set(self.columns)
         if unknown:  # a misspelt key would otherwise leave a silently empty cell
             raise KeyError(f"not columns of {self.path.name}: {sorted(unknown)}")
-        self._writer.writerow({k: _cell(row.get(k)) for k in self.columns})
-        self._file.flush()
+        self._write(lambda: self._writer.writerow({k: _cell(row.get(k)) for k in self.columns}))
+
+    def _write(self, write) -> None:
+        """Write and flush; on a failed write (a full disk mid-row) cut the file back to its last
+        whole row and raise an OSError naming the file."""
+        try:
+            write()
+            self._file.flush()
+            self._complete = self._file.tell()
+        except OSError as e:
+            self.close()
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, self._complete)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def close(self) -> None:
-        self._file.close()
+        with contextlib.suppress(OSError):  # a failed flush was reported when it failed
+            self._file.close()
 
 
 class NullSink:
@@ -130,7 +158,11 @@ def mark_unfinished(run_dir: Path, error: str, exit_code: int) -> bool:
     if data.get("status") != "running":
         return False
     data.update(status="failed", exit_code=exit_code, error=error, end_utc=utc_now())
-    write_json(path, data)
+    try:
+        write_json(path, data)
+    except OSError as e:
+        print(f"distbench: error: cannot finish {path}: {e.strerror}; it may still say "
+              "\"running\"", file=sys.stderr)
     return True
 
 

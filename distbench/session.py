@@ -110,7 +110,11 @@ class Session:
         if error and (self.rt.rank == 0 or status not in (*AGREED, "bad_input")):
             print(f"distbench: rank {self.rt.rank}: error: {error}", file=sys.stderr, flush=True)
         if self.record is not None:
-            self.record.finish(status, code, error)
+            try:
+                self.record.finish(status, code, error)
+            except OSError as e:
+                print(f"distbench: rank 0: error: cannot finish {self.record.path}: "
+                      f"{e.strerror}; it may still say \"running\"", file=sys.stderr, flush=True)
             self.console.log(f"results in {self.run_dir}/")
         sys.stdout.flush()
 
@@ -142,6 +146,11 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         error = f"stopped by {signal.Signals(e.signum).name} in {session.current}{cause}"
     except KeyboardInterrupt:
         status, code, error = "interrupted", EXIT_INTERRUPTED, f"interrupted in {session.current}"
+    except OSError as e:
+        status, code = "failed", EXIT_FAILED
+        where = e.filename or session.run_dir
+        what = f"cannot write {where}" if where else f"{session.current} failed"
+        error = f"{what}: {e.strerror or _first_line(e)} (in {session.current})"
     except Exception as e:
         status, code = "failed", EXIT_FAILED
         error = f"{session.current} failed: {type(e).__name__}: {_first_line(e)}"
