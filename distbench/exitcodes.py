@@ -18,3 +18,8 @@ def for_signal(signum: int) -> int:
 
 EXIT_INTERRUPTED = for_signal(signal.SIGINT)
 EXIT_TERMINATED = for_signal(signal.SIGTERM)
+
+# Signals that stop a run: SIGINT interrupts it (Ctrl-C); the others terminate it (a scheduler,
+# a launcher stopping its workers, a closed terminal, a quit request).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+TERMINATING_SIGNALS = STOP_SIGNALS[1:]

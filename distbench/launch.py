@@ -4,6 +4,7 @@ otherwise start the local workers ourselves through torch's own launcher API, as
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -12,7 +13,14 @@ import uuid
 
 from distbench import results
 from distbench.commands import COMMANDS
-from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, for_signal
+from distbench.exitcodes import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    STOP_SIGNALS,
+    TERMINATING_SIGNALS,
+    for_signal,
+)
 from distbench.options import OptionError
 
 
@@ -54,13 +62,30 @@ def start_local(command: str, opts) -> int:
     except OptionError as e:
         print(f"distbench: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    # Until torch's agent installs its own handlers (which raise SignalException too), a stop
+    # signal must not kill this process before it can say so in run.json.
+    def stopped(signum, frame):
+        raise SignalException(f"stopped by {signal.Signals(signum).name}", signal.Signals(signum))
+
+    for signum in TERMINATING_SIGNALS:
+        signal.signal(signum, stopped)
     run_dir = results.new_run_dir(opts.out, command)
-    os.environ[results.RUN_DIR_ENV] = str(run_dir)
+    record = results.RunRecord(run_dir, command, opts.to_json(), opts.argv)
     try:
+        # run.json exists from the moment its directory does: a run stopped before rank 0
+        # starts still says what it was and how it ended (rank 0 rewrites it once it runs).
+        record.update()
+        os.environ[results.RUN_DIR_ENV] = str(run_dir)
         run_local_workers(nproc, ["-m", "distbench", *opts.argv])
         return EXIT_OK
+    except OSError as e:
+        print(f"distbench: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
+        return EXIT_FAILED
     except ChildFailedError as e:
+        _ignore_stop_signals()  # the run is over: let nothing cut its bookkeeping short
         rank, failure = e.get_first_failure()
+        if -failure.exitcode in STOP_SIGNALS:  # stopped (say Ctrl-C on the process group)
+            return _stopped(record, -failure.exitcode)
         worker0 = e.failures.get(0)
         # Rank 0 decides the outcome (it sees the whole run); a signal death is a failure.
         chosen = worker0 if worker0 is not None and worker0.exitcode > 0 else failure
@@ -74,10 +99,26 @@ def start_local(command: str, opts) -> int:
         return code
     except (KeyboardInterrupt, SignalException) as e:
         # the elastic agent turns SIGINT/SIGTERM (Ctrl-C, scancel) into SignalException
-        signum = getattr(e, "sigval", signal.SIGINT)
-        results.mark_unfinished(run_dir, f"interrupted by {signal.Signals(signum).name}",
-                                for_signal(signum))
-        return for_signal(signum)
+        _ignore_stop_signals()
+        return _stopped(record, getattr(e, "sigval", signal.SIGINT))
+
+
+def _ignore_stop_signals() -> None:
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _stopped(record, signum: int) -> int:
+    """run.json says the run was stopped by `signum`, unless rank 0 already said how it ended;
+    the exit code a shell reports for that signal."""
+    status = "interrupted" if signum == signal.SIGINT else "terminated"
+    code, error = for_signal(signum), f"interrupted by {signal.Signals(signum).name}"
+    if record.path.exists():
+        results.mark_unfinished(record.path.parent, error, code, status)
+    else:  # stopped before run.json was first written
+        with contextlib.suppress(OSError):
+            record.finish(status, code, error)
+    return code
 
 
 def run_local_workers(nproc: int, python_args: list[str]) -> None:

@@ -147,9 +147,9 @@ class RunRecord:
         self.update(status=status, exit_code=exit_code, error=error, end_utc=utc_now())
 
 
-def mark_unfinished(run_dir: Path, error: str, exit_code: int) -> bool:
+def mark_unfinished(run_dir: Path, error: str, exit_code: int, status: str = "failed") -> bool:
     """Called by the local launcher after its workers ended: a run.json still saying "running"
-    means rank 0 died before it could say so itself."""
+    means rank 0 died (or was stopped) before it could say so itself."""
     path = Path(run_dir) / "run.json"
     try:
         data = json.loads(path.read_text())
@@ -157,7 +157,7 @@ def mark_unfinished(run_dir: Path, error: str, exit_code: int) -> bool:
         return False
     if data.get("status") != "running":
         return False
-    data.update(status="failed", exit_code=exit_code, error=error, end_utc=utc_now())
+    data.update(status=status, exit_code=exit_code, error=error, end_utc=utc_now())
     try:
         write_json(path, data)
     except OSError as e:

@@ -18,6 +18,7 @@ from distbench.exitcodes import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    TERMINATING_SIGNALS,
     for_signal,
 )
 from distbench.faults import Faults
@@ -31,12 +32,10 @@ from distbench.tables import Output
 AGREED = ("ok", "wrong", "slow_links")
 
 
-# SIGTERM: usually the launcher stopping us because another worker failed; SIGHUP: the terminal
-# or the session went away; SIGQUIT: asked to stop. All end the run as terminated.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
 class Terminated(BaseException):
+    """A terminating signal; usually SIGTERM, the launcher stopping us because another worker
+    failed."""
+
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
@@ -120,7 +119,7 @@ class Session:
 
 
 def run(command: str, opts, body: Callable[[Session], int]) -> int:
-    for signum in STOP_SIGNALS:
+    for signum in TERMINATING_SIGNALS:
         signal.signal(signum, _on_stop_signal)
     try:
         rt = start(opts.backend, opts.timeout, opts.identity())
@@ -157,7 +156,7 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     finally:
         # Writing run.json must not be cut short by the launcher's SIGTERM. Ignored, not
         # blocked: a mask would cover this thread only, and Python runs handlers here anyway.
-        for signum in STOP_SIGNALS:
+        for signum in TERMINATING_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         session.watchdog.disarm()
         session._end(status, code, error)

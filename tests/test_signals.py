@@ -76,3 +76,32 @@ def test_a_signal_ends_the_run_truthfully(tmp_path, signum, to_group, code, stat
     while _workers_of(tmp_path / "out") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _workers_of(tmp_path / "out") == [], "a worker outlived the command"
+
+
+@pytest.mark.parametrize("signum,code,status", [
+    (signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+    ids=["sigint", "sigterm"])
+def test_a_signal_during_startup_still_leaves_a_truthful_run_json(tmp_path, signum, code,
+                                                                  status):
+    """Stopped before any worker has a process group: the run directory already holds a
+    run.json, and it says how the run ended."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distbench", "collective", "--sizes", "1K", "--iters", "3",
+         "--workers", "2", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=clean_env(), start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not list(out.glob("*/run.json")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stderr
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == status and meta["exit_code"] == code, meta
+    assert meta["options"]["sizes"] == [1024]
+    deadline = time.monotonic() + 10
+    while _workers_of(out) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _workers_of(out) == []
