@@ -136,11 +136,15 @@ def _refuse_mismatched_options(everyone: list[dict], rank: int) -> None:
 
 
 class Watchdog:
-    """Ends a run whose ranks stop making progress. Runs beside the main thread, which may be
-    blocked inside a collective (GIL released) when the deadline passes."""
+    """Ends a run whose ranks stop making progress, or whose launcher is gone (SIGKILLed: it
+    could not stop us, and an orphan would run on and report success). Runs beside the main
+    thread, which may be blocked inside a collective (GIL released) at that moment."""
 
-    def __init__(self, on_expire: Callable[[str, float], None]):
+    def __init__(self, on_expire: Callable[[str, float], None],
+                 on_orphaned: Callable[[int], None]):
         self._on_expire = on_expire
+        self._on_orphaned = on_orphaned
+        self._parent = os.getppid()
         self._deadline: float | None = None
         self._what = ""
         self._seconds = 0.0
@@ -156,6 +160,9 @@ class Watchdog:
     def _watch(self) -> None:
         while True:
             time.sleep(0.1)
+            if os.getppid() != self._parent:  # reparented: the launcher died
+                self._on_orphaned(self._parent)
+                return
             deadline = self._deadline
             if deadline is not None and time.monotonic() > deadline:
                 self._on_expire(self._what, self._seconds)

@@ -18,6 +18,7 @@ from distbench.exitcodes import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     TERMINATING_SIGNALS,
     for_signal,
 )
@@ -62,7 +63,7 @@ class Session:
         self.record: results.RunRecord | None = None
         self._sinks: dict[str, results.CsvSink | results.NullSink] = {}
         self.faults = Faults.from_env(rt.rank)  # all off outside the test suite
-        self.watchdog = Watchdog(self._timed_out)
+        self.watchdog = Watchdog(self._timed_out, self._orphaned)
 
     def open_run_dir(self) -> None:
         """Rank 0 owns the files. The local launcher picks the directory so it can find run.json
@@ -99,6 +100,12 @@ class Session:
                    "a peer stopped taking part (stalled or dead rank?)")
         self._end("timeout", EXIT_FAILED, message)
         os._exit(EXIT_FAILED)
+
+    def _orphaned(self, parent: int) -> None:
+        message = (f"the launcher (pid {parent}) is gone, killed without stopping its workers; "
+                   f"stopped in {self.current} on rank {self.rt.rank}")
+        self._end("terminated", EXIT_TERMINATED, message)
+        os._exit(EXIT_TERMINATED)
 
     def _end(self, status: str, code: int, error: str | None) -> None:
         self.watchdog.disarm()

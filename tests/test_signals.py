@@ -105,3 +105,20 @@ def test_a_signal_during_startup_still_leaves_a_truthful_run_json(tmp_path, sign
     while _workers_of(out) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _workers_of(out) == []
+
+
+def test_workers_of_a_sigkilled_launcher_stop_and_say_so(tmp_path):
+    """kill -9 of the launcher cannot be caught: its workers notice they were reparented,
+    end, and run.json says terminated, not ok."""
+    proc, run_dir = _start_and_wait_for_first_row(tmp_path)
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 15
+    while _workers_of(tmp_path / "out") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _workers_of(tmp_path / "out") == [], "a worker outlived its launcher"
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert (meta["status"], meta["exit_code"]) == ("terminated", 143), meta
+    assert "the launcher" in meta["error"] and "is gone" in meta["error"]
+    lines = (run_dir / "collective.csv").read_text().splitlines()
+    assert len(lines) == 2  # the row measured before is kept
