@@ -23,6 +23,8 @@ from distbench.exitcodes import (
 )
 from distbench.options import OptionError
 
+SHUTDOWN_GRACE_S = 5
+
 
 def under_launcher() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
@@ -62,11 +64,14 @@ def start_local(command: str, opts) -> int:
     except OptionError as e:
         print(f"distbench: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    # Until torch's agent installs its own handlers (which raise SignalException too), a stop
-    # signal must not kill this process before it can say so in run.json.
+    # A stop signal must not kill this process before it can say so in run.json, nor land
+    # inside an import, where Python swallows what a handler raises: stop signals wait, blocked,
+    # until run_local_workers is about to hand over to torch's agent (whose handlers raise
+    # SignalException too), and are raised there.
     def stopped(signum, frame):
         raise SignalException(f"stopped by {signal.Signals(signum).name}", signal.Signals(signum))
 
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     for signum in TERMINATING_SIGNALS:
         signal.signal(signum, stopped)
     run_dir = results.new_run_dir(opts.out, command)
@@ -131,8 +136,30 @@ def run_local_workers(nproc: int, python_args: list[str]) -> None:
     # gives some of its elastic loggers their own level, so the parent's is not enough.
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed")]:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    _cap_shutdown_grace()
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"distbench-{uuid.uuid4().hex}",
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
     )
+    # before any worker is started: they would inherit the mask
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     elastic_launch(config, sys.executable)("-u", *python_args)
+
+
+def _cap_shutdown_grace() -> None:
+    """torch's agent gives workers 30 s between SIGTERM and SIGKILL when it stops them after a
+    failure, and no option reaches that path (the process context closes itself with its
+    default as soon as one worker fails). A worker of ours answers SIGTERM by writing run.json
+    in milliseconds; one that does not answer (stopped, stuck) would hold the command 30 s past
+    --timeout. Cap the grace, in this launcher process only."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    close = PContext.close
+    if getattr(close, "distbench_capped", False):
+        return
+
+    def capped(self, death_sig=None, timeout=SHUTDOWN_GRACE_S):
+        return close(self, death_sig, min(timeout, SHUTDOWN_GRACE_S))
+
+    capped.distbench_capped = True
+    PContext.close = capped

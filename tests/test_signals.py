@@ -83,8 +83,8 @@ def test_a_signal_ends_the_run_truthfully(tmp_path, signum, to_group, code, stat
     ids=["sigint", "sigterm"])
 def test_a_signal_during_startup_still_leaves_a_truthful_run_json(tmp_path, signum, code,
                                                                   status):
-    """Stopped before any worker has a process group: the run directory already holds a
-    run.json, and it says how the run ended."""
+    """The launcher is signalled as soon as the run directory exists, before any worker has a
+    process group: the directory already holds a run.json, and it says how the run ended."""
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [sys.executable, "-m", "distbench", "collective", "--sizes", "1K", "--iters", "3",
@@ -94,7 +94,7 @@ def test_a_signal_during_startup_still_leaves_a_truthful_run_json(tmp_path, sign
     deadline = time.monotonic() + 30
     while not list(out.glob("*/run.json")) and time.monotonic() < deadline:
         time.sleep(0.01)
-    os.killpg(proc.pid, signum)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == code, stderr
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
@@ -122,3 +122,32 @@ def test_workers_of_a_sigkilled_launcher_stop_and_say_so(tmp_path):
     assert "the launcher" in meta["error"] and "is gone" in meta["error"]
     lines = (run_dir / "collective.csv").read_text().splitlines()
     assert len(lines) == 2  # the row measured before is kept
+
+
+def test_a_stopped_worker_does_not_outlive_the_timeout_by_much(tmp_path):
+    """kill -STOP of a worker: the others time out at --timeout and the launcher SIGKILLs the
+    stopped one after a short grace, instead of torch's 30 s."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distbench", "collective", "--sizes", "1K:1M:x2", "--iters", "50",
+         "--warmup", "1", "--workers", "2", "--timeout", "5", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=clean_env(), start_new_session=True)
+    deadline = time.monotonic() + 60
+    workers: list[int] = []
+    while time.monotonic() < deadline:
+        csvs = list(out.glob("*/collective.csv"))
+        workers = [p for p in _workers_of(out) if p != proc.pid]
+        if csvs and len(csvs[0].read_text().splitlines()) >= 2 and len(workers) == 2:
+            break
+        time.sleep(0.05)
+    stopped_at = time.monotonic()
+    os.kill(max(workers), signal.SIGSTOP)  # the later-started worker: rank 1
+    _, stderr = proc.communicate(timeout=120)
+    took = time.monotonic() - stopped_at
+    assert took < 5 + 12, f"returned {took:.1f} s after the stop, with --timeout 5\n{stderr}"
+    assert proc.returncode == 3, stderr
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "timeout" and meta["exit_code"] == 3, meta
+    assert _workers_of(out) == []
