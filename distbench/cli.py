@@ -65,7 +65,7 @@ def _add(name: str, command: Command) -> None:
                 print(f"distbench: warning: --workers is ignored under a launcher (it started "
                       f"{os.environ.get('WORLD_SIZE')} ranks)", file=sys.stderr, flush=True)
             raw["workers"] = None
-        opts = build(command.options, raw, argv=sys.argv[1:])
+        opts = build(command.options, raw, argv=launch.user_argv())
         raise typer.Exit(launch.dispatch(name, opts))
 
     params = [*_parameters(command.options), CONFIG]

@@ -5,6 +5,7 @@ otherwise start the local workers ourselves through torch's own launcher API, as
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -21,9 +22,10 @@ from distbench.exitcodes import (
     TERMINATING_SIGNALS,
     for_signal,
 )
-from distbench.options import OptionError
+from distbench.options import OptionError, to_argv
 
 SHUTDOWN_GRACE_S = 5
+ARGV_ENV = "DISTBENCH_ARGV"
 
 
 def under_launcher() -> bool:
@@ -33,6 +35,12 @@ def under_launcher() -> bool:
 def started_by_us() -> bool:
     """A worker distbench started itself (start_local hands its workers the run directory)."""
     return results.RUN_DIR_ENV in os.environ
+
+
+def user_argv() -> list[str]:
+    """The command line as the user typed it: a worker we started runs resolved flags instead."""
+    given = os.environ.get(ARGV_ENV)
+    return json.loads(given) if given and started_by_us() else sys.argv[1:]
 
 
 def dispatch(command: str, opts) -> int:
@@ -81,7 +89,8 @@ def start_local(command: str, opts) -> int:
         # starts still says what it was and how it ended (rank 0 rewrites it once it runs).
         record.update()
         os.environ[results.RUN_DIR_ENV] = str(run_dir)
-        run_local_workers(nproc, ["-m", "distbench", *opts.argv])
+        os.environ[ARGV_ENV] = json.dumps(opts.argv)  # what the user typed, for run.json
+        run_local_workers(nproc, ["-m", "distbench", command, *to_argv(opts)])
         return EXIT_OK
     except OSError as e:
         print(f"distbench: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)

@@ -306,6 +306,24 @@ def build(cls: type, raw: dict[str, Any], argv: list[str]):
     return opts
 
 
+def to_argv(opts) -> list[str]:
+    """Flags that make `build` give these options again: what the local launcher hands its
+    workers, so they run exactly what was validated here (a --config read from a pipe cannot
+    be read twice). Local-launch settings (--workers) are left out."""
+    flags: list[str] = []
+    for f, spec in option_fields(type(opts)):
+        value = getattr(opts, f.name)
+        if value is None or spec.flag == "workers":
+            continue
+        name = flag(spec.flag)
+        if isinstance(value, bool):
+            flags.append(name if value else f"--no-{name[2:]}")
+        else:
+            text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+            flags += [name, text]
+    return flags
+
+
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name, "")
     return int(value) if value.isdigit() else None

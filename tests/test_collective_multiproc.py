@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 import time
 
 import pytest
-from helpers import distbench, torchrun_nodes
+from helpers import clean_env, distbench, torchrun_nodes
 
 pytestmark = pytest.mark.multiproc
 
@@ -182,3 +184,22 @@ def test_smoke_config_file(tmp_path):
         str(1024 * 4 ** k) for k in range(4)}
     assert all(r["wrong"] == "0" for r in rows if r["status"] == "ok")
     assert res.meta()["options"]["placement"] == "both"
+
+
+def test_config_from_a_pipe_reaches_the_workers(tmp_path):
+    """--config /dev/stdin can be read once: the workers run the options the launcher
+    validated, not the defaults an empty stdin would give them."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "distbench", "collective", "--config", "/dev/stdin",
+         "--workers", "2", "--out", str(tmp_path)],
+        input='sizes = "1K"\niters = 3\nwarmup = 1\n', capture_output=True, text=True,
+        timeout=120, env=clean_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    rows = list(csv.DictReader(open(run_dir / "collective.csv")))
+    assert [(r["size_bytes"], r["iters"]) for r in rows] == [("1024", "3")]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["options"]["sizes"] == [1024] and meta["options"]["iters"] == 3
+    # run.json keeps what the user typed, not the flags handed to the workers
+    assert meta["argv"] == ["collective", "--config", "/dev/stdin", "--workers", "2", "--out",
+                            str(tmp_path)]
