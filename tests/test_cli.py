@@ -370,6 +370,10 @@ def test_good_inputs_resolve(captured):
     assert opts.sizes == [1024, 2048, 3072, 4096]
 
 
+def test_one_worker_is_enough_for_a_collective(captured):
+    assert _resolve(captured, "collective", "--workers", "1").workers == 1
+
+
 def test_duplicates_and_aliases_collapse(captured):
     opts = _resolve(captured, "collective", "--dtype", "fp32,float32,float,bf16",
                     "--op", "all_reduce, all_reduce ,broadcast")

@@ -145,6 +145,10 @@ def test_half_precision_tolerance(dtype):
     assert data.count_wrong(torch.tensor([3.0], dtype=dtype), _const(3.0), "sum") == 0
     # and so is a clearly wrong large value
     assert data.count_wrong(torch.tensor([104.0], dtype=dtype), _const(100.0), "sum") == 1
+    # a few ulps past the tolerance (0.2 at 100 for float16, 1.61 for bfloat16) is wrong too:
+    # a tolerance loosened tenfold would pass these
+    off = {torch.bfloat16: 2.0, torch.float16: 0.5}[dtype]
+    assert data.count_wrong(torch.tensor([100.0 + off], dtype=dtype), _const(100.0), "sum") == 1
 
 
 def test_float32_is_exact_outside_avg():

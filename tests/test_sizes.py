@@ -74,7 +74,8 @@ def test_parse_size_unknown_suffix_exact_message():
     assert str(exc.value) == "unknown suffix 'Q' in '1Q' (use K, M, G or T)"
 
 
-@pytest.mark.parametrize("text", ["1Q", "1P", "1KK", "1iB", "4KiBB", "1Mi", "1bytes"])
+@pytest.mark.parametrize("text", ["1Q", "1P", "1KK", "1iB", "4KiBB", "1Mi", "1bytes", "1BB",
+                                  "2KBB"])
 def test_parse_size_unknown_suffixes(text):
     with pytest.raises(SizeError, match="unknown suffix"):
         parse_size(text)

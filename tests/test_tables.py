@@ -111,3 +111,42 @@ def test_no_code_comment_points_outside_the_repository():
     for path in [*(ROOT / "distbench").rglob("*.py"), *(ROOT / "tests").glob("*.py")]:
         text = path.read_text()
         assert "DESIGN" + ".md" not in text, path
+
+
+# The CSV contracts written out by hand: a column renamed, dropped or moved in a declaration
+# must fail here, not pass by comparing the declaration with itself.
+PINNED = {
+    'collective.csv': (
+        "op dtype redop root in_place world_size nnodes size_bytes count iters time_us "
+        "rank_min_us rank_max_us slowest_rank p50_us p99_us cv_pct algbw_gbps busbw_gbps wrong "
+        "backend status note "
+    ).split(),
+    'p2p.csv': (
+        "pattern dtype world_size nnodes pairs size_bytes count iters time_us rank_min_us "
+        "rank_max_us slowest_rank p50_us p99_us cv_pct algbw_gbps busbw_gbps wrong backend status "
+        "note "
+    ).split(),
+    'p2p_matrix.csv': (
+        "direction src_rank dst_rank src_host dst_host src_local_rank dst_local_rank link dtype "
+        "world_size nnodes size_bytes count iters time_us p50_us p99_us cv_pct gbps wrong backend "
+    ).split(),
+    'tp.csv': (
+        "block dtype world_size nnodes hidden_size ffn_size heads seq_len micro_batch_size layers "
+        "iters step_us rank_min_us rank_max_us slowest_rank p50_us p99_us cv_pct compute_only_us "
+        "comm_pct tflops_per_rank tokens_per_s allreduce_bytes_per_step implied_busbw_gbps t1_us "
+        "speedup efficiency max_abs_err backend status note "
+    ).split(),
+    'pp.csv': (
+        "schedule dtype world_size nnodes stages virtual_stages layers layers_per_stage "
+        "micro_batches micro_batch_size hidden_size seq_len iters step_us rank_min_us rank_max_us "
+        "slowest_rank p50_us p99_us cv_pct samples_per_s bubble_measured "
+        "bubble_measured_per_stage bubble_analytic p2p_bytes_per_step t1_us speedup efficiency "
+        "max_abs_err backend status note "
+    ).split(),
+}
+
+
+
+@pytest.mark.parametrize("output", OUTPUTS, ids=[o.file for o in OUTPUTS])
+def test_csv_contracts_are_pinned(output):
+    assert list(output.csv) == PINNED[output.file]

@@ -1,0 +1,67 @@
+"""Cross-rank logic at world sizes 2 and 3, in milliseconds (ranks as threads, see
+fake_group.py): at world size 1 SUM, MAX and MIN are all the identity and prove nothing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from fake_group import run_ranks
+
+from distbench import memory, timing
+
+CPU = torch.device("cpu")
+
+
+def test_statistics_of_unequal_ranks(monkeypatch):
+    samples = {0: [1e-3, 1e-3, 1e-3], 1: [2e-3, 2e-3, 5e-3]}
+    stats = run_ranks(monkeypatch, 2, lambda r: timing.summarize(samples[r], r * 2, CPU))
+    assert stats[0] == stats[1]  # every rank agrees
+    st = stats[0]
+    assert st.slowest_rank == 1
+    assert st.time_us == pytest.approx(2000)  # (1 ms + 3 ms) / 2
+    assert (st.rank_min_us, st.rank_max_us) == (pytest.approx(1000), pytest.approx(3000))
+    # percentiles of the slowest rank per iteration: [2, 2, 5] ms
+    assert st.p50_us == pytest.approx(2000) and st.p99_us == pytest.approx(4940)
+    assert st.wrong == 2 and st.iters == 3
+
+
+def test_a_rank_that_sits_out_adds_nothing(monkeypatch):
+    samples = {0: [1e-3] * 4, 1: [3e-3] * 4, 2: [9e-3] * 4}
+    stats = run_ranks(monkeypatch, 3, lambda r: timing.summarize(
+        samples[r], 0, CPU, active=r != 2))
+    st = stats[0]
+    assert st.slowest_rank == 1 and st.rank_max_us == pytest.approx(3000)
+    assert st.time_us == pytest.approx(2000) and st.p99_us == pytest.approx(3000)
+
+
+def test_calibration_follows_the_slowest_rank(monkeypatch):
+    def calibrate(rank: int):
+        def op():
+            time.sleep(0.001 if rank == 0 else 0.004)
+        return timing.warmup_and_calibrate(op, 3, None, 0.04, CPU)
+
+    (iters0, per0), (iters1, per1) = run_ranks(monkeypatch, 2, calibrate)
+    assert iters0 == iters1  # every rank runs the same count
+    assert per0 == per1 >= 0.004
+    assert timing.MIN_ITERS <= iters0 <= 11  # ~0.04 s / 4 ms, not / 1 ms
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_agree_needs_every_rank(monkeypatch, world):
+    out = run_ranks(monkeypatch, world, lambda r: memory.agree(r != world - 1, CPU))
+    assert out == [False] * world
+    assert run_ranks(monkeypatch, world, lambda r: memory.agree(True, CPU)) == [True] * world
+
+
+def test_allocation_fits_the_rank_with_least_memory(monkeypatch):
+    def alloc_on(rank: int):
+        def alloc(count: int):
+            if rank == 1 and count > 64:
+                raise torch.OutOfMemoryError("fake: rank 1 is short of memory")
+            return torch.empty(count)
+        bufs, fitted = memory.allocate_fitting(alloc, [16, 64, 256], CPU)
+        return fitted, None if bufs is None else bufs.numel()
+
+    assert run_ranks(monkeypatch, 2, alloc_on) == [(64, 64), (64, 64)]
