@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import tomllib
 import typing
 from collections.abc import Callable
@@ -155,15 +154,22 @@ def _one_float_dtype(option: str, text) -> str:
 
 
 def check_writable_dir(option: str, path: Path, example: str) -> Path:
-    """Create the directory and prove a file can be written there, before any work starts."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".distbench-probe-"):
-            pass
-    except OSError as e:
-        raise OptionError(option, f"cannot write to {str(path)!r}: {e.strerror or e}",
-                          example) from None
-    return path
+    """Prove the directory could be created and written, before any work starts, without
+    creating anything: a run refused later (a root outside the world) leaves nothing behind."""
+    probe = Path(os.path.abspath(path))
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        why = "Not a directory"
+    elif not os.access(probe, os.W_OK | os.X_OK):
+        why = "Read-only file system" if _read_only(probe) else "Permission denied"
+    else:
+        return path
+    raise OptionError(option, f"cannot write to {str(path)!r}: {why}", example)
+
+
+def _read_only(path: Path) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
 # ---------------------------------------------------------------------------------------------

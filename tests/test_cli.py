@@ -410,7 +410,18 @@ def test_root_outside_the_default_world_is_refused_before_workers(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "distbench: error: --root: rank 5 does not exist in a world of 2 (example: --root 0)"]
-    assert not [p for p in out.iterdir() if p.is_dir()]
+    assert not out.exists()  # not even --out: nothing is created before validation passes
+
+
+@pytest.mark.parametrize("args,option", [(["tp", "--heads", "3", "--hidden-size", "96"], "--heads"),
+                                         (["pp", "--layers", "1"], "--layers")],
+                         ids=["tp-heads", "pp-layers"])
+def test_a_shape_refused_for_the_default_world_leaves_nothing(tmp_path, args, option):
+    out = tmp_path / "results"
+    proc, _ = _distbench(*args, "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"distbench: error: {option}:")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("argv,named", [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,15 @@ def test_disk_full_at_start_still_finishes_run_json(tmp_path, tiny_disk):
     meta = json.loads((run_dir / "run.json").read_text())
     assert (meta["status"], meta["exit_code"]) == ("failed", 3)
     assert not list(run_dir.glob("*.tmp"))
+
+
+def test_a_read_only_results_disk_is_refused_before_workers(tmp_path, tiny_disk):
+    disk = tiny_disk("64k")
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    out = disk / "results"
+    proc = subprocess.run([sys.executable, "-m", "distbench", "collective", "--out", str(out)],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"distbench: error: --out: cannot write to {str(out)!r}: Read-only file system "
+        "(example: --out results)"]
