@@ -1,5 +1,7 @@
+import time
+
 import pytest
-from helpers import LAUNCHER_VARS
+from helpers import LAUNCHER_VARS, processes_naming
 
 import distbench.launch
 
@@ -18,3 +20,18 @@ def captured(monkeypatch, tmp_path):
 
     monkeypatch.setattr(distbench.launch, "dispatch", fake_dispatch)
     return seen
+
+
+@pytest.fixture(autouse=True)
+def no_orphans(request):
+    """Every process a test started under its tmp_path (launchers, workers, torchrun agents) is
+    gone soon after the test: none survives to run on, or to report on a run that ended."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    tmp_path = request.getfixturevalue("tmp_path")
+    yield
+    deadline = time.monotonic() + 15
+    while processes_naming(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_naming(tmp_path) == [], f"processes outlived the test under {tmp_path}"

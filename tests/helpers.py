@@ -100,3 +100,18 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, secs: float, option
     assert proc.stdout == "", where
     assert secs < 5, f"bad input took {secs:.2f} s to be refused; it must fail before workers"
     return line
+
+
+def processes_naming(path: Path) -> list[int]:
+    """Processes (other than this one) whose command line names `path`: a run's launcher and
+    workers carry its --out there."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(path).encode() in cmdline:
+                found.append(int(entry.name))
+    return found

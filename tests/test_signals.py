@@ -13,23 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
+from helpers import clean_env, processes_naming
 
 pytestmark = pytest.mark.multiproc
 
 
 def _workers_of(out: Path) -> list[int]:
-    """Processes whose command line names this run's --out: the launcher and its workers."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if str(out).encode() in cmdline:
-                found.append(int(entry.name))
-    return found
+    return processes_naming(out)
 
 
 def _start_and_wait_for_first_row(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
