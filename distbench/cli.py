@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +15,16 @@ import typer
 
 from distbench.commands import COMMANDS, Command
 from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED
-from distbench.options import OptionError, build, cli_types, load_config, option_fields
+from distbench.options import (
+    DEFAULT_TIMEOUT_S,
+    OptionError,
+    build,
+    cli_types,
+    example_of,
+    flag,
+    load_config,
+    option_fields,
+)
 
 app = typer.Typer(
     name="distbench",
@@ -88,19 +98,59 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _usage_error(e: typer.TyperException, argv: list[str]) -> str:
+    """Click's words for a command line it could not parse; for a value of the wrong type
+    (`--iters 1.5`), the value given and a valid example, as our own checks give."""
+    param, ctx = getattr(e, "param", None), getattr(e, "ctx", None)
+    if isinstance(e, typer.BadParameter) and param is not None and ctx is not None:
+        command = COMMANDS.get(ctx.command.name or "")
+        fields = {spec.flag: (f, spec) for f, spec in option_fields(command.options)
+                  } if command else {}
+        if param.name in fields:
+            f, spec = fields[param.name]
+            kinds = set(typing.get_args(cli_types(command.options)[f.name])) or {
+                cli_types(command.options)[f.name]}
+            need = ("must be a whole number" if int in kinds else
+                    "must be a number" if float in kinds else e.message.rstrip("."))
+            name = flag(param.name)
+            given = next((v for k, v in zip(argv, argv[1:], strict=False) if k == name),
+                         next((a.split("=", 1)[1] for a in argv if a.startswith(name + "=")),
+                              None))
+            got = f", got {given!r}" if given is not None else ""
+            return f"{name}: {need}{got} (example: {example_of(spec)})"
+    return f"{_one_line(e.format_message())} (see distbench --help)"
+
+
+def _refuse(message: str) -> int:
+    """Bad input: one line and exit 2. Under a launcher the other ranks would wait for this
+    one in process-group setup until their timeout: they are told first, and each node says
+    it once (from its local rank 0)."""
+    from distbench import launch
+
+    if not launch.under_launcher():
+        print(f"distbench: error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"distbench: error: {message}", file=sys.stderr, flush=True)
+    from distbench.peers import refuse
+
+    refuse(message, DEFAULT_TIMEOUT_S)
+    return EXIT_BAD_INPUT
+
+
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
     try:
         code = app(args=argv, prog_name="distbench", standalone_mode=False)
     except OptionError as e:
-        print(f"distbench: error: {e}", file=sys.stderr)
-        code = EXIT_BAD_INPUT
+        code = _refuse(str(e))
     except typer.Exit as e:
         code = e.exit_code
     except typer.Abort:
         code = EXIT_INTERRUPTED
     except typer.TyperException as e:  # click's usage errors, vendored by typer
-        message = _one_line(e.format_message())
-        if message:  # empty when the help text was shown for a bare `distbench`
-            print(f"distbench: error: {message} (see distbench --help)", file=sys.stderr)
-        code = EXIT_BAD_INPUT
+        if _one_line(e.format_message()):
+            code = _refuse(_usage_error(e, args))
+        else:  # the help text was shown for a bare `distbench`
+            code = EXIT_BAD_INPUT
     sys.exit(code or 0)

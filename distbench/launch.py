@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import uuid
 
@@ -97,24 +98,51 @@ def start_local(command: str, opts) -> int:
         return EXIT_FAILED
     except ChildFailedError as e:
         _ignore_stop_signals()  # the run is over: let nothing cut its bookkeeping short
-        rank, failure = e.get_first_failure()
-        if -failure.exitcode in STOP_SIGNALS:  # stopped (say Ctrl-C on the process group)
-            return _stopped(record, -failure.exitcode)
-        worker0 = e.failures.get(0)
-        # Rank 0 decides the outcome (it sees the whole run); a signal death is a failure.
-        chosen = worker0 if worker0 is not None and worker0.exitcode > 0 else failure
-        code = chosen.exitcode if chosen.exitcode > 0 else EXIT_FAILED
-        how = (f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0
-               else f"exited with code {failure.exitcode}")
-        message = f"worker rank {rank} {how}"
-        if results.mark_unfinished(run_dir, message, code) or failure.exitcode < 0:
-            print(f"distbench: error: {message}; rows measured so far are in {run_dir}/",
-                  file=sys.stderr)
-        return code
+        return _workers_failed(record, e.failures)
     except (KeyboardInterrupt, SignalException) as e:
         # the elastic agent turns SIGINT/SIGTERM (Ctrl-C, scancel) into SignalException
         _ignore_stop_signals()
         return _stopped(record, getattr(e, "sigval", signal.SIGINT))
+
+
+def _workers_failed(record, failures: dict) -> int:
+    """After a worker failed: run.json as the workers left it, made exact with what only this
+    process knows (the signal that killed a worker), one line on stderr, and the exit code."""
+    from distbench.peers import Lost, describe_lost, lost_from_json
+
+    run_dir = record.path.parent
+    first_rank, first = min(failures.items(), key=lambda item: item[1].timestamp)
+    if -first.exitcode in STOP_SIGNALS:  # stopped (say Ctrl-C on the process group)
+        return _stopped(record, -first.exitcode)
+    signals = {rank: -f.exitcode for rank, f in failures.items() if f.exitcode < 0}
+    data = results.read_run_json(run_dir) or {}
+    lost = lost_from_json(data.get("lost_ranks") or [])
+    if lost:  # the workers found who was gone; they left the telling to us
+        dead = {x.rank: signals[x.rank] for x in lost if x.state == "dead" and x.rank in signals}
+        data["error"] = describe_lost(lost, data["failed_step"], dead)
+        try:
+            results.write_json(record.path, data)
+        except OSError as e:
+            print(f"distbench: error: cannot finish {record.path}: {e.strerror}",
+                  file=sys.stderr)
+        print(f"distbench: error: {data['error']}; rows measured so far are in {run_dir}/",
+              file=sys.stderr)
+        return data.get("exit_code") or EXIT_FAILED
+    # No worker could say (none was left, or none saw a peer go): what this process saw.
+    killed = [rank for rank in sorted(signals) if signals[rank] not in STOP_SIGNALS]
+    worker0 = failures.get(0)
+    # Rank 0 decides the outcome (it sees the whole run); a signal death is a failure.
+    chosen = worker0 if worker0 is not None and worker0.exitcode > 0 else first
+    code = chosen.exitcode if chosen.exitcode > 0 else EXIT_FAILED
+    if killed:
+        message = Lost(killed[0], socket.gethostname(), killed[0], "dead").describe(
+            None, signals[killed[0]])
+    else:
+        message = f"worker rank {first_rank} exited with code {first.exitcode}"
+    if results.mark_unfinished(run_dir, message, code) or killed:
+        print(f"distbench: error: {message}; rows measured so far are in {run_dir}/",
+              file=sys.stderr)
+    return code
 
 
 def _ignore_stop_signals() -> None:

@@ -27,6 +27,17 @@ class OptionError(Exception):
 Check = Callable[[str, Any], Any]  # (--flag, raw value) -> value; raises OptionError
 
 
+def _example(check: Check, example: str) -> Check:
+    """The valid example a check quotes, kept on it for errors found before it runs (a value
+    the command line could not even parse)."""
+    check.example = example
+    return check
+
+
+def example_of(spec: Spec) -> str | None:
+    return getattr(spec.check, "example", None)
+
+
 @dataclass(frozen=True)
 class Spec:
     """How one option appears on the command line and in a config file."""
@@ -68,7 +79,7 @@ def require(test: Callable[[Any], bool], message: str, example: str,
         if not test(value):
             raise OptionError(option, message.format(value=value), example)
         return convert(value)
-    return check
+    return _example(check, example)
 
 
 def at_least(low: int, example: str, optional: bool = False) -> Check:
@@ -81,7 +92,7 @@ def iterations(example: str, optional: bool = False) -> Check:
     low = at_least(1, example, optional)
     high = require(lambda v: v <= MAX_ITERS, f"must be at most {MAX_ITERS} (one sample is kept "
                    "per iteration), got {value}", example, optional=optional)
-    return lambda option, value: high(option, low(option, value))
+    return _example(lambda option, value: high(option, low(option, value)), example)
 
 
 def fraction(example: str, optional: bool = False) -> Check:
@@ -96,7 +107,7 @@ def one_of(valid: tuple[str, ...], example: str) -> Check:
             raise OptionError(option, f"unknown value {value!r} (valid: {', '.join(valid)})",
                               example)
         return value
-    return check
+    return _example(check, example)
 
 
 def pick(valid: tuple[str, ...] | Callable[[], tuple[str, ...]], example: str,
@@ -116,7 +127,7 @@ def pick(valid: tuple[str, ...] | Callable[[], tuple[str, ...]], example: str,
             if canon not in out:
                 out.append(canon)
         return out
-    return check
+    return _example(check, example)
 
 
 def sizes(example: str) -> Check:
@@ -125,7 +136,7 @@ def sizes(example: str) -> Check:
             return parse_sizes(str(text))
         except SizeError as e:
             raise OptionError(option, str(e), example) from None
-    return check
+    return _example(check, example)
 
 
 DTYPE_ALIASES = {
@@ -142,6 +153,7 @@ DTYPES = tuple(dict.fromkeys(DTYPE_ALIASES.values()))
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 BACKENDS = ("auto", "nccl", "gloo")
 MAX_TIMEOUT_S = 7 * 24 * 3600
+DEFAULT_TIMEOUT_S = 300.0
 # A timed loop keeps one sample per iteration on every rank (and all-reduces them once).
 MAX_ITERS = 10_000_000
 
@@ -151,6 +163,9 @@ def _one_float_dtype(option: str, text) -> str:
     if len(dtypes) != 1:
         raise OptionError(option, "takes one floating-point dtype", "--dtype bfloat16")
     return dtypes[0]
+
+
+_example(_one_float_dtype, "--dtype bfloat16")
 
 
 def check_writable_dir(option: str, path: Path, example: str) -> Path:
@@ -193,7 +208,7 @@ class RunOptions:
                           check=one_of(BACKENDS, "--backend gloo"))
     # inf would pass `> 0` but cannot become a timedelta (OverflowError in every worker)
     timeout: float = option(
-        300.0, "Seconds a rank may wait on its peers before the run is ended.",
+        DEFAULT_TIMEOUT_S, "Seconds a rank may wait on its peers before the run is ended.",
         check=require(lambda v: 0 < v <= MAX_TIMEOUT_S, f"must be above 0 and at most "
                       f"{MAX_TIMEOUT_S} seconds (one week), got {{value}}", "--timeout 300",
                       float))

@@ -143,21 +143,28 @@ class RunRecord:
         self.data.update(fields)
         write_json(self.path, self.data)
 
-    def finish(self, status: str, exit_code: int, error: str | None = None) -> None:
-        self.update(status=status, exit_code=exit_code, error=error, end_utc=utc_now())
+    def finish(self, status: str, exit_code: int, error: str | None = None, **fields) -> None:
+        """`fields`: what the ending adds (lost_ranks and failed_step when ranks were lost)."""
+        self.update(status=status, exit_code=exit_code, error=error, end_utc=utc_now(), **fields)
 
 
-def mark_unfinished(run_dir: Path, error: str, exit_code: int, status: str = "failed") -> bool:
-    """Called by the local launcher after its workers ended: a run.json still saying "running"
-    means rank 0 died (or was stopped) before it could say so itself."""
-    path = Path(run_dir) / "run.json"
+def read_run_json(run_dir: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text())
+        return json.loads((Path(run_dir) / "run.json").read_text())
     except (OSError, ValueError):
+        return None
+
+
+def mark_unfinished(run_dir: Path, error: str, exit_code: int, status: str = "failed",
+                    **fields) -> bool:
+    """For a run whose rank 0 died (or was stopped) before it could say how the run ended: the
+    local launcher after its workers ended, or the lowest rank left. Only a run.json still
+    saying "running" is changed."""
+    path = Path(run_dir) / "run.json"
+    data = read_run_json(run_dir)
+    if data is None or data.get("status") != "running":
         return False
-    if data.get("status") != "running":
-        return False
-    data.update(status=status, exit_code=exit_code, error=error, end_utc=utc_now())
+    data.update(status=status, exit_code=exit_code, error=error, end_utc=utc_now(), **fields)
     try:
         write_json(path, data)
     except OSError as e:

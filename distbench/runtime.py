@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from distbench import topo
 from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED
+from distbench.peers import Peers, StartFailure, machine_key, node_name
 
 # Our watchdog ends a stalled run at --timeout; the process group's own timeout only backs it up.
 PG_TIMEOUT_GRACE_S = 30
@@ -51,6 +52,7 @@ class Runtime:
     device: torch.device
     ranks: list[dict] = field(default_factory=list)  # per rank: host, node, local_rank, device
     snapshots: list[dict] = field(default_factory=list)  # one topology snapshot per node
+    peers: Peers | None = None  # None only in tests that fake a runtime
 
     @property
     def nnodes(self) -> int:
@@ -63,76 +65,73 @@ class Runtime:
         return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl}
 
 
-def _node_key() -> str:
-    """hostname + boot id as nccl-tests hashes them, plus the launcher's node rank so that two
-    torchrun agents on one host (a test of multi-node runs) count as two nodes."""
-    snap_boot = ""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            snap_boot = f.read().strip()
-    except OSError:
-        pass
-    return f"{socket.gethostname()}|{snap_boot}|{os.environ.get('GROUP_RANK', '')}"
-
-
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _device(backend: str, local_rank: int) -> torch.device:
+    if backend != "nccl":
+        return torch.device("cpu")
+    # Slurm and some launchers give each task only its own GPU: local rank 3 sees GPU 0.
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 def start(backend_choice: str, timeout_s: float, identity: dict) -> Runtime:
-    backend = resolve_backend(backend_choice)
+    """Join the run: agree with every rank that it can start (the same options, none refused),
+    then set up the process group. Raises RunFailure, on every rank alike, when it cannot."""
+    pg_timeout = timeout_s + PG_TIMEOUT_GRACE_S
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if backend == "nccl":
-        # Slurm and some launchers give each task only its own GPU: local rank 3 sees GPU 0.
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    kwargs: dict = {"timeout": timedelta(seconds=timeout_s + PG_TIMEOUT_GRACE_S)}
+    try:
+        peers = Peers.connect(pg_timeout)
+    except (dist.DistError, ValueError) as e:
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        raise RunFailure(f"cannot reach the launcher's store at {where}: "
+                         f"{str(e).strip().splitlines()[0]}") from None
+    mine: dict = {"rank": peers.rank, "node_name": node_name(), "pid": os.getpid()}
+    refusal = None
+    try:
+        backend = resolve_backend(backend_choice)
+        device = _device(backend, local_rank)
+        mine.update({
+            "host": socket.gethostname(),
+            "machine": machine_key(),
+            # two torchrun agents on one host (a test of multi-node runs) count as two nodes
+            "node_key": f"{machine_key()}|{os.environ.get('GROUP_RANK', '')}",
+            "local_rank": local_rank,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "options": _digest(identity),
+            "identity": identity,
+            "snapshot": topo.node_snapshot() if local_rank == 0 else None,
+        })
+    except RunFailure as e:
+        if e.status != "bad_input":
+            raise
+        refusal = e
+        mine["refused"] = str(e)
+    try:
+        everyone = peers.agree_to_start(mine, timeout_s)
+    except StartFailure as e:
+        if refusal is not None:  # say it in our own words on the node that refused
+            raise refusal from None
+        raise RunFailure(str(e), status="bad_input" if e.refused else "failed",
+                         exit_code=EXIT_BAD_INPUT if e.refused else EXIT_FAILED) from None
+    kwargs: dict = {"timeout": timedelta(seconds=pg_timeout)}
     if backend == "nccl":
         kwargs["device_id"] = device
-    dist.init_process_group(backend, **kwargs)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    rt = Runtime(rank, world, local_rank, backend, device)
-    # Once per run, so a Python-object gather is fine here (never per measurement).
-    mine = {
-        "rank": rank,
-        "host": socket.gethostname(),
-        "node_key": _node_key(),
-        "local_rank": local_rank,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "options": _digest(identity),
-        "identity": identity,
-        "snapshot": topo.node_snapshot() if local_rank == 0 else None,
-    }
-    everyone: list = [None] * world
-    dist.all_gather_object(everyone, mine)
-    _refuse_mismatched_options(everyone, rank)
+    dist.init_process_group(backend, store=peers.store, rank=peers.rank,
+                            world_size=peers.world, **kwargs)
+    peers.listen()
+    rt = Runtime(peers.rank, peers.world, local_rank, backend, device, peers=peers)
     nodes: dict[str, int] = {}
-    for r in everyone:
-        r["node"] = nodes.setdefault(r.pop("node_key"), len(nodes))
-        r.pop("identity")
-        r.pop("options")
-    rt.snapshots = topo.dedupe_by_node([r["snapshot"] for r in everyone if r["snapshot"]])
-    for r in everyone:
-        r.pop("snapshot")
-    rt.ranks = everyone
+    for e in everyone:
+        nodes.setdefault(e["node_key"], len(nodes))
+    rt.ranks = [{"rank": e["rank"], "host": e["host"], "node": nodes[e["node_key"]],
+                 "local_rank": e["local_rank"], "device": e["device"], "pid": e["pid"]}
+                for e in everyone]
+    rt.snapshots = topo.dedupe_by_node([e["snapshot"] for e in everyone if e["snapshot"]])
     return rt
-
-
-def _refuse_mismatched_options(everyone: list[dict], rank: int) -> None:
-    ref = everyone[0]
-    odd = [r for r in everyone if r["options"] != ref["options"]]
-    if not odd:
-        return
-    first = odd[0]
-    keys = sorted(k for k in set(ref["identity"]) | set(first["identity"])
-                  if ref["identity"].get(k) != first["identity"].get(k))
-    detail = ", ".join(f"{k}: rank 0 has {ref['identity'].get(k)!r}, rank {first['rank']} has "
-                       f"{first['identity'].get(k)!r}" for k in keys)
-    raise RunFailure(f"ranks were started with different options ({len(odd)} of "
-                     f"{len(everyone)} ranks differ from rank 0; {detail})",
-                     status="bad_input", exit_code=EXIT_BAD_INPUT)
 
 
 class Watchdog:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +24,9 @@ from distbench.exitcodes import (
     for_signal,
 )
 from distbench.faults import Faults
+from distbench.launch import started_by_us
 from distbench.options import OptionError
+from distbench.peers import Lost, describe_lost, lost_to_json
 from distbench.runtime import RunFailure, Runtime, Watchdog, start
 from distbench.tables import Output
 
@@ -31,6 +34,7 @@ from distbench.tables import Output
 # speaks for all, and all ranks are alive to leave together. A refused option is agreed too,
 # but found before the session starts.
 AGREED = ("ok", "wrong", "slow_links")
+NO_LOST_RANK = "a peer stopped taking part (stalled or dead rank?)"
 
 
 class Terminated(BaseException):
@@ -63,6 +67,9 @@ class Session:
         self.record: results.RunRecord | None = None
         self._sinks: dict[str, results.CsvSink | results.NullSink] = {}
         self.faults = Faults.from_env(rt.rank)  # all off outside the test suite
+        # The main thread and the watchdog's may both end the run: the first one does (the
+        # other waits for its os._exit).
+        self._ending = threading.RLock()
         self.watchdog = Watchdog(self._timed_out, self._orphaned)
 
     def open_run_dir(self) -> None:
@@ -80,6 +87,8 @@ class Session:
         self.record.update(backend=rt.backend, world_size=rt.world, nnodes=rt.nnodes,
                            versions={**rt.versions(), "driver": driver}, ranks=rt.ranks)
         results.write_topology(self.run_dir, rt.snapshots)
+        if rt.peers is not None:
+            rt.peers.publish_run_dir(str(self.run_dir))
 
     def sink(self, output: Output) -> results.CsvSink | results.NullSink:
         """The output's CSV in the run directory on rank 0 (a sink that drops rows elsewhere),
@@ -93,35 +102,57 @@ class Session:
     def step(self, what: str, seconds: float) -> None:
         """Name what runs now (errors and timeouts quote it) and how long it may take."""
         self.current = what
+        if self.rt.peers is not None:
+            self.rt.peers.step = what  # what a roll call answer says this rank was doing
         self.watchdog.arm(seconds, what)
 
     def _timed_out(self, what: str, seconds: float) -> None:
-        message = (f"timed out after {seconds:.0f} s in {what} on rank {self.rt.rank}: "
-                   "a peer stopped taking part (stalled or dead rank?)")
+        message = f"timed out after {seconds:.0f} s in {what} on rank {self.rt.rank}"
         self._end("timeout", EXIT_FAILED, message)
         os._exit(EXIT_FAILED)
 
     def _orphaned(self, parent: int) -> None:
         message = (f"the launcher (pid {parent}) is gone, killed without stopping its workers; "
                    f"stopped in {self.current} on rank {self.rt.rank}")
-        self._end("terminated", EXIT_TERMINATED, message)
+        # no roll call: the launcher hosted the store it would go through
+        self._end("terminated", EXIT_TERMINATED, message, roll_call=False)
         os._exit(EXIT_TERMINATED)
 
-    def _end(self, status: str, code: int, error: str | None) -> None:
+    def _end(self, status: str, code: int, error: str | None, roll_call: bool = True) -> None:
+        self._ending.acquire()  # never released: whoever ends the run, ends the process
         self.watchdog.disarm()
         self.console.stop_progress()
         for sink in self._sinks.values():
             sink.close()
-        # Other failures are local, and the rank that saw one may be the only one to tell.
-        if error and (self.rt.rank == 0 or status not in (*AGREED, "bad_input")):
+        answered, lost = [self.rt.rank], []
+        peers = self.rt.peers
+        if roll_call and status not in (*AGREED, "bad_input") and peers is not None:
+            called = peers.roll_call()
+            if called is not None:
+                answered, lost = called
+        status, code, error = _with_lost_ranks(status, code, error, lost, self.current)
+        fields = {"lost_ranks": lost_to_json(lost), "failed_step": self.current} if lost else {}
+        if lost:  # one voice: the lowest rank left, or our own launcher, which knows the signals
+            speaks = self.rt.rank == answered[0] and not started_by_us()
+        else:  # other failures are local, and the rank that saw one may be the only one to tell
+            speaks = self.rt.rank == 0 or status not in (*AGREED, "bad_input")
+        if error and speaks:
             print(f"distbench: rank {self.rt.rank}: error: {error}", file=sys.stderr, flush=True)
         if self.record is not None:
             try:
-                self.record.finish(status, code, error)
+                self.record.finish(status, code, error, **fields)
             except OSError as e:
                 print(f"distbench: rank 0: error: cannot finish {self.record.path}: "
                       f"{e.strerror}; it may still say \"running\"", file=sys.stderr, flush=True)
             self.console.log(f"results in {self.run_dir}/")
+        elif 0 in [x.rank for x in lost] and self.rt.rank == answered[0]:
+            # rank 0 is gone: the lowest rank left says how the run ended, where it can reach
+            run_dir = peers.run_dir()
+            if run_dir is None or not results.mark_unfinished(Path(run_dir), error, code, status,
+                                                              **fields):
+                print(f"distbench: rank {self.rt.rank}: error: cannot finish run.json "
+                      f"({run_dir or 'rank 0 had not created it'}); it may still say "
+                      "\"running\"", file=sys.stderr, flush=True)
         sys.stdout.flush()
 
 
@@ -135,7 +166,8 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         except OptionError as e:
             raise RunFailure(str(e), status="bad_input", exit_code=EXIT_BAD_INPUT) from None
     except RunFailure as e:
-        if not dist.is_initialized() or dist.get_rank() == 0:
+        # every rank ends alike: one line per node, so each node's log says why
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             print(f"distbench: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     session = Session(command, opts, rt)
@@ -172,6 +204,8 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         # background threads still use them (seen: std::terminate in a rank's teardown), and
         # none exits non-zero (slow links) while rank 0 still writes run.json: the launcher
         # would SIGTERM it.
+        if session.rt.peers is not None and session.rt.rank == 0:
+            session.rt.peers.end()
         dist.barrier()
         dist.destroy_process_group()
     # Skip the interpreter's teardown of torch's C++ threads; and when peers may be dead or
@@ -179,3 +213,17 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _with_lost_ranks(status: str, code: int, error: str | None, lost: list[Lost],
+                     step: str) -> tuple[str, int, str | None]:
+    """How the run ended, once the roll call has said which ranks are gone: a lost rank is the
+    cause of whatever this rank saw (a reset connection, a launcher's SIGTERM), so the run
+    failed; a timeout or a Ctrl-C stays what it was, and names them."""
+    if status == "timeout":
+        return status, code, f"{error}: {describe_lost(lost, step) if lost else NO_LOST_RANK}"
+    if not lost:
+        return status, code, error
+    if status == "interrupted":
+        return status, code, f"{error}; {describe_lost(lost, step)}"
+    return "failed", EXIT_FAILED, describe_lost(lost, step)

@@ -63,7 +63,7 @@ def distbench(out: Path, *args: str, timeout: float = 180, **env: str) -> Run:
 
 
 def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[str]],
-                   timeout: float = 180) -> list[subprocess.CompletedProcess]:
+                   timeout: float = 180, **env: str) -> list[subprocess.CompletedProcess]:
     """`nnodes` torchrun agents on 127.0.0.1, as a multi-node job would start them."""
     port = free_port()
     procs = [
@@ -71,7 +71,8 @@ def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
              "--nproc-per-node", str(nproc), "--node-rank", str(i), "--master-addr", "127.0.0.1",
              "--master-port", str(port), "-m", "distbench", *per_node_args[i], "--out", str(out)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=out,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(**env),
+            cwd=out,
         )
         for i in range(nnodes)
     ]
@@ -100,6 +101,11 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, secs: float, option
     assert proc.stdout == "", where
     assert secs < 5, f"bad input took {secs:.2f} s to be refused; it must fail before workers"
     return line
+
+
+def distbench_lines(stderr: str) -> list[str]:
+    """What distbench itself said on stderr (torchrun's and torch's own lines left out)."""
+    return [line for line in stderr.splitlines() if line.startswith("distbench:")]
 
 
 def processes_naming(path: Path) -> list[int]:

@@ -65,9 +65,12 @@ BAD_FLAGS = [
     ("workers-zero", ["--workers", "0"], "--workers", True),
     ("root-negative", ["--root", "-1"], "--root", True),
     ("root-outside-world", ["--root", "2", "--workers", "2"], "--root", True),
+    # values click cannot parse: said in our words, with the option's own valid example
+    ("iters-not-int", ["--iters", "x"], "--iters", True),
+    ("iters-fraction", ["--iters", "1.5"], "--iters", True),
+    ("timeout-not-number", ["--timeout=abc"], "--timeout", True),
     # click/typer's own usage errors
     ("unknown-option", ["--bogus"], "--bogus", False),
-    ("iters-not-int", ["--iters", "x"], "--iters", False),
 ]
 
 
@@ -445,3 +448,30 @@ def test_dtype_names_are_torch_dtypes():
     assert set(DTYPES) == set(TORCH_DTYPES)
     assert all(TORCH_DTYPES[d].is_floating_point for d in FLOAT_DTYPES)
     assert {d for d in DTYPES if TORCH_DTYPES[d].is_floating_point} == set(FLOAT_DTYPES)
+
+
+def test_a_value_click_cannot_parse_gets_the_options_example(tmp_path):
+    proc, _ = _distbench("collective", "--iters", "1.5", cwd=tmp_path)
+    assert proc.stderr == ("distbench: error: --iters: must be a whole number, got '1.5' "
+                           "(example: --iters 20)\n")
+    proc, _ = _distbench("p2p", "--fail-below=x", cwd=tmp_path)
+    assert proc.stderr == ("distbench: error: --fail-below: must be a number, got 'x' "
+                           "(example: --fail-below 0.8)\n")
+
+
+def test_every_numeric_option_has_an_example_to_quote():
+    """A value click cannot parse is answered with the option's example: every option of a
+    number type must have one."""
+    import typing
+
+    from distbench.commands import COMMANDS
+    from distbench.options import cli_types, example_of, option_fields
+
+    for name, command in COMMANDS.items():
+        types = cli_types(command.options)
+        for f, spec in option_fields(command.options):
+            kinds = set(typing.get_args(types[f.name])) or {types[f.name]}
+            if kinds & {int, float}:
+                example = example_of(spec)
+                assert example and example.startswith(f"--{spec.flag.replace('_', '-')} "), (
+                    name, spec.flag, example)

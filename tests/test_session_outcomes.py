@@ -13,9 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distbench import session
+from distbench import results, session
 from distbench.commands.collective import CollectiveOptions
 from distbench.options import build
+from distbench.peers import Lost
 from distbench.runtime import RunFailure, Runtime
 
 
@@ -73,3 +74,98 @@ def test_each_ending_has_its_code_and_status(one_rank, body, code, status):
     assert meta["end_utc"]
     if code in (129, 131, 143):
         assert signal.Signals(code - 128).name in meta["error"]
+
+
+def test_an_orphaned_worker_ends_terminated_143(one_rank):
+    """The watchdog's path when the launcher was SIGKILLed: exit code and run.json (read inside
+    the body: the faked os._exit returns, a real one would not)."""
+    seen = {}
+
+    def body(s):
+        try:
+            s._orphaned(12345)
+        except SystemExit as e:
+            seen["code"] = e.code
+            seen["meta"] = json.loads((s.run_dir / "run.json").read_text())
+        return 0
+    _run(one_rank, body)
+    meta = seen["meta"]
+    assert (seen["code"], meta["status"], meta["exit_code"]) == (143, "terminated", 143)
+    assert "the launcher (pid 12345) is gone" in meta["error"]
+
+
+STEP = "all_reduce 64 KiB float32 (warmup)"
+DEAD = Lost(0, "h", 0, "dead")
+
+
+@pytest.mark.parametrize("status,code,error,lost,want", [
+    ("failed", 3, "x failed: RuntimeError: Connection reset by peer", [DEAD],
+     ("failed", 3, f"rank 0 (h:0) died during {STEP}")),
+    ("terminated", 143, "stopped by SIGTERM in x", [DEAD],
+     ("failed", 3, f"rank 0 (h:0) died during {STEP}")),
+    ("timeout", 3, "timed out after 5 s in x on rank 1", [Lost(2, "h", 2, "stopped")],
+     ("timeout", 3, f"timed out after 5 s in x on rank 1: rank 2 (h:2) was suspended (SIGSTOP "
+                    f"or a debugger) during {STEP}")),
+    ("timeout", 3, "timed out after 5 s in x on rank 1", [],
+     ("timeout", 3, f"timed out after 5 s in x on rank 1: {session.NO_LOST_RANK}")),
+    ("interrupted", 130, "interrupted in x", [DEAD],
+     ("interrupted", 130, f"interrupted in x; rank 0 (h:0) died during {STEP}")),
+    ("failed", 3, "x failed: ValueError: boom", [],
+     ("failed", 3, "x failed: ValueError: boom")),
+], ids=["peer-error", "launcher-sigterm", "timeout-stopped", "timeout-all-answer",
+        "interrupted", "local-failure"])
+def test_lost_ranks_decide_how_the_run_ended(status, code, error, lost, want):
+    assert session._with_lost_ranks(status, code, error, lost, STEP) == want
+
+
+class _FakePeers:
+    """What a roll call found: rank 0 gone, ranks 1 and 2 answered."""
+
+    def __init__(self, run_dir):
+        self._run_dir = run_dir
+        self.step = ""
+
+    def roll_call(self):
+        return [1, 2], [DEAD]
+
+    def run_dir(self):
+        return str(self._run_dir)
+
+
+@pytest.mark.parametrize("rank,finishes", [(1, True), (2, False)])
+def test_the_lowest_rank_left_finishes_run_json_when_rank_0_is_gone(tmp_path, monkeypatch,
+                                                                     capsys, rank, finishes):
+    monkeypatch.delenv("DISTBENCH_RUN_DIR", raising=False)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    record = results.RunRecord(run_dir, "collective", {}, [])
+    record.update()  # as rank 0 left it: "running"
+    opts = build(CollectiveOptions, {"out": str(tmp_path)}, argv=[])
+    rt = Runtime(rank, 3, rank, "gloo", torch.device("cpu"), peers=_FakePeers(run_dir))
+    s = session.Session("collective", opts, rt)
+    s.current = STEP
+    s._end("failed", 3, f"{STEP} failed: RuntimeError: Connection reset by peer")
+    meta = json.loads((run_dir / "run.json").read_text())
+    err = capsys.readouterr().err
+    if finishes:
+        assert (meta["status"], meta["exit_code"]) == ("failed", 3)
+        assert meta["error"] == f"rank 0 (h:0) died during {STEP}"
+        assert meta["lost_ranks"] == [{"rank": 0, "host": "h", "local_rank": 0,
+                                       "state": "dead"}]
+        assert meta["failed_step"] == STEP
+        assert err == f"distbench: rank 1: error: rank 0 (h:0) died during {STEP}\n"
+    else:  # one voice: rank 1's
+        assert meta["status"] == "running" and err == ""
+
+
+def test_under_our_own_launcher_the_workers_leave_the_telling_to_it(tmp_path, monkeypatch,
+                                                                     capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    results.RunRecord(run_dir, "collective", {}, []).update()
+    monkeypatch.setenv("DISTBENCH_RUN_DIR", str(run_dir))
+    opts = build(CollectiveOptions, {"out": str(tmp_path)}, argv=[])
+    rt = Runtime(1, 3, 1, "gloo", torch.device("cpu"), peers=_FakePeers(run_dir))
+    session.Session("collective", opts, rt)._end("failed", 3, "x")
+    assert capsys.readouterr().err == ""
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -140,4 +141,9 @@ def test_a_stopped_worker_does_not_outlive_the_timeout_by_much(tmp_path):
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "timeout" and meta["exit_code"] == 3, meta
+    # the stopped worker did not answer the roll call, and its process says why
+    suspended = f"rank 1 ({socket.gethostname()}:1) was suspended (SIGSTOP or a debugger)"
+    assert suspended in meta["error"], meta["error"]
+    assert [line for line in stderr.splitlines() if line.startswith("distbench: error:")] == [
+        f"distbench: error: {meta['error']}; rows measured so far are in {run_dir}/"]
     assert _workers_of(out) == []

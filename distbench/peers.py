@@ -1,0 +1,268 @@
+"""What ranks tell each other outside the process group, through the launcher's key-value store
+(torchrun's agent, or distbench's own launcher, hosts it and outlives every worker):
+
+- at startup, whether each rank accepted its options: every rank posts a verdict before the
+  process group is set up, so a rank that refused its options (or was started with different
+  ones) ends every rank at once with one line, instead of leaving them waiting in setup;
+- after a failure, who is still there: a roll call that a listener thread on every live rank
+  answers at once, even while its main thread is blocked in a collective. A rank that does not
+  answer is lost; on the same machine its process tells whether it died or was stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+
+class StartFailure(Exception):
+    """The run cannot start; `refused` when that is bad input (options), not a missing rank."""
+
+    def __init__(self, message: str, refused: bool):
+        super().__init__(message)
+        self.refused = refused
+
+# How long a roll call waits for the ranks that have not answered: live ranks answer in
+# milliseconds, so this is the price of naming a dead one. It must leave room, within the
+# grace a launcher gives a worker between SIGTERM and SIGKILL (5 s for distbench's own), to
+# write run.json afterwards.
+ROLL_CALL_GRACE_S = 2.0
+# How long a rank that ends the run at startup waits for every rank to have read why, so
+# the store it may host does not vanish under a reader.
+READ_WAIT_S = 10.0
+POLL_S = 0.02
+
+_ROLL = "rollcall"  # "call": answer now; "end": the run ended well, listeners stop
+_ENDED = "ended"  # listeners that saw "end"
+_ANSWERS = "answers"  # one JSON line per answering rank: [rank, the step it was in]
+_RUN_DIR = "run_dir"
+
+
+def _prefix() -> str:
+    # A launcher that restarts workers keeps its store: each attempt gets its own keys.
+    return f"distbench/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def machine_key() -> str:
+    """This machine: hostname and boot id (process ids mean something only within one)."""
+    boot = ""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        pass
+    return f"{socket.gethostname()}|{boot}"
+
+
+def node_name() -> str:
+    """A node as a person reads it in one line: the host, and the launcher's node rank."""
+    group = os.environ.get("GROUP_RANK")
+    return socket.gethostname() + (f" (node rank {group})" if group else "")
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A rank that did not answer the roll call."""
+
+    rank: int
+    host: str
+    local_rank: int
+    state: str  # "dead", "stopped" (its process is suspended) or "silent" (no answer)
+
+    def describe(self, step: str | None, signum: int | None = None) -> str:
+        how = {"dead": "died" + (f" (signal {signum})" if signum else ""),
+               "stopped": "was suspended (SIGSTOP or a debugger)",
+               "silent": "stopped answering (hung, dead, or its node unreachable)"}
+        during = f" during {step}" if step else ""
+        return f"rank {self.rank} ({self.host}:{self.local_rank}) {how[self.state]}{during}"
+
+
+def describe_lost(lost: list[Lost], step: str, signals: dict[int, int] | None = None) -> str:
+    signals = signals or {}
+    shown = "; ".join(x.describe(step, signals.get(x.rank)) for x in lost[:4])
+    return shown + (f" (+{len(lost) - 4} more ranks)" if len(lost) > 4 else "")
+
+
+def lost_from_json(items: list[dict]) -> list[Lost]:
+    return [Lost(**item) for item in items]
+
+
+def lost_to_json(lost: list[Lost]) -> list[dict]:
+    return [asdict(x) for x in lost]
+
+
+def process_state(pid: int) -> str:
+    """"dead", "stopped" or "running", for a process on this machine."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "dead"
+    return {"T": "stopped", "t": "stopped", "Z": "dead", "X": "dead"}.get(state, "running")
+
+
+def start_verdict(everyone: list[dict]) -> str | None:
+    """Why the run cannot start, from every rank's startup post; None when it can."""
+    refused = [e for e in everyone if e.get("refused")]
+    if refused:
+        nodes = list(dict.fromkeys(e["node_name"] for e in refused))
+        more = f" (and {len(nodes) - 1} more nodes)" if len(nodes) > 1 else ""
+        return f"node {nodes[0]} refused the options{more}: {refused[0]['refused']}"
+    ref = everyone[0]
+    odd = [e for e in everyone if e["options"] != ref["options"]]
+    if not odd:
+        return None
+    first = odd[0]
+    keys = sorted(k for k in set(ref["identity"]) | set(first["identity"])
+                  if ref["identity"].get(k) != first["identity"].get(k))
+    detail = ", ".join(f"{k}: rank 0 has {ref['identity'].get(k)!r}, rank {first['rank']} has "
+                       f"{first['identity'].get(k)!r}" for k in keys)
+    return (f"ranks were started with different options ({len(odd)} of {len(everyone)} ranks "
+            f"differ from rank 0; {detail})")
+
+
+class Peers:
+    """This rank's line to the others through the launcher's store."""
+
+    def __init__(self, store, rank: int, world: int, own=None):
+        self.store = store  # the rendezvous store, which the process group uses too
+        self.rank = rank
+        self.world = world
+        self.step = "startup"  # what this rank is doing: a roll call answer says it
+        self.everyone: list[dict] = []  # every rank's startup post, by rank
+        # A connection of our own, opened now: a failure path should not have to open one, and
+        # a client serialises its operations, so a roll call made from the watchdog's thread
+        # must not queue behind a store wait of the main thread's (a process group being set
+        # up waits on the rendezvous store).
+        self._own = own if own is not None else self._client()
+        self.listening = threading.Event()
+
+    @classmethod
+    def connect(cls, timeout_s: float) -> Peers:
+        """The store a launcher's env:// variables point at, as init_process_group finds it."""
+        store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout_s)))
+        store.set_timeout(timedelta(seconds=timeout_s))
+        return cls(store, rank, world)
+
+    def _client(self):
+        client = dist.TCPStore(self.store.host, self.store.port, is_master=False,
+                               timeout=timedelta(seconds=30))
+        return dist.PrefixStore(_prefix(), client)
+
+    # -- startup ---------------------------------------------------------------------------
+
+    def agree_to_start(self, mine: dict, timeout_s: float) -> list[dict]:
+        """Post this rank's startup record (its options, or why it refused them), wait for
+        every rank's, and raise StartFailure when the run cannot start: on every rank, within
+        timeout_s, before any process group exists."""
+        s = self._own
+        s.set(f"start/{self.rank}", json.dumps(mine))
+        s.add("start/posted", 1)
+        if not self._count_reaches(s, "start/posted", timeout_s):
+            missing = [r for r in range(self.world) if not s.check([f"start/{r}"])]
+            raise StartFailure(f"ranks {_ranks_text(missing)} did not start within "
+                               f"{timeout_s:.0f} s (did their launcher start them?)", False)
+        self.everyone = [json.loads(v) for v in
+                         s.multi_get([f"start/{r}" for r in range(self.world)])]
+        s.add("start/read", 1)
+        why = start_verdict(self.everyone)
+        if why is not None:
+            self._count_reaches(s, "start/read", min(timeout_s, READ_WAIT_S))
+            raise StartFailure(why, True)
+        return self.everyone
+
+    def _count_reaches(self, s, key: str, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while s.add(key, 0) < self.world:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(POLL_S)
+        return True
+
+    # -- during the run ----------------------------------------------------------------------
+
+    def listen(self) -> None:
+        """Answer a roll call from a thread of its own, whatever the main thread is doing. It
+        connects in that thread too, off the path of the run's startup."""
+        threading.Thread(target=self._listen, name="distbench-roll-call", daemon=True).start()
+
+    def _listen(self) -> None:
+        try:
+            s = self._client()  # its wait blocks the client it uses
+            self.listening.set()
+            s.wait([_ROLL], timedelta(days=30))
+            if s.get(_ROLL) == b"call":
+                s.append(_ANSWERS, json.dumps([self.rank, self.step]) + "\n")
+            else:
+                s.add(_ENDED, 1)
+        except dist.DistError:
+            pass  # the store is gone: the run is over, for better or worse
+
+    def publish_run_dir(self, path: str) -> None:
+        """Where run.json is, so a surviving rank can finish it if rank 0 dies."""
+        self._own.set(_RUN_DIR, os.path.abspath(path))
+
+    def run_dir(self) -> str | None:
+        try:
+            return self._own.get(_RUN_DIR).decode() if self._own.check([_RUN_DIR]) else None
+        except dist.DistError:
+            return None
+
+    def end(self) -> None:
+        """The run ended with every rank alive: the listeners stop. Where rank 0 hosts the store
+        (no launcher agent holds it), it waits for them first: a listener whose store vanishes
+        under it makes torch print a C++ backtrace."""
+        self._own.set(_ROLL, "end")
+        if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            self._count_reaches(self._own, _ENDED, ROLL_CALL_GRACE_S)
+
+    def roll_call(self, grace_s: float = ROLL_CALL_GRACE_S) -> tuple[list[int], list[Lost]] | None:
+        """Who is still there after a failure: (the ranks that answered, the ranks lost); None
+        when the store cannot be reached."""
+        s = self._own
+        try:
+            s.append(_ANSWERS, json.dumps([self.rank, self.step]) + "\n")
+            s.compare_set(_ROLL, "", "call")  # an "end" already set stays
+            deadline = time.monotonic() + grace_s
+            while True:
+                answered = {json.loads(line)[0] for line in s.get(_ANSWERS).decode().split("\n")
+                            if line}
+                if len(answered) >= self.world or time.monotonic() > deadline:
+                    break
+                time.sleep(POLL_S)
+        except dist.DistError:
+            return None
+        lost = [self._lost(r) for r in range(self.world) if r not in answered]
+        return sorted(answered), lost
+
+    def _lost(self, rank: int) -> Lost:
+        them = self.everyone[rank]
+        state = "silent"
+        if them["machine"] == machine_key():  # its process can be looked at
+            found = process_state(them["pid"])
+            state = found if found != "running" else state
+        return Lost(rank, them["host"], them["local_rank"], state)
+
+
+def refuse(message: str, timeout_s: float) -> None:
+    """Under a launcher, a rank that refused its options tells the others (who would otherwise
+    wait in process-group setup until their timeout) and waits until they have read it."""
+    try:
+        peers = Peers.connect(timeout_s)
+        peers.agree_to_start({"refused": message, "node_name": node_name(),
+                              "rank": peers.rank}, timeout_s)
+    except (StartFailure, dist.DistError, ValueError, RuntimeError):
+        pass  # the others were told, or the store cannot be reached: either way, we are done
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    shown = ", ".join(str(r) for r in ranks[:8])
+    return shown + (f" (+{len(ranks) - 8} more)" if len(ranks) > 8 else "")
+

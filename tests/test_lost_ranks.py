@@ -1,0 +1,86 @@
+"""Ranks that are gone, for real: a worker SIGKILLed by the fault hook, rank 0 among them, under
+distbench's own launcher and under torchrun agents (two agents as two nodes); and a node whose
+ranks refuse their options while the other node's ranks would wait for them. What the user
+reads, the exit code, run.json and the rows kept."""
+
+from __future__ import annotations
+
+import csv
+import json
+import socket
+import time
+
+import pytest
+from helpers import distbench, distbench_lines, torchrun_nodes
+
+pytestmark = pytest.mark.multiproc
+
+HOST = socket.gethostname()
+SWEEP = ["collective", "--sizes", "4K,64K,1M", "--iters", "2", "--warmup", "1", "--timeout",
+         "60"]
+
+
+def _only_row_before_the_death(rows: list[dict]) -> None:
+    assert [r["size_bytes"] for r in rows] == ["4096"]
+    assert (rows[0]["status"], rows[0]["wrong"]) == ("ok", "0")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_killed_worker_is_named_with_its_signal_and_step(tmp_path, n):
+    """distbench's own launcher knows the signal; the workers know the step: one line says
+    both, and run.json says the same."""
+    res = distbench(tmp_path, *SWEEP, "--workers", str(n), DISTBENCH_TEST_DIE="1:65536")
+    assert res.code == 3, res.stderr
+    said = f"rank 1 ({HOST}:1) died (signal 9) during all_reduce 64 KiB float32"
+    (line,) = [x for x in distbench_lines(res.stderr) if "error" in x]
+    assert line.startswith(f"distbench: error: {said}"), res.stderr
+    assert line.endswith(f"; rows measured so far are in {res.run_dir}/"), line
+    meta = res.meta()
+    assert (meta["status"], meta["exit_code"]) == ("failed", 3)
+    assert meta["error"].startswith(said), meta["error"]
+    assert meta["lost_ranks"] == [{"rank": 1, "host": HOST, "local_rank": 1, "state": "dead"}]
+    assert meta["failed_step"].startswith("all_reduce 64 KiB float32")
+    _only_row_before_the_death(res.rows())
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("nnodes,nproc", [(1, 3), (2, 2)], ids=["one-agent", "two-agents"])
+def test_rank_0_killed_under_torchrun_the_lowest_rank_left_finishes_run_json(tmp_path, nnodes,
+                                                                              nproc):
+    procs = torchrun_nodes(tmp_path, nnodes=nnodes, nproc=nproc,
+                           per_node_args=[SWEEP] * nnodes, DISTBENCH_TEST_DIE="0:65536")
+    assert all(p.returncode != 0 for p in procs)
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    meta = json.loads((run_dir / "run.json").read_text())
+    said = f"rank 0 ({HOST}:0) died during all_reduce 64 KiB float32"
+    assert (meta["status"], meta["exit_code"]) == ("failed", 3), meta
+    assert meta["error"].startswith(said), meta["error"]
+    assert meta["lost_ranks"] == [{"rank": 0, "host": HOST, "local_rank": 0, "state": "dead"}]
+    assert meta["end_utc"]
+    # rank 1, on rank 0's node, is the lowest rank left: it says so, once
+    lines = [x for x in distbench_lines(procs[0].stderr) if "error" in x]
+    assert lines == [f"distbench: rank 1: error: {meta['error']}"], procs[0].stderr
+    _only_row_before_the_death(list(csv.DictReader(open(run_dir / "collective.csv"))))
+
+
+def test_a_node_that_refuses_its_options_ends_every_node_at_once(tmp_path):
+    """Node 1 was given a misspelt dtype: its ranks refuse before any process group exists.
+    Node 0's ranks, already waiting for them, are told, and every node ends well inside the
+    timeout with one line each."""
+    args = ["collective", "--sizes", "4K", "--iters", "2", "--timeout", "20"]
+    start = time.monotonic()
+    node0, node1 = torchrun_nodes(tmp_path, nnodes=2, nproc=2,
+                                  per_node_args=[args, [*args, "--dtype", "flaot32"]])
+    took = time.monotonic() - start
+    assert took < 15, f"the nodes took {took:.1f} s to end, with --timeout 20"
+    assert node0.returncode != 0 and node1.returncode != 0
+    refusal = "--dtype: unknown value 'flaot32'"
+    (own,) = distbench_lines(node1.stderr)  # one line per node, though two ranks refused
+    assert own.startswith(f"distbench: error: {refusal}"), node1.stderr
+    (told,) = distbench_lines(node0.stderr)
+    assert told.startswith(f"distbench: error: node {HOST} (node rank 1) refused the options: "
+                           f"{refusal}"), node0.stderr
+    for proc in (node0, node1):
+        assert not [x for x in proc.stderr.splitlines()
+                    if x.strip().startswith("File") and "/distbench/" in x], proc.stderr
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # refused before anything

@@ -1,0 +1,216 @@
+"""What ranks tell each other through the launcher's store, on a real TCPStore in this process:
+the startup verdict (a refusal ends every rank, naming the node), and the roll call after a
+failure (live ranks answer from their listener thread even while blocked; the rest are lost, and
+on this machine their process says whether they died or were stopped). Fast: threads as ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from distbench import peers
+from distbench.peers import Lost, Peers, StartFailure, describe_lost, start_verdict
+
+
+@pytest.fixture(scope="module")
+def server():
+    """One store for the module, outliving every client, as a launcher's does (a process that
+    opens many store connections sees some stall for seconds, whatever their server)."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=10))
+
+
+@pytest.fixture
+def store(server, monkeypatch):
+    """The server, with keys of this test's own (as a launcher's restart would give)."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", uuid.uuid4().hex)
+    return server
+
+
+def _peers(master, rank: int, world: int) -> Peers:
+    return Peers(master, rank, world, own=dist.PrefixStore(peers._prefix(), master))
+
+
+def _post(rank: int, pid: int | None = None, **extra) -> dict:
+    return {"rank": rank, "host": socket.gethostname(), "machine": peers.machine_key(),
+            "local_rank": rank, "pid": pid or os.getpid(), "options": "same",
+            "identity": {"sizes": [1024]}, "node_name": "vm", **extra}
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+# -- startup --------------------------------------------------------------------------------
+
+def test_start_verdict_names_the_refusing_node_first():
+    ok = _post(0)
+    assert start_verdict([ok, _post(1)]) is None
+    bad = {"rank": 2, "node_name": "gpu7 (node rank 1)", "refused": "--dtype: unknown value"}
+    assert start_verdict([ok, _post(1), bad]) == (
+        "node gpu7 (node rank 1) refused the options: --dtype: unknown value")
+    other = {**bad, "rank": 3, "node_name": "gpu9 (node rank 2)"}
+    assert "(and 1 more nodes)" in start_verdict([ok, bad, other])
+
+
+def test_start_verdict_names_the_options_that_differ():
+    odd = _post(1, options="other", identity={"sizes": [2048]})
+    why = start_verdict([_post(0), odd, _post(2)])
+    assert why == ("ranks were started with different options (1 of 3 ranks differ from rank "
+                   "0; sizes: rank 0 has [1024], rank 1 has [2048])")
+
+
+def _start_all(master, posts: list[dict | None], timeout_s: float = 5.0) -> list:
+    """Every rank whose post is not None agrees to start, each on its own thread."""
+    world = len(posts)
+    out: list = [None] * world
+
+    def rank(r: int) -> None:
+        try:
+            out[r] = _peers(master, r, world).agree_to_start(posts[r], timeout_s)
+        except StartFailure as e:
+            out[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world) if posts[r]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_rank_starts_with_every_post(store, world):
+    out = _start_all(store, [_post(r) for r in range(world)])
+    for got in out:
+        assert [p["rank"] for p in got] == list(range(world))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_one_refusing_rank_ends_every_rank_at_startup(store, world):
+    posts = [_post(r) for r in range(world)]
+    posts[-1] = {"rank": world - 1, "node_name": "vm (node rank 1)", "refused": "--iters: bad"}
+    start = time.monotonic()
+    out = _start_all(store, posts)
+    assert time.monotonic() - start < 5
+    for got in out:
+        assert isinstance(got, StartFailure) and got.refused
+        assert str(got) == "node vm (node rank 1) refused the options: --iters: bad"
+
+
+def test_a_rank_that_never_starts_is_named_within_the_timeout(store):
+    start = time.monotonic()
+    out = _start_all(store, [_post(0), _post(1), None], timeout_s=1.0)
+    assert time.monotonic() - start < 5
+    for got in out[:2]:
+        assert isinstance(got, StartFailure) and not got.refused
+        assert str(got) == ("ranks 2 did not start within 1 s (did their launcher start "
+                            "them?)")
+
+
+# -- roll call ------------------------------------------------------------------------------
+
+def _world(master, posts: list[dict]) -> list[Peers]:
+    ranks = [_peers(master, r, len(posts)) for r in range(len(posts))]
+    for p in ranks:
+        p.everyone = posts
+    return ranks
+
+
+@pytest.mark.parametrize("world,dead", [(2, [1]), (3, [0]), (4, [2, 3])],
+                         ids=["2-ranks", "3-ranks-rank0", "4-ranks-half"])
+def test_roll_call_names_the_dead_and_only_them(store, world, dead):
+    """Live ranks answer from their listener, whatever their main thread does; a dead rank's
+    process is gone. Rank 0 may be the dead one, and half the world may be."""
+    posts = [_post(r, pid=_dead_pid() if r in dead else None) for r in range(world)]
+    ranks = _world(store, posts)
+    alive = [p for p in ranks if p.rank not in dead]
+    for p in alive[1:]:
+        p.step = "all_reduce 64 KiB float32 (warmup)"
+        p.listen()
+        assert p.listening.wait(15)
+    caller = alive[0]
+    caller.step = "all_reduce 64 KiB float32 (warmup)"
+    start = time.monotonic()
+    answered, lost = caller.roll_call(grace_s=1.0)
+    assert time.monotonic() - start < 3
+    assert answered == [p.rank for p in alive]
+    assert lost == [Lost(r, socket.gethostname(), r, "dead") for r in dead]
+
+
+def test_roll_call_with_everyone_alive_returns_at_once(store):
+    ranks = _world(store, [_post(r) for r in range(3)])
+    for p in ranks[1:]:
+        p.listen()
+        assert p.listening.wait(15)
+    start = time.monotonic()
+    answered, lost = ranks[0].roll_call(grace_s=5.0)
+    assert (answered, lost) == ([0, 1, 2], [])
+    assert time.monotonic() - start < 2  # not the grace: everyone answered
+
+
+def test_a_stopped_process_and_one_elsewhere_are_told_apart(store):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        elsewhere = _post(2, machine="another-host|boot")
+        ranks = _world(store, [_post(0), _post(1, pid=sleeper.pid), elsewhere])
+        _, lost = ranks[0].roll_call(grace_s=0.5)
+        assert [(x.rank, x.state) for x in lost] == [(1, "stopped"), (2, "silent")]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_an_ended_run_stops_the_listeners_and_a_gone_store_gives_none(store, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    ranks = _world(store, [_post(0), _post(1)])
+    ranks[1].listen()
+    assert ranks[1].listening.wait(15)
+    ranks[0].end()
+    deadline = time.monotonic() + 5
+    while ranks[0]._own.add("ended", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ranks[0]._own.add("ended", 0) == 1  # the listener saw the end and stopped
+
+
+def test_run_dir_is_published_for_the_survivors(store, tmp_path):
+    ranks = _world(store, [_post(0), _post(1)])
+    assert ranks[1].run_dir() is None
+    ranks[0].publish_run_dir(str(tmp_path / "run"))
+    assert ranks[1].run_dir() == str(tmp_path / "run")
+
+
+def test_the_process_state_of_this_machine():
+    assert peers.process_state(os.getpid()) == "running"
+    assert peers.process_state(_dead_pid()) == "dead"
+
+
+def test_lost_ranks_are_described_as_a_person_reads_them():
+    dead, stopped, silent = (Lost(1, "gpu3", 1, "dead"), Lost(2, "gpu3", 2, "stopped"),
+                             Lost(9, "gpu4", 1, "silent"))
+    step = "all_reduce 16 KiB float32 (warmup)"
+    assert dead.describe(step, 9) == (
+        "rank 1 (gpu3:1) died (signal 9) during all_reduce 16 KiB float32 (warmup)")
+    assert dead.describe(None) == "rank 1 (gpu3:1) died"
+    assert stopped.describe(step).startswith("rank 2 (gpu3:2) was suspended (SIGSTOP")
+    assert silent.describe(step).startswith("rank 9 (gpu4:1) stopped answering")
+    assert describe_lost([dead, silent], step, {1: 9}) == (
+        f"{dead.describe(step, 9)}; {silent.describe(step)}")
+    many = [Lost(r, "h", r, "dead") for r in range(6)]
+    assert describe_lost(many, step).endswith("(+2 more ranks)")
+    assert peers.lost_from_json(json.loads(json.dumps(peers.lost_to_json(many)))) == many
