@@ -1,9 +1,16 @@
+import signal
 import time
 
 import pytest
 from helpers import LAUNCHER_VARS, processes_naming
 
 import distbench.launch
+
+# A suite started in the background by a shell without job control (a CI script's `cmd &`)
+# inherits SIGINT ignored, and so would every process it starts, since an ignored signal
+# survives exec: the Ctrl-C tests need SIGINT as a terminal delivers it. A handler does not
+# survive exec, so the processes the tests start get the default again.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
