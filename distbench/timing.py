@@ -57,11 +57,14 @@ def warmup_and_calibrate(fn: Callable[[], object], warmup: int, iters: int | Non
     per-op time the warmup suggests."""
     sync(device)
     dist.barrier()
-    # The median warmup op, not the mean: one slow first op (connection setup, a scheduler
-    # hiccup) would otherwise shrink the calibrated count well below --min-time.
-    per_op = statistics.median(timed_loop(fn, max(1, warmup), device))
+    times = timed_loop(fn, max(1, warmup), device)
     if iters is not None:
-        return iters, per_op
+        return iters, statistics.median(times)
+    # The fastest warmup op: noise (connection setup, a scheduler hiccup, a burst of load from
+    # a neighbour) only ever makes an op slower, so a burst during the warmup can lengthen the
+    # timed loop past --min-time but never cut it short. A median was seen 4.6x the timed
+    # loop's mean on a shared 2-core machine, giving a fifth of --min-time.
+    per_op = min(times)
     # the slowest rank's estimate, so every rank runs the same count
     est = torch.tensor([per_op], dtype=torch.float64, device=device)
     dist.all_reduce(est, op=dist.ReduceOp.MAX)

@@ -48,6 +48,21 @@ def test_calibration_follows_the_slowest_rank(monkeypatch):
     assert timing.MIN_ITERS <= iters0 <= 11  # ~0.04 s / 4 ms, not / 1 ms
 
 
+def test_a_burst_during_the_warmup_does_not_cut_the_loop_short(monkeypatch):
+    """Four of five warmup ops caught in a burst of load (20 ms instead of 1 ms): the count
+    still fills --min-time at the op's real cost, on every rank."""
+    def calibrate(rank: int):
+        calls = iter(range(100))
+
+        def op():
+            time.sleep(0.02 if next(calls) < 4 else 0.001)
+        return timing.warmup_and_calibrate(op, 5, None, 0.04, CPU)
+
+    (iters0, _), (iters1, _) = run_ranks(monkeypatch, 2, calibrate)
+    assert iters0 == iters1
+    assert iters0 >= 20  # ~0.04 s / 1 ms; the burst's 20 ms would give the minimum, 5
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_agree_needs_every_rank(monkeypatch, world):
     out = run_ranks(monkeypatch, world, lambda r: memory.agree(r != world - 1, CPU))
