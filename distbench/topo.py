@@ -115,22 +115,45 @@ def _cuda_version_str(raw: Any) -> str:
 
 
 def _optional(fn: Any, *args: Any) -> Any:
-    # PCIe and version queries are unsupported on some platforms (vGPU, some
-    # SXM/Grace parts); losing one field must not discard the whole inventory.
+    # Driver and CUDA versions are extras: a node without them is still worth describing.
     try:
         return fn(*args)
     except Exception:
         return None
 
 
-def _nvlinks_up(nvml: Any, handle: Any) -> int:
-    return _nvlink_probe(nvml, handle)[0]
+def _field(errors: dict[str, str], name: str, getter: Any, *args: Any) -> Any:
+    """getter(*args), or None with the reason kept in errors[name].
+
+    PCIe, bus id and even name queries fail on some parts (vGPU, MIG parents
+    without privileges, some SXM/Grace boards): one field must not cost the GPU,
+    and a None must say why it is None.
+    """
+    try:
+        return getter(*args)
+    except Exception as exc:
+        errors[name] = _exc_line(exc)
+        return None
 
 
-def _nvlink_probe(nvml: Any, handle: Any) -> tuple[int, int | None]:
-    """(links up, NVLink version of the first link up, None when no link is up)."""
+# nvmlNvlinkVersion_t is an enum, not a version number: an H100 reports 6 for NVLink 4.0.
+# 8 (6.0) comes from NVIDIA's newest nvml.h.
+_NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0", 8: "6.0"}
+
+
+def _nvlink_version_str(raw: Any) -> str:
+    # 0 (INVALID) or a value newer than this table: say so rather than guess a version.
+    try:
+        known = _NVLINK_VERSIONS.get(int(raw))
+    except (TypeError, ValueError):
+        known = None
+    return known or f"unknown (enum {raw})"
+
+
+def _nvlink_links(nvml: Any, handle: Any) -> tuple[int, int | None]:
+    """(links up, index of the first link up, None when no link is up)."""
     enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
-    up, version = 0, None
+    up, first = 0, None
     for link in range(_MAX_NVLINKS):
         try:
             state = nvml.nvmlDeviceGetNvLinkState(handle, link)
@@ -140,10 +163,49 @@ def _nvlink_probe(nvml: Any, handle: Any) -> tuple[int, int | None]:
             break
         if state == enabled:
             up += 1
-            if version is None:
-                version = _optional(getattr(nvml, "nvmlDeviceGetNvLinkVersion", None), handle,
-                                    link)
-    return up, version
+            if first is None:
+                first = link
+    return up, first
+
+
+def _nvlink_probe(nvml: Any, handle: Any, errors: dict[str, str]) -> tuple[int, str | None]:
+    """(links up, NVLink version string of the first link up, None when no link is up)."""
+    up, first = _nvlink_links(nvml, handle)
+    if first is None:
+        return up, None
+    raw = _field(errors, "nvlink_version",
+                 lambda: nvml.nvmlDeviceGetNvLinkVersion(handle, first))
+    return up, None if raw is None else _nvlink_version_str(raw)
+
+
+# (snapshot key, query); attribute lookups stay inside the query so an old
+# pynvml that lacks a function costs that field only.
+_GPU_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("name", lambda nvml, h: _text(nvml.nvmlDeviceGetName(h))),
+    ("uuid", lambda nvml, h: _text(nvml.nvmlDeviceGetUUID(h))),
+    ("pci_bus_id", lambda nvml, h: _text(nvml.nvmlDeviceGetPciInfo(h).busId)),
+    ("memory_total_bytes", lambda nvml, h: int(nvml.nvmlDeviceGetMemoryInfo(h).total)),
+    ("pcie_gen_current", lambda nvml, h: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+    ("pcie_gen_max", lambda nvml, h: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+    ("pcie_width_current", lambda nvml, h: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+    ("pcie_width_max", lambda nvml, h: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
+)
+
+
+def _gpu_entry(nvml: Any, index: int) -> dict[str, Any]:
+    """One GPU's inventory; a GPU NVML will not open (cgroups, permissions) keeps its index."""
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as exc:
+        return {"index": index, "error": _exc_line(exc)}
+    gpu: dict[str, Any] = {"index": index}
+    errors: dict[str, str] = {}
+    for name, query in _GPU_FIELDS:
+        gpu[name] = _field(errors, name, query, nvml, handle)
+    gpu["nvlinks_up"], gpu["nvlink_version"] = _nvlink_probe(nvml, handle, errors)
+    if errors:
+        gpu["errors"] = errors
+    return gpu
 
 
 def _nvml_probe() -> dict[str, Any]:
@@ -159,29 +221,12 @@ def _nvml_probe() -> dict[str, Any]:
         out["nvml_error"] = _one_line(f"nvmlInit failed: {_exc_line(exc)}")
         return out
     try:
-        gpus = []
-        for index in range(int(nvml.nvmlDeviceGetCount())):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            gpus.append(
-                {
-                    "index": index,
-                    "name": _text(nvml.nvmlDeviceGetName(handle)),
-                    "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-                    "memory_total_bytes": int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
-                    "pcie_gen_current": _optional(
-                        nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle
-                    ),
-                    "pcie_gen_max": _optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
-                    "pcie_width_current": _optional(nvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
-                    "pcie_width_max": _optional(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
-                }
-            )
-            gpus[-1]["nvlinks_up"], gpus[-1]["nvlink_version"] = _nvlink_probe(nvml, handle)
-        driver = _optional(nvml.nvmlSystemGetDriverVersion)
-        cuda = _optional(nvml.nvmlSystemGetCudaDriverVersion)
+        driver = _optional(lambda: nvml.nvmlSystemGetDriverVersion())
+        cuda = _optional(lambda: nvml.nvmlSystemGetCudaDriverVersion())
         out["driver_version"] = _text(driver) if driver is not None else None
         out["cuda_driver_version"] = _cuda_version_str(cuda) if cuda is not None else None
-        out["gpus"] = gpus
+        # Only the count is all-or-nothing; _gpu_entry keeps each GPU's own failures.
+        out["gpus"] = [_gpu_entry(nvml, i) for i in range(int(nvml.nvmlDeviceGetCount()))]
     except Exception as exc:
         out["gpus"] = []
         out["nvml_error"] = _one_line(f"NVML query failed: {_exc_line(exc)}")
@@ -253,7 +298,9 @@ def node_snapshot() -> dict:
     """Describe this machine as a JSON-serialisable dict (never raises).
 
     Keys: host, boot_id, nvidia_smi_topo (+ nvidia_smi_error when None), gpus,
-    driver_version, cuda_driver_version (+ nvml_error on NVML failure), cpu.
+    driver_version, cuda_driver_version (+ nvml_error on NVML failure), cpu, network.
+    A GPU NVML will not open is {"index", "error"}; a field it will not give is None,
+    with the reason under that GPU's "errors".
     """
     snap: dict[str, Any] = {"host": _hostname(), "boot_id": _boot_id()}
 
@@ -349,18 +396,28 @@ def _fmt(value: Any) -> str:
     return "?" if value is None else str(value)
 
 
-def _gpu_line(gpu: dict) -> str:
+def _nvlink_text(gpu: dict, sep: str) -> str:
+    version = gpu.get("nvlink_version")
+    return f"{sep}NVLink {version}" if version else ""
+
+
+def _gpu_lines(gpu: dict) -> list[str]:
+    """The GPU's inventory line, then one line per field NVML would not give."""
+    label = f"GPU{_fmt(gpu.get('index'))}"
+    if gpu.get("error"):
+        return [f"{label}: not readable: {gpu['error']}"]
     pcie = (
         f"PCIe gen{_fmt(gpu.get('pcie_gen_current'))} x{_fmt(gpu.get('pcie_width_current'))}"
         f" (max gen{_fmt(gpu.get('pcie_gen_max'))} x{_fmt(gpu.get('pcie_width_max'))})"
     )
-    return (
-        f"GPU{_fmt(gpu.get('index'))}: {gpu.get('name') or '?'}, "
+    line = (
+        f"{label}: {gpu.get('name') or '?'}, "
         f"{_fmt_gib(gpu.get('memory_total_bytes'))}, {pcie}, "
-        f"NVLinks up {_fmt(gpu.get('nvlinks_up'))}"
-        + (f" (NVLink v{gpu['nvlink_version']})" if gpu.get("nvlink_version") else "")
-        + f", {gpu.get('uuid') or '?'}"
+        f"NVLinks up {_fmt(gpu.get('nvlinks_up'))}{_nvlink_text(gpu, ', ')}, "
+        f"bus {gpu.get('pci_bus_id') or '?'}, {gpu.get('uuid') or '?'}"
     )
+    errors = gpu.get("errors") or {}
+    return [line] + [f"{label} {field} unknown: {err}" for field, err in errors.items()]
 
 
 def _render_one(snap: dict) -> list[str]:
@@ -388,7 +445,7 @@ def _render_one(snap: dict) -> list[str]:
         out.append("NUMA: no /sys/devices/system/node information")
 
     for gpu in gpus:
-        out.append(_gpu_line(gpu))
+        out.extend(_gpu_lines(gpu))
     if gpus or snap.get("driver_version"):
         out.append(
             f"driver version: {_fmt(snap.get('driver_version'))}, "
@@ -426,20 +483,29 @@ def dedupe_by_node(snapshots: list[dict]) -> list[dict]:
     return out
 
 
+def _gpu_summary(g: dict) -> str:
+    if g.get("error"):
+        return f"  GPU{g.get('index')}  not readable: {g['error']}"
+    mem = g.get("memory_total_bytes")
+    # A failed query is None: "0 GiB" or "xNone" would read as a measurement.
+    mem_text = "?" if mem is None else f"{mem / 2**30:.0f}"
+    unreadable = ", ".join(g.get("errors") or {})
+    return (
+        f"  GPU{g.get('index')}  {g.get('name') or '?'}  {mem_text} GiB  PCIe gen "
+        f"{_fmt(g.get('pcie_gen_current'))}/{_fmt(g.get('pcie_gen_max'))} x"
+        f"{_fmt(g.get('pcie_width_current'))}/{_fmt(g.get('pcie_width_max'))}  "
+        f"NVLinks up {_fmt(g.get('nvlinks_up'))}{_nvlink_text(g, '  ')}"
+        + (f"  (unreadable: {unreadable}; see topo.txt)" if unreadable else "")
+    )
+
+
 def summary_lines(snapshots: list[dict]) -> list[str]:
     """A readable digest for stdout; the full text is in topo.txt."""
     out: list[str] = []
     for snap in snapshots:
         lines = [f"node {snap.get('host')}"]
         gpus = snap.get("gpus") or []
-        for g in gpus:
-            mem = (g.get("memory_total_bytes") or 0) / 2**30
-            lines.append(
-                f"  GPU{g.get('index')}  {g.get('name')}  {mem:.0f} GiB  PCIe gen "
-                f"{g.get('pcie_gen_current')}/{g.get('pcie_gen_max')} x"
-                f"{g.get('pcie_width_current')}/{g.get('pcie_width_max')}  "
-                f"NVLinks up {g.get('nvlinks_up')}"
-                + (f" v{g['nvlink_version']}" if g.get("nvlink_version") else ""))
+        lines.extend(_gpu_summary(g) for g in gpus)
         if gpus:
             lines.append(f"  driver {snap.get('driver_version')}, CUDA "
                          f"{snap.get('cuda_driver_version')}")

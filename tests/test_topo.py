@@ -291,7 +291,31 @@ class _FakeNVMLError(Exception):
     pass
 
 
-def _fake_pynvml(*, init_error=None, nvlinks=(18, 0), fail_pcie=False):
+# Named like pynvml's generated subclasses, so the recorded "Class: message" line is the real one.
+class NVMLError_NotSupported(_FakeNVMLError):
+    def __init__(self):
+        super().__init__("Not Supported")
+
+
+class NVMLError_NoPermission(_FakeNVMLError):
+    def __init__(self):
+        super().__init__("Insufficient Permissions")
+
+
+_FAKE_NAMES = [b"NVIDIA H100 80GB HBM3", "NVIDIA L40S", "NVIDIA H100 80GB HBM3"]
+_FAKE_MEMORY = [85520809984, 48305799168, 85520809984]
+_FAKE_BUS_IDS = [b"00000000:18:00.0", "00000000:2A:00.0", b"00000000:3A:00.0"]
+
+
+def _fake_pynvml(*, init_error=None, nvlinks=(18, 0), fail_pcie=False, nvlink_version=6,
+                 bad_handles=None, field_errors=None):
+    """A pynvml stand-in with len(nvlinks) GPUs (at most 3).
+
+    bad_handles: {index: exception} raised by nvmlDeviceGetHandleByIndex;
+    field_errors: {"nvmlDeviceGet...": exception} raised by that query for every GPU.
+    """
+    bad_handles = bad_handles or {}
+    field_errors = field_errors or {}
     fake = types.ModuleType("pynvml")
     fake.NVML_FEATURE_ENABLED = 1
     fake.NVMLError = _FakeNVMLError
@@ -304,6 +328,11 @@ def _fake_pynvml(*, init_error=None, nvlinks=(18, 0), fail_pcie=False):
 
     def nvmlShutdown():
         state["shutdown"] += 1
+
+    def handle_by_index(index):
+        if index in bad_handles:
+            raise bad_handles[index]
+        return index
 
     def link_state(handle, link):
         if nvlinks[handle] == 0:
@@ -322,35 +351,55 @@ def _fake_pynvml(*, init_error=None, nvlinks=(18, 0), fail_pcie=False):
 
     fake.nvmlInit = nvmlInit
     fake.nvmlShutdown = nvmlShutdown
-    fake.nvmlDeviceGetCount = lambda: 2
-    fake.nvmlDeviceGetHandleByIndex = lambda i: i
+    fake.nvmlDeviceGetCount = lambda: len(nvlinks)
+    fake.nvmlDeviceGetHandleByIndex = handle_by_index
     # Old bindings return bytes, new ones str: exercise both.
-    fake.nvmlDeviceGetName = lambda h: [b"NVIDIA H100 80GB HBM3", "NVIDIA L40S"][h]
+    fake.nvmlDeviceGetName = lambda h: _FAKE_NAMES[h]
     fake.nvmlDeviceGetUUID = lambda h: f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd"
+    fake.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=_FAKE_BUS_IDS[h])
     fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
-        total=[85520809984, 48305799168][h], free=0, used=0
+        total=_FAKE_MEMORY[h], free=0, used=0
     )
     fake.nvmlDeviceGetCurrPcieLinkGeneration = pcie(4)
     fake.nvmlDeviceGetMaxPcieLinkGeneration = pcie(5)
     fake.nvmlDeviceGetCurrPcieLinkWidth = pcie(16)
     fake.nvmlDeviceGetMaxPcieLinkWidth = pcie(16)
     fake.nvmlDeviceGetNvLinkState = link_state
-    fake.nvmlDeviceGetNvLinkVersion = lambda handle, link: 4
+    fake.nvmlDeviceGetNvLinkVersion = lambda handle, link: nvlink_version
     fake.nvmlSystemGetDriverVersion = lambda: b"550.54.15"
     fake.nvmlSystemGetCudaDriverVersion = lambda: 12040
+    for query, exc in field_errors.items():
+        setattr(fake, query, _raiser(exc))
     return fake
+
+
+def _raiser(exc):
+    def query(*args):
+        raise exc
+
+    return query
 
 
 def _no_nvidia_smi(monkeypatch):
     monkeypatch.setattr(topo.shutil, "which", lambda name: None)
 
 
-def test_nvml_two_gpus(monkeypatch):
-    fake = _fake_pynvml()
+def _nvml_snapshot(monkeypatch, fake):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     _no_nvidia_smi(monkeypatch)
     snap = topo.node_snapshot()
     json.dumps(snap)
+    return snap
+
+
+def _text_line(text, prefix):
+    (line,) = [line for line in text.splitlines() if line.startswith(prefix)]
+    return line
+
+
+def test_nvml_two_gpus(monkeypatch):
+    fake = _fake_pynvml()
+    snap = _nvml_snapshot(monkeypatch, fake)
     assert "nvml_error" not in snap
     assert snap["driver_version"] == "550.54.15"
     assert snap["cuda_driver_version"] == "12.4"
@@ -360,23 +409,51 @@ def test_nvml_two_gpus(monkeypatch):
         "index": 0,
         "name": "NVIDIA H100 80GB HBM3",
         "uuid": "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
+        "pci_bus_id": "00000000:18:00.0",
         "memory_total_bytes": 85520809984,
         "pcie_gen_current": 4,
         "pcie_gen_max": 5,
         "pcie_width_current": 16,
         "pcie_width_max": 16,
         "nvlinks_up": 18,
-        "nvlink_version": 4,
+        "nvlink_version": "4.0",  # nvmlNvlinkVersion_t 6, not "v6"
     }
     assert gpus[1]["name"] == "NVIDIA L40S"
+    assert gpus[1]["pci_bus_id"] == "00000000:2A:00.0"
     assert gpus[1]["nvlinks_up"] == 0
     assert gpus[1]["nvlink_version"] is None  # no link up, no version to ask
+    assert "errors" not in gpus[1]  # a PCIe-only GPU's missing NVLink is not an error
     assert fake.state["shutdown"] == 1
 
     text = topo.render_text([snap])
-    assert "GiB" in text and "NVIDIA L40S" in text and "NVLink v4" in text
+    assert "GiB" in text and "NVIDIA L40S" in text
+    gpu0 = _text_line(text, "GPU0: ")
+    assert "NVLinks up 18, NVLink 4.0, bus 00000000:18:00.0," in gpu0
+    assert "NVLink v" not in text and "NVLink 6" not in text
+    assert "NVLink" not in _text_line(text, "GPU1: ").replace("NVLinks up 0", "")
     assert "nvidia-smi not available: nvidia-smi not found on PATH" in text
     assert "CPU-only" not in text
+    summary = "\n".join(topo.summary_lines([snap]))
+    assert "NVLinks up 18  NVLink 4.0" in summary and " v6" not in summary
+
+
+@pytest.mark.parametrize(
+    "raw, version",
+    [(1, "1.0"), (3, "2.2"), (4, "3.0"), (6, "4.0"), (7, "5.0"),
+     (0, "unknown (enum 0)"), (9, "unknown (enum 9)")],
+)
+def test_nvml_nvlink_version_enum(monkeypatch, raw, version):
+    snap = _nvml_snapshot(monkeypatch, _fake_pynvml(nvlink_version=raw))
+    assert snap["gpus"][0]["nvlink_version"] == version
+    assert f"NVLinks up 18, NVLink {version}, " in topo.render_text([snap])
+    assert f"NVLinks up 18  NVLink {version}" in "\n".join(topo.summary_lines([snap]))
+
+
+def test_nvml_nvlink_version_query_failure_is_recorded(monkeypatch):
+    fake = _fake_pynvml(field_errors={"nvmlDeviceGetNvLinkVersion": NVMLError_NotSupported()})
+    gpu = _nvml_snapshot(monkeypatch, fake)["gpus"][0]
+    assert gpu["nvlinks_up"] == 18 and gpu["nvlink_version"] is None
+    assert gpu["errors"] == {"nvlink_version": "NVMLError_NotSupported: Not Supported"}
 
 
 def test_nvml_partial_nvlinks_counted(monkeypatch):
@@ -386,38 +463,102 @@ def test_nvml_partial_nvlinks_counted(monkeypatch):
 
 
 def test_nvml_unsupported_pcie_fields_are_none(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(fail_pcie=True))
-    _no_nvidia_smi(monkeypatch)
-    snap = topo.node_snapshot()
+    snap = _nvml_snapshot(monkeypatch, _fake_pynvml(fail_pcie=True))
     assert len(snap["gpus"]) == 2
     assert snap["gpus"][0]["pcie_gen_max"] is None
+    assert set(snap["gpus"][0]["errors"]) == {
+        "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max"
+    }
     assert "gen? x?" in topo.render_text([snap])
+
+
+def test_nvml_not_supported_field_keeps_the_rest(monkeypatch):
+    fake = _fake_pynvml(
+        field_errors={"nvmlDeviceGetCurrPcieLinkWidth": NVMLError_NotSupported()}
+    )
+    snap = _nvml_snapshot(monkeypatch, fake)
+    assert "nvml_error" not in snap
+    gpu0, gpu1 = snap["gpus"]
+    assert gpu0 == {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "uuid": "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
+        "pci_bus_id": "00000000:18:00.0",
+        "memory_total_bytes": 85520809984,
+        "pcie_gen_current": 4,
+        "pcie_gen_max": 5,
+        "pcie_width_current": None,
+        "pcie_width_max": 16,
+        "nvlinks_up": 18,
+        "nvlink_version": "4.0",
+        "errors": {"pcie_width_current": "NVMLError_NotSupported: Not Supported"},
+    }
+    assert gpu1["name"] == "NVIDIA L40S" and gpu1["pcie_width_current"] is None
+    assert gpu1["errors"] == gpu0["errors"]
+
+    text = topo.render_text([snap])
+    assert "PCIe gen4 x? (max gen5 x16)" in _text_line(text, "GPU0: ")
+    assert ("GPU0 pcie_width_current unknown: NVMLError_NotSupported: Not Supported"
+            in text.splitlines())
+    summary = "\n".join(topo.summary_lines([snap]))
+    assert "PCIe gen 4/5 x?/16" in summary
+    assert "(unreadable: pcie_width_current; see topo.txt)" in summary
+
+
+def test_nvml_one_gpu_without_permission_keeps_the_others(monkeypatch):
+    fake = _fake_pynvml(nvlinks=(18, 0, 18), bad_handles={1: NVMLError_NoPermission()})
+    snap = _nvml_snapshot(monkeypatch, fake)
+    assert "nvml_error" not in snap
+    assert snap["driver_version"] == "550.54.15"
+    gpus = snap["gpus"]
+    assert [g["index"] for g in gpus] == [0, 1, 2]
+    assert gpus[1] == {"index": 1, "error": "NVMLError_NoPermission: Insufficient Permissions"}
+    for gpu, bus in ((gpus[0], "00000000:18:00.0"), (gpus[2], "00000000:3A:00.0")):
+        assert gpu["name"] == "NVIDIA H100 80GB HBM3"
+        assert gpu["uuid"] == f"GPU-0000000{gpu['index']}-aaaa-bbbb-cccc-dddddddddddd"
+        assert gpu["pci_bus_id"] == bus
+        assert gpu["memory_total_bytes"] == 85520809984
+        assert (gpu["pcie_gen_current"], gpu["pcie_width_max"]) == (4, 16)
+        assert (gpu["nvlinks_up"], gpu["nvlink_version"]) == (18, "4.0")
+        assert "errors" not in gpu
+    assert fake.state["shutdown"] == 1
+
+    text = topo.render_text([snap])
+    assert "GPU1: not readable: NVMLError_NoPermission: Insufficient Permissions" in text
+    assert "NVLink 4.0, bus 00000000:3A:00.0" in _text_line(text, "GPU2: ")
+    assert "NVML not available" not in text
+    summary = topo.summary_lines([snap])
+    assert "  GPU1  not readable: NVMLError_NoPermission: Insufficient Permissions" in summary
+    assert sum("NVIDIA H100 80GB HBM3  80 GiB" in line for line in summary) == 2
 
 
 def test_nvml_init_failure(monkeypatch):
     fake = _fake_pynvml(init_error=_FakeNVMLError("Driver Not Loaded\nsecond line"))
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    _no_nvidia_smi(monkeypatch)
-    snap = topo.node_snapshot()
+    snap = _nvml_snapshot(monkeypatch, fake)
     assert snap["gpus"] == []
     assert "Driver Not Loaded" in snap["nvml_error"]
     assert "\n" not in snap["nvml_error"]
     assert fake.state["shutdown"] == 0
-    json.dumps(snap)
 
 
-def test_nvml_query_failure_mid_way(monkeypatch):
-    fake = _fake_pynvml()
+def test_nvml_required_field_failure_keeps_the_gpu(monkeypatch):
+    # A lost UUID (or name, or memory) used to drop every GPU on the node.
+    fake = _fake_pynvml(field_errors={"nvmlDeviceGetUUID": _FakeNVMLError("GPU is lost\nmore")})
+    snap = _nvml_snapshot(monkeypatch, fake)
+    assert "nvml_error" not in snap
+    assert [g["name"] for g in snap["gpus"]] == ["NVIDIA H100 80GB HBM3", "NVIDIA L40S"]
+    assert snap["gpus"][0]["uuid"] is None
+    assert snap["gpus"][0]["errors"] == {"uuid": "_FakeNVMLError: GPU is lost more"}
+    assert _text_line(topo.render_text([snap]), "GPU0: ").endswith(", ?")
+    assert fake.state["shutdown"] == 1
 
-    def bad_uuid(handle):
-        raise _FakeNVMLError("GPU is lost")
 
-    fake.nvmlDeviceGetUUID = bad_uuid
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    _no_nvidia_smi(monkeypatch)
-    snap = topo.node_snapshot()
+def test_nvml_count_failure_loses_the_inventory(monkeypatch):
+    fake = _fake_pynvml(field_errors={"nvmlDeviceGetCount": _FakeNVMLError("Unknown Error")})
+    snap = _nvml_snapshot(monkeypatch, fake)
     assert snap["gpus"] == []
-    assert "GPU is lost" in snap["nvml_error"]
+    assert "Unknown Error" in snap["nvml_error"]
+    assert snap["driver_version"] == "550.54.15"
     assert fake.state["shutdown"] == 1
 
 
