@@ -3,7 +3,8 @@ validates ops with it before any heavy import.
 
 `size_bytes` is the per-rank buffer size, the larger of send and receive. For the ops whose
 buffer is split across ranks (`split=True`) a requested size is the total and the per-rank
-count is size // (n * elt). algbw = size_bytes / time, busbw = algbw * factor(n), decimal GB/s.
+count is size // (n * elt) rounded down to a multiple of 16 bytes, as in nccl-tests.
+algbw = size_bytes / time, busbw = algbw * factor(n), decimal GB/s.
 """
 
 from __future__ import annotations
@@ -37,10 +38,33 @@ class Layout:
     size_bytes: int
 
 
+# nccl-tests rounds a split op's per-rank count down to this many bytes
+# (`(count/nranks) & -(16/eltSize)` in all_gather.cu, reduce_scatter.cu, alltoall.cu, gather.cu,
+# scatter.cu), so every rank's block starts 16-byte aligned. Matching it keeps size_bytes
+# comparable row for row with nccl-tests.
+SPLIT_ALIGN_BYTES = 16
+
+
+def split_granule(elt: int) -> int:
+    """The elements a split op's per-rank count is a multiple of."""
+    # nccl-tests' mask only means "a multiple of 16/eltSize" when eltSize divides 16; every
+    # dtype distbench has does, and any other would need its own reading of nccl-tests.
+    if elt <= 0 or SPLIT_ALIGN_BYTES % elt:
+        raise ValueError(f"element size {elt} does not divide {SPLIT_ALIGN_BYTES}")
+    return SPLIT_ALIGN_BYTES // elt
+
+
+def min_bytes(acc: Accounting, elt: int, n: int) -> int:
+    """The smallest requested size `layout` gives a buffer for (smaller ones are skipped)."""
+    return n * split_granule(elt) * elt if acc.split else elt
+
+
 def layout(acc: Accounting, requested_bytes: int, elt: int, n: int) -> Layout | None:
-    """The buffer a requested size turns into, or None when it cannot give every rank an element."""
+    """The buffer a requested size turns into, or None when it leaves a rank no element (for a
+    split op, less than 16 bytes per rank)."""
     if acc.split:
-        per_rank = requested_bytes // (n * elt)
+        granule = split_granule(elt)
+        per_rank = requested_bytes // (n * elt) // granule * granule
         count = per_rank * n
     else:
         per_rank = count = requested_bytes // elt

@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from distbench.accounting import Accounting, Layout, unit_factor
+from distbench.accounting import Accounting, Layout, min_bytes, unit_factor
 from distbench.engine import Point, Series, bandwidth_point
 from distbench.links import Link
 from distbench.measure import stats_columns
@@ -57,7 +57,7 @@ def collective(s, plan, output) -> Series:
         case = op.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
         return [bandwidth_point(s, what, case, op.accounting, lay)]
 
-    need = n * elt if op.accounting.split else elt
+    need = min_bytes(op.accounting, elt, n)
     return Series(
         name=f"{op.name} {plan.dtype}", output=output,
         title=f"{op.name}  {plan.dtype}  redop {plan.redop}  root {plan.root}  "
