@@ -1,14 +1,19 @@
 """Is distbench's own overhead nil? Its reported all_reduce time against the least possible
-timing loop (barrier, timer, back-to-back ops, timer; each rank's mean, averaged over ranks),
-on the same sizes and buffers, alternating A/B so machine noise hits both alike.
+timing loop (barrier, timer, back-to-back ops, the device's sync, timer; each rank's mean,
+averaged over ranks), on the same sizes and buffers, alternating A/B so machine noise hits both
+alike.
 
-    python benchmarks/overhead.py [--sizes 1M,4M,16M] [--rounds 15] [--workers 2]
+    python benchmarks/overhead.py [--sizes 1M,4M,16M] [--rounds 15] [--workers N]
+                                  [--backend auto|nccl|gloo]
 
-Run as is, it starts its own gloo workers; under torchrun it is one rank. Prints one line per
-size: the median time of each, and the median and interquartile range of the per-round ratio
-distbench / baseline (target: within +-3% at sizes >= 1 MiB), and the median ratio of a second
-baseline run to the first (A/A), which shows how much of the gap is this machine's noise. First
-it prints what the timed loop's own instrumentation costs per iteration, measured alone.
+The backend is picked as distbench picks it (nccl with CUDA, else gloo) and the buffers live on
+the rank's device (cuda:local_rank under nccl, else the CPU). Run as is, it starts its own local
+workers (one per GPU under nccl, else 2); under torchrun it is one rank. Rank 0 first prints
+what the timed loop's own instrumentation costs per iteration on that device, measured alone
+(CUDA events on GPU, perf_counter on CPU), then one line per size: the median time of each, the
+median and interquartile range of the per-round ratio distbench / baseline (target: within +-3%
+at sizes >= 1 MiB), and the median ratio of a second baseline run to the first (A/A), which
+shows how much of the gap is this machine's noise.
 """
 
 from __future__ import annotations
@@ -20,14 +25,18 @@ import tempfile
 import time
 
 from distbench.launch import run_local_workers, under_launcher
+from distbench.options import BACKENDS
 from distbench.sizes import format_size, parse_sizes
 
 
 def args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="64K,1M,4M,16M")
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=None,
+                   help="local workers outside torchrun (default: one per GPU under nccl, else 2)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="auto: nccl with CUDA, else gloo, as distbench picks it")
     p.add_argument("--target-ms", type=float, default=100.0,
                    help="timed work per measurement, to pick a fixed iteration count per size")
     return p
@@ -46,9 +55,9 @@ def worker(args) -> None:
 
     sizes = parse_sizes(args.sizes)
     opts = build(CollectiveOptions, {"op": "all_reduce", "sizes": args.sizes, "iters": 1,
-                                     "warmup": 1, "check": False, "backend": "gloo",
+                                     "warmup": 1, "check": False, "backend": args.backend,
                                      "out": tempfile.gettempdir()}, argv=[])
-    rt = runtime.start("gloo", opts.timeout, opts.identity())
+    rt = runtime.start(opts.backend, opts.timeout, opts.identity())
     s = Session("collective", opts, rt)
     n, rank, device = rt.world, rt.rank, rt.device
     (plan,) = plans(opts)
@@ -58,17 +67,34 @@ def worker(args) -> None:
 
     def baseline(buf, iters) -> float:
         dist.all_reduce(buf)  # the one untimed op every measurement starts with
+        if device.type == "cuda":  # distbench's warmup ends on the device's sync too
+            torch.cuda.synchronize(device)
         dist.barrier()
         start = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(buf)
-        mean = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+        # Under nccl the ops are only queued: distbench's loop waits for its last CUDA event,
+        # so this one waits for the device, or it would time the launches and not the work.
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        mean = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64,
+                            device=device)
         dist.all_reduce(mean)
         return float(mean.item()) / n * 1e6
 
+    where = str(device)
+    if device.type == "cuda":
+        where += f" ({torch.cuda.get_device_name(device)}) on rank 0"
+    # Rank 0 alone while the others wait: on a small machine a second busy rank is the noise.
     if rank == 0:
-        print(f"# all_reduce float32, gloo, {n} ranks, {args.rounds} alternating rounds; "
-              "times are medians over rounds")
+        cost = instrumentation_cost(device)
+        clock = "CUDA events" if device.type == "cuda" else "perf_counter"
+        print(f"# timed-loop instrumentation ({clock}, {where}): {cost:.0f} ns per iteration "
+              "over a bare loop", flush=True)
+    dist.barrier()
+    if rank == 0:
+        print(f"# all_reduce float32, backend {rt.backend}, device {where}, {n} ranks, "
+              f"{args.rounds} alternating rounds; times are medians over rounds")
         print(f"{'size':>10} {'iters':>6} {'distbench(us)':>14} {'baseline(us)':>13} "
               f"{'ratio':>7} {'ratio IQR':>13} {'A/A ratio':>9}", flush=True)
     for size in sizes:
@@ -105,13 +131,20 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
-def instrumentation_cost(iters: int = 200_000, repeats: int = 7) -> float:
-    """Nanoseconds distbench's timed loop adds per iteration (a timestamp and a list store)
-    over a bare loop, both calling the same no-op: the part of the overhead that noise cannot
-    hide, measured without a process group."""
+def instrumentation_cost(device, repeats: int = 7) -> float:
+    """Nanoseconds distbench's timed loop on `device` adds per iteration over a bare loop, both
+    calling the same no-op and ending with the same sync: on CPU a timestamp and a list store, on
+    GPU a CUDA event recorded on the stream (host time: it matters once the host cannot keep
+    ahead of the GPU). The part of the overhead that noise cannot hide, measured without a
+    collective. The whole call is timed, so the set-up and the differences taken after the
+    loop count too: an upper bound on what lands inside the timed region."""
     import torch
 
     from distbench import timing
+
+    cuda = device.type == "cuda"
+    # A timed loop never runs more than MAX_ITERS, and on GPU each iteration holds a CUDA event.
+    iters = timing.MAX_ITERS if cuda else 200_000
 
     def noop():
         return None
@@ -120,11 +153,13 @@ def instrumentation_cost(iters: int = 200_000, repeats: int = 7) -> float:
         start = time.perf_counter()
         for _ in range(iters):
             noop()
+        if cuda:  # timed_loop waits for its last event; the bare loop pays a sync too
+            torch.cuda.synchronize(device)
         return time.perf_counter() - start
 
     def ours():
         start = time.perf_counter()
-        timing.timed_loop(noop, iters, torch.device("cpu"))
+        timing.timed_loop(noop, iters, device)
         return time.perf_counter() - start
 
     diffs = [(ours() - bare()) / iters * 1e9 for _ in range(repeats)]
@@ -133,11 +168,20 @@ def instrumentation_cost(iters: int = 200_000, repeats: int = 7) -> float:
 
 def main() -> int:
     args = args_parser().parse_args()
-    if under_launcher():
-        worker(args)
-        return 0
-    cost = instrumentation_cost()
-    print(f"# timed-loop instrumentation: {cost:.0f} ns per iteration over a bare loop")
+    from distbench.runtime import RunFailure, resolve_backend
+
+    try:
+        if under_launcher():
+            worker(args)
+            return 0
+        backend = resolve_backend(args.backend)
+    except RunFailure as e:
+        print(f"overhead.py: error: {e}", file=sys.stderr)
+        return e.exit_code
+    if args.workers is None:
+        import torch
+
+        args.workers = torch.cuda.device_count() if backend == "nccl" else 2
     run_local_workers(args.workers, [__file__, *sys.argv[1:]])
     return 0
 
