@@ -16,6 +16,16 @@ def _exchange(ops: list[dist.P2POp]) -> None:
         req.wait()
 
 
+# One tensor each way, batched too: an unbatched send/recv makes NCCL set up a communicator of
+# its own per pair on older torch, and makes newer torch warn on every rank that it serializes.
+def send(tensor: torch.Tensor, peer: int) -> None:
+    _exchange([dist.P2POp(dist.isend, tensor, peer)])
+
+
+def recv(tensor: torch.Tensor, peer: int) -> None:
+    _exchange([dist.P2POp(dist.irecv, tensor, peer)])
+
+
 def ring(rank: int, n: int, send: torch.Tensor, recv: torch.Tensor) -> Case:
     """Send to r+1 and receive from r-1 at once."""
     nxt, prev = (rank + 1) % n, (rank - 1) % n
@@ -48,11 +58,11 @@ def pingpong(rank: int, n: int, buf: torch.Tensor) -> Case:
 
     def run():
         if first:
-            dist.send(buf, partner)
-            dist.recv(buf, partner)
+            send(buf, partner)
+            recv(buf, partner)
         else:
-            dist.recv(buf, partner)
-            dist.send(buf, partner)
+            recv(buf, partner)
+            send(buf, partner)
 
     def prepare():
         if first:

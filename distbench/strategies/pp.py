@@ -4,7 +4,8 @@ own layers from the shape's seed, so no weights travel.
 
 Schedules:
 - naive: the whole batch (all micro-batches at once) goes through one stage at a time forward,
-  then backward in reverse, by hand with dist.send/recv. One stage is busy at any moment.
+  then backward in reverse, by hand with one send or receive at a time. One stage is busy at
+  any moment.
 - gpipe, 1f1b: torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B, one stage per rank.
 - interleaved-1f1b: ScheduleInterleaved1F1B with v stages per rank (world x v stages, stage s on
   rank s % world).
@@ -23,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 
 from distbench.models import Block, PipelineShape, loss_fn, make_batch, make_stage
+from distbench.ops import p2p
 from distbench.reference import Pair
 
 # Correctness tolerance, relative to the largest magnitude of the reference tensor: the pipeline
@@ -172,7 +173,7 @@ class Pipeline:
 
 class NaivePipeline(Pipeline):
     """The whole batch through stage 0, then stage 1, ... forward; backward in reverse. Written by
-    hand with blocking dist.send / dist.recv: the baseline the schedules are judged against."""
+    hand with blocking sends and receives: the baseline the schedules are judged against."""
 
     def __init__(self, shape: PipelineShape, rank: int, world: int, device: torch.device):
         self.schedule = "naive"
@@ -195,7 +196,7 @@ class NaivePipeline(Pipeline):
         if first:
             inp = self.x
         else:
-            dist.recv(self.recv_buf, src=self.rank - 1)
+            p2p.recv(self.recv_buf, self.rank - 1)
             inp = self.recv_buf.detach().requires_grad_(True)
         out = self._forward(inp)
         if last:
@@ -203,11 +204,11 @@ class NaivePipeline(Pipeline):
             self.loss = loss_fn(out, self.target)
             self._backward(self.loss)
         else:
-            dist.send(out.detach(), dst=self.rank + 1)
-            dist.recv(self.grad_buf, src=self.rank + 1)
+            p2p.send(out.detach(), self.rank + 1)
+            p2p.recv(self.grad_buf, self.rank + 1)
             self._backward(out, self.grad_buf)
         if not first:
-            dist.send(inp.grad, dst=self.rank - 1)
+            p2p.send(inp.grad, self.rank - 1)
 
 
 class TorchPipeline(Pipeline):
