@@ -15,7 +15,7 @@ import torch.distributed as dist
 from distbench import timing
 from distbench.accounting import Accounting, Layout, bandwidth, layout
 from distbench.measure import measure_case, stats_columns
-from distbench.memory import agree, allocate_fitting
+from distbench.memory import agree, allocate_fitting, release
 from distbench.ops.case import Case
 from distbench.tables import Output, format_row, format_table
 
@@ -88,7 +88,7 @@ def _run_series(s, ser: Series, sizes: list[int], bad: list[str]) -> None:
     counts = [lay.per_rank_count for _, lay in layouts if lay]
     if not skip and counts:
         s.step(f"{ser.name} allocation", s.opts.timeout)
-        bufs, fitted = allocate_fitting(ser.alloc, counts, s.rt.device)
+        bufs, fitted = allocate_fitting(ser.alloc, counts, s.rt.device, s.opts.headroom)
     for size, lay in layouts:
         reason = skip or (ser.too_small if lay is None else
                           NO_FIT if lay.per_rank_count > fitted else "")
@@ -109,6 +109,7 @@ def _run_series(s, ser: Series, sizes: list[int], bad: list[str]) -> None:
         if ser.after_size is not None:
             ser.after_size(lay)
     del bufs
+    release(s.rt.device)
 
 
 def _skipped(s, ser: Series, sink, size: int, lay: Layout | None, reason: str) -> None:

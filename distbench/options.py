@@ -14,7 +14,7 @@ from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from distbench.sizes import SizeError, parse_sizes
+from distbench.sizes import SizeError, parse_size, parse_sizes
 
 
 class OptionError(Exception):
@@ -127,6 +127,32 @@ def pick(valid: tuple[str, ...] | Callable[[], tuple[str, ...]], example: str,
             if canon not in out:
                 out.append(canon)
         return out
+    return _example(check, example)
+
+
+def parse_headroom(text: str) -> tuple[int, float]:
+    """--headroom as (bytes, fraction of the device), one of them 0: "512M" or "0.05"; "0" for
+    none. Raises SizeError."""
+    s = str(text).strip()
+    try:
+        value = float(s)
+    except ValueError:
+        return parse_size(s), 0.0
+    if 0 < value < 1:
+        return 0, value
+    if value == 0:
+        return 0, 0.0
+    return parse_size(s), 0.0
+
+
+def headroom(example: str) -> Check:
+    def check(option: str, text) -> str:
+        try:
+            parse_headroom(text)
+        except SizeError as e:
+            raise OptionError(option, f"{e}; or a fraction of the device below 1", example) \
+                from None
+        return str(text).strip()
     return _example(check, example)
 
 
@@ -261,6 +287,10 @@ class SweepOptions(RunOptions):
     warmup: int = option(5, "Untimed iterations before each size.",
                          check=at_least(0, "--warmup 5"))
     check: bool = option(True, "Check results against independently computed values.")
+    headroom: str = option(
+        "512M", "Device memory each rank leaves free for what NCCL allocates itself (peer "
+        "buffers, NVLS): a size (512M) or a fraction of the device (0.05). GPU only.",
+        check=headroom("--headroom 1G"))
 
 
 @dataclass(kw_only=True)
