@@ -80,3 +80,53 @@ def test_allocation_fits_the_rank_with_least_memory(monkeypatch):
         return fitted, None if bufs is None else bufs.numel()
 
     assert run_ranks(monkeypatch, 2, alloc_on) == [(64, 64), (64, 64)]
+
+
+class _Session:
+    """What time_on_rank0_alone asks of a session, for one rank."""
+
+    def __init__(self, rank: int):
+        from types import SimpleNamespace
+
+        self.rt = SimpleNamespace(rank=rank, device=CPU)
+        self.opts = SimpleNamespace(timeout=60, warmup=2, iters=3)
+        self.console = SimpleNamespace(log=lambda message: self.logged.append(message))
+        self.logged: list[str] = []
+
+    def step(self, what: str, seconds: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("fails_in", ["build", "step"])
+def test_t1_that_does_not_fit_is_left_out_on_every_rank(monkeypatch, world, fails_in):
+    """The whole problem on rank 0 alone: out of memory while building it, or only in its first
+    step (activations and gradients on top of the weights). Every rank gets None, and rank 0
+    says why; no rank is left waiting."""
+    from distbench.steps.common import NO_T1, time_on_rank0_alone
+
+    def build():
+        if fails_in == "build":
+            raise torch.OutOfMemoryError("fake: the weights do not fit")
+
+        def step():
+            raise torch.OutOfMemoryError("fake: the step does not fit")
+        return step
+
+    sessions = [_Session(r) for r in range(world)]
+    out = run_ranks(monkeypatch, world, lambda r: time_on_rank0_alone(sessions[r], "t1", build))
+    assert out == [None] * world
+    assert sessions[0].logged == [NO_T1 + "; no scaling view"]
+
+
+def test_t1_is_the_mean_of_rank_0s_timed_steps_on_every_rank(monkeypatch):
+    from distbench.steps.common import time_on_rank0_alone
+
+    calls: list[int] = []
+
+    def build():
+        return lambda: (calls.append(1), time.sleep(0.002))
+
+    out = run_ranks(monkeypatch, 2, lambda r: time_on_rank0_alone(_Session(r), "t1", build))
+    assert out[0] == out[1] and 0.002 <= out[0] < 0.05
+    assert len(calls) == 2 + 3  # warmup then iters, on rank 0 alone

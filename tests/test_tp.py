@@ -224,6 +224,37 @@ def test_apply_tp_shards_the_planned_layers(group):
                                                   "blocks.1.out"}
 
 
+@pytest.mark.parametrize("kind", strat.BLOCKS)
+def test_the_timed_models_never_exist_whole_on_the_device(group, monkeypatch, kind):
+    """The TP stack and the compute-only stack are built on the meta device and only their
+    shards materialised; the whole seeded stack is never built for them."""
+    from torch.distributed.tensor import DTensor
+
+    built_on: list[str] = []
+    real = strat.make_stack
+
+    def spy(*args, **kwargs):
+        built_on.append(torch.empty(0).device.type)  # the default device where it is built
+        return real(*args, **kwargs)
+
+    def whole(*args, **kwargs):
+        raise AssertionError("the whole stack was built")
+
+    monkeypatch.setattr(strat, "make_stack", spy)
+    monkeypatch.setattr(strat, "build_stack", whole)
+    sh = strat.small_shape(2)
+    tp = strat.build_sharded(kind, sh, group, CPU, torch.float32, 1)
+    local = strat.build_local_shard(kind, sh, 2, CPU, torch.float32, 1)
+    assert built_on == ["meta", "meta"]
+    assert all(isinstance(p, DTensor) and p.to_local().device == CPU for p in tp.parameters())
+    assert sum(p.numel() for p in local.parameters()) == strat.params_per_rank(kind, sh, 2)
+    for model in (tp, local):
+        assert all(torch.isfinite(p.full_tensor() if isinstance(p, DTensor) else p).all()
+                   for p in model.parameters())
+        x, dy = make_inputs(sh, 1, CPU, torch.float32)
+        assert torch.isfinite(make_step(model, x, dy)()).all()
+
+
 # ---- the table ---------------------------------------------------------------------------------
 
 def test_table_lines_align_and_show_missing_values():

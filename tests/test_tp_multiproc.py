@@ -152,12 +152,13 @@ def test_shared_t1_timer_and_check_agreement_on_two_ranks(tmp_path):
     assert r0["calls"] == ["build"] + ["step"] * 4 and r1["calls"] == []
     assert r0["t1"] == r1["t1"] and r0["t1"] >= 0.02
     # one watchdog step per step, the same on every rank, so every wait is one step long
-    steps = ["t1 setup", "t1 step 1", "t1 step 2", "t1 step 3", "t1 step 4", "t1 oom setup"]
+    steps = ["t1 (build and step 1)", "t1 step 2", "t1 step 3", "t1 step 4",
+             "t1 oom (build and step 1)"]
     assert r0["named"] == r1["named"] == steps
     # rank 0 running out of memory is no t1 on every rank, and said once per rank
     assert r0["t1_oom"] is None and r1["t1_oom"] is None
     assert r0["logs"] == r1["logs"] == [
-        "t1: the whole model does not fit on one rank; no scaling view"]
+        "t1: the whole problem does not fit on one device; no scaling view"]
     # the check's verdict: the same on every rank
     assert r0["agreed"] == r1["agreed"]
     mine, tie, nan = r0["agreed"]

@@ -53,7 +53,8 @@ OUTPUT = Output("tp.csv", csv=(
     Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
     Column("compute_only_us", "compute", "(ms)", 10, us_as_ms(".2f")),
     Column("comm_pct", "comm", "(%)", 7, ".1f"),
-    Column("tflops_per_rank", "TFLOP/s", "(/rank)", 10, ".4f"),
+    # model FLOPs, counted in closed form; the kernels execute more (docs/methodology.md)
+    Column("tflops_per_rank", "mTFLOP/s", "(/rank)", 10, ".4f"),
     Column("tokens_per_s", "tokens/s", "", 11, ".1f"),
     Column("allreduce_bytes_per_step", "AR bytes", "(/step)", 12),
     Column("implied_busbw_gbps", "busbw", "(GB/s)", 9, ".3f"),

@@ -10,12 +10,13 @@ import torch
 import torch.distributed as dist
 
 from distbench import timing
-from distbench.memory import agree
+from distbench.memory import agree, release
 from distbench.reference import Comparison, Pair, compare
 from distbench.session import Session
 
 # Longest tensor name the agreed verdict carries; longer ones are cut.
 NAME_BYTES = 256
+NO_T1 = "t1: the whole problem does not fit on one device"
 
 
 def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], object]]
@@ -23,22 +24,27 @@ def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], 
     """t1: rank 0 builds a step with build() and runs it alone, warmup untimed steps (at least
     one) then iters timed ones, while the other ranks wait at a barrier. A barrier after every
     step keeps each wait one step long, well inside the process group's timeout. The mean in
-    seconds on every rank; None on every rank when the step does not fit on rank 0."""
+    seconds on every rank; None on every rank when the whole problem does not fit on rank 0,
+    built or stepped (a model that fits may not fit its activations and gradients)."""
     rt, opts = s.rt, s.opts
-    s.step(f"{what} setup", opts.timeout)
+    s.step(f"{what} (build and step 1)", opts.timeout)
     step, fits = None, True
     if rt.rank == 0:
         try:
             step = build()
-        except torch.OutOfMemoryError:
-            fits = False
+            step()  # the first warmup step, under the same guard
+            timing.sync(rt.device)
+        except (torch.OutOfMemoryError, MemoryError):
+            step, fits = None, False
+            release(rt.device)
+    dist.barrier()
     if not agree(fits, rt.device):
-        s.console.log("t1: the whole model does not fit on one rank; no scaling view")
+        s.console.log(NO_T1 + "; no scaling view")
         return None
-    warm = max(1, opts.warmup)
+    warm = max(1, opts.warmup) - 1  # one ran above
     samples: list[float] = []
     for i in range(warm + opts.iters):
-        s.step(f"{what} step {i + 1}", opts.timeout)
+        s.step(f"{what} step {i + 2}", opts.timeout)  # step 1 ran in the build
         if step is not None:
             if i < warm:
                 step()
@@ -47,6 +53,7 @@ def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], 
                 samples += timing.timed_loop(step, 1, rt.device)
         dist.barrier()
     step = None  # rank 0 lets the whole model go before the next measurement needs the memory
+    release(rt.device)
     t1 = torch.tensor([sum(samples) / len(samples) if samples else 0.0], dtype=torch.float64,
                       device=rt.device)
     dist.broadcast(t1, src=0)

@@ -18,7 +18,7 @@ from distbench.measure import fail_if_wrong, timed_samples
 from distbench.memory import agree
 from distbench.models import PipelineShape
 from distbench.session import Session
-from distbench.steps.common import check_against_reference, time_on_rank0_alone
+from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone
 from distbench.strategies import pp
 from distbench.tables import Output, format_table
 
@@ -153,6 +153,8 @@ def _measure_schedule(s: Session, schedule: str, shape: PipelineShape,
         max_abs_err=err if opts.check else None)
     if t1 is not None:
         row.update(t1_us=t1 * 1e6, speedup=t1 / step_s, efficiency=t1 / (n * step_s))
+    else:
+        row.update(note="; ".join(x for x in (row.get("note"), NO_T1) if x))
     if wrong:
         bad.append(f"pp {schedule}: {wrong} tensors differ from the single-rank reference "
                    f"(max abs err {err:.3g})")

@@ -12,15 +12,13 @@ sharded over every rank with torch.distributed.tensor.parallel. One row per bloc
 
 from __future__ import annotations
 
-from functools import partial
-
 from distbench import timing
 from distbench.exitcodes import EXIT_OK
 from distbench.measure import fail_if_wrong, timed_samples
 from distbench.models import StackShape, build_stack, make_inputs, make_step
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.session import Session
-from distbench.steps.common import check_against_reference, time_on_rank0_alone
+from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone
 from distbench.strategies import tp as strat
 from distbench.tables import Output, format_table
 
@@ -72,9 +70,8 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
     rt, opts = s.rt, s.opts
     n, device = rt.world, rt.device
     s.step(f"tp {kind} (build)", opts.timeout)
-    full = build_stack(kind, shape, SEED, device, dtype)
-    tp_model = strat.apply_tp(full, kind, shape, mesh)
-    local = strat.local_shard(full, kind, shape, rt.rank, n)
+    tp_model = strat.build_sharded(kind, shape, mesh, device, dtype, SEED)
+    local = strat.build_local_shard(kind, shape, n, device, dtype, SEED)
     x, dy = make_inputs(shape, SEED, device, dtype)
     elt = x.element_size()
     notes: list[str] = []
@@ -96,9 +93,9 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
     st = _timed(s, f"tp {kind} step", tp_step)
     compute = _timed(s, f"tp {kind} compute-only", make_step(local, x, dy))
     del tp_model, local
-    t1 = time_on_rank0_alone(s, f"tp {kind} t1 (unsharded on rank 0)",
-                             partial(make_step, full, x, dy))
-    del full
+    # the whole stack exists on rank 0 alone, and only while t1 is timed
+    t1 = time_on_rank0_alone(s, f"tp {kind} t1 (unsharded on rank 0)", lambda: make_step(
+        build_stack(kind, shape, SEED, device, dtype), x, dy))
 
     step_s, compute_s = st.time_us / 1e6, compute.time_us / 1e6
     comm, clamped = strat.comm_fraction(step_s, compute_s)
@@ -108,6 +105,8 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
     speedup = efficiency = None
     if t1 is not None:
         speedup, efficiency = strat.scaling(t1, step_s, n)
+    else:
+        notes.append(NO_T1)
 
     max_err = None
     info = {"allreduce_bytes_formula": ar_bytes, "allreduce_bytes_counted": counted,

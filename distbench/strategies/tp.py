@@ -1,6 +1,7 @@
 """Megatron-style tensor parallelism over a 1-D DeviceMesh, applied the way production code
-applies it: the whole stack of distbench.models on every rank (same seed), then
-torch.distributed.tensor.parallel's parallelize_module shards it.
+applies it: the stack of distbench.models is built on the meta device, parallelize_module
+(torch.distributed.tensor.parallel) shards it, and only then is each rank's shard materialised,
+as torchtitan does, so a model that needs TP to fit never exists whole on one GPU.
 
 - MLP: up-projection ColwiseParallel (h -> f/n on each rank), GELU, down-projection
   RowwiseParallel (f/n -> h, outputs summed by one all-reduce). Backward: one all-reduce of the
@@ -12,12 +13,14 @@ torch.distributed.tensor.parallel's parallelize_module shards it.
   backward all-reduces instead of one.
 
 The same model classes with per-rank shard shapes and no DTensor make the compute-only
-baseline; with full shapes on one rank, the single-rank reference and the scaling view's t1.
+baseline; with full shapes on rank 0 alone, the scaling view's t1; and at the check's small
+shape, on the CPU, the single-rank reference.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -62,9 +65,10 @@ def params_per_rank(kind: str, shape: StackShape, world: int) -> int:
 
 
 def flops_per_rank(kind: str, shape: StackShape, world: int) -> float:
-    """Forward+backward FLOPs of this rank's shard per step: 3 x 2 x params x tokens for the
-    linear layers (backward is twice the forward), plus, for attention, the score (QK^T) and
-    value (PV) matmuls on the rank's heads: 2 x 2 x b x s^2 x h/n forward, times 3."""
+    """Forward+backward model FLOPs of this rank's shard per step: 3 x 2 x params x tokens for
+    the linear layers (backward is twice the forward), plus, for attention, the score (QK^T)
+    and value (PV) matmuls on the rank's heads: 2 x 2 x b x s^2 x h/n forward, times 3. Model
+    FLOPs, not executed ones: flash and memory-efficient attention recompute QK^T backward."""
     linear = 3 * 2 * params_per_rank(kind, shape, world) * shape.tokens
     if kind == "mlp":
         return float(linear)
@@ -154,11 +158,52 @@ def device_mesh(device: torch.device, world: int):
     return init_device_mesh(device.type, (world,))
 
 
-def apply_tp(full: Stack, kind: str, shape: StackShape, mesh) -> Stack:
-    """A deep copy of `full`, sharded by parallelize_module (full stays the reference)."""
+def apply_tp(full: Stack, kind: str, shape: StackShape, mesh, device=None) -> Stack:
+    """A deep copy of `full` (on `device` when given), sharded by parallelize_module: full
+    stays the reference. For the check's small shapes; the timed model is build_sharded's."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    return parallelize_module(copy.deepcopy(full), mesh, tp_plan(kind, shape.layers))
+    model = copy.deepcopy(full)
+    if device is not None:
+        model = model.to(device)
+    return parallelize_module(model, mesh, tp_plan(kind, shape.layers))
+
+
+def init_weights(model: Stack, seed: int) -> None:
+    """Weights for a stack materialised from the meta device, shard by shard, at nn.Linear's
+    own scale. The timed steps depend on their being finite, not on their values: the check
+    builds its own weights from the seed."""
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            local = p.to_local() if isinstance(p, DTensor) else p
+            gen = torch.Generator(device=local.device).manual_seed(seed + i)
+            bound = 1 / math.sqrt(p.shape[-1])  # the global in_features
+            local.uniform_(-bound, bound, generator=gen)
+
+
+def build_sharded(kind: str, shape: StackShape, mesh, device, dtype, seed: int) -> Stack:
+    """The TP stack with only this rank's shards ever allocated."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    with torch.device("meta"):
+        model = make_stack(kind, shape).to(dtype)
+    model = parallelize_module(model, mesh, tp_plan(kind, shape.layers))
+    model.to_empty(device=device)
+    init_weights(model, seed)
+    return model
+
+
+def build_local_shard(kind: str, shape: StackShape, world: int, device, dtype,
+                      seed: int) -> Stack:
+    """Plain modules of this rank's shard shapes: the same computation as TP minus its
+    communication (compute-only), without the whole model ever being built."""
+    with torch.device("meta"):
+        model = make_stack(kind, shape, shards=world).to(dtype)
+    model.to_empty(device=device)
+    init_weights(model, seed)
+    return model
 
 
 # ------------------------------------------------------------------------------------------
@@ -209,19 +254,22 @@ class CommCounter(TorchDispatchMode):
 # ------------------------------------------------------------------------------------------
 
 def tp_vs_reference(kind: str, shape: StackShape, seed: int, device, dtype, mesh) -> list[Pair]:
-    """One forward+backward of the sharded stack and of the unsharded reference (deep copy of the
-    same seeded module), on the same input: (name, tp, reference) for the output, the input
-    gradient and every weight gradient (the sharded ones gathered whole)."""
+    """One forward+backward of the sharded stack and of the unsharded reference, on the same
+    input. The reference is built and run on the CPU (the check's small shape keeps that
+    cheap), so no GPU ever holds the whole model twice; the sharded stack is a copy of it on
+    `device`. (name, tp, reference) for the output, the input gradient and every weight
+    gradient (the sharded ones gathered whole), all on the CPU."""
     from torch.distributed.tensor import DTensor
 
-    ref = build_stack(kind, shape, seed, device, dtype)
-    tp = apply_tp(ref, kind, shape, mesh)
+    cpu = torch.device("cpu")
+    ref = build_stack(kind, shape, seed, cpu, dtype)
+    tp = apply_tp(ref, kind, shape, mesh, device)
     x, dy = make_inputs(shape, seed, device, dtype)
-    x_ref = x.detach().clone().requires_grad_(True)
-    y = make_step(tp, x, dy)().detach()
-    y_ref = make_step(ref, x_ref, dy)().detach()
-    pairs = [("output", y, y_ref), ("input gradient", x.grad, x_ref.grad)]
+    x_ref, dy_ref = make_inputs(shape, seed, cpu, dtype)
+    y = make_step(tp, x, dy)().detach().cpu()
+    y_ref = make_step(ref, x_ref, dy_ref)().detach()
+    pairs = [("output", y, y_ref), ("input gradient", x.grad.cpu(), x_ref.grad)]
     for (name, p), (_, p_ref) in zip(tp.named_parameters(), ref.named_parameters(), strict=True):
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-        pairs.append((f"{name} gradient", grad, p_ref.grad))
+        pairs.append((f"{name} gradient", grad.cpu(), p_ref.grad))
     return pairs
