@@ -50,11 +50,12 @@ def find_outliers(links: list[Link], below: float) -> list[Outlier]:
     return sorted(out, key=lambda o: o.fraction)
 
 
-def culprits(outliers: list[Outlier]) -> list[str]:
+def culprits(outliers: list[Outlier], gpus: dict[int, str] | None = None) -> list[str]:
     """The rank, then the host, that most of the slowness goes through: one slow GPU or NIC
     drags down every link it is on. Each outlier link counts by how far it fell short
     (1 - fraction of its median), so one marginal, noisy link cannot tie with a rank whose links
-    are all far below; the top one is named when it holds over half of that weight."""
+    are all far below; the top one is named when it holds over half of that weight. `gpus`:
+    each rank's GPU bus id, which names the physical GPU where host:local_rank may not."""
     if not outliers:
         return []
     names: dict[int, str] = {}
@@ -78,6 +79,7 @@ def culprits(outliers: list[Outlier]) -> list[str]:
         ranked = sorted(weight[label].items(), key=lambda kv: -kv[1])
         who, top = ranked[0]
         if top * 2 > total and (len(ranked) == 1 or ranked[1][1] < top):
-            what = f"rank {who} ({names[who]})" if label == "rank" else f"host {who}"
+            gpu = f", GPU {gpus[who]}" if label == "rank" and (gpus or {}).get(who) else ""
+            what = f"rank {who} ({names[who]}{gpu})" if label == "rank" else f"host {who}"
             found.append(f"{what}: in {count[label][who]} of {len(outliers)} slow links")
     return found

@@ -118,7 +118,7 @@ def start_verdict(everyone: list[dict]) -> str | None:
     ref = everyone[0]
     odd = [e for e in everyone if e["options"] != ref["options"]]
     if not odd:
-        return None
+        return _shared_gpu(everyone)
     first = odd[0]
     keys = sorted(k for k in set(ref["identity"]) | set(first["identity"])
                   if ref["identity"].get(k) != first["identity"].get(k))
@@ -126,6 +126,23 @@ def start_verdict(everyone: list[dict]) -> str | None:
                        f"{first['identity'].get(k)!r}" for k in keys)
     return (f"ranks were started with different options ({len(odd)} of {len(everyone)} ranks "
             f"differ from rank 0; {detail})")
+
+
+def _shared_gpu(everyone: list[dict]) -> str | None:
+    """Two ranks on one physical GPU (NCCL would refuse it later, as "Duplicate GPU")."""
+    first: dict[str, dict] = {}
+    for e in everyone:
+        uuid = e.get("gpu_uuid")
+        if uuid is None:
+            continue
+        if uuid in first:
+            a = first[uuid]
+            return (f"ranks {a['rank']} and {e['rank']} ({a['host']}:{a['local_rank']} and "
+                    f"{e['host']}:{e['local_rank']}) share one GPU, {uuid} (bus "
+                    f"{e.get('gpu_bus_id')}): each rank needs a GPU of its own; check "
+                    "CUDA_VISIBLE_DEVICES and the scheduler's GPU binding")
+        first[uuid] = e
+    return None
 
 
 class Peers:

@@ -173,9 +173,14 @@ def mark_unfinished(run_dir: Path, error: str, exit_code: int, status: str = "fa
     return True
 
 
-def write_topology(run_dir: Path, snapshots: list[dict]) -> None:
-    """topo.txt for people, topo.json for tools: the same snapshot in every run directory."""
+def write_topology(run_dir: Path, snapshots: list[dict], ranks: list[dict] | None = None
+                   ) -> None:
+    """topo.txt for people, topo.json for tools: the same snapshot in every run directory, and
+    in topo.json which physical GPU each rank ran on."""
     (run_dir / "topo.txt").write_text(topo.render_text(snapshots))
     nodes = [{**snap, "gpu_links": topo.parse_topo_matrix(snap.get("nvidia_smi_topo") or "")}
              for snap in snapshots]
-    write_json(run_dir / "topo.json", {"schema_version": SCHEMA_VERSION, "nodes": nodes})
+    placed = [{k: r.get(k) for k in ("rank", "host", "node", "local_rank", "gpu_uuid",
+                                     "gpu_bus_id")} for r in ranks or []]
+    write_json(run_dir / "topo.json", {"schema_version": SCHEMA_VERSION, "nodes": nodes,
+                                       "ranks": placed})

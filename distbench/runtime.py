@@ -69,13 +69,42 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def pick_gpu(local_rank: int, local_world: int, count: int, visible: str | None) -> int:
+    """The GPU a local rank takes: its own index among the visible GPUs, or GPU 0 when each
+    task sees one GPU (Slurm's per-task binding: that two tasks do not share it is checked at
+    startup, by UUID). Fewer GPUs than local ranks otherwise would put two ranks on one GPU,
+    which NCCL refuses later with "Duplicate GPU": refused here, with the counts."""
+    if local_rank < count or count == 1:
+        return local_rank if local_rank < count else 0
+    seen = f"CUDA_VISIBLE_DEVICES={visible}" if visible is not None else \
+        "CUDA_VISIBLE_DEVICES unset"
+    raise RunFailure(f"local rank {local_rank} has no GPU of its own: {count} GPUs visible "
+                     f"({seen}) for {local_world} ranks on this node; start at most {count} "
+                     "ranks per node, or make each rank's GPU visible to it",
+                     status="bad_input", exit_code=EXIT_BAD_INPUT)
+
+
 def _device(backend: str, local_rank: int) -> torch.device:
     if backend != "nccl":
         return torch.device("cpu")
-    # Slurm and some launchers give each task only its own GPU: local rank 3 sees GPU 0.
-    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    index = pick_gpu(local_rank, local_world, torch.cuda.device_count(),
+                     os.environ.get("CUDA_VISIBLE_DEVICES"))
+    device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     return device
+
+
+def gpu_identity(device: torch.device) -> dict:
+    """The physical GPU behind a device, as NVML and nvidia-smi name it: under
+    CUDA_VISIBLE_DEVICES or a scheduler's binding, "cuda:0" names a different GPU per rank."""
+    if device.type != "cuda":
+        return {"gpu_uuid": None, "gpu_bus_id": None}
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    bus = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+    return {"gpu_uuid": f"GPU-{uuid}" if uuid is not None else None,
+            "gpu_bus_id": None if None in bus else f"{bus[0]:08x}:{bus[1]:02x}:{bus[2]:02x}.0"}
 
 
 def start(backend_choice: str, timeout_s: float, identity: dict) -> Runtime:
@@ -101,6 +130,7 @@ def start(backend_choice: str, timeout_s: float, identity: dict) -> Runtime:
             "node_key": f"{machine_key()}|{os.environ.get('GROUP_RANK', '')}",
             "local_rank": local_rank,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            **gpu_identity(device),
             "options": _digest(identity),
             "identity": identity,
             "snapshot": topo.node_snapshot() if local_rank == 0 else None,
@@ -128,7 +158,8 @@ def start(backend_choice: str, timeout_s: float, identity: dict) -> Runtime:
     for e in everyone:
         nodes.setdefault(e["node_key"], len(nodes))
     rt.ranks = [{"rank": e["rank"], "host": e["host"], "node": nodes[e["node_key"]],
-                 "local_rank": e["local_rank"], "device": e["device"], "pid": e["pid"]}
+                 "local_rank": e["local_rank"], "device": e["device"], "pid": e["pid"],
+                 "gpu_uuid": e["gpu_uuid"], "gpu_bus_id": e["gpu_bus_id"]}
                 for e in everyone]
     rt.snapshots = topo.dedupe_by_node([e["snapshot"] for e in everyone if e["snapshot"]])
     return rt

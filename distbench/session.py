@@ -86,7 +86,7 @@ class Session:
                       None)
         self.record.update(backend=rt.backend, world_size=rt.world, nnodes=rt.nnodes,
                            versions={**rt.versions(), "driver": driver}, ranks=rt.ranks)
-        results.write_topology(self.run_dir, rt.snapshots)
+        results.write_topology(self.run_dir, rt.snapshots, rt.ranks)
         if rt.peers is not None:
             rt.peers.publish_run_dir(str(self.run_dir))
 

@@ -73,7 +73,8 @@ def _judge(s, links) -> None:
 
     opts, console = s.opts, s.console
     outliers = find_outliers(links, opts.outlier_below)
-    suspects = culprits(outliers)
+    suspects = culprits(outliers, {r["rank"]: r["gpu_bus_id"] for r in s.rt.ranks
+                                   if r.get("gpu_bus_id")})
     failing = find_outliers(links, opts.fail_below) if opts.fail_below else []
     if outliers:
         console.log(f"{len(outliers)} of {len(links)} links below "

@@ -15,6 +15,10 @@ HELP = ("Topology snapshot (nvidia-smi topo -m, NVML inventory, CPU/NUMA): this 
 @dataclass(kw_only=True)
 class TopoOptions(RunOptions):
     workers: int | None = field(default=None)  # not an option: one machine needs no workers
+    # Not an option either: the snapshots travel through the launcher's store before any
+    # process group exists, and the group topo then needs is gloo's, so a broken NCCL (the
+    # very thing a topology snapshot is taken to look into) cannot block it.
+    backend: str = field(default="gloo")
 
 
 def run(s) -> int:
