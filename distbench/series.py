@@ -12,6 +12,7 @@ from distbench.engine import Point, Series, bandwidth_point
 from distbench.links import Link
 from distbench.measure import stats_columns
 from distbench.ops import p2p
+from distbench.ops.case import Case
 from distbench.ops.dtypes import TORCH_DTYPES, element_size
 from distbench.sizes import format_size
 from distbench.tables import format_matrix
@@ -81,24 +82,29 @@ def p2p_pattern(s, pattern: str, dtype: str, output) -> Series:
     rt = s.rt
     n = rt.world
     elt = element_size(dtype)
+    alloc = _send_recv(dtype, rt.device)
+
+    def case(send, recv) -> Case:
+        return p2p.ring(rt.rank, n, send, recv) if pattern == "ring" else \
+            p2p.pingpong(rt.rank, n, send)
 
     def points(bufs, lay: Layout) -> list[Point]:
         send, recv = (b[:lay.count] for b in bufs)
         what = f"p2p {pattern} {format_size(lay.size_bytes)} {dtype}"
-        if pattern == "ring":
-            return [bandwidth_point(s, what, p2p.ring(rt.rank, n, send, recv), SENDRECV, lay)]
-        return [bandwidth_point(s, what, p2p.pingpong(rt.rank, n, send), SENDRECV, lay, 0.5)]
+        return [bandwidth_point(s, what, case(send, recv), SENDRECV, lay,
+                                1.0 if pattern == "ring" else 0.5)]
 
     return Series(
         name=f"p2p {pattern} {dtype}", output=output,
         title=f"p2p {pattern}  {dtype}  ranks {n}  nodes {rt.nnodes}  backend {rt.backend}"
               + ("  (time = one-way latency, half the round trip)"
                  if pattern == "pingpong" else ""),
-        accounting=SENDRECV, elt=elt, alloc=_send_recv(dtype, rt.device), points=points,
+        accounting=SENDRECV, elt=elt, alloc=alloc, points=points,
         row={"pattern": pattern, "dtype": dtype, "world_size": n, "nnodes": rt.nnodes,
              "pairs": n // 2 if pattern == "pingpong" else n, "backend": rt.backend,
              "status": "ok", "note": ""},
-        too_small=f"too small: needs at least {elt} B of {dtype}")
+        too_small=f"too small: needs at least {elt} B of {dtype}",
+        probe=lambda: case(*alloc(1)))
 
 
 def matrix(s, dtype: str, output, links: list[Link]) -> Series:
@@ -151,9 +157,22 @@ def matrix(s, dtype: str, output, links: list[Link]) -> Series:
         why = "is too small for one" if lay is None else "does not fit in memory as"
         console.log(f"matrix: {size} B {why} {dtype}: skipped")
 
+    def probe() -> Case:
+        """Every ordered pair once on one element: NCCL connects each pair the first time it is
+        used, allocating as it does, and that must happen before the sizes are decided."""
+        send, recv = _send_recv(dtype, rt.device)(1)
+        cases = [p2p.one_link(rt.rank, src, dst, False, send, recv)
+                 for src in range(n) for dst in range(n) if src != dst]
+
+        def run_all() -> None:
+            for c in cases:
+                c.prepare()
+                c.run()
+        return Case(run=run_all, prepare=lambda: None, check=lambda: 0, output=None)
+
     return Series(
         name=f"p2p matrix {dtype}", output=output, title=None, accounting=SENDRECV,
         elt=element_size(dtype), alloc=_send_recv(dtype, rt.device), points=points,
         row={"dtype": dtype, "world_size": n, "nnodes": rt.nnodes, "backend": rt.backend},
         too_small="too small", steps_per_size=2 * n * (n - 1), on_skip=on_skip,
-        after_size=after_size)
+        after_size=after_size, probe=probe)

@@ -62,3 +62,47 @@ def test_the_naive_pipeline_sends_one_batched_op_at_a_time(batches, rank, want):
                           micro_batches=2, dtype="float32")
     NaivePipeline(shape, rank, 3, torch.device("cpu")).step()
     assert batches == want
+
+
+def _fake_session(rank: int, world: int):
+    from types import SimpleNamespace
+
+    ranks = [{"rank": r, "host": "h", "local_rank": r, "node": 0} for r in range(world)]
+    rt = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), ranks=ranks,
+                         nnodes=1, backend="gloo")
+    return SimpleNamespace(rt=rt, opts=SimpleNamespace(check=True),
+                           console=SimpleNamespace(log=lambda m: None, lines=lambda ls: None))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_matrix_probe_uses_every_pair_this_rank_is_in_once(batches, world):
+    """NCCL connects a pair the first time it is used, allocating as it does: the probe, run
+    before the sizes are decided, must use every link, in one order every rank shares."""
+    from distbench import series
+    from distbench.commands.p2p import MATRIX_OUTPUT
+
+    ser = series.matrix(_fake_session(1, world), "float32", MATRIX_OUTPUT, [])
+    case = ser.probe()
+    case.prepare()
+    case.run()
+    others = [r for r in range(world) if r != 1]
+    want = []
+    for src in range(world):
+        for dst in range(world):
+            if src == 1 and dst != 1:
+                want.append([("isend", dst)])
+            elif dst == 1 and src != 1:
+                want.append([("irecv", src)])
+    assert batches == want and len(want) == 2 * len(others)
+
+
+@pytest.mark.parametrize("pattern", ["ring", "pingpong"])
+def test_every_p2p_pattern_is_probed_on_one_element(batches, pattern):
+    from distbench import series
+    from distbench.commands.p2p import OUTPUT
+
+    ser = series.p2p_pattern(_fake_session(0, 2), pattern, "float32", OUTPUT)
+    case = ser.probe()
+    case.prepare()
+    case.run()
+    assert batches and all(len(b) <= 2 for b in batches)
