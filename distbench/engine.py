@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from distbench import timing
 from distbench.accounting import Accounting, Layout, bandwidth, layout
-from distbench.measure import measure_case, stats_columns
+from distbench.measure import Skipped, measure_case, stats_columns
 from distbench.memory import agree, allocate_fitting, release
 from distbench.ops.case import Case
 from distbench.tables import Output, format_row, format_table
@@ -97,7 +97,11 @@ def _run_series(s, ser: Series, sizes: list[int], bad: list[str]) -> None:
             continue
         for point in ser.points(bufs, lay):
             console.working_on(point.what)
-            st = measure_case(s, point.case, point.what, size, point.scale)
+            try:
+                st = measure_case(s, point.case, point.what, size, point.scale)
+            except Skipped as e:  # agreed by every rank: this point cannot be measured here
+                _skipped(s, ser, sink, size, lay, str(e), point.steps)
+                continue
             row = {**ser.row, "size_bytes": lay.size_bytes, "count": lay.count,
                    **point.columns(st)}
             if st.wrong:
@@ -112,7 +116,8 @@ def _run_series(s, ser: Series, sizes: list[int], bad: list[str]) -> None:
     release(s.rt.device)
 
 
-def _skipped(s, ser: Series, sink, size: int, lay: Layout | None, reason: str) -> None:
+def _skipped(s, ser: Series, sink, size: int, lay: Layout | None, reason: str,
+             steps: int | None = None) -> None:
     if ser.on_skip is not None:
         ser.on_skip(size, lay, reason)
     else:
@@ -121,7 +126,7 @@ def _skipped(s, ser: Series, sink, size: int, lay: Layout | None, reason: str) -
         sink.append(row)
         if ser.title is not None:
             s.console.lines([format_row(ser.output.console, row)])
-    s.console.advance(ser.steps_per_size)
+    s.console.advance(ser.steps_per_size if steps is None else steps)
 
 
 def _probe(build: Callable[[], Case], device) -> str:

@@ -69,7 +69,8 @@ def start_local(command: str, opts) -> int:
         return e.exit_code
     nproc = opts.workers or (torch.cuda.device_count() if backend == "nccl" else 2)
     try:
-        opts.check_world(nproc)  # the default worker count is only known now
+        opts.check_backend(backend)  # what auto resolves to is only known now
+        opts.check_world(nproc)  # and so is the default worker count
     except OptionError as e:
         print(f"distbench: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -9,17 +9,37 @@ from distbench.ops.case import Case
 from distbench.runtime import RunFailure
 
 
-def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None) -> list[float]:
+class Skipped(Exception):
+    """This measurement cannot be made here, on every rank alike: a skipped row, not a failure."""
+
+
+def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None,
+                  graph: bool = False) -> timing.Timed:
     """Warmup (and calibration to min_time when opts.iters is None), then the timed loop, each
-    under the watchdog; `before_loop` runs between them (e.g. to reset a compute clock)."""
+    under the watchdog; `before_loop` runs between them (e.g. to reset a compute clock). With
+    `graph`, the loop's ops are captured in one CUDA graph and replayed (raises Skipped when
+    some rank cannot capture them)."""
+    from distbench.memory import agree
+
     opts, device = s.opts, s.rt.device
     s.step(f"{what} (warmup)", opts.timeout)
     iters, per_op = timing.warmup_and_calibrate(fn, opts.warmup, opts.iters,
                                                 min_time, device)
+    replay = None
+    if graph:
+        s.step(f"{what} (CUDA graph capture)", opts.timeout)
+        reason = ""
+        try:
+            replay = timing.capture(fn, iters, device)
+        except (RuntimeError, AttributeError) as e:
+            reason = "cannot capture in a CUDA graph: " + (
+                str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if not agree(not reason, device):
+            raise Skipped(reason or "another rank could not capture this in a CUDA graph")
     if before_loop is not None:
         before_loop()
     s.step(what, opts.timeout + 2 * iters * per_op)
-    return timing.measure(fn, iters, device)
+    return timing.measure(fn, iters, device, timing.sync_every(per_op, opts.timeout), replay)
 
 
 def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0) -> timing.Stats:
@@ -29,7 +49,7 @@ def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0) -> tim
     s.step(f"{what} (setup)", opts.timeout)
     case = s.faults.apply(case, size)
     case.prepare()
-    samples = timed_samples(s, case.run, what, opts.min_time)
+    timed = timed_samples(s, case.run, what, opts.min_time, graph=opts.cuda_graph)
     wrong = 0
     if opts.check:
         s.step(f"{what} (check)", opts.timeout)
@@ -38,9 +58,9 @@ def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0) -> tim
         timing.sync(device)
         wrong = case.check()
     s.step(f"{what} (statistics)", opts.timeout)
-    if scale != 1.0:
-        samples = [x * scale for x in samples]
-    return timing.summarize(samples, wrong, device, active=case.active)
+    samples = timed.samples if scale == 1.0 else [x * scale for x in timed.samples]
+    return timing.summarize(samples, wrong, device, active=case.active,
+                            host_share=timed.host_share)
 
 
 def stats_columns(st: timing.Stats, checked: bool) -> dict:
@@ -48,6 +68,7 @@ def stats_columns(st: timing.Stats, checked: bool) -> dict:
         "iters": st.iters, "time_us": st.time_us, "rank_min_us": st.rank_min_us,
         "rank_max_us": st.rank_max_us, "slowest_rank": st.slowest_rank, "p50_us": st.p50_us,
         "p99_us": st.p99_us, "cv_pct": st.cv_pct, "wrong": st.wrong if checked else None,
+        "launch_bound": st.launch_bound,
     }
 
 

@@ -251,6 +251,11 @@ class RunOptions:
         flags (--workers, or WORLD_SIZE under a launcher), by the local launcher, and once the
         process group exists; raises OptionError."""
 
+    def check_backend(self, backend: str) -> None:
+        """Options that depend on the backend `--backend auto` resolves to (needs torch): called
+        by the local launcher before any worker starts, and by each rank at startup; raises
+        OptionError."""
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["out"] = str(self.out)
@@ -291,6 +296,18 @@ class SweepOptions(RunOptions):
         "512M", "Device memory each rank leaves free for what NCCL allocates itself (peer "
         "buffers, NVLS): a size (512M) or a fraction of the device (0.05). GPU only.",
         check=headroom("--headroom 1G"))
+    cuda_graph: bool = option(
+        False, "Capture each size's timed ops in one CUDA graph and replay it, as nccl-tests -G "
+        "does: the host's launch cost leaves the time of small messages. nccl only.")
+
+    def validate(self) -> None:
+        if self.cuda_graph and self.backend == "gloo":
+            self.check_backend("gloo")
+
+    def check_backend(self, backend: str) -> None:
+        if self.cuda_graph and backend != "nccl":
+            raise OptionError("--cuda-graph", f"needs CUDA GPUs and the nccl backend; this run "
+                              f"would use {backend}", "--cuda-graph --backend nccl")
 
 
 @dataclass(kw_only=True)

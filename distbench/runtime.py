@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from distbench import topo
 from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED
+from distbench.options import OptionError
 from distbench.peers import Peers, StartFailure, machine_key, node_name
 
 # Our watchdog ends a stalled run at --timeout; the process group's own timeout only backs it up.
@@ -107,9 +108,11 @@ def gpu_identity(device: torch.device) -> dict:
             "gpu_bus_id": None if None in bus else f"{bus[0]:08x}:{bus[1]:02x}:{bus[2]:02x}.0"}
 
 
-def start(backend_choice: str, timeout_s: float, identity: dict) -> Runtime:
+def start(backend_choice: str, timeout_s: float, identity: dict,
+          check_backend: Callable[[str], None] | None = None) -> Runtime:
     """Join the run: agree with every rank that it can start (the same options, none refused),
-    then set up the process group. Raises RunFailure, on every rank alike, when it cannot."""
+    then set up the process group. Raises RunFailure, on every rank alike, when it cannot.
+    check_backend: the options' rules for the backend `auto` resolves to (OptionError)."""
     pg_timeout = timeout_s + PG_TIMEOUT_GRACE_S
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     try:
@@ -122,6 +125,11 @@ def start(backend_choice: str, timeout_s: float, identity: dict) -> Runtime:
     refusal = None
     try:
         backend = resolve_backend(backend_choice)
+        try:
+            if check_backend is not None:
+                check_backend(backend)
+        except OptionError as e:
+            raise RunFailure(str(e), status="bad_input", exit_code=EXIT_BAD_INPUT) from None
         device = _device(backend, local_rank)
         mine.update({
             "host": socket.gethostname(),

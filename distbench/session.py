@@ -160,7 +160,7 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     for signum in TERMINATING_SIGNALS:
         signal.signal(signum, _on_stop_signal)
     try:
-        rt = start(opts.backend, opts.timeout, opts.identity())
+        rt = start(opts.backend, opts.timeout, opts.identity(), opts.check_backend)
         try:
             opts.check_world(rt.world)  # a launcher may start any number of ranks
         except OptionError as e:

@@ -1,16 +1,19 @@
 """Timed loops and their cross-rank statistics (the timing contract in docs/methodology.md).
 
 Per rank: `iters` back-to-back ops with a timestamp after each (CUDA events on the stream with
-one sync at the end on GPU, perf_counter on CPU). Across ranks: three small tensor collectives
-per measurement whatever the world size (SUM, MAX, MIN), never Python-object gathers.
+one sync at the end on GPU, perf_counter on CPU), or with --cuda-graph the ops captured in one
+CUDA graph and replayed. Across ranks: three small tensor collectives per measurement whatever
+the world size (SUM, MAX, MIN), never Python-object gathers.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +21,19 @@ import torch.distributed as dist
 
 MIN_ITERS = 5
 MAX_ITERS = 10_000
+# The host took this share of the GPU's time or more to launch the loop: the GPU waited for the
+# host, and the time is the launch rate, not the op's (see --cuda-graph).
+LAUNCH_BOUND_SHARE = 0.9
+# Of the process group's timeout, what one stretch of queued work may take (see sync_every).
+QUEUE_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One rank's timed loop."""
+
+    samples: list[float]  # seconds per iteration
+    host_share: float | None = None  # GPU: the host's launch time / the GPU's time; else None
 
 
 def sync(device: torch.device) -> None:
@@ -25,23 +41,101 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def events(n: int, device: torch.device) -> list:
+    """n timing events, each created and recorded once, then waited for: a CUDA event's
+    creation (and its first record) costs host time, which must not land inside a timed loop
+    where the host sets the pace (small messages)."""
+    made = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for event in made:
+        event.record()
+    torch.cuda.synchronize(device)
+    return made
+
+
+@contextmanager
+def _no_gc():
+    """A collection mid-loop is a pause of the host's, not of the op's."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def sync_every(per_op_s: float, timeout_s: float) -> int | None:
+    """How many ops the host may queue ahead of the GPU before it waits for them. NCCL's watchdog
+    counts a collective's time from its enqueue, so a whole loop queued at once that takes longer
+    than the process group's timeout would be killed while healthy (10000 iterations at 8 GiB).
+    None: the whole loop can be queued."""
+    if per_op_s <= 0:
+        return None
+    return max(1, int(QUEUE_SHARE * timeout_s / per_op_s))
+
+
 def timed_loop(fn: Callable[[], object], iters: int, device: torch.device) -> list[float]:
     """Seconds taken by each of `iters` back-to-back calls."""
-    if device.type == "cuda":
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-        events[0].record()
+    return _loop(fn, iters, device).samples
+
+
+def _loop(fn: Callable[[], object], iters: int, device: torch.device, made: list | None = None,
+          every: int | None = None) -> Timed:
+    with _no_gc():
+        if device.type == "cuda":
+            marks = made or events(iters + 1, device)
+            start = time.perf_counter()
+            marks[0].record()
+            for i in range(1, iters + 1):
+                fn()
+                marks[i].record()
+                if every and i % every == 0:
+                    marks[i].synchronize()
+            launched = time.perf_counter() - start
+            marks[-1].synchronize()
+            samples = [marks[i - 1].elapsed_time(marks[i]) / 1e3 for i in range(1, iters + 1)]
+            waited = bool(every and every < iters)  # then the host's time includes the waits
+            gpu = sum(samples)
+            return Timed(samples, None if waited or gpu <= 0 else launched / gpu)
+        clock = time.perf_counter
+        stamps = [0.0] * (iters + 1)
+        stamps[0] = clock()
         for i in range(1, iters + 1):
             fn()
-            events[i].record()
-        events[-1].synchronize()
-        return [events[i - 1].elapsed_time(events[i]) / 1e3 for i in range(1, iters + 1)]
-    clock = time.perf_counter
-    stamps = [0.0] * (iters + 1)
-    stamps[0] = clock()
-    for i in range(1, iters + 1):
-        fn()
-        stamps[i] = clock()
-    return [stamps[i] - stamps[i - 1] for i in range(1, iters + 1)]
+            stamps[i] = clock()
+    return Timed([stamps[i] - stamps[i - 1] for i in range(1, iters + 1)])
+
+
+def capture(fn: Callable[[], object], iters: int, device: torch.device) -> Callable[[], None]:
+    """`iters` calls of fn captured in one CUDA graph (as nccl-tests -G does): replaying it
+    launches them all at once, so the host's launch cost leaves the time. Raises RuntimeError
+    (or AttributeError) where torch or the backend cannot capture."""
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        fn()  # torch asks for a run on a side stream before capture
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    return graph.replay
+
+
+def _replay(replay: Callable[[], None], iters: int, device: torch.device) -> Timed:
+    """One replay, timed by events around it; every iteration gets the replay's mean (a graph
+    has no stamp between its ops), so p50 and p99 are that mean too."""
+    begin, end = events(2, device)
+    with _no_gc():
+        start = time.perf_counter()
+        begin.record()
+        replay()
+        end.record()
+        launched = time.perf_counter() - start
+        end.synchronize()
+    total = begin.elapsed_time(end) / 1e3
+    return Timed([total / iters] * iters, launched / total if total > 0 else None)
 
 
 def calibrated_iters(per_op_seconds: float, min_time: float) -> int:
@@ -72,10 +166,15 @@ def warmup_and_calibrate(fn: Callable[[], object], warmup: int, iters: int | Non
     return calibrated_iters(per_op, min_time), per_op
 
 
-def measure(fn: Callable[[], object], iters: int, device: torch.device) -> list[float]:
-    """barrier, then the timed loop: the least possible loop, with a stamp per iteration."""
+def measure(fn: Callable[[], object], iters: int, device: torch.device,
+            every: int | None = None, replay: Callable[[], None] | None = None) -> Timed:
+    """Events made, then a barrier, then the timed loop: the least possible loop, with a stamp
+    per iteration (a sync every `every` ops on GPU); or, given a captured graph, its replay."""
+    made = events(iters + 1, device) if device.type == "cuda" and replay is None else None
     dist.barrier()
-    return timed_loop(fn, iters, device)
+    if replay is not None:
+        return _replay(replay, iters, device)
+    return _loop(fn, iters, device, made, every)
 
 
 @dataclass(frozen=True)
@@ -89,21 +188,25 @@ class Stats:
     p99_us: float
     cv_pct: float
     wrong: int
+    launch_bound: bool | None = None  # GPU: some rank's host could not keep ahead; else None
 
 
 def summarize(samples: list[float], wrong: int, device: torch.device,
-              active: bool = True) -> Stats:
+              active: bool = True, host_share: float | None = None) -> Stats:
     """Cross-rank statistics. A rank with no part in the pattern (say the odd rank out of a
-    ping-pong) passes active=False with the same number of samples: it adds nothing."""
+    ping-pong) passes active=False with the same number of samples: it adds nothing.
+    host_share: Timed.host_share, whose largest over ranks says whether the loop was
+    launch-bound."""
     rank, n = dist.get_rank(), dist.get_world_size()
     mean = sum(samples) / len(samples)
     f64 = dict(dtype=torch.float64, device=device)
     sums = torch.tensor([mean if active else 0.0, float(wrong), float(active)], **f64)
     dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    share = host_share if active and host_share is not None else -math.inf
     if active:
-        maxes = torch.tensor([mean, -mean, *samples], **f64)
+        maxes = torch.tensor([mean, -mean, share, *samples], **f64)
     else:
-        maxes = torch.full((len(samples) + 2,), -math.inf, **f64)
+        maxes = torch.full((len(samples) + 3,), -math.inf, **f64)
     dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
     rank_max = float(maxes[0].item())
     slowest = torch.tensor([rank if active and mean >= rank_max else n], dtype=torch.int64,
@@ -112,17 +215,20 @@ def summarize(samples: list[float], wrong: int, device: torch.device,
     return summarize_local(
         mean_sum=float(sums[0].item()), wrong=int(sums[1].item()), n=int(sums[2].item()),
         rank_max=rank_max, rank_min=-float(maxes[1].item()), slowest=int(slowest.item()),
-        per_iter=maxes[2:].cpu())
+        per_iter=maxes[3:].cpu(), host_share=float(maxes[2].item()))
 
 
 def summarize_local(*, mean_sum: float, wrong: int, n: int, rank_max: float, rank_min: float,
-                    slowest: int, per_iter: torch.Tensor) -> Stats:
+                    slowest: int, per_iter: torch.Tensor, host_share: float = -math.inf
+                    ) -> Stats:
     """The arithmetic half of summarize, separate so it can be tested without a process group.
-    n is the number of ranks that took part."""
+    n is the number of ranks that took part; host_share the largest over them (-inf: none
+    measured one, as on CPU)."""
     per_iter = per_iter.double()
     p50, p99 = torch.quantile(per_iter, torch.tensor([0.5, 0.99], dtype=torch.float64)).tolist()
     avg = float(per_iter.mean())
     cv = float(per_iter.std(unbiased=False)) / avg * 100 if avg > 0 else 0.0
+    launch_bound = None if host_share == -math.inf else host_share >= LAUNCH_BOUND_SHARE
     return Stats(iters=len(per_iter), time_us=mean_sum / n * 1e6, rank_min_us=rank_min * 1e6,
                  rank_max_us=rank_max * 1e6, slowest_rank=slowest, p50_us=p50 * 1e6,
-                 p99_us=p99 * 1e6, cv_pct=cv, wrong=wrong)
+                 p99_us=p99 * 1e6, cv_pct=cv, wrong=wrong, launch_bound=launch_bound)

@@ -475,3 +475,15 @@ def test_every_numeric_option_has_an_example_to_quote():
                 example = example_of(spec)
                 assert example and example.startswith(f"--{spec.flag.replace('_', '-')} "), (
                     name, spec.flag, example)
+
+
+@pytest.mark.parametrize("args", [["--cuda-graph"], ["--cuda-graph", "--backend", "gloo"]],
+                         ids=["auto-resolves-to-gloo", "gloo"])
+def test_cuda_graph_without_a_gpu_is_refused_in_one_line(tmp_path, args):
+    """On CPU --cuda-graph cannot run: one line, exit 2, before any worker, nothing created
+    (with --backend auto only once torch says there is no GPU)."""
+    proc, secs = _distbench("collective", *args, "--workers", "2", "--out",
+                            str(tmp_path / "out"), cwd=tmp_path)
+    line = assert_one_line_error(proc, secs, "--cuda-graph", ours=True)
+    assert "needs CUDA GPUs and the nccl backend; this run would use gloo" in line
+    assert not (tmp_path / "out").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import socket
 import time
@@ -155,5 +156,119 @@ def test_warmup_and_calibrate(group):
 
 
 def test_measure_single_rank(group):
-    samples = timing.measure(lambda: time.sleep(0.001), 3, CPU)
-    assert len(samples) == 3 and all(s >= 0.001 for s in samples)
+    timed = timing.measure(lambda: time.sleep(0.001), 3, CPU)
+    assert len(timed.samples) == 3 and all(s >= 0.001 for s in timed.samples)
+    assert timed.host_share is None  # on CPU the host's time is the op's time
+
+
+# -- the GPU branch, faked: events as host stamps ---------------------------------------------
+
+class _FakeEvent:
+    made = 0
+    recorded = 0
+    synced = 0
+
+    def __init__(self, enable_timing=False):
+        type(self).made += 1
+        self.t = 0.0
+
+    def record(self):
+        type(self).recorded += 1
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        type(self).synced += 1
+
+    def elapsed_time(self, other) -> float:
+        return (other.t - self.t) * 1e3
+
+
+@pytest.fixture
+def fake_events(monkeypatch):
+    for name in ("made", "recorded", "synced"):
+        setattr(_FakeEvent, name, 0)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    return _FakeEvent
+
+
+CUDA = torch.device("cuda", 0)
+
+
+def test_events_are_made_and_recorded_before_the_barrier(fake_events, monkeypatch):
+    """A CUDA event's creation and first record cost host time: none of it inside the loop."""
+    at_barrier = {}
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: at_barrier.update(
+        made=fake_events.made, recorded=fake_events.recorded))
+    made_in_loop = []
+    timed = timing.measure(lambda: made_in_loop.append(fake_events.made), 20, CUDA)
+    assert at_barrier == {"made": 21, "recorded": 21}  # iters + 1, each recorded once
+    assert set(made_in_loop) == {21}  # nothing created while the ops ran
+    assert len(timed.samples) == 20 and timed.host_share is not None
+
+
+def test_the_host_syncs_every_k_ops_and_then_says_nothing_of_launch_bound(fake_events,
+                                                                          monkeypatch):
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
+    timed = timing.measure(lambda: None, 10, CUDA, every=3)
+    assert fake_events.synced == 3 + 1  # after ops 3, 6 and 9, then the end
+    assert timed.host_share is None  # the host waited, so its time is not its launch time
+    timing.measure(lambda: None, 10, CUDA, every=None)
+
+
+def test_sync_every_keeps_queued_work_within_half_the_timeout():
+    assert timing.sync_every(0.4, 300) == 375  # 375 x 0.4 s = 150 s queued at most
+    assert timing.sync_every(1e-5, 300) >= 10_000_000  # any loop --iters allows, queued whole
+    assert timing.sync_every(1000.0, 300) == 1  # an op longer than that: one at a time
+    assert timing.sync_every(0.0, 300) is None
+
+
+def test_no_collection_runs_inside_a_timed_loop():
+    seen = []
+    timing.timed_loop(lambda: seen.append(gc.isenabled()), 5, CPU)
+    assert seen == [False] * 5 and gc.isenabled()
+
+
+def test_a_loop_is_launch_bound_when_any_rank_s_host_set_the_pace(monkeypatch):
+    from fake_group import run_ranks
+
+    shares = {0: 0.2, 1: 0.95}
+    stats = run_ranks(monkeypatch, 2, lambda r: timing.summarize(
+        [1e-3] * 3, 0, CPU, host_share=shares[r]))
+    assert stats[0].launch_bound is True and stats[1].launch_bound is True
+    stats = run_ranks(monkeypatch, 2, lambda r: timing.summarize([1e-3] * 3, 0, CPU,
+                                                                 host_share=0.5))
+    assert stats[0].launch_bound is False
+    stats = run_ranks(monkeypatch, 2, lambda r: timing.summarize([1e-3] * 3, 0, CPU))
+    assert stats[0].launch_bound is None  # CPU: the host's time is the op's time
+
+
+def test_a_torch_without_cuda_graphs_gives_a_skip_every_rank_agrees_on(monkeypatch):
+    """--cuda-graph where capture is impossible: Skipped with torch's reason, not a crash."""
+    from types import SimpleNamespace
+
+    from fake_group import run_ranks
+
+    from distbench.measure import Skipped, timed_samples
+
+    def capture(fn, iters, device):  # rank 1's torch cannot capture, rank 0's can
+        if dist.get_rank() == 1:
+            raise RuntimeError("Tried to instantiate dummy base class CUDAGraph")
+        return lambda: None
+
+    monkeypatch.setattr(timing, "capture", capture)
+
+    def attempt(rank: int):
+        s = SimpleNamespace(rt=SimpleNamespace(device=CPU),
+                            opts=SimpleNamespace(timeout=60, warmup=1, iters=3),
+                            step=lambda what, seconds: None)
+        try:
+            timed_samples(s, lambda: None, "x", graph=True)
+        except Skipped as e:
+            return str(e)
+        return "measured"
+
+    out = run_ranks(monkeypatch, 2, attempt)
+    assert out[1] == "cannot capture in a CUDA graph: Tried to instantiate dummy base class " \
+                     "CUDAGraph"
+    assert out[0] == "another rank could not capture this in a CUDA graph"

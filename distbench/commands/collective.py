@@ -62,7 +62,7 @@ MEASURED_COLUMNS = (
 OUTPUT = Output("collective.csv", csv=(
     "op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes", "count",
     "iters", "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us",
-    "cv_pct", "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note",
+    "cv_pct", "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound",
 ), console=(
     *SIZE_COLUMNS,
     Column("redop", "redop", "", 6, ident=True),

@@ -37,7 +37,7 @@ class P2POptions(SweepOptions):
 OUTPUT = Output("p2p.csv", csv=(
     "pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
     "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
-    "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note",
+    "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound",
 ), console=(*SIZE_COLUMNS, *MEASURED_COLUMNS))
 
 # Long form: one row per ordered pair, direction and size. On the console: N x N grids.

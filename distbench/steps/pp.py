@@ -120,7 +120,7 @@ def _measure_schedule(s: Session, schedule: str, shape: PipelineShape,
         row.update(status="skipped", note=reason)
         return row
     # The first steps also exchange the stages' shapes (torch's metadata inference).
-    samples = timed_samples(s, pipe.step, what, before_loop=pipe.clock.reset)
+    samples = timed_samples(s, pipe.step, what, before_loop=pipe.clock.reset).samples
     compute = pipe.clock.total() / len(samples)  # this rank's compute seconds per step
 
     err, wrong = 0.0, 0

@@ -59,9 +59,9 @@ def run(s: Session, output: Output) -> int:
 
 def _timed(s: Session, what: str, step) -> timing.Stats:
     """warmup (fixed count), barrier, timed loop, cross-rank statistics: as every command."""
-    samples = timed_samples(s, step, what)
+    timed = timed_samples(s, step, what)
     s.step(f"{what} (statistics)", s.opts.timeout)
-    return timing.summarize(samples, 0, s.rt.device)
+    return timing.summarize(timed.samples, 0, s.rt.device)
 
 
 def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
