@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # The CPU build of 2.13.0 sits on the dev/CI machines' disk; a bare `torch` could pull a multi-GB
-# CUDA build. On a GPU box, override: make test TORCH_SPEC='torch>=2.4'.
+# CUDA build. On a GPU box, override: make test TORCH_SPEC='torch>=2.10' (pyproject's floor).
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
