@@ -397,6 +397,22 @@ def _text_line(text, prefix):
     return line
 
 
+# GPU 0 of the fake pynvml's node, as the snapshot should hold it
+H100_GPU0 = {
+    "index": 0,
+    "name": "NVIDIA H100 80GB HBM3",
+    "uuid": "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
+    "pci_bus_id": "00000000:18:00.0",
+    "memory_total_bytes": 85520809984,
+    "pcie_gen_current": 4,
+    "pcie_gen_max": 5,
+    "pcie_width_current": 16,
+    "pcie_width_max": 16,
+    "nvlinks_up": 18,
+    "nvlink_version": "4.0",  # nvmlNvlinkVersion_t 6, not "v6"
+}
+
+
 def test_nvml_two_gpus(monkeypatch):
     fake = _fake_pynvml()
     snap = _nvml_snapshot(monkeypatch, fake)
@@ -405,19 +421,7 @@ def test_nvml_two_gpus(monkeypatch):
     assert snap["cuda_driver_version"] == "12.4"
     gpus = snap["gpus"]
     assert [g["index"] for g in gpus] == [0, 1]
-    assert gpus[0] == {
-        "index": 0,
-        "name": "NVIDIA H100 80GB HBM3",
-        "uuid": "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
-        "pci_bus_id": "00000000:18:00.0",
-        "memory_total_bytes": 85520809984,
-        "pcie_gen_current": 4,
-        "pcie_gen_max": 5,
-        "pcie_width_current": 16,
-        "pcie_width_max": 16,
-        "nvlinks_up": 18,
-        "nvlink_version": "4.0",  # nvmlNvlinkVersion_t 6, not "v6"
-    }
+    assert gpus[0] == H100_GPU0
     assert gpus[1]["name"] == "NVIDIA L40S"
     assert gpus[1]["pci_bus_id"] == "00000000:2A:00.0"
     assert gpus[1]["nvlinks_up"] == 0
@@ -479,20 +483,8 @@ def test_nvml_not_supported_field_keeps_the_rest(monkeypatch):
     snap = _nvml_snapshot(monkeypatch, fake)
     assert "nvml_error" not in snap
     gpu0, gpu1 = snap["gpus"]
-    assert gpu0 == {
-        "index": 0,
-        "name": "NVIDIA H100 80GB HBM3",
-        "uuid": "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
-        "pci_bus_id": "00000000:18:00.0",
-        "memory_total_bytes": 85520809984,
-        "pcie_gen_current": 4,
-        "pcie_gen_max": 5,
-        "pcie_width_current": None,
-        "pcie_width_max": 16,
-        "nvlinks_up": 18,
-        "nvlink_version": "4.0",
-        "errors": {"pcie_width_current": "NVMLError_NotSupported: Not Supported"},
-    }
+    assert gpu0 == {**H100_GPU0, "pcie_width_current": None,
+                    "errors": {"pcie_width_current": "NVMLError_NotSupported: Not Supported"}}
     assert gpu1["name"] == "NVIDIA L40S" and gpu1["pcie_width_current"] is None
     assert gpu1["errors"] == gpu0["errors"]
 
