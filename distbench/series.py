@@ -154,8 +154,7 @@ def matrix(s, dtype: str, output, links: list[Link]) -> Series:
                 "(row = sender)", who, grids.get(direction, {})))
 
     def on_skip(size: int, lay: Layout | None, reason: str) -> None:
-        why = "is too small for one" if lay is None else "does not fit in memory as"
-        console.log(f"matrix: {size} B {why} {dtype}: skipped")
+        console.log(f"matrix: {size} B of {dtype} skipped: {reason}")
 
     def probe() -> Case:
         """Every ordered pair once on one element: NCCL connects each pair the first time it is
