@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from distbench import launchers
 from distbench.commands import COMMANDS, Command
 from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from distbench.options import (
@@ -140,6 +141,11 @@ def _refuse(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    try:
+        launchers.adopt()  # srun or mpirun without torchrun: their ranks as env:// ones
+    except OptionError as e:
+        print(f"distbench: error: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
     try:
         code = app(args=argv, prog_name="distbench", standalone_mode=False)
     except OptionError as e:
