@@ -120,7 +120,10 @@ def _workers_failed(record, failures: dict) -> int:
     lost = lost_from_json(data.get("lost_ranks") or [])
     if lost:  # the workers found who was gone; they left the telling to us
         dead = {x.rank: signals[x.rank] for x in lost if x.state == "dead" and x.rank in signals}
-        data["error"] = describe_lost(lost, data["failed_step"], dead)
+        # only the part that names the lost ranks changes ("timed out after ...: " stays)
+        said = describe_lost(lost, data["failed_step"])
+        data["error"] = (data.get("error") or said).replace(
+            said, describe_lost(lost, data["failed_step"], dead))
         try:
             results.write_json(record.path, data)
         except OSError as e:
@@ -129,8 +132,11 @@ def _workers_failed(record, failures: dict) -> int:
         print(f"distbench: error: {data['error']}; rows measured so far are in {run_dir}/",
               file=sys.stderr)
         return data.get("exit_code") or EXIT_FAILED
-    # No worker could say (none was left, or none saw a peer go): what this process saw.
-    killed = [rank for rank in sorted(signals) if signals[rank] not in STOP_SIGNALS]
+    # No worker could say (none was left, or none saw a peer go): what this process saw. A
+    # worker seen dead after the first failure may be one the agent killed at the end of its
+    # grace (stuck in a device wait, say): not a cause.
+    killed = [rank for rank in sorted(signals) if signals[rank] not in STOP_SIGNALS
+              and failures[rank].timestamp <= first.timestamp]
     worker0 = failures.get(0)
     # Rank 0 decides the outcome (it sees the whole run); a signal death is a failure.
     chosen = worker0 if worker0 is not None and worker0.exitcode > 0 else first

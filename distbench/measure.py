@@ -25,21 +25,22 @@ def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None,
     s.step(f"{what} (warmup)", opts.timeout)
     iters, per_op = timing.warmup_and_calibrate(fn, opts.warmup, opts.iters,
                                                 min_time, device)
-    replay = None
+    captured = None
     if graph:
         s.step(f"{what} (CUDA graph capture)", opts.timeout)
         reason = ""
         try:
-            replay = timing.capture(fn, iters, device)
+            captured = timing.capture(fn, iters, device)
         except (RuntimeError, AttributeError) as e:
+            root = e.__context__ or e  # the capture's own error, not the one ending it
             reason = "cannot capture in a CUDA graph: " + (
-                str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                str(root).strip().splitlines() or [type(root).__name__])[0][:200]
         if not agree(not reason, device):
             raise Skipped(reason or "another rank could not capture this in a CUDA graph")
     if before_loop is not None:
         before_loop()
     s.step(what, opts.timeout + 2 * iters * per_op)
-    return timing.measure(fn, iters, device, timing.sync_every(per_op, opts.timeout), replay)
+    return timing.measure(fn, iters, device, timing.sync_every(per_op, opts.timeout), captured)
 
 
 def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0) -> timing.Stats:

@@ -37,28 +37,27 @@ ROLL_CALL_GRACE_S = 2.0
 # How long a rank that ends the run at startup waits for every rank to have read why, so
 # the store it may host does not vanish under a reader.
 READ_WAIT_S = 10.0
-POLL_S = 0.02
-
-_ROLL = "rollcall"  # "call": answer now; "end": the run ended well, listeners stop
-_ENDED = "ended"  # listeners that saw "end"
-_ANSWERS = "answers"  # one JSON line per answering rank: [rank, the step it was in]
-_RUN_DIR = "run_dir"
+POLL_S = 0.005  # store polls start this often and back off to MAX_POLL_S
+MAX_POLL_S = 0.1
 
 
-def _prefix() -> str:
-    # A launcher that restarts workers keeps its store: each attempt gets its own keys.
-    return f"distbench/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+def _prefix(world: int) -> str:
+    # A launcher that restarts workers keeps its store: an attempt's startup keys are its own
+    # (restart count and world size; a run's later keys carry rank 0's nonce too).
+    return f"distbench/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{world}"
 
 
 def machine_key() -> str:
-    """This machine: hostname and boot id (process ids mean something only within one)."""
-    boot = ""
+    """Where process ids can be looked up: the machine (hostname, boot id) and the pid
+    namespace (containers on one host share the first two, not their processes)."""
+    boot, pidns = "", ""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
+        pidns = os.readlink("/proc/self/ns/pid")
     except OSError:
         pass
-    return f"{socket.gethostname()}|{boot}"
+    return f"{socket.gethostname()}|{boot}|{pidns}"
 
 
 def node_name() -> str:
@@ -159,6 +158,7 @@ class Peers:
         # must not queue behind a store wait of the main thread's (a process group being set
         # up waits on the rendezvous store).
         self._own = own if own is not None else self._client()
+        self._run = "run/"  # this run's keys; begin_run scopes them by rank 0's nonce
         self.listening = threading.Event()
 
     @classmethod
@@ -171,42 +171,80 @@ class Peers:
     def _client(self):
         client = dist.TCPStore(self.store.host, self.store.port, is_master=False,
                                timeout=timedelta(seconds=30))
-        return dist.PrefixStore(_prefix(), client)
+        return dist.PrefixStore(_prefix(self.world), client)
+
+    def _count_reaches(self, s, key: str, timeout_s: float) -> bool:
+        """Whether the count at `key` reaches the world size within timeout_s (polled, less
+        and less often)."""
+        deadline, pause = time.monotonic() + timeout_s, POLL_S
+        while s.add(key, 0) < self.world:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_POLL_S)
+        return True
+
+    def _arrive(self, s, key: str, timeout_s: float) -> bool:
+        """Count this rank in at `key`; True once every rank has, False at the timeout. The rank
+        that completes the count marks it, so the others poll one small key, less and less
+        often, and nobody rereads a list."""
+        if s.add(key, 1) >= self.world:
+            s.set(key + "/all", "1")
+            return True
+        deadline, pause = time.monotonic() + timeout_s, POLL_S
+        while not s.check([key + "/all"]):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_POLL_S)
+        return True
 
     # -- startup ---------------------------------------------------------------------------
 
-    def agree_to_start(self, mine: dict, timeout_s: float) -> list[dict]:
+    def agree_to_start(self, mine: dict, timeout_s: float, snapshot: dict | None = None
+                       ) -> list[dict]:
         """Post this rank's startup record (its options, or why it refused them), wait for
         every rank's, and raise StartFailure when the run cannot start: on every rank, within
-        timeout_s, before any process group exists."""
+        timeout_s, before any process group exists. `snapshot` (a node's topology, from its
+        local rank 0) goes to rank 0 alone: no other rank needs every node's."""
         s = self._own
-        s.set(f"start/{self.rank}", json.dumps(mine))
-        s.add("start/posted", 1)
-        if not self._count_reaches(s, "start/posted", timeout_s):
+        if snapshot is not None:
+            s.set(f"snapshot/{self.rank}", json.dumps(snapshot))
+        s.set(f"start/{self.rank}", json.dumps({**mine, "snapshot": snapshot is not None}))
+        if not self._arrive(s, "start/posted", timeout_s):
             missing = [r for r in range(self.world) if not s.check([f"start/{r}"])]
             raise StartFailure(f"ranks {_ranks_text(missing)} did not start within "
                                f"{timeout_s:.0f} s (did their launcher start them?)", False)
         self.everyone = [json.loads(v) for v in
                          s.multi_get([f"start/{r}" for r in range(self.world)])]
-        s.add("start/read", 1)
         why = start_verdict(self.everyone)
-        if why is not None:
-            self._count_reaches(s, "start/read", min(timeout_s, READ_WAIT_S))
-            raise StartFailure(why, True)
-        return self.everyone
+        if why is None:
+            return self.everyone
+        # Rank 0 holds the store (or its node's launcher agent, which lives as long as it
+        # does): it stays until every rank has read why; the others leave at once.
+        s.add("start/read", 1)
+        if self.rank == 0:
+            try:
+                self._count_reaches(s, "start/read", min(timeout_s, READ_WAIT_S))
+            except dist.DistError:
+                pass
+        raise StartFailure(why, True)
 
-    def _count_reaches(self, s, key: str, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while s.add(key, 0) < self.world:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(POLL_S)
-        return True
+    def snapshots(self) -> list[dict]:
+        """Rank 0: every node's topology snapshot, posted at startup."""
+        keys = [f"snapshot/{e['rank']}" for e in self.everyone if e.get("snapshot")]
+        return [json.loads(v) for v in self._own.multi_get(keys)] if keys else []
+
+    def begin_run(self, nonce: str) -> None:
+        """Scope this run's keys by rank 0's nonce (shared over the process group): a launcher
+        that restarts workers keeps its store, and an older attempt's roll call or end must not
+        be read as this one's."""
+        self._run = f"run/{nonce}/"
 
     # -- during the run ----------------------------------------------------------------------
 
     def listen(self) -> None:
-        """Answer a roll call from a thread of its own, whatever the main thread is doing. It
+        """Answer the roll call from a thread of its own, whatever the main thread is doing. It
         connects in that thread too, off the path of the run's startup."""
         threading.Thread(target=self._listen, name="distbench-roll-call", daemon=True).start()
 
@@ -214,21 +252,30 @@ class Peers:
         try:
             s = self._client()  # its wait blocks the client it uses
             self.listening.set()
-            s.wait([_ROLL], timedelta(days=30))
-            if s.get(_ROLL) == b"call":
-                s.append(_ANSWERS, json.dumps([self.rank, self.step]) + "\n")
+            key = self._run + "rollcall"
+            s.wait([key], timedelta(days=30))
+            if s.get(key) == b"end":
+                s.add(self._run + "ended", 1)
             else:
-                s.add(_ENDED, 1)
+                self._answer(s, "listener")
         except dist.DistError:
             pass  # the store is gone: the run is over, for better or worse
 
+    def _answer(self, s, who: str) -> None:
+        """This rank's answer, once (its listener and its main thread may both try)."""
+        if s.compare_set(f"{self._run}answered/{self.rank}", "", who) != who.encode():
+            return
+        s.append(self._run + "answers", json.dumps([self.rank, self.step]) + "\n")
+        s.add(self._run + "count", 1)
+
     def publish_run_dir(self, path: str) -> None:
         """Where run.json is, so a surviving rank can finish it if rank 0 dies."""
-        self._own.set(_RUN_DIR, os.path.abspath(path))
+        self._own.set(self._run + "run_dir", os.path.abspath(path))
 
     def run_dir(self) -> str | None:
+        key = self._run + "run_dir"
         try:
-            return self._own.get(_RUN_DIR).decode() if self._own.check([_RUN_DIR]) else None
+            return self._own.get(key).decode() if self._own.check([key]) else None
         except dist.DistError:
             return None
 
@@ -236,26 +283,26 @@ class Peers:
         """The run ended with every rank alive: the listeners stop. Where rank 0 hosts the store
         (no launcher agent holds it), it waits for them first: a listener whose store vanishes
         under it makes torch print a C++ backtrace."""
-        self._own.set(_ROLL, "end")
+        s = self._own
+        s.compare_set(self._run + "rollcall", "", "end")
         if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-            self._count_reaches(self._own, _ENDED, ROLL_CALL_GRACE_S)
+            self._count_reaches(s, self._run + "ended", ROLL_CALL_GRACE_S)
 
     def roll_call(self, grace_s: float = ROLL_CALL_GRACE_S) -> tuple[list[int], list[Lost]] | None:
-        """Who is still there after a failure: (the ranks that answered, the ranks lost); None
-        when the store cannot be reached."""
+        """Who was there when the run began to fail: (the ranks that answered, the ranks lost).
+        One roll call per run, which every failing rank joins: a rank that answered and then
+        left, having said its own error, is not lost. None when it cannot be known: the store
+        cannot be reached, or the run already ended well (the listeners are gone)."""
         s = self._own
         try:
-            s.append(_ANSWERS, json.dumps([self.rank, self.step]) + "\n")
-            s.compare_set(_ROLL, "", "call")  # an "end" already set stays
-            deadline = time.monotonic() + grace_s
-            while True:
-                answered = {json.loads(line)[0] for line in s.get(_ANSWERS).decode().split("\n")
-                            if line}
-                if len(answered) >= self.world or time.monotonic() > deadline:
-                    break
-                time.sleep(POLL_S)
+            if s.compare_set(self._run + "rollcall", "", "call") == b"end":
+                return None
+            self._answer(s, "caller")
+            self._count_reaches(s, self._run + "count", grace_s)
+            lines = s.get(self._run + "answers").decode().split("\n")
         except dist.DistError:
             return None
+        answered = {json.loads(line)[0] for line in lines if line}
         lost = [self._lost(r) for r in range(self.world) if r not in answered]
         return sorted(answered), lost
 

@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -52,7 +53,7 @@ class Runtime:
     backend: str
     device: torch.device
     ranks: list[dict] = field(default_factory=list)  # per rank: host, node, local_rank, device
-    snapshots: list[dict] = field(default_factory=list)  # one topology snapshot per node
+    snapshots: list[dict] = field(default_factory=list)  # one per node, on rank 0 only
     peers: Peers | None = None  # None only in tests that fake a runtime
 
     @property
@@ -141,15 +142,15 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
             **gpu_identity(device),
             "options": _digest(identity),
             "identity": identity,
-            "snapshot": topo.node_snapshot() if local_rank == 0 else None,
         })
     except RunFailure as e:
         if e.status != "bad_input":
             raise
         refusal = e
         mine["refused"] = str(e)
+    snapshot = topo.node_snapshot() if local_rank == 0 and refusal is None else None
     try:
-        everyone = peers.agree_to_start(mine, timeout_s)
+        everyone = peers.agree_to_start(mine, timeout_s, snapshot)
     except StartFailure as e:
         if refusal is not None:  # say it in our own words on the node that refused
             raise refusal from None
@@ -160,6 +161,9 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
         kwargs["device_id"] = device
     dist.init_process_group(backend, store=peers.store, rank=peers.rank,
                             world_size=peers.world, **kwargs)
+    nonce = [uuid.uuid4().hex if peers.rank == 0 else None]
+    dist.broadcast_object_list(nonce, src=0)  # once per run
+    peers.begin_run(nonce[0])
     peers.listen()
     rt = Runtime(peers.rank, peers.world, local_rank, backend, device, peers=peers)
     nodes: dict[str, int] = {}
@@ -169,7 +173,7 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
                  "local_rank": e["local_rank"], "device": e["device"], "pid": e["pid"],
                  "gpu_uuid": e["gpu_uuid"], "gpu_bus_id": e["gpu_bus_id"]}
                 for e in everyone]
-    rt.snapshots = topo.dedupe_by_node([e["snapshot"] for e in everyone if e["snapshot"]])
+    rt.snapshots = topo.dedupe_by_node(peers.snapshots()) if peers.rank == 0 else []
     return rt
 
 

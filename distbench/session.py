@@ -118,7 +118,10 @@ class Session:
         self._end("terminated", EXIT_TERMINATED, message, roll_call=False)
         os._exit(EXIT_TERMINATED)
 
-    def _end(self, status: str, code: int, error: str | None, roll_call: bool = True) -> None:
+    def _end(self, status: str, code: int, error: str | None, roll_call: bool = True
+             ) -> tuple[str, int]:
+        """Say how the run ended, once: the roll call may change it (a lost rank is the cause
+        of what this one saw); the status and exit code it settled on."""
         self._ending.acquire()  # never released: whoever ends the run, ends the process
         self.watchdog.disarm()
         self.console.stop_progress()
@@ -154,6 +157,7 @@ class Session:
                       f"({run_dir or 'rank 0 had not created it'}); it may still say "
                       "\"running\"", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        return status, code
 
 
 def run(command: str, opts, body: Callable[[Session], int]) -> int:
@@ -170,6 +174,10 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             print(f"distbench: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
+    except Terminated as e:  # stopped before the run began: nothing measured, nothing to say
+        return for_signal(e.signum)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     session = Session(command, opts, rt)
     status, code, error = "ok", EXIT_OK, None
     try:
@@ -198,7 +206,7 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         for signum in TERMINATING_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         session.watchdog.disarm()
-        session._end(status, code, error)
+        status, code = session._end(status, code, error)
     if status in AGREED:
         # Every rank is alive: leave together, so none closes its connections while a peer's
         # background threads still use them (seen: std::terminate in a rank's teardown), and

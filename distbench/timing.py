@@ -26,6 +26,9 @@ MAX_ITERS = 10_000
 LAUNCH_BOUND_SHARE = 0.9
 # Of the process group's timeout, what one stretch of queued work may take (see sync_every).
 QUEUE_SHARE = 0.5
+# Ops captured in one CUDA graph; a loop of more replays it as often as it needs (--iters goes
+# to 10 million, and a graph holds every op it captured).
+GRAPH_OPS = 1000
 
 
 @dataclass(frozen=True)
@@ -106,36 +109,55 @@ def _loop(fn: Callable[[], object], iters: int, device: torch.device, made: list
     return Timed([stamps[i] - stamps[i - 1] for i in range(1, iters + 1)])
 
 
-def capture(fn: Callable[[], object], iters: int, device: torch.device) -> Callable[[], None]:
-    """`iters` calls of fn captured in one CUDA graph (as nccl-tests -G does): replaying it
-    launches them all at once, so the host's launch cost leaves the time. Raises RuntimeError
-    (or AttributeError) where torch or the backend cannot capture."""
+@dataclass(frozen=True)
+class Captured:
+    replay: Callable[[], None]
+    ops: int  # calls of the op in one replay
+
+
+def capture(fn: Callable[[], object], iters: int, device: torch.device) -> Captured:
+    """Calls of fn (up to GRAPH_OPS) captured in one CUDA graph, as nccl-tests -G does:
+    replaying it launches them all at once, so the host's launch cost leaves the time. Raises
+    RuntimeError (or AttributeError) where torch or the backend cannot capture."""
+    ops = min(iters, GRAPH_OPS)
     graph = torch.cuda.CUDAGraph()
+    ours = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
+    side.wait_stream(ours)
     with torch.cuda.stream(side):
         fn()  # torch asks for a run on a side stream before capture
-    torch.cuda.current_stream(device).wait_stream(side)
+    ours.wait_stream(side)
     torch.cuda.synchronize(device)
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    return graph.replay
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(ops):
+                fn()
+    except BaseException:
+        # A capture that failed ends in capture_end raising, before torch.cuda.graph restores
+        # the stream: every later op would run on torch's private capture stream.
+        torch.cuda.set_stream(ours)
+        raise
+    return Captured(graph.replay, ops)
 
 
-def _replay(replay: Callable[[], None], iters: int, device: torch.device) -> Timed:
-    """One replay, timed by events around it; every iteration gets the replay's mean (a graph
-    has no stamp between its ops), so p50 and p99 are that mean too."""
-    begin, end = events(2, device)
+def _replays(graph: Captured, iters: int, device: torch.device) -> Timed:
+    """The graph replayed until `iters` ops have run (whole replays: the row's iters says how
+    many ran), each replay between two events. A graph has no stamp between its ops, so each
+    op gets its replay's mean."""
+    replays = math.ceil(iters / graph.ops)
+    marks = events(replays + 1, device)
     with _no_gc():
         start = time.perf_counter()
-        begin.record()
-        replay()
-        end.record()
+        marks[0].record()
+        for i in range(1, replays + 1):
+            graph.replay()
+            marks[i].record()
         launched = time.perf_counter() - start
-        end.synchronize()
-    total = begin.elapsed_time(end) / 1e3
-    return Timed([total / iters] * iters, launched / total if total > 0 else None)
+        marks[-1].synchronize()
+    per_replay = [marks[i - 1].elapsed_time(marks[i]) / 1e3 for i in range(1, replays + 1)]
+    total = sum(per_replay)
+    return Timed([t / graph.ops for t in per_replay for _ in range(graph.ops)],
+                 launched / total if total > 0 else None)
 
 
 def calibrated_iters(per_op_seconds: float, min_time: float) -> int:
@@ -167,13 +189,17 @@ def warmup_and_calibrate(fn: Callable[[], object], warmup: int, iters: int | Non
 
 
 def measure(fn: Callable[[], object], iters: int, device: torch.device,
-            every: int | None = None, replay: Callable[[], None] | None = None) -> Timed:
+            every: int | None = None, graph: Captured | None = None) -> Timed:
     """Events made, then a barrier, then the timed loop: the least possible loop, with a stamp
-    per iteration (a sync every `every` ops on GPU); or, given a captured graph, its replay."""
-    made = events(iters + 1, device) if device.type == "cuda" and replay is None else None
+    per iteration (a sync every `every` ops on GPU); or, given a captured graph, its replays
+    (the first, which uploads the graph, untimed)."""
+    if graph is not None:
+        graph.replay()
+        sync(device)
+        dist.barrier()
+        return _replays(graph, iters, device)
+    made = events(iters + 1, device) if device.type == "cuda" else None
     dist.barrier()
-    if replay is not None:
-        return _replay(replay, iters, device)
     return _loop(fn, iters, device, made, every)
 
 

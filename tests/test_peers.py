@@ -39,7 +39,7 @@ def store(server, monkeypatch):
 
 
 def _peers(master, rank: int, world: int) -> Peers:
-    return Peers(master, rank, world, own=dist.PrefixStore(peers._prefix(), master))
+    return Peers(master, rank, world, own=dist.PrefixStore(peers._prefix(world), master))
 
 
 def _post(rank: int, pid: int | None = None, **extra) -> dict:
@@ -176,16 +176,71 @@ def test_a_stopped_process_and_one_elsewhere_are_told_apart(store):
         sleeper.wait()
 
 
-def test_an_ended_run_stops_the_listeners_and_a_gone_store_gives_none(store, monkeypatch):
+def test_an_ended_run_stops_the_listeners_and_refuses_a_late_roll_call(store, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     ranks = _world(store, [_post(0), _post(1)])
     ranks[1].listen()
     assert ranks[1].listening.wait(15)
     ranks[0].end()
     deadline = time.monotonic() + 5
-    while ranks[0]._own.add("ended", 0) < 1 and time.monotonic() < deadline:
+    while ranks[0]._own.add("run/ended", 0) < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert ranks[0]._own.add("ended", 0) == 1  # the listener saw the end and stopped
+    assert ranks[0]._own.add("run/ended", 0) == 1  # the listener saw the end and stopped
+    # the listeners are gone: a roll call now would name every rank; it says it cannot know
+    assert ranks[1].roll_call(grace_s=0.2) is None
+
+
+def test_ranks_failing_one_after_another_join_one_roll_call(store):
+    """Rank 2 fails first (it calls the roll, everyone answers) and leaves, having said its own
+    error; rank 0 fails next: rank 2 answered this run's roll call, so it is not lost. And
+    each rank is counted once, though its listener and its main thread both answer."""
+    posts = [_post(0), _post(1), _post(2, pid=_dead_pid())]  # rank 2's process has ended
+    ranks = _world(store, posts)
+    for p in ranks[:2]:
+        p.listen()
+        assert p.listening.wait(15)
+    assert ranks[2].roll_call(grace_s=2.0) == ([0, 1, 2], [])
+    start = time.monotonic()
+    assert ranks[0].roll_call(grace_s=2.0) == ([0, 1, 2], [])
+    assert time.monotonic() - start < 1.5  # not the grace: the count was complete
+    assert ranks[0]._own.add("run/count", 0) == 3
+
+
+def test_runs_keep_to_their_own_keys(store):
+    """A launcher's store outlives an attempt: a second run's roll call and end are its own."""
+    first, second = _world(store, [_post(0), _post(1)]), _world(store, [_post(0), _post(1)])
+    for p, nonce in ((first, "a"), (second, "b")):
+        for rank in p:
+            rank.begin_run(nonce)
+    first[0].end()  # the first run ended well
+    second[1].listen()
+    assert second[1].listening.wait(15)
+    assert second[0].roll_call(grace_s=2.0) == ([0, 1], [])  # not "over", and answered
+
+
+def test_the_machine_key_holds_the_pid_namespace():
+    """Containers with host networking share a hostname and boot id, not their processes."""
+    assert peers.machine_key().endswith("|" + os.readlink("/proc/self/ns/pid"))
+
+
+def test_snapshots_go_to_rank_0_alone(store):
+    posts = [_post(0), _post(1), _post(2)]
+    snaps = [{"host": "a"}, None, {"host": "b"}]
+    out: list = [None] * 3
+
+    def rank(r: int) -> None:
+        p = _peers(store, r, 3)
+        p.agree_to_start(posts[r], 5.0, snaps[r])
+        out[r] = p
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert out[0].snapshots() == [{"host": "a"}, {"host": "b"}]
+    # what every rank reads of the others says only whether a snapshot was posted
+    assert [e["snapshot"] for e in out[1].everyone] == [True, False, True]
 
 
 def test_run_dir_is_published_for_the_survivors(store, tmp_path):

@@ -21,9 +21,14 @@ from distbench.runtime import RunFailure, Runtime
 
 
 @pytest.fixture
-def one_rank(monkeypatch, tmp_path):
-    rt = Runtime(0, 1, 0, "gloo", torch.device("cpu"),
-                 ranks=[{"rank": 0, "host": "h", "node": 0, "local_rank": 0, "device": "cpu"}])
+def rt() -> Runtime:
+    """The runtime one_rank's session starts with (a test may give it peers)."""
+    return Runtime(0, 1, 0, "gloo", torch.device("cpu"),
+                   ranks=[{"rank": 0, "host": "h", "node": 0, "local_rank": 0, "device": "cpu"}])
+
+
+@pytest.fixture
+def one_rank(monkeypatch, tmp_path, rt):
     monkeypatch.setattr(session, "start", lambda *a: rt)
     monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
     monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **k: None)
@@ -169,3 +174,68 @@ def test_under_our_own_launcher_the_workers_leave_the_telling_to_it(tmp_path, mo
     session.Session("collective", opts, rt)._end("failed", 3, "x")
     assert capsys.readouterr().err == ""
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+
+
+class _RankOneGone:
+    step = ""
+
+    def roll_call(self):
+        return [0], [Lost(1, "h", 1, "dead")]
+
+    def run_dir(self):
+        return None
+
+    def end(self):
+        pass
+
+
+def test_the_process_exits_with_the_code_run_json_says(one_rank, rt):
+    """SIGTERM from the launcher because rank 1 died: the roll call makes it a failure (3),
+    and the process's own code is that one too, not the signal's 143."""
+    rt.peers = _RankOneGone()
+    code, meta = _run(one_rank, _signal_self(signal.SIGTERM))
+    assert (code, meta["status"], meta["exit_code"]) == (3, "failed", 3)
+    assert meta["lost_ranks"] == [{"rank": 1, "host": "h", "local_rank": 1, "state": "dead"}]
+
+
+@pytest.mark.parametrize("error,code", [(session.Terminated(signal.SIGTERM), 143),
+                                        (KeyboardInterrupt(), 130)],
+                         ids=["sigterm", "sigint"])
+def test_a_stop_during_startup_ends_with_its_code_not_a_traceback(monkeypatch, tmp_path, error,
+                                                                  code):
+    def start(*args):
+        raise error
+    monkeypatch.setattr(session, "start", start)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    try:
+        opts = build(CollectiveOptions, {"out": str(tmp_path)}, argv=[])
+        assert session.run("collective", opts, lambda s: 0) == code
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+def test_our_launcher_blames_a_death_seen_first_not_one_it_caused(tmp_path, capsys):
+    """Rank 1 fails (exit 3); rank 0, stuck in a device wait, is SIGKILLed by the agent at the
+    end of its grace, seconds later: rank 1's failure is the one to report."""
+    from types import SimpleNamespace
+
+    from distbench import launch
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    record = results.RunRecord(run_dir, "collective", {}, [])
+    record.update()
+    failures = {1: SimpleNamespace(exitcode=3, timestamp=100),
+                0: SimpleNamespace(exitcode=-9, timestamp=106)}
+    assert launch._workers_failed(record, failures) == 3
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["error"] == "worker rank 1 exited with code 3"
+    assert "died" not in capsys.readouterr().err
+    # a death seen first is the cause, and is named with its signal
+    record.update(status="running")
+    failures = {1: SimpleNamespace(exitcode=-9, timestamp=100),
+                0: SimpleNamespace(exitcode=3, timestamp=101)}
+    launch._workers_failed(record, failures)
+    assert "rank 1 (" in json.loads((run_dir / "run.json").read_text())["error"]

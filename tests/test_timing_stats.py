@@ -6,6 +6,8 @@ import gc
 import math
 import socket
 import time
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -272,3 +274,67 @@ def test_a_torch_without_cuda_graphs_gives_a_skip_every_rank_agrees_on(monkeypat
     assert out[1] == "cannot capture in a CUDA graph: Tried to instantiate dummy base class " \
                      "CUDAGraph"
     assert out[0] == "another rank could not capture this in a CUDA graph"
+
+
+class _FakeGraphs:
+    """torch.cuda's stream and graph API, recording what is done to the current stream. A
+    capture that fails raises from the graph context's exit, as torch's does when capture_end
+    finds the capture invalidated, and that is before the context gives the stream back."""
+
+    def __init__(self, monkeypatch, fail: bool):
+        self.current, self.replays, self.fail = "ours", 0, fail
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "current_stream", lambda device=None: _Stream("ours"))
+        monkeypatch.setattr(cuda, "Stream", lambda device=None: _Stream("side"))
+        monkeypatch.setattr(cuda, "stream", self._stream_ctx)
+        monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(cuda, "set_stream", lambda s: setattr(self, "current", s.name))
+        monkeypatch.setattr(cuda, "CUDAGraph", lambda: SimpleNamespace(replay=self._replay))
+        monkeypatch.setattr(cuda, "graph", self._graph_ctx)
+
+    def _replay(self):
+        self.replays += 1
+
+    @contextmanager
+    def _stream_ctx(self, s):
+        before, self.current = self.current, s.name
+        yield
+        self.current = before
+
+    @contextmanager
+    def _graph_ctx(self, graph):
+        before, self.current = self.current, "capture"
+        yield
+        if self.fail:
+            try:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            except RuntimeError:
+                raise RuntimeError("CUDA error: operation failed due to a previous error "
+                                   "during capture") from None
+        self.current = before
+
+
+class _Stream:
+    def __init__(self, name):
+        self.name = name
+
+    def wait_stream(self, other):
+        pass
+
+
+def test_a_failed_capture_gives_the_stream_back(monkeypatch):
+    graphs = _FakeGraphs(monkeypatch, fail=True)
+    with pytest.raises(RuntimeError):
+        timing.capture(lambda: None, 5, CUDA)
+    assert graphs.current == "ours"  # later rows must not run on torch's capture stream
+
+
+def test_a_long_loop_replays_a_graph_of_at_most_graph_ops(monkeypatch, fake_events):
+    graphs = _FakeGraphs(monkeypatch, fail=False)
+    calls = []
+    captured = timing.capture(lambda: calls.append(1), 2500, CUDA)
+    assert captured.ops == timing.GRAPH_OPS and len(calls) == 1 + timing.GRAPH_OPS
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
+    timed = timing.measure(lambda: None, 2500, CUDA, graph=captured)
+    assert graphs.replays == 1 + 3  # one untimed (the upload), then 3 x 1000 >= 2500 ops
+    assert len(timed.samples) == 3 * timing.GRAPH_OPS  # whole replays: what really ran
