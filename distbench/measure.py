@@ -14,17 +14,17 @@ class Skipped(Exception):
 
 
 def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None,
-                  graph: bool = False) -> timing.Timed:
+                  graph: bool = False, group=None) -> timing.Timed:
     """Warmup (and calibration to min_time when opts.iters is None), then the timed loop, each
     under the watchdog; `before_loop` runs between them (e.g. to reset a compute clock). With
     `graph`, the loop's ops are captured in one CUDA graph and replayed (raises Skipped when
-    some rank cannot capture them)."""
+    some rank cannot capture them). `group`: the ranks taking part (None: every rank)."""
     from distbench.memory import agree
 
     opts, device = s.opts, s.rt.device
     s.step(f"{what} (warmup)", opts.timeout)
     iters, per_op = timing.warmup_and_calibrate(fn, opts.warmup, opts.iters,
-                                                min_time, device)
+                                                min_time, device, group)
     captured = None
     if graph:
         s.step(f"{what} (CUDA graph capture)", opts.timeout)
@@ -35,22 +35,26 @@ def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None,
             root = e.__context__ or e  # the capture's own error, not the one ending it
             reason = "cannot capture in a CUDA graph: " + (
                 str(root).strip().splitlines() or [type(root).__name__])[0][:200]
-        if not agree(not reason, device):
+        if not agree(not reason, device, group):
             raise Skipped(reason or "another rank could not capture this in a CUDA graph")
     if before_loop is not None:
         before_loop()
     s.step(what, opts.timeout + 2 * iters * per_op)
-    return timing.measure(fn, iters, device, timing.sync_every(per_op, opts.timeout), captured)
+    return timing.measure(fn, iters, device, timing.sync_every(per_op, opts.timeout), captured,
+                          group)
 
 
-def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0) -> timing.Stats:
+def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0,
+                 group=None) -> timing.Stats:
     """`scale` turns a timed call into the quantity reported (0.5: one way of a round trip).
-    The session's faults (tests only) apply here, the one hook point, before anything runs."""
+    The session's faults (tests only) apply here, the one hook point, before anything runs.
+    `group`: the ranks the case runs on (a node, a pair of nodes); None: every rank."""
     opts, device = s.opts, s.rt.device
     s.step(f"{what} (setup)", opts.timeout)
     case = s.faults.apply(case, size)
     case.prepare()
-    timed = timed_samples(s, case.run, what, opts.min_time, graph=opts.cuda_graph)
+    timed = timed_samples(s, case.run, what, opts.min_time, graph=opts.cuda_graph,
+                          group=group)
     wrong = 0
     if opts.check:
         s.step(f"{what} (check)", opts.timeout)
@@ -61,7 +65,7 @@ def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0) -> tim
     s.step(f"{what} (statistics)", opts.timeout)
     samples = timed.samples if scale == 1.0 else [x * scale for x in timed.samples]
     return timing.summarize(samples, wrong, device, active=case.active,
-                            host_share=timed.host_share)
+                            host_share=timed.host_share, group=group)
 
 
 def stats_columns(st: timing.Stats, checked: bool) -> dict:

@@ -14,10 +14,10 @@ from distbench.options import parse_headroom
 T = TypeVar("T")
 
 
-def agree(ok: bool, device: torch.device) -> bool:
-    """True on every rank when it is true on every rank."""
+def agree(ok: bool, device: torch.device, group=None) -> bool:
+    """True on every rank (of `group`) when it is true on every one of them."""
     flag = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return flag.item() == 0
 
 

@@ -168,11 +168,12 @@ def calibrated_iters(per_op_seconds: float, min_time: float) -> int:
 
 
 def warmup_and_calibrate(fn: Callable[[], object], warmup: int, iters: int | None,
-                         min_time: float, device: torch.device) -> tuple[int, float]:
-    """Untimed ops (at least one), then the iteration count every rank will use and the
-    per-op time the warmup suggests."""
+                         min_time: float, device: torch.device, group=None
+                         ) -> tuple[int, float]:
+    """Untimed ops (at least one), then the iteration count every rank (of `group`) will use
+    and the per-op time the warmup suggests."""
     sync(device)
-    dist.barrier()
+    dist.barrier(group=group)
     times = timed_loop(fn, max(1, warmup), device)
     if iters is not None:
         return iters, statistics.median(times)
@@ -183,23 +184,23 @@ def warmup_and_calibrate(fn: Callable[[], object], warmup: int, iters: int | Non
     per_op = min(times)
     # the slowest rank's estimate, so every rank runs the same count
     est = torch.tensor([per_op], dtype=torch.float64, device=device)
-    dist.all_reduce(est, op=dist.ReduceOp.MAX)
+    dist.all_reduce(est, op=dist.ReduceOp.MAX, group=group)
     per_op = float(est.item())
     return calibrated_iters(per_op, min_time), per_op
 
 
 def measure(fn: Callable[[], object], iters: int, device: torch.device,
-            every: int | None = None, graph: Captured | None = None) -> Timed:
+            every: int | None = None, graph: Captured | None = None, group=None) -> Timed:
     """Events made, then a barrier, then the timed loop: the least possible loop, with a stamp
     per iteration (a sync every `every` ops on GPU); or, given a captured graph, its replays
     (the first, which uploads the graph, untimed)."""
     if graph is not None:
         graph.replay()
         sync(device)
-        dist.barrier()
+        dist.barrier(group=group)
         return _replays(graph, iters, device)
     made = events(iters + 1, device) if device.type == "cuda" else None
-    dist.barrier()
+    dist.barrier(group=group)
     return _loop(fn, iters, device, made, every)
 
 
@@ -218,26 +219,26 @@ class Stats:
 
 
 def summarize(samples: list[float], wrong: int, device: torch.device,
-              active: bool = True, host_share: float | None = None) -> Stats:
+              active: bool = True, host_share: float | None = None, group=None) -> Stats:
     """Cross-rank statistics. A rank with no part in the pattern (say the odd rank out of a
     ping-pong) passes active=False with the same number of samples: it adds nothing.
     host_share: Timed.host_share, whose largest over ranks says whether the loop was
-    launch-bound."""
-    rank, n = dist.get_rank(), dist.get_world_size()
+    launch-bound. Over the ranks of `group` (None: every rank)."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
     mean = sum(samples) / len(samples)
     f64 = dict(dtype=torch.float64, device=device)
     sums = torch.tensor([mean if active else 0.0, float(wrong), float(active)], **f64)
-    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
     share = host_share if active and host_share is not None else -math.inf
     if active:
         maxes = torch.tensor([mean, -mean, share, *samples], **f64)
     else:
         maxes = torch.full((len(samples) + 3,), -math.inf, **f64)
-    dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+    dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
     rank_max = float(maxes[0].item())
     slowest = torch.tensor([rank if active and mean >= rank_max else n], dtype=torch.int64,
                            device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MIN)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MIN, group=group)
     return summarize_local(
         mean_sum=float(sums[0].item()), wrong=int(sums[1].item()), n=int(sums[2].item()),
         rank_max=rank_max, rank_min=-float(maxes[1].item()), slowest=int(slowest.item()),

@@ -21,8 +21,9 @@ class _Done:
 class _Op:
     """dist.P2POp without its process-group checks."""
 
-    def __init__(self, op, tensor, peer):
-        self.op, self.tensor, self.peer = op, tensor, peer
+    def __init__(self, op, tensor, peer=None, group=None, tag=0, group_peer=None):
+        self.op, self.tensor, self.group = op, tensor, group
+        self.peer = peer if group_peer is None else group_peer
 
 
 @pytest.fixture

@@ -17,11 +17,12 @@ from distbench.accounting import Accounting, allreduce_factor, ring_factor, unit
 
 @dataclass(frozen=True)
 class Ctx:
-    rank: int
-    n: int
-    root: int
+    rank: int  # in `group`
+    n: int  # ranks in `group`
+    root: int  # a rank in `group`
     redop: str
     in_place: bool
+    group: object = None  # a process group of some ranks (a node, a pair); None: every rank
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ def _torch():
 def _all_reduce(ctx, inp, out, c):
     dist, data, Case = _torch()
     buf = inp[:c]
-    return Case(run=functools.partial(dist.all_reduce, buf, op=data.reduce_op(ctx.redop)),
+    return Case(run=functools.partial(dist.all_reduce, buf, op=data.reduce_op(ctx.redop),
+                                      group=ctx.group),
                 prepare=lambda: data.fill_reduction(buf, ctx),
                 check=lambda: data.wrong_reduction(buf, ctx), output=buf)
 
@@ -79,8 +81,8 @@ def _reduce(ctx, inp, out, c):
     dist, data, Case = _torch()
     buf = inp[:c]
     is_root = ctx.rank == ctx.root
-    return Case(run=functools.partial(dist.reduce, buf, dst=ctx.root,
-                                      op=data.reduce_op(ctx.redop)),
+    return Case(run=functools.partial(dist.reduce, buf, group_dst=ctx.root,
+                                      op=data.reduce_op(ctx.redop), group=ctx.group),
                 prepare=lambda: data.fill_reduction(buf, ctx),
                 check=lambda: data.wrong_reduction(buf, ctx) if is_root else 0,
                 output=buf if is_root else None)
@@ -96,7 +98,8 @@ def _broadcast(ctx, inp, out, c):
             data.fill_movement(buf, ctx.root)
         else:
             buf.fill_(data.SENTINEL)
-    return Case(run=functools.partial(dist.broadcast, buf, src=ctx.root), prepare=prepare,
+    return Case(run=functools.partial(dist.broadcast, buf, group_src=ctx.root,
+                                      group=ctx.group), prepare=prepare,
                 check=lambda: data.wrong_movement(buf, ctx.root), output=buf)
 
 
@@ -110,7 +113,8 @@ def _reduce_scatter(ctx, inp, out, c):
         if not ctx.in_place:
             dst.fill_(data.SENTINEL)
     return Case(run=functools.partial(data.reduce_scatter, dst, src,
-                                      op=data.reduce_op(ctx.redop)), prepare=prepare,
+                                      op=data.reduce_op(ctx.redop), group=ctx.group),
+                prepare=prepare,
                 check=lambda: data.wrong_reduction(dst, ctx, ctx.rank * c), output=dst)
 
 
@@ -122,7 +126,8 @@ def _all_gather(ctx, inp, out, c):
     def prepare():
         dst.fill_(data.SENTINEL)
         data.fill_movement(src, ctx.rank)
-    return Case(run=functools.partial(data.all_gather, dst, src), prepare=prepare,
+    return Case(run=functools.partial(data.all_gather, dst, src, group=ctx.group),
+                prepare=prepare,
                 check=lambda: data.wrong_blocks(dst, ctx.n), output=dst)
 
 
@@ -134,7 +139,8 @@ def _all_to_all(ctx, inp, out, c):
         data.fill_movement(src, ctx.rank)
         dst.fill_(data.SENTINEL)
     # block q of my output is block `rank` of rank q's input
-    return Case(run=functools.partial(dist.all_to_all_single, dst, src), prepare=prepare,
+    return Case(run=functools.partial(dist.all_to_all_single, dst, src, group=ctx.group),
+                prepare=prepare,
                 check=lambda: data.wrong_blocks(dst, ctx.n, ctx.rank * c), output=dst)
 
 
@@ -149,7 +155,8 @@ def _gather(ctx, inp, out, c):
         data.fill_movement(src, ctx.rank)
         if is_root:
             dst.fill_(data.SENTINEL)
-    return Case(run=functools.partial(dist.gather, src, blocks, dst=ctx.root), prepare=prepare,
+    return Case(run=functools.partial(dist.gather, src, blocks, group_dst=ctx.root,
+                                      group=ctx.group), prepare=prepare,
                 check=lambda: data.wrong_blocks(dst, ctx.n) if is_root else 0, output=dst)
 
 
@@ -164,7 +171,8 @@ def _scatter(ctx, inp, out, c):
         if is_root:
             data.fill_movement(src, ctx.root)
         dst.fill_(data.SENTINEL)
-    return Case(run=functools.partial(dist.scatter, dst, blocks, src=ctx.root), prepare=prepare,
+    return Case(run=functools.partial(dist.scatter, dst, blocks, group_src=ctx.root,
+                                      group=ctx.group), prepare=prepare,
                 check=lambda: data.wrong_movement(dst, ctx.root, ctx.rank * c), output=dst)
 
 

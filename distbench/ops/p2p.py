@@ -1,5 +1,6 @@
 """Point-to-point patterns: ring (nccl-tests' sendrecv), ping-pong pairs, and one ordered pair
-at a time for the link matrix. Received data is checked like the collectives' results."""
+at a time for the link matrix. Received data is checked like the collectives' results. Ranks
+are ranks of `group` (a node, a pair of nodes; None: every rank)."""
 
 from __future__ import annotations
 
@@ -18,18 +19,22 @@ def _exchange(ops: list[dist.P2POp]) -> None:
 
 # One tensor each way, batched too: an unbatched send/recv makes NCCL set up a communicator of
 # its own per pair on older torch, and makes newer torch warn on every rank that it serializes.
-def send(tensor: torch.Tensor, peer: int) -> None:
-    _exchange([dist.P2POp(dist.isend, tensor, peer)])
+def _op(kind, tensor: torch.Tensor, peer: int, group=None) -> dist.P2POp:
+    return dist.P2POp(kind, tensor, group=group, group_peer=peer)
 
 
-def recv(tensor: torch.Tensor, peer: int) -> None:
-    _exchange([dist.P2POp(dist.irecv, tensor, peer)])
+def send(tensor: torch.Tensor, peer: int, group=None) -> None:
+    _exchange([_op(dist.isend, tensor, peer, group)])
 
 
-def ring(rank: int, n: int, send: torch.Tensor, recv: torch.Tensor) -> Case:
+def recv(tensor: torch.Tensor, peer: int, group=None) -> None:
+    _exchange([_op(dist.irecv, tensor, peer, group)])
+
+
+def ring(rank: int, n: int, send: torch.Tensor, recv: torch.Tensor, group=None) -> Case:
     """Send to r+1 and receive from r-1 at once."""
     nxt, prev = (rank + 1) % n, (rank - 1) % n
-    ops = [dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prev)]
+    ops = [_op(dist.isend, send, nxt, group), _op(dist.irecv, recv, prev, group)]
 
     def prepare():
         data.fill_movement(send, rank)
@@ -49,7 +54,7 @@ def pingpong_partner(rank: int, n: int) -> int | None:
     return None
 
 
-def pingpong(rank: int, n: int, buf: torch.Tensor) -> Case:
+def pingpong(rank: int, n: int, buf: torch.Tensor, group=None) -> Case:
     """One round trip per call: the lower rank of a pair sends first and gets the message back."""
     partner = pingpong_partner(rank, n)
     if partner is None:
@@ -58,11 +63,11 @@ def pingpong(rank: int, n: int, buf: torch.Tensor) -> Case:
 
     def run():
         if first:
-            send(buf, partner)
-            recv(buf, partner)
+            send(buf, partner, group)
+            recv(buf, partner, group)
         else:
-            recv(buf, partner)
-            send(buf, partner)
+            recv(buf, partner, group)
+            send(buf, partner, group)
 
     def prepare():
         if first:
@@ -76,15 +81,15 @@ def pingpong(rank: int, n: int, buf: torch.Tensor) -> Case:
 
 
 def one_link(rank: int, src: int, dst: int, bidirectional: bool, send: torch.Tensor,
-             recv: torch.Tensor) -> Case:
+             recv: torch.Tensor, group=None) -> Case:
     """src sends to dst (and dst to src when bidirectional); every other rank sits out."""
     if rank not in (src, dst):
         return idle()
     peer = dst if rank == src else src
     sends = bidirectional or rank == src
     receives = bidirectional or rank == dst
-    ops = ([dist.P2POp(dist.isend, send, peer)] if sends else []) + (
-        [dist.P2POp(dist.irecv, recv, peer)] if receives else [])
+    ops = ([_op(dist.isend, send, peer, group)] if sends else []) + (
+        [_op(dist.irecv, recv, peer, group)] if receives else [])
 
     def prepare():
         data.fill_movement(send, rank)
