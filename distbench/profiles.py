@@ -1,0 +1,521 @@
+"""Acceptance profiles: what `distbench accept` checks on one class of hardware, read from
+configs/profiles/*.toml (the layout is in docs/accept.md, "Profiles"). A profile lists checks;
+each names a measurement (command, op or pattern, dtype, size), where it runs (each node alone,
+pairs of nodes, or every rank), the metric judged and the expectation: absolute floors in the
+metric's unit, each citing the public figure it comes from, or a fraction of what the healthy
+peers reach.
+
+No torch here: profiles are read and validated with the other options, before any worker
+starts, so that a bad profile costs one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import site
+import sys
+import tomllib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from distbench.ops.collectives import names as collective_names
+from distbench.options import DTYPE_ALIASES, DTYPES, MAX_ITERS, OptionError
+from distbench.sizes import SizeError, parse_size
+
+EXAMPLE = "--profile h100-sxm-8"
+AUTO = "auto"
+# What auto picks when the snapshots decide nothing more specific.
+CPU_PROFILE = "cpu-gloo"
+GENERIC_PROFILE = "generic-gpu"
+
+SCOPES = ("node", "pair", "cluster")
+COMMANDS = ("collective", "p2p")
+# The p2p patterns a check can measure (distbench p2p's matrix is a separate, per-link
+# measurement with its own outlier judging).
+P2P_PATTERNS = ("ring", "pingpong")
+VS = ("absolute", "peers")
+
+# metric -> its unit, its direction and the commands (and ops or patterns) that report it; None
+# for a command: every op it has. The names are the columns of collective.csv and p2p.csv.
+METRICS: dict[str, dict] = {
+    "busbw_gbps": {"unit": "GB/s", "higher_is_better": True,
+                   "commands": {"collective": None, "p2p": ("ring",)}},
+    "algbw_gbps": {"unit": "GB/s", "higher_is_better": True,
+                   "commands": {"collective": None, "p2p": ("ring",)}},
+    # pingpong's time is one-way latency, half the round trip
+    "time_us": {"unit": "us", "higher_is_better": False,
+                "commands": {"collective": None, "p2p": ("ring", "pingpong")}},
+    "p99_us": {"unit": "us", "higher_is_better": False,
+               "commands": {"collective": None, "p2p": ("ring", "pingpong")}},
+}
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_TOP_KEYS = ("name", "description", "match", "settings", "check")
+_TOP_REQUIRED = ("name", "description", "settings", "check")
+_MATCH_KEYS = ("gpu", "exclude", "gpus_per_node")
+_SETTINGS_KEYS = ("iters", "warmup", "baseline_tolerance")
+_CHECK_KEYS = ("name", "scope", "command", "op", "pattern", "dtype", "size", "metric", "vs",
+               "fail", "warn")
+_CHECK_REQUIRED = ("name", "scope", "command", "size", "metric", "vs")
+# what a check names its operation with, per command (as the command-line flags do)
+_OP_KEY = {"collective": "op", "p2p": "pattern"}
+DEFAULT_DTYPE = "float32"  # as --dtype
+
+
+class ProfileError(OptionError):
+    """A profile that cannot be used: one line naming the file and the key, exit code 2."""
+
+    def __init__(self, message: str, example: str = EXAMPLE):
+        super().__init__("--profile", message, example)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One measurement and what it must reach."""
+
+    name: str  # unique within the profile; how the verdict names the check
+    scope: str  # "node" (each node alone), "pair" (pairs of nodes) or "cluster" (all ranks)
+    command: str  # "collective" or "p2p"
+    op: str  # a registered collective op, or a p2p pattern: "ring" or "pingpong"
+    dtype: str  # one of options.DTYPES, aliases resolved
+    size: int  # bytes, as --sizes counts them for this command and op
+    metric: str  # a key of METRICS valid for this command and op
+    vs: str  # "absolute" (floors in the metric's unit) or "peers" (fractions, see fraction())
+    # worse than fail: FAIL; worse than warn: WARN. Absolute: in the metric's unit (a bandwidth
+    # below, a time above); peers: a fraction of the peers' value. None: no such line
+    fail: float | None
+    warn: float | None
+
+    @property
+    def unit(self) -> str:
+        return METRICS[self.metric]["unit"]
+
+    @property
+    def higher_is_better(self) -> bool:
+        return METRICS[self.metric]["higher_is_better"]
+
+    def fraction(self, value: float, reference: float) -> float:
+        """How well `value` does against `reference` (the healthy peers' value, or a baseline
+        run's), as a fraction where 1 is as good and below 1 is worse, whatever the metric's
+        direction: a latency twice the peers' is 0.5. A peers check's fail and warn are such
+        fractions."""
+        if self.higher_is_better:
+            return value / reference if reference > 0 else math.inf
+        return reference / value if value > 0 else math.inf
+
+    def grade(self, value: float, reference: float | None = None) -> str:
+        """One of "fail", "warn" or "ok". `reference`: what the healthy peers reach, for a
+        peers check (an absolute one ignores it)."""
+        if self.vs == "peers":
+            if reference is None:
+                raise ValueError(f"check {self.name!r} is judged against its peers: "
+                                 "give their value")
+            value, better = self.fraction(value, reference), True
+        else:
+            better = self.higher_is_better
+        for grade, floor in (("fail", self.fail), ("warn", self.warn)):
+            if floor is not None and (value < floor if better else value > floor):
+                return grade
+        return "ok"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One class of hardware and the checks its nodes must pass."""
+
+    name: str  # what --profile takes; a built-in's is its file name without .toml
+    description: str  # one line: the hardware, and any assumption the figures rest on
+    path: Path  # the file it was read from
+    match_gpu: str | None  # substring of the NVML GPU name (any case); None: no GPU or generic
+    gpus_per_node: int | None  # None: any count; 0: nodes without a GPU
+    iters: int  # timed iterations of every check, the same on every run so runs compare
+    warmup: int  # untimed iterations before each check
+    baseline_tolerance: float  # 0.05: a check worse than -5% against a --baseline run fails
+    checks: tuple[Check, ...]  # in the file's order, names unique
+    # substrings of the NVML name that rule a GPU out although match_gpu is in it: "H200" is
+    # also in "NVIDIA H200 NVL" (PCIe cards) and "NVIDIA GH200 480GB"
+    match_exclude: tuple[str, ...] = ()
+
+    def matches(self, gpu_name: str, count: int) -> bool:
+        """Whether nodes of `count` GPUs named `gpu_name` are this profile's hardware."""
+        name = gpu_name.lower()
+        return (self.match_gpu is not None and self.match_gpu.lower() in name
+                and not any(x.lower() in name for x in self.match_exclude)
+                and self.gpus_per_node in (None, count))
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the built-in profiles are
+
+def _checkout_dir() -> Path | None:
+    """configs/profiles of the repository this module runs from (a checkout, or an editable
+    install of one); None when installed from a wheel. pyproject.toml beside it tells a
+    repository from a site-packages that happens to hold a configs/ folder."""
+    root = Path(__file__).resolve().parent.parent
+    found = root / "configs" / "profiles"
+    return found if (root / "pyproject.toml").is_file() and found.is_dir() else None
+
+
+def profile_dirs() -> list[Path]:
+    """Where the built-in profiles are, first found first: the repository's configs/profiles
+    when running from a checkout, then the copy a wheel installs (pyproject.toml's data-files:
+    share/distbench/profiles under the environment's prefix, or under the user base after
+    `pip install --user`)."""
+    candidates = [_checkout_dir()]
+    for base in (sys.prefix, site.getuserbase()):
+        candidates.append(Path(base) / "share" / "distbench" / "profiles")
+    out: list[Path] = []
+    for d in candidates:
+        if d is not None and d.is_dir() and d.resolve() not in {o.resolve() for o in out}:
+            out.append(d)
+    return out
+
+
+def _builtin_paths() -> dict[str, Path]:
+    """Built-in profile name -> its file; a name in two folders is the first folder's."""
+    found: dict[str, Path] = {}
+    for d in profile_dirs():
+        for path in sorted(d.glob("*.toml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def available() -> list[str]:
+    return sorted(_builtin_paths())
+
+
+def _shown(path: Path) -> str:
+    """A path as messages show it: relative to the current directory when it is under it."""
+    try:
+        return str(Path(os.path.abspath(path)).relative_to(Path.cwd()))
+    except (ValueError, OSError):  # elsewhere, or the current directory is gone
+        return str(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and validating one file
+
+class _Reader:
+    """Validates one profile's values, each error naming the file and the key."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def error(self, where: str, message: str) -> ProfileError:
+        return ProfileError(f"{_shown(self.path)}: {where}: {message}")
+
+    def keys(self, table: dict, where: str, known: tuple[str, ...],
+             required: tuple[str, ...]) -> None:
+        prefix = f"{where} " if where else ""
+        for key in table:
+            if key not in known:
+                raise self.error(f"{prefix}key {key!r}",
+                                 f"unknown key (valid: {', '.join(known)})")
+        for key in required:
+            if key not in table:
+                raise self.error(f"{prefix}key {key!r}", "missing")
+
+    def string(self, value, where: str) -> str:
+        if not isinstance(value, str):
+            raise self.error(where, f"must be a string, got {_toml(value)}")
+        text = value.strip()
+        if not text or "\n" in text:
+            raise self.error(where, "must be one non-empty line")
+        return text
+
+    def choice(self, value, where: str, valid: tuple[str, ...], what: str) -> str:
+        text = self.string(value, where).lower()
+        if text not in valid:
+            raise self.error(where, f"unknown {what} {text!r} (valid: {', '.join(valid)})")
+        return text
+
+    def integer(self, value, where: str, low: int, high: int | None = None) -> int:
+        # bool is an int in Python; in a profile `true` is never a count
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(where, f"must be a whole number, got {_toml(value)}")
+        if value < low or (high is not None and value > high):
+            top = f" and at most {high}" if high is not None else ""
+            raise self.error(where, f"must be at least {low}{top}, got {value}")
+        return value
+
+    def number(self, value, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.error(where, f"must be a number, got {_toml(value)}")
+        if not math.isfinite(value):
+            raise self.error(where, f"must be a finite number, got {value}")
+        return float(value)
+
+    def table(self, value, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.error(where, f"must be a table, got {_toml(value)}")
+        return value
+
+
+def _toml(value) -> str:
+    """A value as TOML writes it, for messages: true, "16G", 3."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return str(value)
+
+
+def load(path: Path) -> Profile:
+    """Read and validate a profile file; raises ProfileError naming the file and the key."""
+    path = Path(path)
+    r = _Reader(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ProfileError(f"no such file {_shown(path)!r}") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{_shown(path)!r} is a directory, not a profile file") from None
+    except OSError as e:
+        raise ProfileError(f"cannot read {_shown(path)!r}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"{_shown(path)}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"{_shown(path)}: not valid TOML: {e}") from None
+
+    r.keys(data, "", _TOP_KEYS, _TOP_REQUIRED)
+    name = r.string(data["name"], "key 'name'")
+    if not _NAME_RE.fullmatch(name):
+        raise r.error("key 'name'", f"{name!r} must be letters, digits, '.', '_' or '-' "
+                      "(it is typed after --profile)")
+    description = r.string(data["description"], "key 'description'")
+    match_gpu, exclude, per_node = _match(r, r.table(data.get("match", {}), "key 'match'"))
+    settings = r.table(data["settings"], "key 'settings'")
+    r.keys(settings, "[settings]", _SETTINGS_KEYS, _SETTINGS_KEYS)
+    iters = r.integer(settings["iters"], "[settings] key 'iters'", 1, MAX_ITERS)
+    warmup = r.integer(settings["warmup"], "[settings] key 'warmup'", 0, MAX_ITERS)
+    tolerance = r.number(settings["baseline_tolerance"], "[settings] key 'baseline_tolerance'")
+    if not 0 < tolerance < 1:
+        raise r.error("[settings] key 'baseline_tolerance'",
+                      f"must be a fraction above 0 and below 1 (0.05: 5% worse fails), "
+                      f"got {tolerance:g}")
+
+    raw_checks = data["check"]
+    if not isinstance(raw_checks, list) or not all(isinstance(c, dict) for c in raw_checks):
+        raise r.error("key 'check'", "must be [[check]] tables")
+    if not raw_checks:
+        raise r.error("key 'check'", "no checks: a profile needs at least one [[check]]")
+    checks: list[Check] = []
+    for i, raw in enumerate(raw_checks, 1):
+        check = _check(r, raw, i)
+        if any(c.name == check.name for c in checks):
+            raise r.error(f"check {check.name!r} key 'name'",
+                          "duplicate check name (each check's name must be unique)")
+        checks.append(check)
+    return Profile(name=name, description=description, path=path, match_gpu=match_gpu,
+                   gpus_per_node=per_node, iters=iters, warmup=warmup,
+                   baseline_tolerance=tolerance, checks=tuple(checks), match_exclude=exclude)
+
+
+def _match(r: _Reader, match: dict) -> tuple[str | None, tuple[str, ...], int | None]:
+    r.keys(match, "[match]", _MATCH_KEYS, ())
+    gpu = r.string(match["gpu"], "[match] key 'gpu'") if "gpu" in match else None
+    exclude = match.get("exclude", [])
+    if not isinstance(exclude, list):
+        raise r.error("[match] key 'exclude'", f"must be a list of strings, got {_toml(exclude)}")
+    exclude = tuple(r.string(x, "[match] key 'exclude'") for x in exclude)
+    if exclude and gpu is None:
+        raise r.error("[match] key 'exclude'", "only narrows [match] gpu, which is not given")
+    per_node = match.get("gpus_per_node")
+    if per_node is not None:
+        per_node = r.integer(per_node, "[match] key 'gpus_per_node'", 0)
+        if per_node == 0 and gpu is not None:
+            raise r.error("[match] key 'gpus_per_node'", f"0 (no GPU) contradicts gpu = "
+                          f"{_toml(gpu)}")
+    return gpu, exclude, per_node
+
+
+def _check(r: _Reader, raw: dict, index: int) -> Check:
+    # named by its name once that is known to be good, else by its place in the file
+    where = f"check {index}"
+    name = raw.get("name")
+    if isinstance(name, str) and name.strip() and "\n" not in name:
+        where = f"check {name.strip()!r}"
+    r.keys(raw, where, _CHECK_KEYS, _CHECK_REQUIRED)
+    name = r.string(raw["name"], f"{where} key 'name'")
+    scope = r.choice(raw["scope"], f"{where} key 'scope'", SCOPES, "scope")
+    command = r.choice(raw["command"], f"{where} key 'command'", COMMANDS, "command")
+
+    op_key = _OP_KEY[command]
+    other = next(k for k in _OP_KEY.values() if k != op_key)
+    if other in raw:
+        raise r.error(f"{where} key {other!r}", f"{command} checks name their operation with "
+                      f"{op_key!r}, not {other!r}")
+    if op_key not in raw:
+        raise r.error(f"{where} key {op_key!r}", "missing")
+    if command == "collective":
+        op = r.choice(raw["op"], f"{where} key 'op'", collective_names(), "op")
+    else:
+        op = r.choice(raw["pattern"], f"{where} key 'pattern'", P2P_PATTERNS, "pattern")
+
+    dtype = DEFAULT_DTYPE
+    if "dtype" in raw:
+        text = r.string(raw["dtype"], f"{where} key 'dtype'").lower()
+        if text not in DTYPE_ALIASES:
+            raise r.error(f"{where} key 'dtype'",
+                          f"unknown dtype {text!r} (valid: {', '.join(DTYPES)})")
+        dtype = DTYPE_ALIASES[text]
+
+    size_raw = raw["size"]
+    if isinstance(size_raw, bool) or not isinstance(size_raw, str | int):
+        raise r.error(f"{where} key 'size'",
+                      f"must be a size such as \"16G\" or a byte count, got {_toml(size_raw)}")
+    try:
+        size = parse_size(str(size_raw))
+    except SizeError as e:
+        raise r.error(f"{where} key 'size'", str(e)) from None
+
+    metric = r.choice(raw["metric"], f"{where} key 'metric'", tuple(METRICS), "metric")
+    if not _metric_fits(metric, command, op):
+        fits = [m for m in METRICS if _metric_fits(m, command, op)]
+        raise r.error(f"{where} key 'metric'", f"{metric} is not measured by {command} "
+                      f"{op_key} {op} (valid for it: {', '.join(fits)})")
+
+    vs = r.choice(raw["vs"], f"{where} key 'vs'", VS, "vs")
+    if vs == "peers" and scope == "cluster":
+        raise r.error(f"{where} key 'vs'", "a cluster check is one measurement over every "
+                      "rank: it has no peers to be judged against (use vs = \"absolute\", or "
+                      "scope \"node\" or \"pair\")")
+    floors = {}
+    for key in ("fail", "warn"):
+        if key in raw:
+            value = r.number(raw[key], f"{where} key {key!r}")
+            if vs == "peers" and not 0 < value <= 1:
+                raise r.error(f"{where} key {key!r}", f"a peers check's {key} is a fraction "
+                              f"of what the healthy peers reach, in (0, 1], got {value:g}")
+            if vs == "absolute" and value <= 0:
+                raise r.error(f"{where} key {key!r}", f"must be above 0 {METRICS[metric]['unit']}"
+                              f", got {value:g}")
+            floors[key] = value
+        else:
+            floors[key] = None
+    fail, warn = floors["fail"], floors["warn"]
+    if fail is None and warn is None:
+        raise r.error(f"{where} key 'fail'", "missing: a check needs fail, warn or both")
+    if fail is not None and warn is not None:
+        # peers fractions grow with performance whatever the metric's direction
+        higher = vs == "peers" or METRICS[metric]["higher_is_better"]
+        if higher and warn < fail:
+            raise r.error(f"{where} key 'warn'", f"{warn:g} is below fail {fail:g}: for "
+                          f"{'a fraction of the peers' if vs == 'peers' else metric} higher "
+                          "is better, so warn must be at least fail")
+        if not higher and warn > fail:
+            raise r.error(f"{where} key 'warn'", f"{warn:g} is above fail {fail:g}: for "
+                          f"{metric} lower is better, so warn must be at most fail")
+    return Check(name=name, scope=scope, command=command, op=op, dtype=dtype, size=size,
+                 metric=metric, vs=vs, fail=fail, warn=warn)
+
+
+def _metric_fits(metric: str, command: str, op: str) -> bool:
+    commands = METRICS[metric]["commands"]
+    return command in commands and (commands[command] is None or op in commands[command])
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing a profile
+
+def resolve(spec: str) -> Profile | None:
+    """--profile's value: "auto" -> None (pick() decides once the topology is known); a file
+    that exists -> that file; a built-in's name -> the built-in. Raises ProfileError."""
+    text = str(spec).strip()
+    if text.lower() == AUTO:
+        return None
+    if not text:
+        raise ProfileError("empty value (give auto, a built-in profile's name or a TOML file)")
+    path = Path(text)
+    if path.is_file():
+        return load(path)
+    builtin = _builtin_paths()
+    if text in builtin:
+        return load(builtin[text])
+    if path.suffix == ".toml" or os.sep in text or "/" in text:
+        raise ProfileError(f"no such file {text!r}")
+    names = ", ".join(builtin) or "none found"
+    raise ProfileError(f"unknown profile {text!r} (available: {names}; or auto, or a TOML "
+                       f"file)")
+
+
+def _gpu_name(gpu: dict) -> str:
+    name = gpu.get("name")
+    return str(name).strip() if name else "unknown GPU"
+
+
+def _node_hardware(snapshot: dict) -> tuple[tuple[str, int], ...]:
+    """A node's GPUs as sorted (name, count) pairs; () for a node without one."""
+    return tuple(sorted(Counter(_gpu_name(g) for g in snapshot.get("gpus") or []).items()))
+
+
+def _describe(hardware: tuple[tuple[str, int], ...]) -> str:
+    if not hardware:
+        return "no GPU"
+    return ", ".join(f"{count} x {name}" for name, count in hardware)
+
+
+def _generic(why: str) -> tuple[Profile, str]:
+    return (_builtin(GENERIC_PROFILE),
+            f"{why}: {GENERIC_PROFILE} (judges nodes against their peers, no absolute figures)")
+
+
+def _builtin(name: str) -> Profile:
+    path = _builtin_paths().get(name)
+    if path is None:
+        raise ProfileError(f"built-in profile {name!r} not found in "
+                           f"{', '.join(map(str, profile_dirs())) or 'any profile folder'}")
+    return load(path)
+
+
+def pick(snapshots: list[dict]) -> tuple[Profile, str]:
+    """--profile auto: the built-in profile for the nodes' GPU model and count (topo's node
+    snapshots, one per node), and one line saying why."""
+    if not snapshots:
+        raise ProfileError("auto: no node's topology snapshot to pick a profile from",
+                           EXAMPLE)
+    by_hardware: dict[tuple, list[str]] = {}
+    for snap in snapshots:
+        by_hardware.setdefault(_node_hardware(snap), []).append(str(snap.get("host") or "?"))
+    every = "every node has" if len(snapshots) > 1 else "the node has"
+
+    if len(by_hardware) > 1:
+        groups = sorted(by_hardware.items(), key=lambda kv: (-len(kv[1]), kv[1]))
+        parts = []
+        for hardware, hosts in groups:
+            shown = ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3
+                                            else "")
+            parts.append(f"{_describe(hardware)} on {shown}")
+        return _generic(f"nodes differ ({'; '.join(parts)})")
+
+    hardware = next(iter(by_hardware))
+    if not hardware:
+        reason = "no node has a GPU" if len(snapshots) > 1 else "the node has no GPU"
+        errors = [s.get("nvml_error") for s in snapshots if s.get("nvml_error")]
+        if errors:
+            reason += f" (NVML: {errors[0]})"
+        return _builtin(CPU_PROFILE), f"{reason}: {CPU_PROFILE}"
+    if len(hardware) > 1:
+        return _generic(f"{every} {_describe(hardware)}: more than one GPU model in a node")
+
+    gpu, count = hardware[0]
+    profiles = [load(p) for n, p in _builtin_paths().items()
+                if n not in (CPU_PROFILE, GENERIC_PROFILE)]
+    fits = [p for p in profiles if p.matches(gpu, count)]
+    if fits:
+        # the most specific: a fixed GPU count, then the longest name matched
+        best = max(fits, key=lambda p: (p.gpus_per_node is not None, len(p.match_gpu or ""),
+                                        p.name))
+        return best, f"{every} {count} x {gpu}: {best.name}"
+    model_only = [p for p in profiles if p.matches(gpu, p.gpus_per_node or count)]
+    if model_only:
+        wants = ", ".join(f"{p.name} is for {p.gpus_per_node} per node" for p in model_only)
+        return _generic(f"{every} {count} x {gpu} ({wants})")
+    return _generic(f"{every} {count} x {gpu}, which no profile matches")
