@@ -42,7 +42,12 @@ def test_ring_pingpong_and_matrix(tmp_path, n):
         assert r["link"] == "intra" and r["wrong"] == "0"
         moved = int(r["size_bytes"]) * (2 if r["direction"] == "bi" else 1)
         assert float(r["gbps"]) == pytest.approx(moved / float(r["time_us"]) / 1e3, rel=1e-4)
-    assert res.meta()["matrix"]["links"] == len(matrix)
+    judged = res.meta()["matrix"]
+    assert judged["links"] == len(matrix)
+    assert {(r["direction"], r["size_bytes"], r["link"]) for r in judged["references"]} == {
+        (d, size, "intra") for d in ("uni", "bi") for size in (4096, 65536)}
+    # two ranks: each link is on both, so which end is slow cannot be told, and run.json says so
+    assert len(judged["cannot_tell"]) == (1 if n == 2 else 0)
     assert "row = sender" in res.stdout
     for name in ("topo.txt", "topo.json"):
         assert (res.run_dir / name).exists()
@@ -74,6 +79,67 @@ def test_without_fail_below_slow_links_are_reported_but_pass(tmp_path):
                     "--warmup", "1", "--workers", "3", DISTBENCH_TEST_SLOW_SEND="2:0.02")
     assert res.code == 0, res.stderr
     assert res.meta()["matrix"]["culprits"]
+
+
+# Both ways slow, on most links. On this shared 2-core machine a healthy link's figure (its mean
+# time per op) is noisy where ops are short or few: at 16 KiB x 3 iterations healthy links fell
+# to 4-15 % of their class median in most clean runs, and up to 4 MiB whole links now and then
+# run at one 4 ms scheduler tick per op instead of ~1 ms. Either fails a fault-free run at
+# --fail-below 0.5, whatever the rule. At 16 MiB (ops of 5-15 ms) over 0.1 s, 1 clean run in 24
+# still had a link at 47 % (a burst of ~0.1 s of lost time); over 0.3 s such a burst costs a
+# third. A 50 ms wait per op puts the slow rank's links at 10-30 %; 20 ms left its
+# bidirectional links (16 MiB each way at once) at 50-75 %.
+SLOW_RANK_RUN = ("p2p", "--pattern", "matrix", "--sizes", "16M", "--min-time", "0.3",
+                 "--warmup", "1", "--fail-below", "0.5")
+SLOW_RANK_2 = "2:0.05"
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_rank_slow_both_ways_is_named_though_it_is_on_most_links(tmp_path, n):
+    """Rank 2 slow in both directions (a bad NIC or cable) is on 4 of 6 ordered pairs at 3 ranks
+    and 6 of 12 at 4: it set the class median, so the judge used to find nothing. Judged
+    against the links off it, every link on it fails and it is named."""
+    res = distbench(tmp_path, *SLOW_RANK_RUN, "--workers", str(n),
+                    DISTBENCH_TEST_SLOW_RANK=SLOW_RANK_2)
+    assert res.code == 4, res.stderr
+    host = socket.gethostname()
+    meta = res.meta()
+    assert meta["status"] == "slow_links" and meta["exit_code"] == 4
+    culprit = f"rank 2 ({host}:2)"
+    judged = meta["matrix"]
+    assert judged["culprits"][0].startswith(culprit + ": ")
+    assert f"likely culprit: {culprit}" in res.stderr
+    assert f"; likely culprit {culprit}" in meta["error"]
+    for peer in (p for p in range(n) if p != 2):
+        for start in (f"{host}:2 -> {host}:{peer} ", f"{host}:{peer} -> {host}:2 ",
+                      f"{host}:{min(peer, 2)} <-> {host}:{max(peer, 2)} "):
+            assert any(f.startswith(start) for f in judged["failing"]), (start, judged)
+    assert all("of the healthy intra-node links'" in f for f in judged["failing"])
+    for ref in judged["references"]:
+        assert ref["basis"].endswith(f" not on {culprit}"), ref
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_the_same_run_without_a_slow_rank_passes(tmp_path, n):
+    """No rank's links are clearly slower here, so every reference stays at its class median and
+    the judge fails only what the median did: a healthy link whose own figure halved in a burst
+    of load on this shared machine (3 of 38 clean runs tried, all at 4 ranks, one to three links
+    at 47-50 %). Such a run is tried once more; the judge's part is checked in each."""
+    for attempt in (1, 2):
+        out = tmp_path / f"try{attempt}"
+        out.mkdir()
+        res = distbench(out, *SLOW_RANK_RUN, "--workers", str(n))
+        judged = res.meta()["matrix"]
+        assert [r["basis"] for r in judged["references"]] == [
+            f"median of all {n * (n - 1)} links", f"median of all {n * (n - 1) // 2} links"]
+        assert judged["cannot_tell"] == []
+        if res.code == 0:
+            assert judged["failing"] == []
+            return
+        assert res.code == 4 and attempt == 1, res.stderr
+        # a burst halves a link's figure; a fault-sized drop would be no noise to try again on
+        shares = [int(f.split(" = ")[1].split("%")[0]) for f in judged["failing"]]
+        assert min(shares) >= 20, judged["failing"]
 
 
 def test_two_nodes_label_links_intra_and_inter(tmp_path):

@@ -23,10 +23,12 @@ class P2POptions(SweepOptions):
         "latency), matrix (every ordered pair alone); comma list or 'all'.", flag="pattern",
         check=pick(PATTERNS, "--pattern ring,pingpong"), cli_type=str)
     outlier_below: float = option(
-        0.8, "matrix: name links below this fraction of their class median (intra-node and "
-        "inter-node links judged apart).", check=fraction("--outlier-below 0.8"))
+        0.8, "matrix: name links below this fraction of what the healthy links of their class "
+        "reach (intra-node and inter-node links judged apart).",
+        check=fraction("--outlier-below 0.8"))
     fail_below: float | None = option(
-        None, f"matrix: exit {EXIT_BELOW} when a link is below this fraction of its class median.",
+        None, f"matrix: exit {EXIT_BELOW} when a link is below this fraction of what the "
+        "healthy links of its class reach.",
         check=fraction("--fail-below 0.8", optional=True), show_default=False)
 
     def check_world(self, world: int) -> None:
@@ -68,32 +70,41 @@ def run(s) -> int:
 
 
 def _judge(s, links) -> None:
-    from distbench.links import culprits, find_outliers
+    from distbench.links import blind_spots, culprits, find_outliers, references
     from distbench.runtime import RunFailure
 
     opts, console = s.opts, s.console
-    outliers = find_outliers(links, opts.outlier_below)
+    # one reference per class for both thresholds; a hardware profile's expectation, when there
+    # is one, goes in here in place of the derived one
+    refs = references(links)
+    outliers = find_outliers(links, opts.outlier_below, refs)
     suspects = culprits(outliers, {r["rank"]: r["gpu_bus_id"] for r in s.rt.ranks
                                    if r.get("gpu_bus_id")})
-    failing = find_outliers(links, opts.fail_below) if opts.fail_below else []
+    failing = find_outliers(links, opts.fail_below, refs) if opts.fail_below else []
+    cannot_tell = blind_spots(links)
     if outliers:
-        console.log(f"{len(outliers)} of {len(links)} links below "
-                    f"{opts.outlier_below:.0%} of their class median:")
+        console.log(f"{len(outliers)} of {len(links)} links below {opts.outlier_below:.0%} of "
+                    "what the healthy links of their class reach:")
         for o in outliers[:20]:
             console.log(f"  slow link {o.describe()}")
         for name in suspects:
             console.log(f"  likely culprit: {name}")
     else:
-        console.log(f"matrix: no link below {opts.outlier_below:.0%} of its class median "
-                    f"({len(links)} links)")
+        console.log(f"matrix: no link below {opts.outlier_below:.0%} of what the healthy links "
+                    f"of its class reach ({len(links)} links)")
+    for line in cannot_tell:
+        console.log(f"matrix: cannot tell: {line}")
     if s.record is not None:
         s.record.update(matrix={
             "outlier_below": opts.outlier_below, "links": len(links),
             "outliers": [o.describe() for o in outliers], "culprits": suspects,
-            "fail_below": opts.fail_below, "failing": [o.describe() for o in failing]})
+            "fail_below": opts.fail_below, "failing": [o.describe() for o in failing],
+            "references": [{"direction": d, "size_bytes": size, "link": kind, "gbps": ref.gbps,
+                            "basis": ref.basis} for (d, size, kind), ref in refs.items()],
+            "cannot_tell": cannot_tell})
     if failing:
         raise RunFailure(
-            f"{len(failing)} links below --fail-below {opts.fail_below:.0%} of their class "
-            f"median, the worst {failing[0].describe()}"
+            f"{len(failing)} links below --fail-below {opts.fail_below:.0%} of what the healthy "
+            f"links of their class reach, the worst {failing[0].describe()}"
             + (f"; likely culprit {suspects[0]}" if suspects else ""),
             status="slow_links", exit_code=EXIT_BELOW)
