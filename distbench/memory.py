@@ -44,10 +44,10 @@ def release(device: torch.device) -> None:
 
 
 def allocate_fitting(alloc: Callable[[int], T], counts: Iterable[int], device: torch.device,
-                     headroom: str = "512M") -> tuple[T | None, int]:
-    """alloc(count) for the largest of `counts` that fits on every rank, leaving `headroom`
-    (--headroom) free on the device for what the backend allocates itself, and that count;
-    (None, 0) when none fits."""
+                     headroom: str = "512M", group=None) -> tuple[T | None, int]:
+    """alloc(count) for the largest of `counts` that fits on every rank (of `group`), leaving
+    `headroom` (--headroom) free on the device for what the backend allocates itself, and that
+    count; (None, 0) when none fits."""
     keep = headroom_bytes(headroom, device) if device.type == "cuda" else 0
     for limit in sorted(set(counts), reverse=True):
         bufs = None
@@ -57,7 +57,7 @@ def allocate_fitting(alloc: Callable[[int], T], counts: Iterable[int], device: t
                 bufs = None
         except (RuntimeError, MemoryError):  # torch.OutOfMemoryError is a RuntimeError
             bufs = None
-        if agree(bufs is not None, device):
+        if agree(bufs is not None, device, group):
             return bufs, limit
         del bufs
         release(device)  # a rejected size must not make the smaller ones look taken

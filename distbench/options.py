@@ -27,7 +27,7 @@ class OptionError(Exception):
 Check = Callable[[str, Any], Any]  # (--flag, raw value) -> value; raises OptionError
 
 
-def _example(check: Check, example: str) -> Check:
+def with_example(check: Check, example: str) -> Check:
     """The valid example a check quotes, kept on it for errors found before it runs (a value
     the command line could not even parse)."""
     check.example = example
@@ -79,7 +79,7 @@ def require(test: Callable[[Any], bool], message: str, example: str,
         if not test(value):
             raise OptionError(option, message.format(value=value), example)
         return convert(value)
-    return _example(check, example)
+    return with_example(check, example)
 
 
 def at_least(low: int, example: str, optional: bool = False) -> Check:
@@ -92,7 +92,7 @@ def iterations(example: str, optional: bool = False) -> Check:
     low = at_least(1, example, optional)
     high = require(lambda v: v <= MAX_ITERS, f"must be at most {MAX_ITERS} (one sample is kept "
                    "per iteration), got {value}", example, optional=optional)
-    return _example(lambda option, value: high(option, low(option, value)), example)
+    return with_example(lambda option, value: high(option, low(option, value)), example)
 
 
 def fraction(example: str, optional: bool = False) -> Check:
@@ -107,7 +107,7 @@ def one_of(valid: tuple[str, ...], example: str) -> Check:
             raise OptionError(option, f"unknown value {value!r} (valid: {', '.join(valid)})",
                               example)
         return value
-    return _example(check, example)
+    return with_example(check, example)
 
 
 def pick(valid: tuple[str, ...] | Callable[[], tuple[str, ...]], example: str,
@@ -127,7 +127,7 @@ def pick(valid: tuple[str, ...] | Callable[[], tuple[str, ...]], example: str,
             if canon not in out:
                 out.append(canon)
         return out
-    return _example(check, example)
+    return with_example(check, example)
 
 
 def parse_headroom(text: str) -> tuple[int, float]:
@@ -153,7 +153,7 @@ def headroom(example: str) -> Check:
             raise OptionError(option, f"{e}; or a fraction of the device below 1", example) \
                 from None
         return str(text).strip()
-    return _example(check, example)
+    return with_example(check, example)
 
 
 def sizes(example: str) -> Check:
@@ -162,7 +162,7 @@ def sizes(example: str) -> Check:
             return parse_sizes(str(text))
         except SizeError as e:
             raise OptionError(option, str(e), example) from None
-    return _example(check, example)
+    return with_example(check, example)
 
 
 DTYPE_ALIASES = {
@@ -191,7 +191,7 @@ def _one_float_dtype(option: str, text) -> str:
     return dtypes[0]
 
 
-_example(_one_float_dtype, "--dtype bfloat16")
+with_example(_one_float_dtype, "--dtype bfloat16")
 
 
 def check_writable_dir(option: str, path: Path, example: str) -> Path:

@@ -61,10 +61,26 @@ class Runtime:
         return len({r["node"] for r in self.ranks})
 
     def versions(self) -> dict:
+        """What ran, and from where: on a GPU cluster the torch (and NCCL) that matter are the
+        ones the workloads use, often a container's, not one installed for distbench."""
         nccl = None
         if self.backend == "nccl":
             nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
-        return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl}
+        return {"torch": torch.__version__, "torch_path": os.path.dirname(torch.__file__),
+                "cuda": torch.version.cuda, "nccl": nccl,
+                "nccl_library": loaded_library("libnccl") if nccl else None}
+
+
+def loaded_library(name: str) -> str | None:
+    """The file this process loaded a shared library from (Linux): torch's bundled NCCL, or the
+    system's when LD_LIBRARY_PATH or LD_PRELOAD points there."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/" in line and name in line}
+    except OSError:
+        return None
+    found = sorted(p for p in paths if os.path.basename(p).startswith(name))
+    return found[0] if found else None
 
 
 def _digest(obj) -> str:

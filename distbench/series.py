@@ -21,7 +21,7 @@ from distbench.tables import format_matrix
 SENDRECV = Accounting(split=False, factor=unit_factor)
 
 
-def _allocate(op, ctx, count: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+def allocate(op, ctx, count: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Buffers for the largest per-rank count, allocated once and sliced for every size. In place,
     the smaller side is a view into the larger one, so only the larger is allocated."""
     mults = {"in": op.in_mult, "out": op.out_mult}
@@ -46,7 +46,7 @@ def collective(s, plan, output) -> Series:
     n, op = rt.world, plan.op
     ctx = plan.ctx(rt.rank, n)
     elt = element_size(plan.dtype)
-    alloc = functools.partial(_allocate, op, ctx, dtype=TORCH_DTYPES[plan.dtype],
+    alloc = functools.partial(allocate, op, ctx, dtype=TORCH_DTYPES[plan.dtype],
                               device=rt.device)
 
     def probe():

@@ -245,7 +245,7 @@ def test_in_place_slices_start_16_byte_aligned(op_name, dtype, n):
 
     from distbench.ops.collectives import Ctx
     from distbench.ops.dtypes import TORCH_DTYPES
-    from distbench.series import _allocate
+    from distbench.series import allocate
 
     op, elt = OPS[op_name], DTYPE_ELT[dtype]
     lays = [lay for size in NCCL_TESTS_SIZES if size <= 4 << 20  # no GiB buffers here
@@ -255,7 +255,7 @@ def test_in_place_slices_start_16_byte_aligned(op_name, dtype, n):
     for rank in range(n):
         ctx = Ctx(rank=rank, n=n, root=0, redop="sum", in_place=True)
         # as the engine does: one allocation for the largest size, sliced for every size
-        bufs = _allocate(op, ctx, biggest, TORCH_DTYPES[dtype], "cpu")
+        bufs = allocate(op, ctx, biggest, TORCH_DTYPES[dtype], "cpu")
         starts = [b.data_ptr() for b in bufs if b.numel()]
         for lay in lays:
             case = op.build(ctx, *bufs, lay.per_rank_count)

@@ -89,7 +89,8 @@ def fake_cuda(monkeypatch, one_rank_group):
     device.install(monkeypatch)
     # agreement runs on the CPU group: the device here exists only as far as memory goes
     real_agree = memory.agree
-    monkeypatch.setattr(memory, "agree", lambda ok, dev: real_agree(ok, torch.device("cpu")))
+    monkeypatch.setattr(memory, "agree",
+                        lambda ok, dev, group=None: real_agree(ok, torch.device("cpu"), group))
     return device
 
 

@@ -20,7 +20,7 @@ HERE = Path(__file__).parent
 
 
 def test_every_command_has_options_and_a_body():
-    assert set(COMMANDS) == {"collective", "p2p", "topo", "tp", "pp"}
+    assert set(COMMANDS) == {"collective", "p2p", "topo", "tp", "pp", "accept"}
     registered = {c.name for c in cli.app.registered_commands}
     assert registered == set(COMMANDS)
     for name, command in COMMANDS.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from distbench.commands import collective, p2p, pp, tp
+from distbench.commands import accept, collective, p2p, pp, tp
 from distbench.tables import (
     Column,
     Output,
@@ -22,7 +22,8 @@ from distbench.tables import (
 )
 
 ROOT = Path(__file__).parent.parent
-OUTPUTS = [collective.OUTPUT, p2p.OUTPUT, p2p.MATRIX_OUTPUT, tp.OUTPUT, pp.OUTPUT]
+OUTPUTS = [collective.OUTPUT, p2p.OUTPUT, p2p.MATRIX_OUTPUT, tp.OUTPUT, pp.OUTPUT,
+           accept.OUTPUT]
 COLS = (Column("name", "name", "", 6, ident=True), Column("t", "time", "(us)", 10, fmt=fmt_us),
         Column("bw", "bw", "(GB/s)", 8, ".2f"), Column("ok", "ok", "", 4))
 
@@ -142,6 +143,10 @@ PINNED = {
         "slowest_rank p50_us p99_us cv_pct samples_per_s bubble_measured "
         "bubble_measured_per_stage bubble_analytic p2p_bytes_per_step t1_us speedup efficiency "
         "max_abs_err backend status note "
+    ).split(),
+    'accept.csv': (
+        "check scope target command op dtype size_bytes ranks iters time_us p99_us algbw_gbps "
+        "busbw_gbps wrong metric measured expected warn_at reference ratio verdict retest note"
     ).split(),
 }
 

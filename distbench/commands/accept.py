@@ -1,0 +1,85 @@
+"""`distbench accept`: cluster acceptance. A hardware profile's checks run in one launch: node
+checks on every node at once, pair checks on disjoint pairs of nodes at once (round-robin),
+cluster checks on every rank. Each result is judged against the profile's expectation (a floor,
+or what the healthy peers reach) or a baseline run; the verdict is a table, accept.json and
+accept.md, and the bad node is named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from distbench.options import OptionError, RunOptions, option, with_example
+from distbench.tables import Column, Output
+
+HELP = "Cluster acceptance: a hardware profile's checks, a verdict, and the bad node named."
+
+
+def _profile(option_name: str, value) -> str:
+    """A profile named on the command line is loaded and validated now, before any worker
+    starts; auto is decided once the topology is known."""
+    from distbench.profiles import resolve
+
+    spec = str(value).strip()
+    if spec != "auto":
+        resolve(spec)  # raises ProfileError (an OptionError) naming the file and the key
+    return spec
+
+
+with_example(_profile, "--profile auto")
+
+
+def _baseline(option_name: str, value) -> str | None:
+    if value is None:
+        return None
+    path = Path(str(value))
+    if not (path / "accept.json").is_file():
+        raise OptionError(option_name, f"no accept.json in {str(path)!r} (a previous "
+                          "distbench accept run directory)", "--baseline results/<run>")
+    return str(path)
+
+
+with_example(_baseline, "--baseline results/<run>")
+
+
+def _profiles_help() -> str:
+    from distbench.profiles import available
+
+    return ("auto (from each node's GPUs), a built-in profile, or a profile file. Built in: "
+            + ", ".join(available()) + ".")
+
+
+@dataclass(kw_only=True)
+class AcceptOptions(RunOptions):
+    profile: str = option("auto", _profiles_help, check=_profile)
+    baseline: str | None = option(
+        None, "A previous accept run directory: its figures are the expectation, and worse by "
+        "more than the profile's tolerance fails.", check=_baseline, cli_type=str,
+        show_default=False)
+    quick: bool = option(False, "Pair checks in one round (even nodes with odd ones) instead "
+                         "of every pair.")
+    strict: bool = option(False, "Exit 4 on a warning too, not only on a failure.")
+
+
+# One row per check and target (a node, a pair of nodes, the cluster), retests included.
+# Stable contract: add columns at the end, never rename.
+OUTPUT = Output("accept.csv", csv=(
+    "check", "scope", "target", "command", "op", "dtype", "size_bytes", "ranks", "iters",
+    "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "metric", "measured", "expected",
+    "warn_at", "reference", "ratio", "verdict", "retest", "note",
+), console=(
+    Column("check", "check", "", 28, ident=True),
+    Column("scope", "scope", "", 8, ident=True),
+    Column("target", "target", "", 22, ident=True),
+    Column("measured", "measured", "", 11, ".4g"),
+    Column("expected", "expected", "", 11, ".4g"),
+    Column("ratio", "ratio", "", 8, ".3g"),
+    Column("verdict", "verdict", "", 8),
+))
+
+
+def run(s) -> int:
+    """Per rank, under a launcher."""
+    from distbench import acceptance
+
+    return acceptance.run(s, OUTPUT)

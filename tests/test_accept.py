@@ -1,0 +1,109 @@
+"""distbench accept for real: on this CPU machine with 2 local workers (cpu-gloo, picked by
+itself), and on 3 and 4 nodes (torchrun agents on one host) where one node is slow in both
+directions, as a bad NIC or cable makes it, through the fault hook: that node is named and the
+run fails; the same runs without the fault pass. Bad input and baselines too."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from helpers import assert_one_line_error, distbench, distbench_lines, torchrun_nodes
+
+pytestmark = pytest.mark.multiproc
+
+
+def _accept(run_dir: Path) -> dict:
+    return json.loads((run_dir / "accept.json").read_text())
+
+
+def test_on_this_machine_it_picks_cpu_gloo_and_passes(tmp_path):
+    start = time.monotonic()
+    res = distbench(tmp_path, "accept", "--workers", "2")
+    took = time.monotonic() - start
+    assert res.code == 0, res.stderr
+    assert took < 90, f"accept took {took:.0f} s"
+    acc = _accept(res.run_dir)
+    assert acc["verdict"] == "PASS" and acc["exit_code"] == 0
+    assert acc["profile"]["name"] == "cpu-gloo" and "no GPU" in acc["profile"]["why"]
+    assert "distbench: profile cpu-gloo: " in res.stderr  # which one, and why
+    verdicts = {v["check"]: v["verdict"] for v in acc["verdicts"]}
+    assert verdicts["pair all_reduce busbw"] == "SKIP"  # one node: no pair
+    assert {v for k, v in verdicts.items() if not k.startswith("pair")} == {"PASS"}
+    md = (res.run_dir / "accept.md").read_text()
+    assert md.startswith("# Acceptance: PASS") and "## Topology" in md
+    assert res.meta()["status"] == "ok"
+    rows = res.rows("accept.csv")
+    assert len(rows) == len(acc["verdicts"]) and rows[0]["check"] == acc["verdicts"][0]["check"]
+
+
+@pytest.mark.parametrize("nnodes", [3, 4])
+def test_a_node_slow_both_ways_is_named_and_fails_the_run(tmp_path, nnodes):
+    args = ["accept", "--timeout", "60"]
+    procs = torchrun_nodes(tmp_path, nnodes=nnodes, nproc=1, per_node_args=[args] * nnodes,
+                           DISTBENCH_TEST_SLOW_RANK="2:0.02")
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    acc = _accept(run_dir)
+    assert acc["verdict"] == "FAIL" and acc["exit_code"] == 4, acc["summary"]
+    named = [c for c in acc["culprits"] if c.startswith("pair")]
+    assert named and all("node " in c and "#2 is in all" in c for c in named), acc["culprits"]
+    assert all("(confirmed against a node that passed)" in c for c in named)
+    failed = {v["target"] for v in acc["verdicts"] if v["verdict"] == "FAIL"
+              and v["scope"] == "pair" and not v["retest"]}
+    assert failed and all("#2" in t for t in failed)  # no pair without node 2 failed
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert (meta["status"], meta["exit_code"]) == ("below_expectation", 4)
+    assert procs[0].returncode != 0  # torchrun's own code: any failed worker
+    assert any("#2 is in all" in line for line in distbench_lines(procs[0].stderr))
+
+
+@pytest.mark.parametrize("nnodes", [3, 4])
+def test_the_same_nodes_without_the_fault_pass(tmp_path, nnodes):
+    args = ["accept", "--timeout", "60"]
+    procs = torchrun_nodes(tmp_path, nnodes=nnodes, nproc=1, per_node_args=[args] * nnodes)
+    assert all(p.returncode == 0 for p in procs), procs[0].stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    acc = _accept(run_dir)
+    assert acc["verdict"] == "PASS" and acc["culprits"] == []
+
+
+def test_a_baseline_is_the_expectation(tmp_path):
+    (tmp_path / "a").mkdir()
+    first = distbench(tmp_path / "a", "accept", "--workers", "2")
+    assert first.code == 0, first.stderr
+    baseline = first.run_dir
+    doctored = _accept(baseline)
+    for v in doctored["verdicts"]:
+        if v["measured"] is not None:  # a baseline ten times better than anything here
+            better = v["metric"].endswith("gbps")
+            v["measured"] = v["measured"] * 10 if better else v["measured"] / 10
+    (baseline / "accept.json").write_text(json.dumps(doctored))
+    (tmp_path / "b").mkdir()
+    res = distbench(tmp_path / "b", "accept", "--workers", "2", "--baseline", str(baseline))
+    assert res.code == 4, res.stderr
+    acc = _accept(res.run_dir)
+    assert acc["verdict"] == "FAIL"
+    measured = [v for v in acc["verdicts"] if v["measured"] is not None]
+    assert measured and all(v["verdict"] == "FAIL" and "baseline" in v["note"]
+                            for v in measured), [(v["check"], v["verdict"]) for v in measured]
+
+
+@pytest.mark.parametrize("args,option,needle", [
+    (["--profile", "h100-sxm"], "--profile", "h100-sxm-8"),  # lists what there is
+    (["--baseline", "/nonexistent"], "--baseline", "no accept.json"),
+])
+def test_bad_input_is_one_line_before_any_worker(tmp_path, args, option, needle):
+    import subprocess
+    import sys
+
+    from helpers import clean_env
+
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "distbench", "accept", *args, "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True,
+                          env=clean_env(), cwd=tmp_path, timeout=60)
+    line = assert_one_line_error(proc, time.monotonic() - start, option, ours=True)
+    assert needle in line
+    assert not (tmp_path / "out").exists()

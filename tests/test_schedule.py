@@ -1,0 +1,40 @@
+"""Rounds of node pairs: every pair exactly once, the pairs of a round disjoint."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from distbench.schedule import circle_rounds, quick_round, retest_rounds
+
+
+@pytest.mark.parametrize("nodes", range(2, 10))
+def test_the_circle_meets_every_pair_once_in_disjoint_rounds(nodes):
+    rounds = circle_rounds(nodes)
+    assert len(rounds) == (nodes - 1 if nodes % 2 == 0 else nodes)
+    met = [pair for r in rounds for pair in r]
+    assert sorted(met) == list(itertools.combinations(range(nodes), 2))
+    for r in rounds:
+        busy = [n for pair in r for n in pair]
+        assert len(busy) == len(set(busy))  # a node is in one pair of a round at most
+        assert len(r) == nodes // 2
+
+
+def test_small_counts():
+    assert circle_rounds(1) == [] and circle_rounds(2) == [[(0, 1)]]
+    assert circle_rounds(3) == [[(1, 2)], [(0, 2)], [(0, 1)]]
+
+
+def test_quick_pairs_even_with_odd_nodes():
+    assert quick_round(4) == [[(0, 1), (2, 3)]]
+    assert quick_round(5) == [[(0, 1), (2, 3)]]
+    assert quick_round(1) == []
+
+
+def test_each_suspect_is_retested_against_a_healthy_node():
+    assert retest_rounds([2], [0, 1, 3]) == [[(0, 2)]]
+    rounds = retest_rounds([2, 5], [0])  # one healthy node: one pair per round
+    assert rounds == [[(0, 2)], [(0, 5)]]
+    assert retest_rounds([2, 5], [0, 1]) == [[(0, 2), (1, 5)]]
+    assert retest_rounds([2], []) == []
