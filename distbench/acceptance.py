@@ -22,7 +22,7 @@ from distbench.ops import p2p
 from distbench.ops.collectives import OPS, Ctx
 from distbench.ops.dtypes import TORCH_DTYPES, element_size
 from distbench.profiles import Check, Profile, pick, resolve
-from distbench.runtime import RunFailure
+from distbench.runtime import RunFailure, node_names
 from distbench.series import SENDRECV, allocate
 from distbench.tables import format_row, format_table
 
@@ -34,16 +34,6 @@ class Target:
     name: str  # a node's name, "a+b" for a pair, "cluster"
     nodes: tuple[int, ...]  # node indices
     ranks: tuple[int, ...]  # global ranks, in group order
-
-
-def node_names(ranks: list[dict]) -> list[str]:
-    """Each node by its host name, or host#index where hosts repeat (several launcher agents on
-    one host, as the tests run them)."""
-    hosts: dict[int, str] = {}
-    for r in ranks:
-        hosts.setdefault(r["node"], r["host"])
-    repeated = len(set(hosts.values())) < len(hosts)
-    return [f"{hosts[i]}#{i}" if repeated else hosts[i] for i in sorted(hosts)]
 
 
 def _node_ranks(ranks: list[dict]) -> list[tuple[int, ...]]:

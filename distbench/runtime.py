@@ -83,6 +83,22 @@ def loaded_library(name: str) -> str | None:
     return found[0] if found else None
 
 
+def node_names(ranks: list[dict]) -> list[str]:
+    """Each node (by index) by its host name, or host#index where hosts repeat (several launcher
+    agents on one host, as the tests run them): what reports name a node by."""
+    hosts: dict[int, str] = {}
+    for r in ranks:
+        hosts.setdefault(r["node"], r["host"])
+    repeated = len(set(hosts.values())) < len(hosts)
+    return [f"{hosts[i]}#{i}" if repeated else hosts[i] for i in sorted(hosts)]
+
+
+def rank_names(ranks: list[dict]) -> list[str]:
+    """Each rank as node:local_rank (host:local_rank on a cluster)."""
+    nodes = node_names(ranks)
+    return [f"{nodes[r['node']]}:{r['local_rank']}" for r in ranks]
+
+
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 

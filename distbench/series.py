@@ -14,6 +14,7 @@ from distbench.measure import stats_columns
 from distbench.ops import p2p
 from distbench.ops.case import Case
 from distbench.ops.dtypes import TORCH_DTYPES, element_size
+from distbench.runtime import rank_names
 from distbench.sizes import format_size
 from distbench.tables import format_matrix
 
@@ -112,7 +113,7 @@ def matrix(s, dtype: str, output, links: list[Link]) -> Series:
     each measured link is added to `links` for judging."""
     rt, console = s.rt, s.console
     n = rt.world
-    who = [f"{r['host']}:{r['local_rank']}" for r in rt.ranks]
+    who = rank_names(rt.ranks)
     grids: dict[str, dict[tuple[int, int], float]] = {}
 
     def point(src: int, dst: int, direction: str, send, recv, lay: Layout) -> Point:
