@@ -6,14 +6,16 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
+import io
 import json
 import os
 import platform
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from distbench import __version__, topo
+from distbench import __version__, samples, topo
 
 SCHEMA_VERSION = 1
 RUN_DIR_ENV = "DISTBENCH_RUN_DIR"
@@ -62,28 +64,19 @@ def comm_environment() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
 
-class CsvSink:
-    """Appends one row per measurement and flushes it at once: a crash keeps what was measured."""
+class _Appender:
+    """A file written a whole record at a time and flushed at once: a crash keeps what was
+    measured, and a failed write (a full disk mid-record) cuts the file back to its last whole
+    record and raises an OSError naming the file."""
 
-    def __init__(self, path: Path, columns: list[str]):
+    def __init__(self, path: Path):
         self.path = path
-        self.columns = columns
         self._file = open(path, "w", newline="")  # noqa: SIM115 - lives as long as the run
-        self._writer = csv.DictWriter(self._file, fieldnames=columns, extrasaction="raise")
-        self._complete = 0  # bytes on disk that end with a whole row
-        self._write(self._writer.writeheader)
+        self._complete = 0  # bytes on disk that end with a whole record
 
-    def append(self, row: dict) -> None:
-        unknown = set(row) - set(self.columns)
-        if unknown:  # a misspelt key would otherwise leave a silently empty cell
-            raise KeyError(f"not columns of {self.path.name}: {sorted(unknown)}")
-        self._write(lambda: self._writer.writerow({k: _cell(row.get(k)) for k in self.columns}))
-
-    def _write(self, write) -> None:
-        """Write and flush; on a failed write (a full disk mid-row) cut the file back to its last
-        whole row and raise an OSError naming the file."""
+    def write(self, text: str) -> None:
         try:
-            write()
+            self._file.write(text)
             self._file.flush()
             self._complete = self._file.tell()
         except OSError as e:
@@ -97,10 +90,44 @@ class CsvSink:
             self._file.close()
 
 
+class CsvSink:
+    """Appends one row per measurement and flushes it at once, and the row's per-iteration
+    samples to the file beside it (samples.py) when it has them."""
+
+    def __init__(self, path: Path, columns: list[str]):
+        self.path = path
+        self.columns = columns
+        self._out = _Appender(path)
+        self._samples: _Appender | None = None
+        self._rows = 0
+        self._out.write(self._line(dict(zip(columns, columns, strict=True))))
+
+    def _line(self, cells: dict) -> str:
+        buf = io.StringIO()
+        csv.DictWriter(buf, fieldnames=self.columns, extrasaction="raise").writerow(cells)
+        return buf.getvalue()
+
+    def append(self, row: dict, samples_us: Sequence[float] = ()) -> None:
+        unknown = set(row) - set(self.columns)
+        if unknown:  # a misspelt key would otherwise leave a silently empty cell
+            raise KeyError(f"not columns of {self.path.name}: {sorted(unknown)}")
+        self._out.write(self._line({k: _cell(row.get(k)) for k in self.columns}))
+        index, self._rows = self._rows, self._rows + 1
+        if samples_us:
+            if self._samples is None:
+                self._samples = _Appender(samples.path_for(self.path))
+            self._samples.write(samples.encode(index, samples_us))
+
+    def close(self) -> None:
+        self._out.close()
+        if self._samples is not None:
+            self._samples.close()
+
+
 class NullSink:
     """What ranks other than 0 write to: nothing."""
 
-    def append(self, row: dict) -> None:
+    def append(self, row: dict, samples_us: Sequence[float] = ()) -> None:
         pass
 
     def close(self) -> None:

@@ -216,6 +216,7 @@ class Stats:
     cv_pct: float
     wrong: int
     launch_bound: bool | None = None  # GPU: some rank's host could not keep ahead; else None
+    per_iter_us: tuple[float, ...] = ()  # the slowest rank's time of each iteration
 
 
 def summarize(samples: list[float], wrong: int, device: torch.device,
@@ -258,4 +259,5 @@ def summarize_local(*, mean_sum: float, wrong: int, n: int, rank_max: float, ran
     launch_bound = None if host_share == -math.inf else host_share >= LAUNCH_BOUND_SHARE
     return Stats(iters=len(per_iter), time_us=mean_sum / n * 1e6, rank_min_us=rank_min * 1e6,
                  rank_max_us=rank_max * 1e6, slowest_rank=slowest, p50_us=p50 * 1e6,
-                 p99_us=p99 * 1e6, cv_pct=cv, wrong=wrong, launch_bound=launch_bound)
+                 p99_us=p99 * 1e6, cv_pct=cv, wrong=wrong, launch_bound=launch_bound,
+                 per_iter_us=tuple((per_iter * 1e6).tolist()))

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import distbench
 
+from distbench import samples
+
 pytestmark = pytest.mark.multiproc
 
 
@@ -40,7 +42,9 @@ def _run_dir(disk: Path) -> Path:
 
 
 def test_disk_full_mid_sweep_keeps_whole_rows(tmp_path, tiny_disk):
-    disk = tiny_disk("16k")  # a 4 KiB page each for run.json, topo.txt, topo.json and the CSV
+    # a 4 KiB page each for run.json, topo.txt, topo.json, the CSV and its samples file (whose
+    # lines, at one iteration a row, are a fifth as long as the CSV's: the CSV fills first)
+    disk = tiny_disk("20k")
     res = distbench(disk, "collective", "--sizes", "64:64K:+1K", "--iters", "1", "--warmup", "1",
                     "--no-check", "--workers", "2")
     assert res.code == 3, res.stderr
@@ -56,6 +60,9 @@ def test_disk_full_mid_sweep_keeps_whole_rows(tmp_path, tiny_disk):
     assert all(len(r) == len(header) for r in body)  # no row cut in half
     sizes = [int(r[header.index("size_bytes")]) for r in body]
     assert sizes == [64 + 1024 * i for i in range(len(body))]
+    kept = samples.read(run_dir / "collective.samples.jsonl")  # whole lines, one per row
+    assert sorted(kept) == list(range(len(body)))
+    assert all(len(v) == 1 and v[0] > 0 for v in kept.values())
     meta = json.loads((run_dir / "run.json").read_text())
     assert (meta["status"], meta["exit_code"]) == ("failed", 3)
     assert "No space left on device" in meta["error"]

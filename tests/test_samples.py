@@ -1,0 +1,63 @@
+"""The per-iteration samples file: its format, its thinning, and that a real run writes one line
+per measured row (none for skipped rows) with the row's iteration count."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+from helpers import distbench
+
+from distbench import samples
+from distbench.reading import ReadError
+
+
+def test_thin_keeps_every_value_up_to_the_cap_then_evenly_spaced():
+    assert samples.thin([1.0, 2.0, 3.0], kept=5) == [1.0, 2.0, 3.0]
+    values = [float(i) for i in range(10_001)]
+    kept = samples.thin(values, kept=1001)
+    assert len(kept) == 1001
+    assert kept[0] == 0.0 and kept[-1] == 10_000.0
+    assert kept[1] == 10.0 and kept[500] == 5000.0  # even spacing
+
+
+def test_encode_then_read_round_trips_to_four_significant_digits(tmp_path):
+    path = tmp_path / "collective.samples.jsonl"
+    path.write_text(samples.encode(0, [123.456789, 0.001234567]) + samples.encode(2, [5.0]))
+    assert samples.read(path) == {0: [123.5, 0.001235], 2: [5.0]}
+
+
+def test_a_line_cut_short_at_the_end_is_ignored_but_a_bad_line_inside_is_refused(tmp_path):
+    path = tmp_path / "x.samples.jsonl"
+    path.write_text(samples.encode(0, [1.0]) + '{"row": 1, "us": [2.0, 3')
+    assert samples.read(path) == {0: [1.0]}
+    path.write_text('{"row": 0, "us": [1.0\n' + samples.encode(1, [1.0]))
+    with pytest.raises(ReadError, match=r"x.samples.jsonl: line 1 is not a samples line"):
+        samples.read(path)
+
+
+def test_a_missing_samples_file_reads_as_no_samples(tmp_path):
+    assert samples.read(tmp_path / "none.samples.jsonl") == {}
+
+
+def test_path_for_sits_beside_the_csv(tmp_path):
+    assert samples.path_for(tmp_path / "p2p_matrix.csv") == tmp_path / "p2p_matrix.samples.jsonl"
+
+
+@pytest.mark.multiproc
+def test_a_run_writes_one_samples_line_per_measured_row(tmp_path):
+    # 8 bytes of all_gather over 2 ranks leaves a rank less than 16 bytes: a skipped row
+    res = distbench(tmp_path, "collective", "--op", "all_gather", "--sizes", "8,4K",
+                    "--iters", "7", "--warmup", "1", "--workers", "2")
+    assert res.code == 0, res.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    with open(run_dir / "collective.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["skipped", "ok"]
+    kept = samples.read(run_dir / "collective.samples.jsonl")
+    assert list(kept) == [1]  # the row index of the measured row
+    assert len(kept[1]) == 7
+    # the slowest rank's iterations: their percentiles are the row's
+    ordered = sorted(kept[1])
+    assert ordered[0] > 0
+    assert abs(ordered[3] - float(rows[1]["p50_us"])) <= 0.001 * float(rows[1]["p50_us"])
