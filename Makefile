@@ -30,6 +30,7 @@ test: $(STAMP) lint
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/report_speed.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

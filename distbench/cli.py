@@ -26,6 +26,8 @@ from distbench.options import (
     load_config,
     option_fields,
 )
+from distbench.reading import ReadError
+from distbench.tools import compare, report
 
 app = typer.Typer(
     name="distbench",
@@ -93,6 +95,8 @@ def _root() -> None:
 
 for _name, _command in COMMANDS.items():
     _add(_name, _command)
+for _tool in (report, compare):  # they read results back: no launcher, no option dataclass
+    app.command(name=_tool.__name__.rsplit(".", 1)[1], help=_tool.HELP)(_tool.command)
 
 
 def _one_line(text: str) -> str:
@@ -150,6 +154,9 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, prog_name="distbench", standalone_mode=False)
     except OptionError as e:
         code = _refuse(str(e))
+    except ReadError as e:  # report or compare given something that holds no result
+        print(f"distbench: error: {e}", file=sys.stderr)
+        code = EXIT_BAD_INPUT
     except typer.Exit as e:
         code = e.exit_code
     except typer.Abort:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distbench.exitcodes import EXIT_OK
+from distbench.baseline import option_check
+from distbench.exitcodes import EXIT_BELOW, EXIT_OK
 from distbench.ops.collectives import OPS, CollectiveOp, Ctx, names
 from distbench.options import (
     FLOAT_DTYPES,
@@ -36,6 +37,11 @@ class CollectiveOptions(SweepOptions):
                                      "--root 0"))
     placement: str = option("out", "out, in or both: out-of-place or in-place buffers.",
                             check=one_of(PLACEMENTS, "--placement both"))
+    baseline: str | None = option(
+        None, "A previous collective run directory: print the comparison with it at the end "
+        f"(as distbench compare), and exit {EXIT_BELOW} when a row is worse by more than 5% and "
+        "significantly so.", check=option_check("collective.csv"),
+        cli_type=str, show_default=False)
 
     def check_world(self, world: int) -> None:
         if self.root >= world:
@@ -110,7 +116,7 @@ def plans(opts: CollectiveOptions) -> list[Plan]:
 
 def run(s) -> int:
     """Per rank, under a launcher."""
-    from distbench import engine, series
+    from distbench import baseline, engine, series
     from distbench.measure import fail_if_wrong
 
     rt, opts = s.rt, s.opts
@@ -122,4 +128,6 @@ def run(s) -> int:
     s.console.log(f"{len(all_plans)} combinations x {len(opts.sizes)} sizes on {rt.world} ranks, "
                   f"{rt.nnodes} node(s), backend {rt.backend}, results in {s.run_dir}/")
     fail_if_wrong(engine.run(s, [series.collective(s, plan, OUTPUT) for plan in all_plans]))
+    if opts.baseline:
+        baseline.judge(s)
     return EXIT_OK

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distbench.baseline import option_check
 from distbench.commands.collective import MEASURED_COLUMNS, SIZE_COLUMNS
 from distbench.exitcodes import EXIT_BELOW, EXIT_OK
 from distbench.options import SweepOptions, at_least_two, fraction, option, pick
@@ -30,6 +31,11 @@ class P2POptions(SweepOptions):
         None, f"matrix: exit {EXIT_BELOW} when a link is below this fraction of what the "
         "healthy links of its class reach.",
         check=fraction("--fail-below 0.8", optional=True), show_default=False)
+    baseline: str | None = option(
+        None, "A previous p2p run directory: print the comparison with it at the end "
+        f"(as distbench compare), and exit {EXIT_BELOW} when a row is worse by more than 5% and "
+        "significantly so.", check=option_check("p2p.csv"),
+        cli_type=str, show_default=False)
 
     def check_world(self, world: int) -> None:
         at_least_two("p2p", world)
@@ -52,7 +58,7 @@ MATRIX_OUTPUT = Output("p2p_matrix.csv", csv=(
 
 def run(s) -> int:
     """Per rank, under a launcher."""
-    from distbench import engine, series
+    from distbench import baseline, engine, series
     from distbench.measure import fail_if_wrong
 
     opts = s.opts
@@ -66,6 +72,8 @@ def run(s) -> int:
     if "matrix" in opts.patterns:
         _judge(s, links)  # slow links fail the run before wrong results do
     fail_if_wrong(bad)
+    if opts.baseline:
+        baseline.judge(s)
     return EXIT_OK
 
 

@@ -1,0 +1,263 @@
+"""The report's plots, drawn with matplotlib's Agg backend (no display needed): one PNG per kind
+of result, several runs overlaid one line (or bar) per run. Each function takes the runs and
+the output directory and returns the files it wrote."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
+
+from distbench.rundirs import Run, measured  # noqa: E402
+
+DPI = 100
+# Sizes up to this are the latency view: where the time, not the bandwidth, is what matters.
+SMALL_BYTES = 64 * 1024
+MAX_TICKS = 12
+
+
+def binary(size: float) -> str:
+    """1024 -> 1K, 3 * 2**20 -> 3M: sizes as people write them."""
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if size >= 1 << shift:
+            value = size / (1 << shift)
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.3g}{unit}"
+    return f"{size:.0f}"
+
+
+def _size_axis(ax, sizes) -> None:
+    """A log2 axis with binary labels at powers of two, at most MAX_TICKS of them."""
+    ax.set_xscale("log", base=2)
+    sizes = [s for s in sizes if s > 0]
+    if not sizes:
+        return
+    low, high = min(sizes).bit_length() - 1, max(sizes).bit_length()
+    step = max(1, (high - low) // MAX_TICKS + 1)
+    ax.xaxis.set_major_locator(FixedLocator([2.0 ** e for e in range(low, high + 1, step)]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: binary(v)))
+    ax.set_xlabel("size (bytes per rank)")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _grid(n: int, width: float = 5.0, height: float = 3.4):
+    cols = min(n, 3)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    flat = axes.ravel().tolist()
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _series_label(run: Run, key: tuple, names: tuple[str, ...], varying: set[str],
+                  several_runs: bool) -> str:
+    parts = [run.name] if several_runs else []
+    for name, value in zip(names, key, strict=True):
+        if name in varying:
+            parts.append(("in-place" if value else "out-of-place") if name == "in_place"
+                         else str(value))
+    return " ".join(parts) or run.name
+
+
+def _curves(runs: list[Run], file: str, panel: str, line_keys: tuple[str, ...], y: str,
+            ylabel: str, path: Path, small_only: bool = False, title: str = "") -> Path | None:
+    """One panel per value of `panel` (an op, a pattern), one line per run and line key."""
+    frames = [(r, measured(r.tables[file])) for r in runs if file in r.tables]
+    frames = [(r, f[f[y].notna()]) for r, f in frames]
+    if small_only:
+        frames = [(r, f[f["size_bytes"] <= SMALL_BYTES]) for r, f in frames]
+    frames = [(r, f) for r, f in frames if len(f)]
+    if not frames:
+        return None
+    panels = list(dict.fromkeys(v for _, f in frames for v in f[panel]))
+    fig, axes = _grid(len(panels))
+    for ax, name in zip(axes, panels, strict=True):
+        sizes = []
+        # what tells this panel's lines apart is all a label needs to say
+        varying = {k for k in line_keys if len({v for _, f in frames
+                                                for v in f[f[panel] == name][k].astype(str)}) > 1}
+        for run, frame in frames:
+            rows = frame[frame[panel] == name]
+            for key, line in rows.groupby(list(line_keys), sort=False, dropna=False):
+                line = line.sort_values("size_bytes")
+                sizes += line["size_bytes"].tolist()
+                ax.plot(line["size_bytes"], line[y], marker="o", markersize=3,
+                        label=_series_label(run, key, line_keys, varying, len(frames) > 1))
+        _size_axis(ax, sizes)
+        ax.set_title(f"{name}{title}")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def collective(runs: list[Run], out: Path) -> list[Path]:
+    keys = ("dtype", "redop", "in_place")
+    made = [_curves(runs, "collective.csv", "op", keys, "busbw_gbps", "busbw (GB/s)",
+                    out / "collective_busbw.png"),
+            _curves(runs, "collective.csv", "op", keys, "time_us", "time (us)",
+                    out / "collective_latency.png", small_only=True,
+                    title=f": sizes up to {binary(SMALL_BYTES)}")]
+    return [p for p in made if p]
+
+
+def p2p(runs: list[Run], out: Path) -> list[Path]:
+    made = [_curves(runs, "p2p.csv", "pattern", ("dtype",), "busbw_gbps", "busbw (GB/s)",
+                    out / "p2p_busbw.png"),
+            _curves(runs, "p2p.csv", "pattern", ("dtype",), "time_us", "time (us)",
+                    out / "p2p_latency.png")]
+    made += [matrix(r, out) for r in runs if "p2p_matrix.csv" in r.tables]
+    return [p for p in made if p]
+
+
+def matrix_outliers(run: Run, frame: pd.DataFrame) -> set[tuple[str, int, int, int]]:
+    """(direction, size, src, dst) of the links the run's own rule calls slow."""
+    from distbench.links import Link, find_outliers, references
+
+    below = float((run.meta.get("matrix") or {}).get("outlier_below") or 0.8)
+    links = [Link(int(r.src_rank), int(r.dst_rank), f"{r.src_host}:{r.src_local_rank}",
+                  f"{r.dst_host}:{r.dst_local_rank}", str(r.link), str(r.direction),
+                  int(r.size_bytes), float(r.gbps))
+             for r in frame.itertuples() if pd.notna(r.gbps)]
+    return {(o.link.direction, o.link.size_bytes, o.link.src_rank, o.link.dst_rank)
+            for o in find_outliers(links, below, references(links))}
+
+
+def matrix(run: Run, out: Path) -> Path | None:
+    """A heatmap per size (rows) and direction (columns): GB/s from the source rank (row) to
+    the destination rank (column); slow links boxed in red."""
+    frame = run.tables["p2p_matrix.csv"]
+    frame = frame[frame["gbps"].notna()]
+    if not len(frame):
+        return None
+    slow = matrix_outliers(run, frame)
+    n = int(frame["world_size"].max())
+    panels = [(size, d) for size in sorted(frame["size_bytes"].unique())
+              for d in ("uni", "bi") if ((frame["size_bytes"] == size)
+                                         & (frame["direction"] == d)).any()]
+    fig, axes = _grid(len(panels), width=4.2, height=3.6)
+    for ax, (size, direction) in zip(axes, panels, strict=True):
+        cells = frame[(frame["size_bytes"] == size) & (frame["direction"] == direction)]
+        grid = [[float("nan")] * n for _ in range(n)]
+        for r in cells.itertuples():
+            grid[int(r.src_rank)][int(r.dst_rank)] = float(r.gbps)
+        image = ax.imshow(grid, cmap="viridis")
+        fig.colorbar(image, ax=ax, label="GB/s")
+        for r in cells.itertuples():
+            if (direction, int(size), int(r.src_rank), int(r.dst_rank)) in slow:
+                ax.add_patch(plt.Rectangle((int(r.dst_rank) - 0.5, int(r.src_rank) - 0.5), 1, 1,
+                                           fill=False, edgecolor="red", linewidth=2.5))
+        ax.set_xticks(range(n))
+        ax.set_yticks(range(n))
+        ax.set_xlabel("destination rank")
+        ax.set_ylabel("source rank")
+        ax.set_title(f"{run.name}: {direction} {binary(int(size))}", fontsize=9)
+    return _save(fig, out / f"p2p_matrix_{_slug(run.name)}.png")
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def _bars(ax, labels: list[str], series: dict[str, list[float]], stacked: bool) -> None:
+    """Bars per label: stacked parts of one whole, or side by side."""
+    xs = range(len(labels))
+    width = 0.8 if stacked else 0.8 / max(1, len(series))
+    bottom = [0.0] * len(labels)
+    for i, (name, values) in enumerate(series.items()):
+        if stacked:
+            ax.bar(xs, values, width, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        else:
+            ax.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], values, width,
+                   label=name)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def _rows(runs: list[Run], file: str) -> list[tuple[Run, pd.Series]]:
+    return [(r, row) for r in runs if file in r.tables
+            for _, row in measured(r.tables[file]).iterrows()]
+
+
+def _who(run: Run, several: bool, what: str) -> str:
+    return f"{run.name} {what}" if several else what
+
+
+def tp(runs: list[Run], out: Path) -> list[Path]:
+    """Each block's step split into compute and the communication on top of it (ms)."""
+    rows = _rows(runs, "tp.csv")
+    if not rows:
+        return []
+    several = len({r.name for r, _ in rows}) > 1
+    labels = [_who(r, several, f"{row['block']} {row['dtype']}") for r, row in rows]
+    compute = [float(row["compute_only_us"]) / 1e3 for _, row in rows]
+    comm = [max(0.0, float(row["step_us"]) / 1e3 - c) for c, (_, row) in zip(compute, rows,
+                                                                                 strict=True)]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows)), 3.6))
+    _bars(ax, labels, {"compute": compute, "communication": comm}, stacked=True)
+    ax.set_ylabel("step (ms)")
+    ax.set_title("tp: step = compute + communication")
+    return [_save(fig, out / "tp_step.png")]
+
+
+def pp(runs: list[Run], out: Path) -> list[Path]:
+    """Each schedule's measured bubble beside the analytic one."""
+    rows = _rows(runs, "pp.csv")
+    if not rows:
+        return []
+    several = len({r.name for r, _ in rows}) > 1
+    labels = [_who(r, several, f"{row['schedule']} m={row['micro_batches']}") for r, row in rows]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows)), 3.6))
+    _bars(ax, labels, {"measured": [float(row["bubble_measured"]) for _, row in rows],
+                       "analytic": [float(row["bubble_analytic"]) for _, row in rows]},
+          stacked=False)
+    ax.set_ylabel("bubble (share of the step)")
+    ax.set_title("pp: pipeline bubble, measured vs analytic")
+    return [_save(fig, out / "pp_bubble.png")]
+
+
+VERDICT_COLOURS = {"PASS": "tab:green", "WARN": "tab:orange", "FAIL": "tab:red"}
+
+
+def accept(runs: list[Run], out: Path) -> list[Path]:
+    """Each check and target as measured / expected, coloured by its verdict."""
+    rows = [(r, row) for r in runs if "accept.csv" in r.tables
+            for _, row in r.tables["accept.csv"].iterrows() if pd.notna(row.get("ratio"))]
+    if not rows:
+        return []
+    several = len({r.name for r, _ in rows}) > 1
+    labels = [_who(r, several, f"{row['check']} {row['target']}"
+                   + (" (retest)" if str(row.get("retest")) in ("1", "True", "1.0") else ""))
+              for r, row in rows]
+    fig, ax = plt.subplots(figsize=(7.5, max(2.5, 0.28 * len(rows) + 1)))
+    ax.barh(range(len(rows)), [float(row["ratio"]) for _, row in rows],
+            color=[VERDICT_COLOURS.get(str(row["verdict"]), "tab:gray") for _, row in rows])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("measured / expected")
+    ax.set_title("accept: verdicts (green PASS, orange WARN, red FAIL)")
+    return [_save(fig, out / "accept_verdicts.png")]
+
+
+def all_plots(runs: list[Run], out: Path) -> list[Path]:
+    return [*collective(runs, out), *p2p(runs, out), *tp(runs, out), *pp(runs, out),
+            *accept(runs, out)]

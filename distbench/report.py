@@ -1,0 +1,219 @@
+"""`distbench report`: read run directories (and nccl-tests logs) back and write report.md, the
+plots beside it and model.json (the alpha-beta fit per op). Torch-free: it never starts a
+worker, so it stays fast."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from distbench import alphabeta
+from distbench.rundirs import Run, measured
+from distbench.sizes import format_size
+
+
+def _busbw_factor(op: str, world: int) -> float:
+    from distbench.ops.collectives import OPS
+
+    return OPS[op].accounting.factor(world) if op in OPS and world > 0 else 1.0
+
+
+def models(run: Run) -> list[dict]:
+    """The alpha-beta fit of every op (and dtype, redop, placement) of a run's collective.csv,
+    plus the run's name."""
+    frame = run.table("collective.csv")
+    if frame is None:
+        return []
+    return [{"run": run.name, **m} for m in alphabeta.fit_rows(frame)]
+
+
+def _peaks(frame: pd.DataFrame, group: list[str], rate: str) -> list[dict]:
+    """Per group: the peak rate, the size it is reached at, and the time at the smallest size."""
+    out = []
+    for key, rows in measured(frame).groupby(group, sort=False, dropna=False):
+        rows = rows[rows[rate].notna()].sort_values("size_bytes")
+        if not len(rows):
+            continue
+        best = rows.loc[rows[rate].idxmax()]
+        first = rows.iloc[0]
+        out.append({**dict(zip(group, key if isinstance(key, tuple) else (key,), strict=True)),
+                    "peak": float(best[rate]), "peak_at": int(best["size_bytes"]),
+                    "small": int(first["size_bytes"]), "small_us": float(first["time_us"])})
+    return out
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(r) + " |" for r in rows]
+
+
+def _fmt(v, spec: str = ".4g") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return format(v, spec)
+
+
+def _size(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format_size(int(v))
+
+
+def _run_header(run: Run) -> list[str]:
+    m = run.meta
+    if not m:
+        return [f"## {run.name}", "", f"{run.command} output read from `{run.path}`.", ""]
+    versions = m.get("versions") or {}
+    bits = [f"`distbench {m.get('command')}`", f"status **{m.get('status')}** "
+            f"(exit {m.get('exit_code')})", f"{m.get('world_size')} ranks on "
+            f"{m.get('nnodes')} node(s)", f"backend {m.get('backend')}",
+            f"torch {versions.get('torch')}"]
+    if versions.get("nccl"):
+        bits.append(f"NCCL {versions['nccl']}")
+    lines = [f"## {run.name}", "", ", ".join(bits) + f"; `{run.path}`.", ""]
+    if m.get("error"):
+        lines += [f"Ended with: {m['error']}", ""]
+    return lines
+
+
+def _collective_section(run: Run, fits: list[dict]) -> list[str]:
+    frame = run.table("collective.csv")
+    if frame is None:
+        return []
+    lines = ["### Collectives", ""]
+    group = ["op", "dtype", "redop", "in_place"]
+    peaks = _peaks(frame, group, "busbw_gbps")
+    lines += _table(["op", "dtype", "redop", "place", "peak busbw (GB/s)", "at size",
+                     "smallest size", "time there (us)"],
+                    [[p["op"], p["dtype"], str(p["redop"]), "in" if p["in_place"] else "out",
+                      _fmt(p["peak"]), _size(p["peak_at"]), _size(p["small"]),
+                      _fmt(p["small_us"])] for p in peaks])
+    skipped = frame[frame["status"] == "skipped"]
+    if len(skipped):
+        lines += ["", f"{len(skipped)} rows skipped: "
+                  + "; ".join(sorted({str(n) for n in skipped["note"].dropna()})[:5])]
+    lines += ["", "#### Alpha-beta model", "",
+              "`T(S) = alpha + S / beta`, alpha fitted on the small sizes and beta past the "
+              "knee (docs/report.md).", ""]
+    lines += _table(["op", "dtype", "place", "alpha (us)", "busbw asymptote (GB/s)",
+                     "fit error (median / max %)", "n_half", "n_90%", "note"],
+                    [[f["op"], f["dtype"], "in" if f["in_place"] else "out",
+                      _fmt(f["alpha_us"], ".3g"), _fmt(f["busbw_gbps"], ".4g"),
+                      f"{_fmt(f['err_pct'], '.1f')} / {_fmt(f['max_err_pct'], '.1f')}",
+                      _size(f["n_half_bytes"]), _size(f["n90_bytes"]), f.get("note") or ""]
+                     for f in fits])
+    return lines + [""]
+
+
+def _p2p_section(run: Run) -> list[str]:
+    lines = []
+    frame = run.table("p2p.csv")
+    if frame is not None:
+        lines += ["### Point-to-point", ""]
+        lines += _table(["pattern", "dtype", "peak busbw (GB/s)", "at size", "smallest size",
+                         "time there (us)"],
+                        [[p["pattern"], p["dtype"], _fmt(p["peak"]), _size(p["peak_at"]),
+                          _size(p["small"]), _fmt(p["small_us"])]
+                         for p in _peaks(frame, ["pattern", "dtype"], "busbw_gbps")])
+        lines.append("")
+    frame = run.table("p2p_matrix.csv")
+    if frame is not None:
+        from distbench.plots import matrix_outliers
+
+        slow = matrix_outliers(run, frame)
+        lines += ["### Link matrix", "",
+                  f"{len(frame)} measurements; {len(slow)} slow links by the run's own rule"
+                  + (":" if slow else "."), ""]
+        lines += [f"- {d} {format_size(int(size))}: rank {src} -> rank {dst}"
+                  for d, size, src, dst in sorted(slow)[:20]]
+        culprits = (run.meta.get("matrix") or {}).get("culprits") or []
+        if culprits:
+            lines += ["", "Likely culprit: " + ", ".join(culprits)]
+        lines.append("")
+    return lines
+
+
+def _tp_section(run: Run) -> list[str]:
+    frame = run.table("tp.csv")
+    if frame is None:
+        return []
+    rows = measured(frame)
+    return ["### Tensor parallel", ""] + _table(
+        ["block", "dtype", "ranks", "step (ms)", "compute only (ms)", "comm %"],
+        [[str(r["block"]), str(r["dtype"]), str(r["world_size"]), _fmt(r["step_us"] / 1e3),
+          _fmt(r["compute_only_us"] / 1e3), _fmt(r["comm_pct"], ".1f")]
+         for _, r in rows.iterrows()]) + [""]
+
+
+def _pp_section(run: Run) -> list[str]:
+    frame = run.table("pp.csv")
+    if frame is None:
+        return []
+    rows = measured(frame)
+    return ["### Pipeline parallel", ""] + _table(
+        ["schedule", "micro-batches", "stages", "step (ms)", "bubble measured",
+         "bubble analytic"],
+        [[str(r["schedule"]), str(r["micro_batches"]), str(r.get("stages")),
+          _fmt(r["step_us"] / 1e3), _fmt(r["bubble_measured"], ".3f"),
+          _fmt(r["bubble_analytic"], ".3f")] for _, r in rows.iterrows()]) + [""]
+
+
+def _accept_section(run: Run) -> list[str]:
+    frame = run.table("accept.csv")
+    if frame is None:
+        return []
+    counts = frame["verdict"].value_counts().to_dict()
+    lines = ["### Acceptance", "", "Verdicts: " + ", ".join(
+        f"{k} {v}" for k, v in sorted(counts.items())), ""]
+    lines += _table(["check", "target", "measured", "expected", "ratio", "verdict"],
+                    [[str(r["check"]), str(r["target"]), _fmt(r["measured"]),
+                      _fmt(r["expected"]), _fmt(r["ratio"], ".3g"), str(r["verdict"])]
+                     for _, r in frame.iterrows()])
+    return lines + [""]
+
+
+def markdown(runs: list[Run], fits: dict[str, list[dict]], images: list[Path]) -> list[str]:
+    lines = ["# distbench report", "", "Runs: " + ", ".join(f"`{r.name}`" for r in runs), ""]
+    for run in runs:
+        lines += _run_header(run)
+        lines += _collective_section(run, fits.get(run.name, []))
+        lines += _p2p_section(run)
+        lines += _tp_section(run)
+        lines += _pp_section(run)
+        lines += _accept_section(run)
+    if images:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
+    return lines
+
+
+def write(runs: list[Run], out: Path) -> tuple[list[str], list[Path]]:
+    """report.md, model.json and the plots in `out`; returns report.md's lines and the files."""
+    from distbench import plots
+    from distbench.results import write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    fits = {r.name: models(r) for r in runs}
+    images = plots.all_plots(runs, out)
+    lines = markdown(runs, fits, images)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    files = [out / "report.md", *images]
+    if any(fits.values()):
+        write_json(out / "model.json", {"schema_version": 1, "model": "T(S) = alpha + S / beta",
+                                         "fits": [f for v in fits.values() for f in v]})
+        files.insert(1, out / "model.json")
+    return lines, files
+
+
+def predict(runs: list[Run], op: str, size: int) -> list[str]:
+    """The time and busbw each run's model predicts for `op` at `size`, one line per fit."""
+    lines = []
+    for run in runs:
+        for f in models(run):
+            if f["op"] != op or f.get("alpha_us") is None:
+                continue
+            t_us, busbw = alphabeta.predict_row(f, size)
+            place = "in-place" if f["in_place"] else "out-of-place"
+            lines.append(f"{run.name}: {op} {f['dtype']} {place} at {format_size(size)}: "
+                         f"{t_us:.4g} us, busbw {busbw:.4g} GB/s (alpha {f['alpha_us']:.3g} us, "
+                         f"busbw asymptote {f['busbw_gbps']:.4g} GB/s)")
+    return lines

@@ -1,0 +1,146 @@
+"""Runs read back for report and compare: a distbench run directory (its CSVs with pandas, each
+row's samples, run.json and topo.json), or an nccl-tests log read into collective.csv's rows.
+Torch-free; bad input is a ReadError naming the file and what was expected."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from distbench import nccltests, samples
+from distbench.reading import ReadError
+
+# What report and compare need of each CSV; the contracts (distbench/commands/) hold more,
+# and an older run may lack the columns added since.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "collective.csv": ("op", "dtype", "redop", "root", "in_place", "world_size", "nnodes",
+                       "size_bytes", "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "status"),
+    "p2p.csv": ("pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "time_us",
+                "p99_us", "busbw_gbps", "status"),
+    "p2p_matrix.csv": ("direction", "src_rank", "dst_rank", "src_host", "dst_host",
+                       "src_local_rank", "dst_local_rank", "link", "dtype", "world_size",
+                       "nnodes", "size_bytes", "time_us", "p99_us", "gbps"),
+    "tp.csv": ("block", "dtype", "world_size", "step_us", "compute_only_us", "comm_pct",
+               "status"),
+    "pp.csv": ("schedule", "dtype", "world_size", "micro_batches", "step_us",
+               "bubble_measured", "bubble_analytic", "status"),
+    "accept.csv": ("check", "scope", "target", "metric", "measured", "expected", "ratio",
+                   "verdict", "retest"),
+}
+NCCL_TESTS = "nccl-tests"
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str  # the short label plots and tables use
+    command: str  # what made it: a distbench command, or "nccl-tests"
+    meta: dict = field(default_factory=dict)  # run.json ({} for an nccl-tests log)
+    topo: dict = field(default_factory=dict)  # topo.json
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> rows
+    samples: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        return self.tables.get(name)
+
+
+def load(path: Path) -> Run:
+    path = Path(path)
+    if path.is_dir():
+        return _load_dir(path)
+    if not path.exists():
+        raise ReadError(path, "no such file or directory (expected a distbench run directory "
+                        "or an nccl-tests log)")
+    rows = nccltests.read(path)  # raises ReadError when it is no nccl-tests output either
+    frame = pd.DataFrame(rows, columns=list(REQUIRED["collective.csv"]) + [
+        k for k in (rows[0] if rows else {}) if k not in REQUIRED["collective.csv"]])
+    return Run(path, path.stem, NCCL_TESTS, tables={"collective.csv": frame})
+
+
+def _load_dir(path: Path) -> Run:
+    meta = _json(path / "run.json")
+    tables: dict[str, pd.DataFrame] = {}
+    kept: dict[str, dict[int, list[float]]] = {}
+    for name, required in REQUIRED.items():
+        csv_path = path / name
+        if not csv_path.is_file():
+            continue
+        tables[name] = _csv(csv_path, required)
+        kept[name] = samples.read(samples.path_for(csv_path))
+    if not tables and meta is None:
+        raise ReadError(path, "no run here (expected run.json and a CSV such as "
+                        "collective.csv, as distbench writes in results/<run>/)")
+    if not tables:
+        raise ReadError(path, "holds no results (expected one of "
+                        + ", ".join(REQUIRED) + ")")
+    meta = meta or {}
+    command = meta.get("command") or next(iter(tables)).removesuffix(".csv")
+    return Run(path, path.name, command, meta, _json(path / "topo.json") or {}, tables, kept)
+
+
+def _json(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ReadError(path, f"not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ReadError(path, "expected a JSON object")
+    return data
+
+
+def _csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ReadError(path, f"not a readable CSV ({' '.join(str(e).split())})") from None
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise ReadError(path, f"missing columns {', '.join(missing)} (expected the "
+                        f"{path.name} columns of docs/results.md)")
+    if "status" in frame.columns:
+        frame["status"] = frame["status"].fillna("ok")
+    return frame
+
+
+def load_all(paths: list[Path]) -> list[Run]:
+    """Each input once, with labels that tell them apart (the parent's name added where two
+    inputs share a name)."""
+    runs = [load(p) for p in paths]
+    names = [r.name for r in runs]
+    for r in runs:
+        if names.count(r.name) > 1:
+            r.name = f"{r.path.resolve().parent.name}/{r.name}"
+    return runs
+
+
+def measured(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows that hold a measurement (not skipped, not failed)."""
+    if "status" not in frame.columns:
+        return frame
+    return frame[frame["status"].isin(["ok", "wrong"])]
+
+
+def gpu_model(run: Run) -> str | None:
+    names = sorted({g.get("name") for node in run.topo.get("nodes", [])
+                    for g in node.get("gpus") or [] if g.get("name")})
+    return ", ".join(names) or None
+
+
+def topology_summary(run: Run) -> str | None:
+    """One line: the GPU-GPU link kinds and the CPU, as topo.json records them."""
+    kinds: dict[str, int] = {}
+    cpus = set()
+    for node in run.topo.get("nodes", []):
+        for kind in ((node.get("gpu_links") or {}).get("links") or {}).values():
+            kinds[kind] = kinds.get(kind, 0) + 1
+        cpu = node.get("cpu") or {}
+        if cpu.get("model"):
+            cpus.add(f"{cpu.get('model')} x{cpu.get('logical_cores')}")
+    parts = [", ".join(f"{n} x {k}" for k, n in sorted(kinds.items()))] if kinds else []
+    parts += sorted(cpus)
+    return "; ".join(parts) or None

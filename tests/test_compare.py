@@ -1,0 +1,287 @@
+"""distbench compare: the rank test, the row matching and marks, the CI gate on real runs (a run
+against itself, and against a run the fault hook slowed), --baseline at the end of a run, and
+bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import clean_env, distbench
+
+from distbench import compare, rundirs, samples
+from distbench.commands.collective import OUTPUT
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
+
+# ---------------------------------------------------------------------------------------------
+# The rank test
+
+
+def test_mann_whitney_fully_separated_samples():
+    # U = 0 for 10 against 10: z = (50 - 0.5) / sqrt(100 * 21 / 12), p = erfc(z / sqrt 2)
+    p = compare.mann_whitney([float(i) for i in range(1, 11)],
+                             [float(i) for i in range(11, 21)])
+    assert p == pytest.approx(math.erfc(49.5 / math.sqrt(175) / math.sqrt(2)), rel=1e-9)
+    assert p == pytest.approx(0.000183, abs=2e-6)
+
+
+def test_mann_whitney_same_samples_and_ties():
+    same = [3.0, 1.0, 2.0, 2.0, 5.0]
+    assert compare.mann_whitney(same, list(same)) == pytest.approx(1.0)
+    assert compare.mann_whitney([1.0] * 6, [1.0] * 6) == 1.0  # every value tied
+    assert math.isnan(compare.mann_whitney([1.0], [2.0, 3.0]))
+
+
+def test_mann_whitney_shifted_noisy_samples_are_told_apart():
+    rng = random.Random(7)
+    a = [100 + rng.gauss(0, 5) for _ in range(200)]
+    assert compare.mann_whitney(a, [x * 1.10 for x in a]) < 1e-6
+    b = [100 + rng.gauss(0, 5) for _ in range(200)]  # the same distribution drawn again
+    assert compare.mann_whitney(a, b) > 0.001
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs written by hand: the matching and the marks
+
+
+def _write_run(path, rows: list[dict], per_row: list[list[float]], **meta):
+    path.mkdir(parents=True)
+    lines = [",".join(OUTPUT.csv)]
+    for r in rows:
+        lines.append(",".join("" if r.get(c) is None else str(r.get(c)) for c in OUTPUT.csv))
+    (path / "collective.csv").write_text("\n".join(lines) + "\n")
+    (path / "collective.samples.jsonl").write_text(
+        "".join(samples.encode(i, s) for i, s in enumerate(per_row) if s))
+    (path / "run.json").write_text(json.dumps({
+        "command": "collective", "status": "ok", "exit_code": 0, "world_size": 2,
+        "nnodes": 1, "backend": "gloo", "versions": {"torch": "2.13.0+cpu"}, **meta}))
+    return path
+
+
+def _row(op: str, size: int, time_us: float, **more) -> dict:
+    busbw = size / time_us / 1e3
+    return {"op": op, "dtype": "float32", "redop": "sum", "root": -1, "in_place": 1,
+            "world_size": 2, "nnodes": 1, "size_bytes": size, "count": size // 4,
+            "iters": 50, "time_us": time_us, "p99_us": time_us * 1.2,
+            "algbw_gbps": busbw, "busbw_gbps": busbw, "status": "ok", **more}
+
+
+def _times(mean: float, n: int = 50, seed: int = 1) -> list[float]:
+    rng = random.Random(seed)
+    return [mean * (1 + rng.uniform(-0.02, 0.02)) for _ in range(n)]
+
+
+def test_rows_are_marked_better_worse_same_and_incomparable(tmp_path):
+    sizes = [1024, 4096, 16384, 65536]
+    base = _write_run(tmp_path / "base", [_row("all_reduce", s, 100.0) for s in sizes]
+                      + [_row("all_gather", 1024, 50.0)],
+                      [_times(100.0, seed=s) for s in sizes] + [_times(50.0)])
+    new_times = {1024: 100.5, 4096: 80.0, 16384: 130.0}  # same, better, worse; 64K skipped
+    new_rows = [_row("all_reduce", s, new_times[s]) for s in sizes[:3]]
+    new_rows.append({**_row("all_reduce", 65536, 100.0), "status": "skipped",
+                     "time_us": None, "busbw_gbps": None})
+    new_rows.append(_row("broadcast", 1024, 10.0))  # only in NEW
+    new = _write_run(tmp_path / "new", new_rows,
+                     [_times(new_times[s], seed=s + 1) for s in sizes[:3]] + [[], _times(10.0)])
+    c = compare.compare(rundirs.load(base), rundirs.load(new), "busbw", 0.05)
+    marks = {(r.group, r.label): r.mark for r in c.rows}
+    assert marks == {("all_reduce", "float32 sum in 1024 B"): "~",
+                     ("all_reduce", "float32 sum in 4096 B"): "+",
+                     ("all_reduce", "float32 sum in 16384 B"): "-",
+                     ("all_reduce", "float32 sum in 65536 B"): "x"}
+    assert [r.label for r in c.worse] == ["float32 sum in 16384 B"]
+    worse = c.worse[0]
+    assert worse.ratio == pytest.approx(100 / 130, rel=1e-3)  # busbw: new / base
+    assert worse.p_value is not None and worse.p_value < 1e-6
+    assert any("1 rows only in BASE, 1 only in NEW" in n for n in c.unmatched)
+    (geo,) = [g for g in c.geomeans() if g[1] == "all_reduce"]
+    assert geo[2] == pytest.approx((1 / 1.005 * 1 / 0.8 * 1 / 1.3) ** (1 / 3), rel=1e-3)
+    assert geo[3] == 3
+
+
+def test_time_metric_and_a_change_that_is_not_significant(tmp_path):
+    rng = random.Random(3)
+    noisy = [100 * (1 + rng.uniform(-0.5, 0.5)) for _ in range(6)]
+    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [noisy])
+    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 110.0)],
+                     [[x * 1.1 for x in noisy[::-1]]])
+    c = compare.compare(rundirs.load(base), rundirs.load(new), "time", 0.05)
+    (row,) = c.rows
+    assert row.ratio == pytest.approx(1.1)
+    assert row.p_value > compare.SIGNIFICANCE
+    assert (row.mark, row.note) == ("~", "not significant")
+
+
+def test_without_samples_the_threshold_alone_decides(tmp_path):
+    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [[]])
+    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 120.0)], [[]])
+    (row,) = compare.compare(rundirs.load(base), rundirs.load(new)).rows
+    assert (row.mark, row.p_value, row.note) == ("-", None, "no samples: by the threshold alone")
+
+
+def test_setup_differences_are_listed(tmp_path):
+    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 100.0)], [_times(100.0)],
+                     versions={"torch": "2.14.0", "nccl": "2.27.3"}, backend="nccl")
+    c = compare.compare(rundirs.load(base), rundirs.load(new))
+    assert ("torch", "2.13.0+cpu", "2.14.0") in c.setup
+    assert ("NCCL", "None", "2.27.3") in c.setup
+    assert ("backend", "gloo", "nccl") in c.setup
+    text = "\n".join(compare.format_text(c, rundirs.load(base), rundirs.load(new)))
+    assert "#   torch: 2.13.0+cpu -> 2.14.0" in text
+
+
+def test_markdown_and_csv_formats(tmp_path):
+    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 150.0)], [_times(150.0)])
+    res = _compare(base, new, "--format", "md")
+    assert res.returncode == 4, res.stderr
+    table = [line for line in res.stdout.splitlines() if line.startswith("| all_reduce")]
+    assert len(table) == 2  # the row and its geometric mean
+    assert table[0].split("|")[-2].strip().startswith("-")
+    res = _compare(base, new, "--format", "csv")
+    lines = res.stdout.splitlines()
+    assert lines[0] == "file,op,row,metric,base,new,ratio,p_value,mark,note"
+    cells = lines[1].split(",")
+    assert cells[:4] == ["collective.csv", "all_reduce", "float32 sum in 1024 B", "busbw"]
+    assert float(cells[6]) == pytest.approx(100 / 150, rel=1e-4) and cells[8] == "-"
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def _compare(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "distbench", "compare", *map(str, args)],
+                          capture_output=True, text=True, env=clean_env(), timeout=60, cwd=cwd)
+
+
+def _one_error_line(res, *fragments: str) -> None:
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distbench: error: "), res.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _one_error_line(_compare(empty, ok), f"{empty}: no run here")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "collective.csv").write_text("op,dtype,size_bytes\nall_reduce,float32,8\n")
+    _one_error_line(_compare(ok, broken), f"{broken}/collective.csv: missing columns redop")
+    other = tmp_path / "p2p"
+    other.mkdir()
+    shutil.copy(tmp_path / "ok" / "run.json", other / "run.json")
+    from distbench.commands.p2p import OUTPUT as P2P
+
+    (other / "p2p.csv").write_text(",".join(P2P.csv) + "\n")
+    _one_error_line(_compare(ok, other), "shares no result table")
+    far = _write_run(tmp_path / "far", [_row("all_reduce", 1 << 20, 100.0)], [_times(100.0)])
+    _one_error_line(_compare(ok, far), "no row in common")
+    log = tmp_path / "nccl.log"
+    log.write_text("some output that is no nccl-tests table\n")
+    _one_error_line(_compare(log, ok), str(log))
+    _one_error_line(_compare(ok, ok, "--threshold", "five"), "--threshold", "example:")
+    _one_error_line(_compare(ok, ok, "--metric", "speed"), "--metric", "busbw, time, p99")
+    _one_error_line(_compare(ok, tmp_path / "missing"), "no such file or directory")
+
+
+# ---------------------------------------------------------------------------------------------
+# Real runs
+
+
+@pytest.fixture(scope="module")
+def plain_and_slowed(tmp_path_factory):
+    """A small sweep, and the same sweep with rank 1 waiting 20 ms before every op: gloo on two
+    shared cores takes from 0.1 to 8 ms an op, so the two runs' samples barely overlap."""
+    out = tmp_path_factory.mktemp("runs")
+    args = ("collective", "--op", "all_reduce,all_gather", "--sizes", "1K:16K:x4", "--iters",
+            "30", "--warmup", "2", "--workers", "2")
+    (out / "plain").mkdir()
+    (out / "slowed").mkdir()
+    plain = distbench(out / "plain", *args)
+    slowed = distbench(out / "slowed", *args, DISTBENCH_TEST_SLOW_RANK="1:0.02")
+    assert plain.code == 0 and slowed.code == 0, plain.stderr + slowed.stderr
+    return plain.run_dir, slowed.run_dir
+
+
+@pytest.mark.multiproc
+def test_a_run_against_itself_is_the_same_everywhere(plain_and_slowed):
+    plain, _ = plain_and_slowed
+    res = _compare(plain, plain)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith(" ")
+            and ("all_reduce" in line or "all_gather" in line)]
+    assert len(rows) == 6
+    assert all(line.split()[-1] == "~" for line in rows), res.stdout
+    assert "# setup: the same" in res.stdout
+    assert "# no row worse by more than 5% and significant (0 +, 0 -, 6 ~, 0 x)" in res.stdout
+
+
+@pytest.mark.multiproc
+def test_a_slowed_run_is_worse_and_fails_the_gate(plain_and_slowed):
+    plain, slowed = plain_and_slowed
+    res = _compare(plain, slowed)
+    assert res.returncode == 4, res.stdout + res.stderr
+    c = compare.compare(rundirs.load(plain), rundirs.load(slowed))
+    assert len(c.rows) == 6 and len(c.worse) == 6
+    assert all(r.ratio < 0.5 and r.p_value < 1e-3 for r in c.worse)
+    assert "6 rows worse by more than 5% and significant (0 +, 6 -, 0 ~, 0 x)" in res.stdout
+    # the other way round every row is better, and the gate passes
+    assert _compare(slowed, plain).returncode == 0
+
+
+@pytest.mark.multiproc
+def test_baseline_at_the_end_of_a_run(plain_and_slowed, tmp_path):
+    plain, _ = plain_and_slowed
+    res = distbench(tmp_path, "collective", "--op", "all_reduce,all_gather", "--sizes",
+                    "1K:16K:x4", "--iters", "30", "--warmup", "2", "--workers", "2",
+                    "--baseline", str(plain), DISTBENCH_TEST_SLOW_RANK="0:0.02")
+    assert res.code == 4, res.stderr
+    assert "rows worse than --baseline by more than 5% and significant" in res.stderr
+    assert f"BASE {plain.name} vs NEW {res.run_dir.name}" in res.stdout
+    meta = json.loads((res.run_dir / "run.json").read_text())
+    assert (meta["status"], meta["exit_code"]) == ("below_expectation", 4)
+    assert meta["baseline"]["rows"] == 6 and meta["baseline"]["worse"] == 6
+    assert len(res.rows("collective.csv")) == 6  # every row kept
+
+
+def test_baseline_is_validated_before_any_worker(tmp_path):
+    res = distbench(tmp_path, "collective", "--baseline", str(tmp_path / "nothing"))
+    assert res.code == 2
+    assert res.stderr.strip().splitlines() == [
+        f"distbench: error: --baseline: {tmp_path / 'nothing'}: no such file or directory "
+        "(expected a distbench run directory or an nccl-tests log) (example: --baseline "
+        "results/<run>)"]
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]
+
+
+def test_an_nccl_tests_log_compares_with_itself_and_with_a_distbench_run(tmp_path):
+    log = FIXTURES / "bare_table.log"
+    res = _compare(log, log)
+    assert res.returncode == 0, res.stdout + res.stderr
+    # 6 sizes, both placements; 8 bytes shows a busbw of 0.00, which nothing can be compared to
+    assert "(0 +, 0 -, 10 ~, 2 x)" in res.stdout
+    # a distbench run of the same shape (8 ranks, one node), half as fast at 1 MiB out of place
+    ours = _write_run(tmp_path / "ours", [
+        {**_row("all_reduce", 1024, 15.62), "world_size": 8, "in_place": 0,
+         "busbw_gbps": 0.11},
+        {**_row("all_reduce", 1048576, 90.5), "world_size": 8, "in_place": 0,
+         "busbw_gbps": 20.27}], [_times(15.62), _times(90.5)], world_size=8)
+    c = compare.compare(rundirs.load(log), rundirs.load(ours))
+    assert [(r.label, r.mark) for r in c.rows] == [("float32 sum out 1024 B", "~"),
+                                                   ("float32 sum out 1048576 B", "-")]
+    (worse,) = c.worse
+    assert worse.ratio == pytest.approx(20.27 / 40.55, rel=1e-3)
+    assert worse.note == "no samples: by the threshold alone"
