@@ -27,6 +27,8 @@ IDENTITY: dict[str, tuple[str, ...]] = {
     "p2p.csv": ("pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes"),
     "p2p_matrix.csv": ("direction", "src_rank", "dst_rank", "dtype", "world_size", "nnodes",
                        "size_bytes"),
+    # a check's figure on a target; its metric (a profile's choice) says which way is better
+    "accept.csv": ("check", "scope", "target", "metric", "retest"),
 }
 
 
@@ -39,9 +41,11 @@ class Metric:
 
 METRICS = {
     "busbw": Metric("busbw", {"collective.csv": "busbw_gbps", "p2p.csv": "busbw_gbps",
-                              "p2p_matrix.csv": "gbps"}, True),
-    "time": Metric("time", dict.fromkeys(IDENTITY, "time_us"), False),
-    "p99": Metric("p99", dict.fromkeys(IDENTITY, "p99_us"), False),
+                              "p2p_matrix.csv": "gbps", "accept.csv": "measured"}, True),
+    "time": Metric("time", {**dict.fromkeys(IDENTITY, "time_us"), "accept.csv": "measured"},
+                   False),
+    "p99": Metric("p99", {**dict.fromkeys(IDENTITY, "p99_us"), "accept.csv": "measured"},
+                  False),
 }
 MARKS = {"better": "+", "worse": "-", "same": "~", "incomparable": "x"}
 
@@ -101,7 +105,19 @@ class Comparison:
                 for (f, g), v in out.items()]
 
 
+def _higher_is_better(metric: Metric, file: str, row) -> bool:
+    """An acceptance check's own metric decides (its `measured` is whatever the profile
+    judged); elsewhere the metric asked for."""
+    if file == "accept.csv":
+        from distbench.profiles import METRICS as CHECK_METRICS
+
+        return CHECK_METRICS.get(str(row["metric"]), {}).get("higher_is_better", True)
+    return metric.higher_is_better
+
+
 def _group(file: str, row) -> str:
+    if file == "accept.csv":
+        return str(row["check"])
     if file == "collective.csv":
         return str(row["op"])
     if file == "p2p.csv":
@@ -110,13 +126,16 @@ def _group(file: str, row) -> str:
 
 
 def _label(file: str, keys: tuple[str, ...], row) -> str:
-    skip = {"op", "pattern", "direction", "world_size", "nnodes"}
+    skip = {"op", "pattern", "direction", "world_size", "nnodes", "check", "scope", "metric"}
     parts = []
     for k in keys:
         if k in skip or pd.isna(row.get(k)):
             continue
         v = row[k]
-        if k == "in_place":
+        if k == "retest":
+            if _key_text(v) in ("1", "true"):
+                parts.append("(retest)")
+        elif k == "in_place":
             parts.append("in" if int(v) else "out")
         elif k == "root" and int(v) < 0:
             continue
@@ -162,12 +181,12 @@ def _key_text(v) -> str:
     return str(v).strip().lower()
 
 
-def _judge(metric: Metric, threshold: float, base_v, new_v, base_s, new_s, ok: bool
+def _judge(higher_is_better: bool, threshold: float, base_v, new_v, base_s, new_s, ok: bool
            ) -> tuple[float | None, float | None, str, str]:
     if not ok or pd.isna(base_v) or pd.isna(new_v) or float(base_v) <= 0:
         return None, None, MARKS["incomparable"], "not measured on both sides"
     ratio = float(new_v) / float(base_v)
-    gain = ratio - 1 if metric.higher_is_better else 1 / ratio - 1 if ratio > 0 else -1.0
+    gain = ratio - 1 if higher_is_better else 1 / ratio - 1 if ratio > 0 else -1.0
     p = mann_whitney(base_s, new_s) if base_s and new_s else None
     if p is not None and math.isnan(p):
         p = None
@@ -198,7 +217,8 @@ def _compare_table(file: str, base: Run, new: Run, metric: Metric, threshold: fl
         ok = all(_measured(m.get(f"status{s}")) for s in ("_b", "_n"))
         bs = base.samples.get(file, {}).get(int(m["_row_b"]), [])
         ns = new.samples.get(file, {}).get(int(m["_row_n"]), [])
-        ratio, p, mark, note = _judge(metric, threshold, m.get(f"{column}_b"),
+        ratio, p, mark, note = _judge(_higher_is_better(metric, file, side), threshold,
+                                      m.get(f"{column}_b"),
                                       m.get(f"{column}_n"), bs, ns, ok)
         rows.append(Row(file, _group(file, side), _label(file, keys, side),
                         _num(m.get(f"{column}_b")), _num(m.get(f"{column}_n")), ratio, p, mark,

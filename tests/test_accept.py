@@ -5,6 +5,7 @@ run fails; the same runs without the fault pass. Bad input and baselines too."""
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 from pathlib import Path
@@ -80,6 +81,16 @@ def test_a_baseline_is_the_expectation(tmp_path):
             better = v["metric"].endswith("gbps")
             v["measured"] = v["measured"] * 10 if better else v["measured"] / 10
     (baseline / "accept.json").write_text(json.dumps(doctored))
+    with open(baseline / "accept.csv", newline="") as f:  # what compare reads: the same figures
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        if row["measured"]:
+            value = float(row["measured"])
+            row["measured"] = value * 10 if row["metric"].endswith("gbps") else value / 10
+    with open(baseline / "accept.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
     (tmp_path / "b").mkdir()
     res = distbench(tmp_path / "b", "accept", "--workers", "2", "--baseline", str(baseline))
     assert res.code == 4, res.stderr
@@ -88,6 +99,12 @@ def test_a_baseline_is_the_expectation(tmp_path):
     measured = [v for v in acc["verdicts"] if v["measured"] is not None]
     assert measured and all(v["verdict"] == "FAIL" and "baseline" in v["note"]
                             for v in measured), [(v["check"], v["verdict"]) for v in measured]
+    # and the comparison, as distbench compare shows it: every check measured in both first
+    # passes is worse (the retests have nothing to match in a baseline that passed)
+    first = [v for v in measured if not v["retest"]]
+    assert f"BASE {baseline.name} vs NEW {res.run_dir.name}" in res.stdout
+    assert f"# {len(first)} rows worse by more than 5% and significant (0 +, {len(first)} -, " \
+        "0 ~, " in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize("args,option,needle", [

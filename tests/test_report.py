@@ -1,6 +1,6 @@
-"""distbench report on real small runs made here (collective, p2p with the matrix, tp, pp): valid
-PNGs of a sensible size, report.md naming every op, model.json; several runs and an nccl-tests
-log overlaid; --predict; bad input."""
+"""distbench report on real small runs made here (collective, p2p with the matrix, tp, pp,
+accept): valid PNGs of a sensible size, report.md naming every op, model.json; several runs and
+an nccl-tests log overlaid; --predict; bad input."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
                "8", "--micro-batch-size", "2", "--layers", "2", "--iters", "3", "--warmup", "1"),
         "pp": ("pp", "--micro-batches", "4", "--micro-batch-size", "2", "--seq-len", "8",
                "--hidden-size", "64", "--layers", "4", "--iters", "3", "--warmup", "1"),
+        "accept": ("accept",),
     }.items():
         (out / name).mkdir()
         res = distbench(out / name, *args, "--workers", "3" if name == "p2p" else "2")
@@ -85,6 +86,7 @@ def test_report_of_p2p_tp_and_pp_runs(runs):
         ("p2p", ["p2p_busbw.png", "p2p_latency.png"], ["ring", "pingpong", "Link matrix"]),
         ("tp", ["tp_step.png"], ["| mlp |", "| attention |"]),
         ("pp", ["pp_bubble.png"], ["| naive |", "| gpipe |", "| 1f1b |"]),
+        ("accept", ["accept_verdicts.png"], ["### Acceptance", "| node all_reduce busbw |"]),
     ):
         res = _report(runs[name])
         assert res.returncode == 0, res.stderr
