@@ -4,6 +4,7 @@ beyond the threshold ends the run with exit 4 on every rank."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from distbench.options import OptionError, with_example
@@ -11,24 +12,52 @@ from distbench.options import OptionError, with_example
 EXAMPLE = "--baseline results/<run>"
 
 
-def option_check(table: str):
-    """Validates --baseline before any worker starts: a directory whose `table` can be read."""
+def _reads_files() -> bool:
+    """Rank 0 (or no launcher): the rank that writes results, and so the one that reads the
+    baseline; on other nodes the path need not exist. A refusal on rank 0 reaches every rank."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def load(value: str | None, tables: tuple[str, ...]):
+    """The baseline run, with rows in one of `tables`; raises OptionError."""
+    from distbench import rundirs
+    from distbench.reading import ReadError
+
+    path = Path(str(value))
+    try:
+        run = rundirs.load(path)
+    except ReadError as e:
+        raise OptionError("--baseline", str(e), EXAMPLE) from None
+    if not any(t in run.tables and len(run.tables[t]) for t in tables):
+        raise OptionError("--baseline", f"no rows of {' or '.join(tables)} in {str(path)!r} "
+                          "(a previous run of the same command)", EXAMPLE)
+    return run
+
+
+def option_check(*tables: str):
+    """Validates --baseline before any worker starts: a directory with rows in one of
+    `tables`."""
     def check(option: str, value) -> str | None:
         if value is None:
             return None
-        from distbench import rundirs
-        from distbench.reading import ReadError
-
-        path = Path(str(value))
-        try:
-            run = rundirs.load(path)
-        except ReadError as e:
-            raise OptionError(option, str(e), EXAMPLE) from None
-        if table not in run.tables:
-            raise OptionError(option, f"no {table} in {str(path)!r} (a previous run of the same "
-                              "command)", EXAMPLE)
-        return str(path)
+        if _reads_files():
+            load(value, tables)
+        return str(value)
     return with_example(check, EXAMPLE)
+
+
+def check_world(value: str | None, tables: tuple[str, ...], world: int) -> None:
+    """A baseline measured at another world size has no row to compare: refused now, not
+    found out after the whole sweep."""
+    if value is None or not _reads_files():
+        return
+    run = load(value, tables)
+    sizes = sorted({int(w) for t in tables if t in run.tables
+                    for w in run.tables[t]["world_size"].dropna()})
+    if world not in sizes:
+        raise OptionError("--baseline", f"{value!r} was measured on "
+                          f"{', '.join(map(str, sizes)) or 'no'} ranks, this run has {world}: "
+                          "no row to compare", EXAMPLE)
 
 
 def judge(s) -> None:
@@ -42,11 +71,12 @@ def judge(s) -> None:
     worse: list[compare.Row] = []
     s.step("comparison with --baseline", s.opts.timeout)
     if s.run_dir is not None:
-        base, new = rundirs.load(Path(s.opts.baseline)), rundirs.load(s.run_dir)
         try:
+            base, new = rundirs.load(Path(s.opts.baseline)), rundirs.load(s.run_dir)
             c = compare.compare(base, new)
-        except ReadError as e:  # nothing in common: said, not a failure of the run
-            s.console.log(f"--baseline: cannot compare: {e}")
+        except ReadError as e:  # nothing in common: said and recorded, not a failed run
+            s.console.log(f"warning: --baseline: cannot compare: {e}")
+            s.record.update(baseline={"path": s.opts.baseline, "error": str(e)})
         else:
             s.console.lines(compare.format_text(c, base, new))
             worse = c.worse

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from distbench.reading import ReadError
-from distbench.rundirs import Run, gpu_model, topology_summary
+from distbench.rundirs import Run, gpu_model, topology_summary, versions
 from distbench.tables import Column, format_row, format_table
 
 # A row is worse (or better) only when the two runs' samples differ at this level too.
@@ -68,6 +68,15 @@ def mann_whitney(a: list[float], b: list[float]) -> float:
         return 1.0
     z = max(abs(u - n1 * n2 / 2) - 0.5, 0.0) / sigma
     return math.erfc(z / math.sqrt(2))
+
+
+def slower_share(a: list[float], b: list[float]) -> float:
+    """How often an iteration of b takes longer than one of a (ties count half): above 0.5, b's
+    iterations are generally the slower ones. The U statistic of b over n1 * n2."""
+    both = pd.Series(list(a) + list(b))
+    ranks = both.rank(method="average")
+    n1, n2 = len(a), len(b)
+    return (float(ranks.iloc[n1:].sum()) - n2 * (n2 + 1) / 2) / (n1 * n2)
 
 
 @dataclass(frozen=True)
@@ -165,11 +174,13 @@ def _keys(file: str, base: pd.DataFrame, new: pd.DataFrame, notes: list[str]
 
 
 def _normalized(frame: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
-    """Identity cells as strings of one form, so 1024 and 1024.0 (or True and 1) match."""
+    """Identity cells as strings of one form, so 1024 and 1024.0 (or True and 1) match; rows
+    that share an identity (a log holding the same test twice) pair up in order."""
     out = frame.copy()
     out["_row"] = range(len(out))
     for k in keys:
         out[f"_k_{k}"] = out[k].map(_key_text)
+    out["_k_nth"] = out.groupby([f"_k_{k}" for k in keys], sort=False).cumcount()
     return out
 
 
@@ -186,24 +197,34 @@ def _judge(higher_is_better: bool, threshold: float, base_v, new_v, base_s, new_
     if not ok or pd.isna(base_v) or pd.isna(new_v) or float(base_v) <= 0:
         return None, None, MARKS["incomparable"], "not measured on both sides"
     ratio = float(new_v) / float(base_v)
-    gain = ratio - 1 if higher_is_better else 1 / ratio - 1 if ratio > 0 else -1.0
+    # the share by which NEW is better: busbw up by 10%, or time down by 10%, is +0.10
+    gain = ratio - 1 if higher_is_better else 1 - ratio
     p = mann_whitney(base_s, new_s) if base_s and new_s else None
     if p is not None and math.isnan(p):
         p = None
     if abs(gain) <= threshold:
         return ratio, p, MARKS["same"], ""
-    if p is not None and p >= SIGNIFICANCE:
+    if p is None:
+        return ratio, p, MARKS["better"] if gain > 0 else MARKS["worse"], \
+            "no samples: by the threshold alone"
+    if p >= SIGNIFICANCE:
         return ratio, p, MARKS["same"], "not significant"
-    note = "" if p is not None else "no samples: by the threshold alone"
-    return ratio, p, MARKS["better"] if gain > 0 else MARKS["worse"], note
+    if (slower_share(base_s, new_s) > 0.5) != (gain < 0):
+        # the row's figure (a mean) and its iterations point opposite ways: a few outliers
+        # moved the mean; most iterations went the other way
+        return ratio, p, MARKS["same"], "the mean and most iterations disagree"
+    return ratio, p, MARKS["better"] if gain > 0 else MARKS["worse"], ""
 
 
 def _compare_table(file: str, base: Run, new: Run, metric: Metric, threshold: float,
                    notes: list[str]) -> list[Row]:
     b, n = base.tables[file], new.tables[file]
+    if not len(b) or not len(n):
+        notes.append(f"{file}: no rows in {'BASE' if not len(b) else 'NEW'}")
+        return []
     keys = _keys(file, b, n, notes)
     bk, nk = _normalized(b, keys), _normalized(n, keys)
-    kcols = [f"_k_{k}" for k in keys]
+    kcols = [f"_k_{k}" for k in keys] + ["_k_nth"]
     merged = bk.merge(nk, on=kcols, how="outer", suffixes=("_b", "_n"), indicator=True)
     merged = merged.sort_values(["_row_n", "_row_b"])  # the runs' own row order, not the keys'
     column = metric.columns[file]
@@ -241,7 +262,7 @@ def _num(v) -> float | None:
 
 def setup_differences(base: Run, new: Run) -> list[tuple[str, str, str]]:
     def facts(run: Run) -> dict[str, object]:
-        v = run.meta.get("versions") or {}
+        v = versions(run)
         return {"torch": v.get("torch"), "NCCL": v.get("nccl"), "driver": v.get("driver"),
                 "CUDA": v.get("cuda"), "world size": run.meta.get("world_size"),
                 "nodes": run.meta.get("nnodes"), "backend": run.meta.get("backend"),
@@ -257,14 +278,16 @@ def compare(base: Run, new: Run, metric: str = "busbw",
     chosen = METRICS[metric]
     files = [f for f in IDENTITY if f in base.tables and f in new.tables]
     if not files:
-        raise ReadError(new.path, "shares no result table with "
-                        f"{base.path} (BASE has {', '.join(base.tables) or 'none'}, NEW has "
+        raise ReadError(new.path, "shares no table compare reads with "
+                        f"{base.path} (it reads {', '.join(IDENTITY)}; BASE has "
+                        f"{', '.join(base.tables) or 'none'}, NEW has "
                         f"{', '.join(new.tables) or 'none'})")
     notes: list[str] = []
     rows = [r for f in files for r in _compare_table(f, base, new, chosen, threshold, notes)]
     if not rows:
+        why = "; ".join([", ".join(IDENTITY[files[0]])] + notes)
         raise ReadError(new.path, f"no row in common with {base.path} (rows are matched on "
-                        + ", ".join(IDENTITY[files[0]]) + ")")
+                        f"{why})")
     return Comparison(chosen, threshold, rows, setup_differences(base, new), notes)
 
 

@@ -460,7 +460,7 @@ def _json_test(path: Path, text: str) -> _Test:
         members = [d for d in devices if d.get("group") == group]
         per_process = (_whole(config.get("nthreads")) or 1) * (_whole(config.get("ngpus")) or 1)
         test.world_size = len(members) * per_process
-        test.nnodes = len({d.get("hostname") for d in members})
+        test.nnodes = len({str(d.get("hostname")) for d in members})
     for i, r in enumerate(doc["results"]):
         if not isinstance(r, dict):
             raise bad(f"results[{i}] is not an object")

@@ -34,7 +34,7 @@ def binary(size: float) -> str:
 def _size_axis(ax, sizes) -> None:
     """A log2 axis with binary labels at powers of two, at most MAX_TICKS of them."""
     ax.set_xscale("log", base=2)
-    sizes = [s for s in sizes if s > 0]
+    sizes = [int(s) for s in sizes if s == s and s > 0]  # s == s: not NaN
     if not sizes:
         return
     low, high = min(sizes).bit_length() - 1, max(sizes).bit_length()
@@ -138,34 +138,34 @@ def matrix_outliers(run: Run, frame: pd.DataFrame) -> set[tuple[str, int, int, i
 
 
 def matrix(run: Run, out: Path) -> Path | None:
-    """A heatmap per size (rows) and direction (columns): GB/s from the source rank (row) to
-    the destination rank (column); slow links boxed in red."""
+    """A heatmap per dtype, size (rows of panels) and direction: GB/s from the source rank (row)
+    to the destination rank (column); slow links, judged within their dtype, boxed in red."""
     frame = run.tables["p2p_matrix.csv"]
     frame = frame[frame["gbps"].notna()]
     if not len(frame):
         return None
-    slow = matrix_outliers(run, frame)
+    slow = {(dtype, *link) for dtype, rows in frame.groupby("dtype", sort=False)
+            for link in matrix_outliers(run, rows)}
     n = int(frame["world_size"].max())
-    panels = [(size, d) for size in sorted(frame["size_bytes"].unique())
-              for d in ("uni", "bi") if ((frame["size_bytes"] == size)
-                                         & (frame["direction"] == d)).any()]
+    panels = [key for key, _ in frame.groupby(["dtype", "size_bytes", "direction"], sort=True)]
     fig, axes = _grid(len(panels), width=4.2, height=3.6)
-    for ax, (size, direction) in zip(axes, panels, strict=True):
-        cells = frame[(frame["size_bytes"] == size) & (frame["direction"] == direction)]
+    for ax, (dtype, size, direction) in zip(axes, panels, strict=True):
+        cells = frame[(frame["dtype"] == dtype) & (frame["size_bytes"] == size)
+                      & (frame["direction"] == direction)]
         grid = [[float("nan")] * n for _ in range(n)]
         for r in cells.itertuples():
             grid[int(r.src_rank)][int(r.dst_rank)] = float(r.gbps)
         image = ax.imshow(grid, cmap="viridis")
         fig.colorbar(image, ax=ax, label="GB/s")
         for r in cells.itertuples():
-            if (direction, int(size), int(r.src_rank), int(r.dst_rank)) in slow:
+            if (dtype, direction, int(size), int(r.src_rank), int(r.dst_rank)) in slow:
                 ax.add_patch(plt.Rectangle((int(r.dst_rank) - 0.5, int(r.src_rank) - 0.5), 1, 1,
                                            fill=False, edgecolor="red", linewidth=2.5))
         ax.set_xticks(range(n))
         ax.set_yticks(range(n))
         ax.set_xlabel("destination rank")
         ax.set_ylabel("source rank")
-        ax.set_title(f"{run.name}: {direction} {binary(int(size))}", fontsize=9)
+        ax.set_title(f"{run.name}: {dtype} {direction} {binary(int(size))}", fontsize=9)
     return _save(fig, out / f"p2p_matrix_{_slug(run.name)}.png")
 
 
@@ -196,41 +196,44 @@ def _rows(runs: list[Run], file: str) -> list[tuple[Run, pd.Series]]:
             for _, row in measured(r.tables[file]).iterrows()]
 
 
-def _who(run: Run, several: bool, what: str) -> str:
-    return f"{run.name} {what}" if several else what
+def _bar_chart(runs: list[Run], file: str, label, parts, stacked: bool, ylabel: str,
+               title: str, path: Path) -> list[Path]:
+    """One bar (or group of bars) per measured row of `file` in every run: `label(row)` names
+    it, `parts(rows)` gives the bars' series."""
+    rows = _rows(runs, file)
+    if not rows:
+        return []
+    several = len({r.name for r, _ in rows}) > 1
+    labels = [f"{r.name} {label(row)}" if several else label(row) for r, row in rows]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows)), 3.6))
+    _bars(ax, labels, parts([row for _, row in rows]), stacked)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return [_save(fig, path)]
+
+
+def _step_split(rows: list[pd.Series]) -> dict[str, list[float]]:
+    compute = [float(row["compute_only_us"]) / 1e3 for row in rows]
+    return {"compute": compute,
+            "communication": [max(0.0, float(row["step_us"]) / 1e3 - c)
+                              for c, row in zip(compute, rows, strict=True)]}
 
 
 def tp(runs: list[Run], out: Path) -> list[Path]:
     """Each block's step split into compute and the communication on top of it (ms)."""
-    rows = _rows(runs, "tp.csv")
-    if not rows:
-        return []
-    several = len({r.name for r, _ in rows}) > 1
-    labels = [_who(r, several, f"{row['block']} {row['dtype']}") for r, row in rows]
-    compute = [float(row["compute_only_us"]) / 1e3 for _, row in rows]
-    comm = [max(0.0, float(row["step_us"]) / 1e3 - c) for c, (_, row) in zip(compute, rows,
-                                                                                 strict=True)]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows)), 3.6))
-    _bars(ax, labels, {"compute": compute, "communication": comm}, stacked=True)
-    ax.set_ylabel("step (ms)")
-    ax.set_title("tp: step = compute + communication")
-    return [_save(fig, out / "tp_step.png")]
+    return _bar_chart(runs, "tp.csv", lambda row: f"{row['block']} {row['dtype']}",
+                      _step_split, True, "step (ms)", "tp: step = compute + communication",
+                      out / "tp_step.png")
 
 
 def pp(runs: list[Run], out: Path) -> list[Path]:
     """Each schedule's measured bubble beside the analytic one."""
-    rows = _rows(runs, "pp.csv")
-    if not rows:
-        return []
-    several = len({r.name for r, _ in rows}) > 1
-    labels = [_who(r, several, f"{row['schedule']} m={row['micro_batches']}") for r, row in rows]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows)), 3.6))
-    _bars(ax, labels, {"measured": [float(row["bubble_measured"]) for _, row in rows],
-                       "analytic": [float(row["bubble_analytic"]) for _, row in rows]},
-          stacked=False)
-    ax.set_ylabel("bubble (share of the step)")
-    ax.set_title("pp: pipeline bubble, measured vs analytic")
-    return [_save(fig, out / "pp_bubble.png")]
+    return _bar_chart(
+        runs, "pp.csv", lambda row: f"{row['schedule']} m={row['micro_batches']}",
+        lambda rows: {"measured": [float(row["bubble_measured"]) for row in rows],
+                      "analytic": [float(row["bubble_analytic"]) for row in rows]},
+        False, "bubble (share of the step)", "pp: pipeline bubble, measured vs analytic",
+        out / "pp_bubble.png")
 
 
 VERDICT_COLOURS = {"PASS": "tab:green", "WARN": "tab:orange", "FAIL": "tab:red"}
@@ -243,8 +246,8 @@ def accept(runs: list[Run], out: Path) -> list[Path]:
     if not rows:
         return []
     several = len({r.name for r, _ in rows}) > 1
-    labels = [_who(r, several, f"{row['check']} {row['target']}"
-                   + (" (retest)" if str(row.get("retest")) in ("1", "True", "1.0") else ""))
+    labels = [(f"{r.name} " if several else "") + f"{row['check']} {row['target']}"
+              + (" (retest)" if str(row.get("retest")) in ("1", "True", "1.0") else "")
               for r, row in rows]
     fig, ax = plt.subplots(figsize=(7.5, max(2.5, 0.28 * len(rows) + 1)))
     ax.barh(range(len(rows)), [float(row["ratio"]) for _, row in rows],

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from distbench import alphabeta
+from distbench import alphabeta, rundirs
 from distbench.rundirs import Run, measured
 from distbench.sizes import format_size
 
@@ -63,7 +63,7 @@ def _run_header(run: Run) -> list[str]:
     m = run.meta
     if not m:
         return [f"## {run.name}", "", f"{run.command} output read from `{run.path}`.", ""]
-    versions = m.get("versions") or {}
+    versions = rundirs.versions(run)
     bits = [f"`distbench {m.get('command')}`", f"status **{m.get('status')}** "
             f"(exit {m.get('exit_code')})", f"{m.get('world_size')} ranks on "
             f"{m.get('nnodes')} node(s)", f"backend {m.get('backend')}",
@@ -90,19 +90,25 @@ def _collective_section(run: Run, fits: list[dict]) -> list[str]:
                       _fmt(p["small_us"])] for p in peaks])
     skipped = frame[frame["status"] == "skipped"]
     if len(skipped):
-        lines += ["", f"{len(skipped)} rows skipped: "
-                  + "; ".join(sorted({str(n) for n in skipped["note"].dropna()})[:5])]
+        why = sorted({str(n) for n in skipped.get("note", pd.Series(dtype=str)).dropna()})
+        lines += ["", f"{len(skipped)} rows skipped" + (": " + "; ".join(why[:5]) if why
+                                                         else "")]
     lines += ["", "#### Alpha-beta model", "",
               "`T(S) = alpha + S / beta`, alpha fitted on the small sizes and beta past the "
               "knee (docs/report.md).", ""]
-    lines += _table(["op", "dtype", "place", "alpha (us)", "busbw asymptote (GB/s)",
+    lines += _table(["op", "dtype", "redop", "place", "alpha (us)", "busbw asymptote (GB/s)",
                      "fit error (median / max %)", "n_half", "n_90%", "note"],
-                    [[f["op"], f["dtype"], "in" if f["in_place"] else "out",
+                    [[f["op"], f["dtype"], _redop_root(f), "in" if f["in_place"] else "out",
                       _fmt(f["alpha_us"], ".3g"), _fmt(f["busbw_gbps"], ".4g"),
                       f"{_fmt(f['err_pct'], '.1f')} / {_fmt(f['max_err_pct'], '.1f')}",
                       _size(f["n_half_bytes"]), _size(f["n90_bytes"]), f.get("note") or ""]
                      for f in fits])
     return lines + [""]
+
+
+def _redop_root(fit: dict) -> str:
+    root = fit.get("root")
+    return str(fit["redop"]) + (f" root {root}" if root is not None and root >= 0 else "")
 
 
 def _p2p_section(run: Run) -> list[str]:
@@ -120,12 +126,13 @@ def _p2p_section(run: Run) -> list[str]:
     if frame is not None:
         from distbench.plots import matrix_outliers
 
-        slow = matrix_outliers(run, frame)
+        slow = sorted((dtype, *link) for dtype, rows in frame.groupby("dtype", sort=False)
+                      for link in matrix_outliers(run, rows))
         lines += ["### Link matrix", "",
                   f"{len(frame)} measurements; {len(slow)} slow links by the run's own rule"
                   + (":" if slow else "."), ""]
-        lines += [f"- {d} {format_size(int(size))}: rank {src} -> rank {dst}"
-                  for d, size, src, dst in sorted(slow)[:20]]
+        lines += [f"- {dtype} {d} {format_size(int(size))}: rank {src} -> rank {dst}"
+                  for dtype, d, size, src, dst in slow[:20]]
         culprits = (run.meta.get("matrix") or {}).get("culprits") or []
         if culprits:
             lines += ["", "Likely culprit: " + ", ".join(culprits)]
@@ -172,11 +179,12 @@ def _accept_section(run: Run) -> list[str]:
     return lines + [""]
 
 
-def markdown(runs: list[Run], fits: dict[str, list[dict]], images: list[Path]) -> list[str]:
+def markdown(runs: list[Run], fits: list[list[dict]], images: list[Path]) -> list[str]:
+    """`fits`: each run's models, in the order of `runs`."""
     lines = ["# distbench report", "", "Runs: " + ", ".join(f"`{r.name}`" for r in runs), ""]
-    for run in runs:
+    for run, run_fits in zip(runs, fits, strict=True):
         lines += _run_header(run)
-        lines += _collective_section(run, fits.get(run.name, []))
+        lines += _collective_section(run, run_fits)
         lines += _p2p_section(run)
         lines += _tp_section(run)
         lines += _pp_section(run)
@@ -192,14 +200,14 @@ def write(runs: list[Run], out: Path) -> tuple[list[str], list[Path]]:
     from distbench.results import write_json
 
     out.mkdir(parents=True, exist_ok=True)
-    fits = {r.name: models(r) for r in runs}
+    fits = [models(r) for r in runs]
     images = plots.all_plots(runs, out)
     lines = markdown(runs, fits, images)
     (out / "report.md").write_text("\n".join(lines) + "\n")
     files = [out / "report.md", *images]
-    if any(fits.values()):
+    if any(fits):
         write_json(out / "model.json", {"schema_version": 1, "model": "T(S) = alpha + S / beta",
-                                         "fits": [f for v in fits.values() for f in v]})
+                                         "fits": [f for v in fits for f in v]})
         files.insert(1, out / "model.json")
     return lines, files
 
@@ -213,7 +221,8 @@ def predict(runs: list[Run], op: str, size: int) -> list[str]:
                 continue
             t_us, busbw = alphabeta.predict_row(f, size)
             place = "in-place" if f["in_place"] else "out-of-place"
-            lines.append(f"{run.name}: {op} {f['dtype']} {place} at {format_size(size)}: "
+            lines.append(f"{run.name}: {op} {f['dtype']} {_redop_root(f)} {place} at "
+                         f"{format_size(size)}: "
                          f"{t_us:.4g} us, busbw {busbw:.4g} GB/s (alpha {f['alpha_us']:.3g} us, "
                          f"busbw asymptote {f['busbw_gbps']:.4g} GB/s)")
     return lines

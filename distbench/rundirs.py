@@ -31,6 +31,11 @@ REQUIRED: dict[str, tuple[str, ...]] = {
                    "verdict", "retest"),
 }
 NCCL_TESTS = "nccl-tests"
+# Columns read as numbers: a cell that is none is refused, naming the file, column and row.
+NUMERIC = ("root", "in_place", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
+           "time_us", "p50_us", "p99_us", "cv_pct", "algbw_gbps", "busbw_gbps", "gbps",
+           "src_rank", "dst_rank", "step_us", "compute_only_us", "comm_pct", "micro_batches",
+           "bubble_measured", "bubble_analytic", "measured", "expected", "ratio", "retest")
 
 
 @dataclass
@@ -57,7 +62,7 @@ def load(path: Path) -> Run:
     rows = nccltests.read(path)  # raises ReadError when it is no nccl-tests output either
     frame = pd.DataFrame(rows, columns=list(REQUIRED["collective.csv"]) + [
         k for k in (rows[0] if rows else {}) if k not in REQUIRED["collective.csv"]])
-    return Run(path, path.stem, NCCL_TESTS, tables={"collective.csv": frame})
+    return Run(path, path.name, NCCL_TESTS, tables={"collective.csv": _numbers(path, frame)})
 
 
 def _load_dir(path: Path) -> Run:
@@ -77,8 +82,9 @@ def _load_dir(path: Path) -> Run:
         raise ReadError(path, "holds no results (expected one of "
                         + ", ".join(REQUIRED) + ")")
     meta = meta or {}
-    command = meta.get("command") or next(iter(tables)).removesuffix(".csv")
-    return Run(path, path.name, command, meta, _json(path / "topo.json") or {}, tables, kept)
+    command = str(meta.get("command") or next(iter(tables)).removesuffix(".csv"))
+    return Run(path, path.resolve().name, command, meta, _json(path / "topo.json") or {}, tables,
+               kept)
 
 
 def _json(path: Path) -> dict | None:
@@ -104,18 +110,51 @@ def _csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
                         f"{path.name} columns of docs/results.md)")
     if "status" in frame.columns:
         frame["status"] = frame["status"].fillna("ok")
+    return _numbers(path, frame)
+
+
+def _numbers(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
+    """Numeric columns as numbers (an empty cell, or nan, is no value)."""
+    for column in NUMERIC:
+        if column not in frame.columns:
+            continue
+        values = frame[column].map(_bool_as_int)
+        numbers = pd.to_numeric(values, errors="coerce")
+        bad = numbers.isna() & values.notna() & ~values.astype(str).str.strip().str.lower().isin(
+            ["", "nan", "none"])
+        if bad.any():
+            row = int(bad.idxmax())
+            raise ReadError(path, f"column {column} holds {values[row]!r} in row {row + 1}, "
+                            "not a number")
+        frame[column] = numbers
     return frame
+
+
+def _bool_as_int(v):
+    return int(v) if isinstance(v, bool) else v
 
 
 def load_all(paths: list[Path]) -> list[Run]:
     """Each input once, with labels that tell them apart (the parent's name added where two
     inputs share a name)."""
     runs = [load(p) for p in paths]
-    names = [r.name for r in runs]
     for r in runs:
-        if names.count(r.name) > 1:
+        if [x.name for x in runs].count(r.name) > 1:
             r.name = f"{r.path.resolve().parent.name}/{r.name}"
+    seen: dict[str, int] = {}
+    for r in runs:  # still alike (the same input twice): numbered
+        seen[r.name] = seen.get(r.name, 0) + 1
+        if seen[r.name] > 1:
+            r.name = f"{r.name} ({seen[r.name]})"
     return runs
+
+
+def _mapping(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def versions(run: Run) -> dict:
+    return _mapping(run.meta.get("versions"))
 
 
 def measured(frame: pd.DataFrame) -> pd.DataFrame:
@@ -125,9 +164,15 @@ def measured(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"].isin(["ok", "wrong"])]
 
 
+def _nodes(run: Run) -> list[dict]:
+    nodes = run.topo.get("nodes")
+    return [n for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) else []
+
+
 def gpu_model(run: Run) -> str | None:
-    names = sorted({g.get("name") for node in run.topo.get("nodes", [])
-                    for g in node.get("gpus") or [] if g.get("name")})
+    names = sorted({str(g.get("name")) for node in _nodes(run)
+                    for g in (node.get("gpus") if isinstance(node.get("gpus"), list) else [])
+                    if isinstance(g, dict) and g.get("name")})
     return ", ".join(names) or None
 
 
@@ -135,10 +180,10 @@ def topology_summary(run: Run) -> str | None:
     """One line: the GPU-GPU link kinds and the CPU, as topo.json records them."""
     kinds: dict[str, int] = {}
     cpus = set()
-    for node in run.topo.get("nodes", []):
-        for kind in ((node.get("gpu_links") or {}).get("links") or {}).values():
-            kinds[kind] = kinds.get(kind, 0) + 1
-        cpu = node.get("cpu") or {}
+    for node in _nodes(run):
+        for kind in _mapping(_mapping(node.get("gpu_links")).get("links")).values():
+            kinds[str(kind)] = kinds.get(str(kind), 0) + 1
+        cpu = _mapping(node.get("cpu"))
         if cpu.get("model"):
             cpus.add(f"{cpu.get('model')} x{cpu.get('logical_cores')}")
     parts = [", ".join(f"{n} x {k}" for k, n in sorted(kinds.items()))] if kinds else []

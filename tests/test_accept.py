@@ -77,16 +77,18 @@ def test_a_baseline_is_the_expectation(tmp_path):
     baseline = first.run_dir
     doctored = _accept(baseline)
     for v in doctored["verdicts"]:
-        if v["measured"] is not None:  # a baseline ten times better than anything here
+        # a baseline a thousand times better than anything here: gloo on two shared cores
+        # swings more than tenfold between runs (an op takes 0.1 ms, or 2 to 8 ms)
+        if v["measured"] is not None:
             better = v["metric"].endswith("gbps")
-            v["measured"] = v["measured"] * 10 if better else v["measured"] / 10
+            v["measured"] = v["measured"] * 1000 if better else v["measured"] / 1000
     (baseline / "accept.json").write_text(json.dumps(doctored))
     with open(baseline / "accept.csv", newline="") as f:  # what compare reads: the same figures
         rows = list(csv.DictReader(f))
     for row in rows:
         if row["measured"]:
             value = float(row["measured"])
-            row["measured"] = value * 10 if row["metric"].endswith("gbps") else value / 10
+            row["measured"] = value * 1000 if row["metric"].endswith("gbps") else value / 1000
     with open(baseline / "accept.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

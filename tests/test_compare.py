@@ -186,7 +186,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     from distbench.commands.p2p import OUTPUT as P2P
 
     (other / "p2p.csv").write_text(",".join(P2P.csv) + "\n")
-    _one_error_line(_compare(ok, other), "shares no result table")
+    _one_error_line(_compare(ok, other), "shares no table compare reads")
     far = _write_run(tmp_path / "far", [_row("all_reduce", 1 << 20, 100.0)], [_times(100.0)])
     _one_error_line(_compare(ok, far), "no row in common")
     log = tmp_path / "nccl.log"
@@ -285,3 +285,98 @@ def test_an_nccl_tests_log_compares_with_itself_and_with_a_distbench_run(tmp_pat
     (worse,) = c.worse
     assert worse.ratio == pytest.approx(20.27 / 40.55, rel=1e-3)
     assert worse.note == "no samples: by the threshold alone"
+
+
+@pytest.mark.multiproc
+def test_p2p_baseline_compares_the_ring_and_the_matrix(tmp_path):
+    args = ("p2p", "--pattern", "ring,matrix", "--sizes", "4K", "--iters", "20", "--warmup",
+            "2", "--workers", "2")
+    (tmp_path / "base").mkdir()
+    (tmp_path / "new").mkdir()
+    base = distbench(tmp_path / "base", *args)
+    assert base.code == 0, base.stderr
+    # rank 1 slow both ways: the ring and both directions of its one link
+    res = distbench(tmp_path / "new", *args, "--baseline", str(base.run_dir),
+                    DISTBENCH_TEST_SLOW_RANK="1:0.02")
+    assert res.code == 4, res.stderr
+    c = compare.compare(rundirs.load(base.run_dir), rundirs.load(res.run_dir))
+    assert {r.file for r in c.worse} == {"p2p.csv", "p2p_matrix.csv"}
+    # ring 4K; matrix: 0->1 and 1->0 one way, 0<->1 both ways (measured once per pair)
+    assert len(c.rows) == 4 and len(c.worse) == 4
+    assert res.meta()["baseline"]["worse"] == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# What an adversarial review found
+
+
+def test_a_cell_that_is_no_number_is_one_line_naming_file_column_and_row(tmp_path):
+    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    fast = {**_row("all_reduce", 4096, 100.0), "busbw_gbps": "fast"}
+    junk = _write_run(tmp_path / "junk", [_row("all_reduce", 1024, 100.0), fast],
+                      [_times(100.0), _times(100.0)])
+    _one_error_line(_compare(ok, junk), f"{junk}/collective.csv: column busbw_gbps holds 'fast' "
+                    "in row 2, not a number")
+    nan = _write_run(tmp_path / "nan", [{**_row("all_reduce", 1024, 100.0), "busbw_gbps": "nan"}],
+                     [[]])
+    (row,) = compare.compare(rundirs.load(ok), rundirs.load(nan)).rows
+    assert row.mark == "x"  # no value: nothing to compare, not a slowdown
+
+
+def test_a_run_with_no_rows_yet_is_refused_as_base_and_as_baseline(tmp_path):
+    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    empty = _write_run(tmp_path / "empty", [], [])
+    _one_error_line(_compare(empty, ok), "no row in common", "collective.csv: no rows in BASE")
+    res = distbench(tmp_path, "collective", "--baseline", str(empty))
+    assert res.code == 2 and "no rows of collective.csv" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_baseline_of_another_world_size_is_refused_before_any_worker(tmp_path):
+    three = _write_run(tmp_path / "three", [{**_row("all_reduce", 1024, 100.0),
+                                             "world_size": 3}], [_times(100.0)])
+    (tmp_path / "out").mkdir()
+    res = distbench(tmp_path / "out", "collective", "--workers", "2", "--baseline", str(three))
+    assert res.code == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"distbench: error: --baseline: '{three}' was measured on 3 ranks, this run has 2: no "
+        "row to compare (example: --baseline results/<run>)"]
+    assert not list((tmp_path / "out").iterdir())
+
+
+def test_time_is_worse_by_its_own_growth_not_by_the_bandwidth_it_implies(tmp_path):
+    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [[]])
+    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 111.0)], [[]])
+    (row,) = compare.compare(rundirs.load(base), rundirs.load(new), "time", 0.10).rows
+    assert row.mark == "-" and row.ratio == pytest.approx(1.11)
+    (row,) = compare.compare(rundirs.load(base), rundirs.load(new), "time", 0.12).rows
+    assert row.mark == "~"
+
+
+def test_a_mean_moved_by_outliers_against_most_iterations_is_not_a_slowdown(tmp_path):
+    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)],
+                      [_times(100.0, n=50)])
+    # 49 iterations 10% faster, one spike: the mean is slower, the iterations are not
+    faster = _times(90.0, n=49) + [1500.0]
+    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, sum(faster) / 50)], [faster])
+    (row,) = compare.compare(rundirs.load(base), rundirs.load(new)).rows
+    assert row.ratio < 0.95 and row.p_value < 0.05
+    assert (row.mark, row.note) == ("~", "the mean and most iterations disagree")
+
+
+def test_rows_that_share_an_identity_pair_up_in_order(tmp_path):
+    twice = tmp_path / "twice.log"
+    text = (FIXTURES / "bare_table.log").read_text()
+    twice.write_text(text + text)
+    c = compare.compare(rundirs.load(twice), rundirs.load(twice))
+    assert len(c.rows) == 24 and all(r.ratio in (None, 1.0) for r in c.rows)
+
+
+def test_run_json_and_topo_json_of_the_wrong_shape_are_no_traceback(tmp_path):
+    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    odd = _write_run(tmp_path / "odd", [_row("all_reduce", 1024, 100.0)], [_times(100.0)],
+                     versions="2.3")
+    (odd / "topo.json").write_text(json.dumps({"nodes": [{"gpus": "none", "cpu": []}, 5]}))
+    res = _compare(ok, odd)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "#   torch: 2.13.0+cpu -> None" in res.stdout

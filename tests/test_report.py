@@ -105,9 +105,9 @@ def test_several_runs_and_an_nccl_tests_log_on_one_plot(runs, tmp_path):
     res = _report(runs["collective"], log, "--out", tmp_path / "both")
     assert res.returncode == 0, res.stderr
     text = (tmp_path / "both" / "report.md").read_text()
-    assert f"`{runs['collective'].name}`" in text and f"`{log.stem}`" in text
+    assert f"`{runs['collective'].name}`" in text and f"`{log.name}`" in text
     fits = json.loads((tmp_path / "both" / "model.json").read_text())["fits"]
-    assert {f["run"] for f in fits} == {runs["collective"].name, log.stem}
+    assert {f["run"] for f in fits} == {runs["collective"].name, log.name}
     _sensible(tmp_path / "both" / "collective_busbw.png")
 
 
@@ -126,16 +126,26 @@ def test_predict_prints_the_model_and_writes_nothing(runs):
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(runs, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
+    (tmp_path / "afile").write_text("")
     for args, words in (
         ([empty], [f"{empty}: no run here"]),
         ([runs["collective"], "--predict", "all_reduce"], ["--predict", "example:"]),
         ([runs["collective"], "--predict", "bogus:1M"], ["--predict", "all_reduce"]),
         ([runs["tp"], "--predict", "all_reduce:1M"], ["no run here has a fitted model"]),
         ([tmp_path / "nope.log"], ["no such file or directory"]),
+        ([runs["collective"], "--out", tmp_path / "afile"],
+         ["--out", "is a file, not a directory"]),
     ):
         res = _report(*args, cwd=tmp_path)
         assert res.returncode == 2, (args, res.stdout, res.stderr)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("distbench: error: "), res.stderr
         assert all(w in lines[0] for w in words), lines[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "empty"]
+    assert not list(empty.iterdir())
+
+
+def test_a_run_reported_from_inside_its_directory_keeps_its_name(runs, tmp_path):
+    res = _report(".", "--out", tmp_path / "r", cwd=runs["collective"])
+    assert res.returncode == 0, res.stderr
+    assert f"Runs: `{runs['collective'].name}`" in (tmp_path / "r" / "report.md").read_text()

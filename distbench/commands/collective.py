@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distbench.baseline import check_world as baseline_world
 from distbench.baseline import option_check
 from distbench.exitcodes import EXIT_BELOW, EXIT_OK
 from distbench.ops.collectives import OPS, CollectiveOp, Ctx, names
@@ -47,6 +48,7 @@ class CollectiveOptions(SweepOptions):
         if self.root >= world:
             raise OptionError("--root", f"rank {self.root} does not exist in a world of {world}",
                               "--root 0")
+        baseline_world(self.baseline, ("collective.csv",), world)
 
 
 # What a sized measurement is, and what was measured, as nccl-tests prints them (p2p too).
@@ -116,7 +118,7 @@ def plans(opts: CollectiveOptions) -> list[Plan]:
 
 def run(s) -> int:
     """Per rank, under a launcher."""
-    from distbench import baseline, engine, series
+    from distbench import engine, series
     from distbench.measure import fail_if_wrong
 
     rt, opts = s.rt, s.opts
@@ -129,5 +131,7 @@ def run(s) -> int:
                   f"{rt.nnodes} node(s), backend {rt.backend}, results in {s.run_dir}/")
     fail_if_wrong(engine.run(s, [series.collective(s, plan, OUTPUT) for plan in all_plans]))
     if opts.baseline:
-        baseline.judge(s)
+        from distbench.baseline import judge
+
+        judge(s)
     return EXIT_OK

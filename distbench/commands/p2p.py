@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distbench.baseline import check_world as baseline_world
 from distbench.baseline import option_check
 from distbench.commands.collective import MEASURED_COLUMNS, SIZE_COLUMNS
 from distbench.exitcodes import EXIT_BELOW, EXIT_OK
@@ -34,11 +35,12 @@ class P2POptions(SweepOptions):
     baseline: str | None = option(
         None, "A previous p2p run directory: print the comparison with it at the end "
         f"(as distbench compare), and exit {EXIT_BELOW} when a row is worse by more than 5% and "
-        "significantly so.", check=option_check("p2p.csv"),
+        "significantly so.", check=option_check("p2p.csv", "p2p_matrix.csv"),
         cli_type=str, show_default=False)
 
     def check_world(self, world: int) -> None:
         at_least_two("p2p", world)
+        baseline_world(self.baseline, ("p2p.csv", "p2p_matrix.csv"), world)
 
 
 # Stable contracts: add columns at the end, never rename.
@@ -58,7 +60,7 @@ MATRIX_OUTPUT = Output("p2p_matrix.csv", csv=(
 
 def run(s) -> int:
     """Per rank, under a launcher."""
-    from distbench import baseline, engine, series
+    from distbench import engine, series
     from distbench.measure import fail_if_wrong
 
     opts = s.opts
@@ -73,7 +75,9 @@ def run(s) -> int:
         _judge(s, links)  # slow links fail the run before wrong results do
     fail_if_wrong(bad)
     if opts.baseline:
-        baseline.judge(s)
+        from distbench.baseline import judge
+
+        judge(s)
     return EXIT_OK
 
 

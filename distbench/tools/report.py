@@ -34,7 +34,8 @@ def command(
 ) -> None:
     from distbench import report, rundirs
     from distbench.alphabeta import parse_predict
-    from distbench.options import OptionError
+    from distbench.exitcodes import EXIT_FAILED
+    from distbench.options import OptionError, check_writable_dir
 
     if predict is not None:
         try:
@@ -50,7 +51,16 @@ def command(
         print("\n".join(lines))
         raise typer.Exit(0)
     target = out or default_out(runs)
-    lines, files = report.write(loaded, target)
+    if target.exists() and not target.is_dir():
+        raise OptionError("--out", f"{str(target)!r} is a file, not a directory",
+                          "--out report")
+    check_writable_dir("--out", target, "--out report")
+    try:
+        lines, files = report.write(loaded, target)
+    except OSError as e:  # a full disk, a directory made read-only since the check
+        print(f"distbench: error: cannot write the report in {target}: {e.strerror or e}",
+              file=sys.stderr)
+        raise typer.Exit(EXIT_FAILED) from None
     print("\n".join(lines))
     print(f"distbench: report in {target}/ ({len(files)} files: "
           f"{', '.join(f.name for f in files)})", file=sys.stderr)
