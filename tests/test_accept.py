@@ -62,12 +62,25 @@ def test_a_node_slow_both_ways_is_named_and_fails_the_run(tmp_path, nnodes):
 
 @pytest.mark.parametrize("nnodes", [3, 4])
 def test_the_same_nodes_without_the_fault_pass(tmp_path, nnodes):
+    """Tried once more only when the first try failed by a noise-sized margin: with 4 agents and
+    4 workers on this 2-core machine, one node can be starved for a whole run (seen once: its
+    pair ring at a fifth of its peers' median, and again in its retest). The fault above puts a
+    check at a hundredth of its peers; such a drop is no noise to try again on."""
     args = ["accept", "--timeout", "60"]
-    procs = torchrun_nodes(tmp_path, nnodes=nnodes, nproc=1, per_node_args=[args] * nnodes)
-    assert all(p.returncode == 0 for p in procs), procs[0].stderr
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    acc = _accept(run_dir)
-    assert acc["verdict"] == "PASS" and acc["culprits"] == []
+    for attempt in (1, 2):
+        out = tmp_path / f"try{attempt}"
+        out.mkdir()
+        procs = torchrun_nodes(out, nnodes=nnodes, nproc=1, per_node_args=[args] * nnodes)
+        (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+        acc = _accept(run_dir)
+        if procs[0].returncode == 0:
+            assert all(p.returncode == 0 for p in procs), procs[0].stderr
+            assert acc["verdict"] == "PASS" and acc["culprits"] == []
+            return
+        assert attempt == 1, acc["summary"]
+        failed = [v for v in acc["verdicts"] if v["verdict"] == "FAIL"]
+        assert failed and all(v["ratio"] is not None and v["ratio"] >= 0.15 for v in failed), \
+            acc["summary"]
 
 
 def test_a_baseline_is_the_expectation(tmp_path):
