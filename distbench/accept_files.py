@@ -15,11 +15,24 @@ SCHEMA_VERSION = 1
 VERDICT_WORDS = {EXIT_OK: "PASS", EXIT_BELOW: "FAIL", EXIT_WRONG: "FAIL (wrong results)"}
 
 
-def read_baseline(run_dir: Path) -> dict[tuple[str, str], float]:
-    """(check, target) -> what a previous run measured (first pass only)."""
-    data = json.loads((Path(run_dir) / "accept.json").read_text())
-    return {(v["check"], v["target"]): v["measured"] for v in data["verdicts"]
-            if v["measured"] is not None and not v["retest"]}
+def read_baseline(run_dir: Path, profile=None) -> dict[tuple[str, str], float]:
+    """(check, target) -> what a previous run measured (first pass only), of the checks that
+    measure the same thing (command, op, dtype, metric) in `profile` (None: every check).
+    Wrong data and failed checks are no figure to expect. Raises ValueError on a file that is
+    no accept.json."""
+    path = Path(run_dir) / "accept.json"
+    try:
+        verdicts = json.loads(path.read_text())["verdicts"]
+        same = None if profile is None else {
+            c.name: (c.command, c.op, c.dtype, c.metric) for c in profile.checks}
+        return {(v["check"], v["target"]): float(v["measured"]) for v in verdicts
+                if v["measured"] is not None and not v["retest"] and not v.get("wrong")
+                and v.get("verdict") != "FAIL"
+                and (same is None or same.get(v["check"]) == (
+                    v.get("command"), v.get("op"), v.get("dtype"), v.get("metric")))}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a distbench accept.json ({type(e).__name__}: {e})") \
+            from None
 
 
 def _fmt(value) -> str:

@@ -112,7 +112,8 @@ def run(s, output) -> int:
         for targets in rounds:
             for batch in by_machine(targets, hosts):
                 results += _round(s, view, check, batch)
-    baseline = accept_files.read_baseline(Path(opts.baseline)) if opts.baseline else None
+    baseline = (accept_files.read_baseline(Path(opts.baseline), profile) if opts.baseline
+                else None)
     judged = None
     if rt.rank == 0:
         judged = verdicts.judge(results, profile, names, baseline)

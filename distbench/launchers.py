@@ -98,7 +98,9 @@ def _open_mpi(env: MutableMapping[str, str]) -> dict[str, str] | None:
     return {"RANK": env["OMPI_COMM_WORLD_RANK"], "WORLD_SIZE": world,
             "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
             "LOCAL_WORLD_SIZE": local_world,
-            "GROUP_RANK": env.get("OMPI_COMM_WORLD_NODE_RANK", "0"),
+            # Open MPI has no node index (OMPI_COMM_WORLD_NODE_RANK is a process's rank among
+            # those on its node): one value for all, so ranks group into nodes by machine
+            "GROUP_RANK": "0",
             "MASTER_ADDR": addr, "MASTER_PORT": env.get("MASTER_PORT", str(DEFAULT_PORT))}
 
 

@@ -22,9 +22,13 @@ def circle_rounds(nodes: int) -> list[list[Pair]]:
 
 
 def quick_round(nodes: int) -> list[list[Pair]]:
-    """One round: even nodes with odd ones (0-1, 2-3, ...); an odd last node sits out."""
+    """One round: even nodes with odd ones (0-1, 2-3, ...); an odd last node meets node 0 in a
+    second round of its own, so that no node goes untested."""
     pairs = [(i, i + 1) for i in range(0, nodes - 1, 2)]
-    return [pairs] if pairs else []
+    rounds = [pairs] if pairs else []
+    if nodes > 1 and nodes % 2:
+        rounds.append([(0, nodes - 1)])
+    return rounds
 
 
 def pack(targets: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:

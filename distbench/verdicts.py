@@ -60,18 +60,27 @@ def _line(check: Check, reference: float, share: float | None) -> float | None:
 
 def _peers(check: Check, results: list[Result], names: list[str]) -> tuple[float, str] | None:
     """What the healthy targets of a check reach, in the metric's unit, and what it rests on."""
-    measured = [r for r in results if r.value is not None and not r.wrong and not r.retest]
-    if not measured:
+    measured = _first_measured(results)
+    if len(measured) < 2:  # one target has no peers: nothing to judge it against
         return None
-    if len(measured) == 1:
-        return measured[0].value, "itself: one target, nothing to compare with"
     # healthy.reach takes higher as better: a time is judged by its inverse
     flip = (lambda v: v) if check.higher_is_better else (lambda v: 1.0 / v if v else math.inf)
     items = [(flip(r.value), frozenset(r.nodes)) for r in measured]
     ends = [(names[i], i) for i in sorted({i for r in measured for i in r.nodes})]
-    found = healthy.reach(items, ends, noun=("target", "targets"))
+    # a node is left out of the peers where its targets fall below the check's own strictest
+    # line, so a node the check would fail (or warn about) cannot set what the peers reach
+    lines = [x for x in (check.fail, check.warn) if x is not None]
+    found = healthy.reach(items, ends, noun=("target", "targets"),
+                          clearly=max(lines) if lines else healthy.CLEARLY_SLOW)
     why = "" if found.compared else " (each involves every node: nothing to compare with)"
     return flip(found.value), found.basis + why
+
+
+def _first_measured(results: list[Result]) -> list[Result]:
+    return [r for r in results if r.value is not None and not r.wrong and not r.retest]
+
+
+NO_PEERS = "one target: no peers to judge it against"
 
 
 def _judge_check(check: Check, results: list[Result], names: list[str], tolerance: float,
@@ -94,6 +103,8 @@ def _judge_check(check: Check, results: list[Result], names: list[str], toleranc
             out.append(Verdict(r, "FAIL" if ratio < 1 - tolerance else "PASS",
                                _line(check, base, 1 - tolerance), None, base, ratio,
                                f"baseline {base:.4g}, worse than -{tolerance:.0%} fails"))
+        elif check.vs == "peers" and peers is None:
+            out.append(Verdict(r, "SKIP", why=NO_PEERS))
         elif peers is not None:
             reference, basis = peers
             out.append(Verdict(r, GRADES[check.grade(r.value, reference)],
@@ -125,9 +136,10 @@ class Judged:
     def outcome(self, strict: bool) -> tuple[str, int, str]:
         """(run.json status, exit code, one line)."""
         first = [v for v in self.verdicts if not v.result.retest]
-        wrong = [v for v in first if v.result.wrong]
+        wrong = [v for v in self.verdicts if v.result.wrong]  # a retest's wrong data counts
         failed = [v for v in first if v.verdict == "FAIL"]
         warned = [v for v in first if v.verdict == "WARN"]
+        skipped = [v for v in first if v.verdict == "SKIP"]
         if wrong:
             return "wrong", EXIT_WRONG, (f"wrong results in {len(wrong)} measurements, "
                                          f"first {_name(wrong[0])}")
@@ -138,7 +150,8 @@ class Judged:
                 f"{len(failed)} measurements failed, {len(warned)} warned: first "
                 f"{_name(bad[0])}"
                 f"{blame}")
-        return "ok", EXIT_OK, f"every check passed ({len(warned)} warnings)"
+        return "ok", EXIT_OK, (f"every check passed ({len(warned)} warnings"
+                               + (f", {len(skipped)} skipped" if skipped else "") + ")")
 
     def rows(self) -> list[dict]:
         return [_row(v) for v in self.verdicts]
@@ -162,17 +175,22 @@ def _row(v: Verdict) -> dict:
             "verdict": v.verdict, "retest": r.retest, "note": v.why}
 
 
+PASSED = ("PASS", "WARN")
+
+
 def _suspects(first: list[Verdict]) -> tuple[list[int], list[int]]:
-    """A pair check's suspect nodes (every pair they are in fails, while each of their partners
-    passes with some other node) and its healthy ones (they pass with every partner but the
-    suspects, with whom nothing can pass)."""
-    nodes = sorted({i for v in first for i in v.result.nodes})
-    fails = {i: [v.verdict == "FAIL" for v in first if i in v.result.nodes] for i in nodes}
+    """A pair check's suspect nodes (every pair they are in fails, while some partner of theirs
+    passes with another node: two slow nodes among four are both named) and its healthy ones
+    (they pass with every partner but the suspects, with whom nothing can pass). A pair that
+    was skipped neither passes nor fails."""
+    judged = [v for v in first if v.verdict in (*PASSED, "FAIL")]
+    nodes = sorted({i for v in judged for i in v.result.nodes})
+    fails = {i: [v.verdict == "FAIL" for v in judged if i in v.result.nodes] for i in nodes}
     passes = {i: not all(fails[i]) for i in nodes}
-    suspects = [i for i in nodes if all(fails[i]) and all(
-        passes[j] for v in first if i in v.result.nodes for j in v.result.nodes if j != i)]
+    suspects = [i for i in nodes if all(fails[i]) and any(
+        passes[j] for v in judged if i in v.result.nodes for j in v.result.nodes if j != i)]
     healthy_nodes = [i for i in nodes if i not in suspects and not any(
-        v.verdict == "FAIL" for v in first if i in v.result.nodes
+        v.verdict == "FAIL" for v in judged if i in v.result.nodes
         and not set(v.result.nodes) & set(suspects))]
     return suspects, healthy_nodes
 
@@ -197,23 +215,29 @@ def _settle(check: Check, verdicts: list[Verdict], names: list[str], judged: Jud
         plan += [v.result.nodes for v in failing if not set(v.result.nodes) & set(suspects)]
         judged.plan[check.name] = plan
     for i in suspects:
-        mine = [v for v in again if i in v.result.nodes]
+        mine = [v for v in again if i in v.result.nodes and v.verdict != "SKIP"]
         held = mine and all(v.verdict == "FAIL" for v in mine)
         how = (" (confirmed against a node that passed)" if held else
                " (not confirmed: its retest passed)" if mine else "")
-        pairs = sum(i in v.result.nodes for v in first)
-        line = (f"{check.name}: node {names[i]} is in all {pairs} failing pairs, its partners "
-                f"pass with other nodes{how}")
+        pairs = sum(i in v.result.nodes and v.verdict == "FAIL" for v in first)
+        partners = {j for v in first if i in v.result.nodes for j in v.result.nodes if j != i}
+        fine = [j for j in partners if j in healthy_nodes]
+        line = (f"{check.name}: node {names[i]} is in all {pairs} failing pairs, "
+                + ("its partners pass" if len(fine) == len(partners) else
+                   f"{len(fine)} of its {len(partners)} partners pass")
+                + f" with other nodes{how}")
         (judged.culprits if held or not mine else judged.notes).append(line)
     for v in failing:
         same = [a for a in again if a.result.nodes == v.result.nodes]
         if not same:  # a suspect's pair: its node's retest against a healthy node decides
             same = [a for a in again if set(a.result.nodes) & set(v.result.nodes) & {*suspects}]
-        if same and all(a.verdict != "FAIL" for a in same):
+        if same and all(a.verdict in PASSED for a in same):
             v.verdict = "WARN"
             v.why += "; it passed its retest: noise, not a fault"
-        elif same:
+        elif any(a.verdict == "FAIL" for a in same):
             v.why += "; it failed its retest too"
+        elif same:  # skipped: nothing measured, so nothing confirmed either way
+            v.why += "; its retest measured nothing: it stands, unconfirmed"
     if check.scope == "node":
         judged.culprits += [f"{check.name}: node {v.result.target} failed ({v.why})"
                             for v in failing if v.verdict == "FAIL"]

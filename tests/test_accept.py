@@ -13,6 +13,10 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, distbench, distbench_lines, torchrun_nodes
 
+from distbench.profiles import load
+
+PROFILES = Path(__file__).parent.parent / "configs" / "profiles"
+
 pytestmark = pytest.mark.multiproc
 
 
@@ -32,7 +36,12 @@ def test_on_this_machine_it_picks_cpu_gloo_and_passes(tmp_path):
     assert "distbench: profile cpu-gloo: " in res.stderr  # which one, and why
     verdicts = {v["check"]: v["verdict"] for v in acc["verdicts"]}
     assert verdicts["pair all_reduce busbw"] == "SKIP"  # one node: no pair
-    assert {v for k, v in verdicts.items() if not k.startswith("pair")} == {"PASS"}
+    # one node: its floors are judged, and the checks against its peers have none to judge by
+    peers = {c.name for c in load(PROFILES / "cpu-gloo.toml").checks if c.vs == "peers"}
+    assert {k for k, v in verdicts.items() if v == "PASS"} == {
+        k for k in verdicts if not k.startswith("pair") and k not in peers}
+    assert {verdicts[k] for k in peers} == {"SKIP"}
+    assert "skipped)" in acc["summary"]
     md = (res.run_dir / "accept.md").read_text()
     assert md.startswith("# Acceptance: PASS") and "## Topology" in md
     assert res.meta()["status"] == "ok"
@@ -42,22 +51,33 @@ def test_on_this_machine_it_picks_cpu_gloo_and_passes(tmp_path):
 
 @pytest.mark.parametrize("nnodes", [3, 4])
 def test_a_node_slow_both_ways_is_named_and_fails_the_run(tmp_path, nnodes):
+    """Node 2 is named, confirmed, in every attempt. A pair without it may fail too when this
+    2-core machine starves one of 8 processes for a while (seen once at 4 nodes: one healthy
+    pair ring at a seventh of its peers, retest included): then the run is tried once more,
+    and such a stray failure must be noise-sized, where the fault's pairs fall to a hundredth."""
     args = ["accept", "--timeout", "60"]
-    procs = torchrun_nodes(tmp_path, nnodes=nnodes, nproc=1, per_node_args=[args] * nnodes,
-                           DISTBENCH_TEST_SLOW_RANK="2:0.02")
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    acc = _accept(run_dir)
-    assert acc["verdict"] == "FAIL" and acc["exit_code"] == 4, acc["summary"]
-    named = [c for c in acc["culprits"] if c.startswith("pair")]
-    assert named and all("node " in c and "#2 is in all" in c for c in named), acc["culprits"]
-    assert all("(confirmed against a node that passed)" in c for c in named)
-    failed = {v["target"] for v in acc["verdicts"] if v["verdict"] == "FAIL"
-              and v["scope"] == "pair" and not v["retest"]}
-    assert failed and all("#2" in t for t in failed)  # no pair without node 2 failed
-    meta = json.loads((run_dir / "run.json").read_text())
-    assert (meta["status"], meta["exit_code"]) == ("below_expectation", 4)
-    assert procs[0].returncode != 0  # torchrun's own code: any failed worker
-    assert any("#2 is in all" in line for line in distbench_lines(procs[0].stderr))
+    for attempt in (1, 2):
+        out = tmp_path / f"try{attempt}"
+        out.mkdir()
+        procs = torchrun_nodes(out, nnodes=nnodes, nproc=1, per_node_args=[args] * nnodes,
+                               DISTBENCH_TEST_SLOW_RANK="2:0.02")
+        (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+        acc = _accept(run_dir)
+        assert acc["verdict"] == "FAIL" and acc["exit_code"] == 4, acc["summary"]
+        named = [c for c in acc["culprits"] if c.startswith("pair")]
+        assert named and all("node " in c and "#2 is in all" in c for c in named), \
+            acc["culprits"]
+        assert all("(confirmed against a node that passed)" in c for c in named)
+        meta = json.loads((run_dir / "run.json").read_text())
+        assert (meta["status"], meta["exit_code"]) == ("below_expectation", 4)
+        assert procs[0].returncode != 0  # torchrun's own code: any failed worker
+        assert any("#2 is in all" in line for line in distbench_lines(procs[0].stderr))
+        failed = [v for v in acc["verdicts"] if v["verdict"] == "FAIL"
+                  and v["scope"] == "pair" and not v["retest"]]
+        stray = [v for v in failed if "#2" not in v["target"]]
+        if failed and not stray:  # no pair without node 2 failed
+            return
+        assert attempt == 1 and all(v["ratio"] >= 0.1 for v in stray), acc["summary"]
 
 
 @pytest.mark.parametrize("nnodes", [3, 4])

@@ -77,9 +77,10 @@ def _fake_slurm(rank: int, port: int) -> dict[str, str]:
 
 
 def _fake_mpirun(rank: int, port: int) -> dict[str, str]:
+    # Open MPI's NODE_RANK is a process's rank among those on its node, as LOCAL_RANK is
     return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "2",
             "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-            "OMPI_COMM_WORLD_NODE_RANK": "0", "MASTER_PORT": str(port)}
+            "OMPI_COMM_WORLD_NODE_RANK": str(rank), "MASTER_PORT": str(port)}
 
 
 @pytest.mark.multiproc
@@ -108,7 +109,8 @@ def _fake_mpirun_of(world: int):
     def fake(rank: int, port: int) -> dict[str, str]:
         return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
                 "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
-                "OMPI_COMM_WORLD_LOCAL_SIZE": str(world), "OMPI_COMM_WORLD_NODE_RANK": "0",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": str(world),
+                "OMPI_COMM_WORLD_NODE_RANK": str(rank),
                 "MASTER_PORT": str(port)}
     return fake
 

@@ -28,7 +28,8 @@ def test_small_counts():
 
 def test_quick_pairs_even_with_odd_nodes():
     assert quick_round(4) == [[(0, 1), (2, 3)]]
-    assert quick_round(5) == [[(0, 1), (2, 3)]]
+    assert quick_round(5) == [[(0, 1), (2, 3)], [(0, 4)]]  # the odd node is not left out
+    assert quick_round(3) == [[(0, 1)], [(0, 2)]]
     assert quick_round(1) == []
 
 

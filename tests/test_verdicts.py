@@ -177,3 +177,78 @@ def test_the_built_in_cpu_profile_judges_a_run_of_this_machine():
     judged = judge([Result(lat, "vm", (0,), 2, time_us=3000.0, wrong=0)], cpu, ["vm"])
     assert judged.verdicts[0].verdict == "PASS"
     assert Path(cpu.path).name == "cpu-gloo.toml"
+
+
+# ---------------------------------------------------------------------------------------------
+# What a review of the rules found: the bad nodes a majority of the pairs, a node just under
+# the check's own line, a check with one target, skips and wrong data in retests.
+
+
+def _pair(profile, a: int, b: int, bw: float | None, **more) -> Result:
+    return Result(profile.checks[0], f"n{a}+n{b}", (a, b), 2, busbw_gbps=bw,
+                  wrong=0 if bw is not None else None, **more)
+
+
+def test_two_slow_nodes_of_four_fail_their_pairs_and_are_both_named(profile):
+    """Nodes 2 and 3 are on 5 of the 6 pairs: the median is theirs, and no single node looks
+    slow against the rest until the other is left out too."""
+    names = [f"n{i}" for i in range(4)]
+    results = [_pair(profile, a, b, 10.0 if (a, b) == (0, 1) else 0.5)
+               for a in range(4) for b in range(a + 1, 4)]
+    judged = judge(results, profile, names)
+    failed = sorted(v.result.target for v in judged.verdicts if v.verdict == "FAIL")
+    assert failed == ["n0+n2", "n0+n3", "n1+n2", "n1+n3", "n2+n3"]
+    assert "not on n2, n3" in judged.verdicts[0].why or "not on n3, n2" in judged.verdicts[0].why
+    assert judged.retests() == [("pair bw", [[(0, 2), (1, 3)]])]
+    again = [_pair(profile, 0, 2, 0.5, retest=True), _pair(profile, 1, 3, 0.5, retest=True)]
+    judged = judge(results + again, profile, names)
+    assert sorted(c.split(" is in")[0] for c in judged.culprits) == [
+        "pair bw: node n2", "pair bw: node n3"]
+    assert all("2 of its 3 partners pass with other nodes (confirmed" in c
+               for c in judged.culprits)
+
+
+def test_a_node_under_the_checks_own_line_is_not_its_own_reference(profile):
+    """3 nodes, node 2 at 0.4 of the others (the check fails under 0.5): it is on 2 of the 3
+    pairs and sets their median, yet its pairs fail."""
+    names = ["n0", "n1", "n2"]
+    results = [_pair(profile, 0, 1, 10.0), _pair(profile, 0, 2, 4.0), _pair(profile, 1, 2, 4.0)]
+    verdicts = {v.result.target: v.verdict for v in judge(results, profile, names).verdicts
+                if v.result.check.name == "pair bw"}
+    assert verdicts == {"n0+n1": "PASS", "n0+n2": "FAIL", "n1+n2": "FAIL"}
+    # and at 0.7 of the others, between the fail (0.5) and warn (0.8) lines: warned
+    results = [_pair(profile, 0, 1, 10.0), _pair(profile, 0, 2, 7.0), _pair(profile, 1, 2, 7.0)]
+    verdicts = {v.result.target: v.verdict for v in judge(results, profile, names).verdicts
+                if v.result.check.name == "pair bw"}
+    assert verdicts == {"n0+n1": "PASS", "n0+n2": "WARN", "n1+n2": "WARN"}
+
+
+def test_a_peers_check_with_one_target_is_skipped_not_passed(profile):
+    judged = judge([_pair(profile, 0, 1, 0.01)], profile, ["n0", "n1"])
+    (v,) = [v for v in judged.verdicts if v.result.check.name == "pair bw"]
+    assert (v.verdict, v.why) == ("SKIP", "one target: no peers to judge it against")
+    status, code, line = judged.outcome(strict=False)
+    assert (status, code) == ("ok", 0) and "1 skipped" in line
+
+
+def test_a_skipped_pair_neither_passes_nor_names_a_node(profile):
+    names = ["n0", "n1", "n2"]
+    results = [_pair(profile, 0, 1, 0.5), _pair(profile, 0, 2, 0.5),
+               _pair(profile, 1, 2, None, note="does not fit in device memory")]
+    judged = judge(results, profile, names, baseline={("pair bw", "n0+n1"): 10.0,
+                                                      ("pair bw", "n0+n2"): 10.0})
+    assert judged.culprits == []  # node 0 fails both its pairs, but no partner passed anything
+    retest_skipped = _pair(profile, 0, 1, None, retest=True, note="does not fit")
+    judged = judge(results + [retest_skipped], profile, names,
+                   baseline={("pair bw", "n0+n1"): 10.0, ("pair bw", "n0+n2"): 10.0})
+    (v,) = [v for v in judged.verdicts if v.result.target == "n0+n1" and not v.result.retest]
+    assert v.verdict == "FAIL" and v.why.endswith("its retest measured nothing: it stands, "
+                                                  "unconfirmed")
+
+
+def test_wrong_data_in_a_retest_is_exit_1(profile):
+    names = [f"n{i}" for i in range(3)]
+    results = _pairs(profile, 3, slow=2)
+    judged = judge(results + [Result(profile.checks[0], "n0+n2", (0, 2), 2, busbw_gbps=0.4,
+                                     wrong=12, retest=True)], profile, names)
+    assert judged.outcome(strict=False)[:2] == ("wrong", 1)

@@ -32,10 +32,16 @@ with_example(_profile, "--profile auto")
 def _baseline(option_name: str, value) -> str | None:
     if value is None:
         return None
+    from distbench.accept_files import read_baseline
+
     path = Path(str(value))
     if not (path / "accept.json").is_file():
         raise OptionError(option_name, f"no accept.json in {str(path)!r} (a previous "
                           "distbench accept run directory)", "--baseline results/<run>")
+    try:
+        read_baseline(path)  # read whole now: a broken file must not end a finished run
+    except ValueError as e:
+        raise OptionError(option_name, str(e), "--baseline results/<run>") from None
     return str(path)
 
 
