@@ -229,9 +229,11 @@ def _measure(s, view, check: Check, target: Target, group) -> verdicts.Result | 
     if me != 0:
         return None
     algbw, busbw = bandwidth(acc, lay.size_bytes, st.time_us / 1e6, n)
+    _, typical = bandwidth(acc, lay.size_bytes, st.p50_us / 1e6, n)
     return verdicts.Result(**base, size_bytes=lay.size_bytes, iters=st.iters,
                            time_us=st.time_us, p99_us=st.p99_us, algbw_gbps=algbw,
-                           busbw_gbps=busbw, wrong=st.wrong)
+                           busbw_gbps=busbw, wrong=st.wrong, p50_us=st.p50_us,
+                           p50_busbw_gbps=typical)
 
 
 def _report(s, output, profile: Profile, why: str, judged, names: list[str]) -> None:

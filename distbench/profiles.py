@@ -50,6 +50,14 @@ METRICS: dict[str, dict] = {
                 "commands": {"collective": None, "p2p": ("ring", "pingpong")}},
     "p99_us": {"unit": "us", "higher_is_better": False,
                "commands": {"collective": None, "p2p": ("ring", "pingpong")}},
+    # The median iteration: a burst of load from a neighbour slows some iterations, a fault
+    # slows every one. For judging nodes against each other on shared machines (cpu-gloo);
+    # blind to a link that stalls now and then, which the mean and p99 see.
+    "p50_us": {"unit": "us", "higher_is_better": False,
+               "commands": {"collective": None, "p2p": ("ring", "pingpong")}},
+    # busbw at the median iteration's time (not a CSV column: derived from p50_us)
+    "p50_busbw_gbps": {"unit": "GB/s", "higher_is_better": True,
+                       "commands": {"collective": None, "p2p": ("ring",)}},
 }
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

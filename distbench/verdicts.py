@@ -29,6 +29,8 @@ class Result:
     algbw_gbps: float | None = None
     busbw_gbps: float | None = None
     wrong: int | None = None
+    p50_us: float | None = None
+    p50_busbw_gbps: float | None = None
     note: str = ""  # why nothing was measured
     retest: bool = False  # a suspect node measured again against a node that passed
 
@@ -172,7 +174,7 @@ def _row(v: Verdict) -> dict:
             "algbw_gbps": r.algbw_gbps, "busbw_gbps": r.busbw_gbps, "wrong": r.wrong,
             "metric": c.metric, "measured": r.value, "expected": v.expected,
             "warn_at": v.warn_at, "reference": v.reference, "ratio": v.ratio,
-            "verdict": v.verdict, "retest": r.retest, "note": v.why}
+            "verdict": v.verdict, "retest": r.retest, "note": v.why, "p50_us": r.p50_us}
 
 
 PASSED = ("PASS", "WARN")

@@ -146,7 +146,8 @@ PINNED = {
     ).split(),
     'accept.csv': (
         "check scope target command op dtype size_bytes ranks iters time_us p99_us algbw_gbps "
-        "busbw_gbps wrong metric measured expected warn_at reference ratio verdict retest note"
+        "busbw_gbps wrong metric measured expected warn_at reference ratio verdict retest note "
+        "p50_us"
     ).split(),
 }
 
