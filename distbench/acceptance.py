@@ -141,21 +141,6 @@ def run(s, output) -> int:
     return EXIT_OK
 
 
-def _print_comparison(s, profile: Profile) -> None:
-    """Every check beside the baseline run's, as `distbench compare` shows them (the verdicts
-    above have already judged them, by the profile's baseline tolerance)."""
-    from distbench import compare, rundirs
-    from distbench.reading import ReadError
-
-    try:
-        base, new = rundirs.load(Path(s.opts.baseline)), rundirs.load(s.run_dir)
-        c = compare.compare(base, new, threshold=profile.baseline_tolerance)
-    except ReadError as e:
-        s.console.log(f"--baseline: cannot compare: {e}")
-        return
-    s.console.lines(compare.format_text(c, base, new))
-
-
 def _agree_profile(s) -> tuple[Profile, str]:
     """The profile every rank runs: the one named, or the one rank 0 picks from the topology."""
     spec = s.opts.profile
@@ -250,4 +235,7 @@ def _report(s, output, profile: Profile, why: str, judged, names: list[str]) -> 
         s.console.log(line)
     accept_files.write(s.run_dir, s.record, profile, why, judged, names, s.rt, s.opts.strict)
     if s.opts.baseline and s.run_dir is not None:
-        _print_comparison(s, profile)
+        # the verdicts above have already judged each check, by the profile's tolerance
+        from distbench.baseline import print_comparison
+
+        print_comparison(s, profile.baseline_tolerance)

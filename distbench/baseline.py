@@ -4,6 +4,7 @@ beyond the threshold ends the run with exit 4 on every rank."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -18,8 +19,10 @@ def _reads_files() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+@functools.lru_cache(maxsize=4)
 def load(value: str | None, tables: tuple[str, ...]):
-    """The baseline run, with rows in one of `tables`; raises OptionError."""
+    """The baseline run, with rows in one of `tables`; raises OptionError. Read once per
+    process: the option check and each check_world (flags, local launcher) ask again."""
     from distbench import rundirs
     from distbench.reading import ReadError
 
@@ -60,25 +63,36 @@ def check_world(value: str | None, tables: tuple[str, ...], world: int) -> None:
                           "no row to compare", EXAMPLE)
 
 
+def print_comparison(s, threshold: float):
+    """Rank 0 (the rank with a run directory): this run beside --baseline, as distbench compare
+    shows it. The Comparison, or why nothing could be compared (said on the console too)."""
+    from distbench import compare, rundirs
+    from distbench.reading import ReadError
+
+    try:
+        base, new = rundirs.load(Path(s.opts.baseline)), rundirs.load(s.run_dir)
+        c = compare.compare(base, new, threshold=threshold)
+    except ReadError as e:  # nothing in common: said, not a failure of the run
+        s.console.log(f"warning: --baseline: cannot compare: {e}")
+        return str(e)
+    s.console.lines(compare.format_text(c, base, new))
+    return c
+
+
 def judge(s) -> None:
     """Every rank, once every row is written."""
-    from distbench import compare, rundirs
+    from distbench import compare
     from distbench.exitcodes import EXIT_BELOW
     from distbench.memory import agree
-    from distbench.reading import ReadError
     from distbench.runtime import RunFailure
 
     worse: list[compare.Row] = []
     s.step("comparison with --baseline", s.opts.timeout)
     if s.run_dir is not None:
-        try:
-            base, new = rundirs.load(Path(s.opts.baseline)), rundirs.load(s.run_dir)
-            c = compare.compare(base, new)
-        except ReadError as e:  # nothing in common: said and recorded, not a failed run
-            s.console.log(f"warning: --baseline: cannot compare: {e}")
-            s.record.update(baseline={"path": s.opts.baseline, "error": str(e)})
+        c = print_comparison(s, compare.DEFAULT_THRESHOLD)
+        if isinstance(c, str):
+            s.record.update(baseline={"path": s.opts.baseline, "error": c})
         else:
-            s.console.lines(compare.format_text(c, base, new))
             worse = c.worse
             s.record.update(baseline={
                 "path": s.opts.baseline, "metric": c.metric.name, "threshold": c.threshold,

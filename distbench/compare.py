@@ -50,33 +50,28 @@ METRICS = {
 MARKS = {"better": "+", "worse": "-", "same": "~", "incomparable": "x"}
 
 
-def mann_whitney(a: list[float], b: list[float]) -> float:
-    """Two-sided p-value of the Mann-Whitney U test, by the normal approximation with the tie
-    correction and a continuity correction (good from about 8 samples a side; with fewer, the
-    p-value is on the large side, so a row is less readily called worse). NaN below 2 a side."""
+def rank_test(a: list[float], b: list[float]) -> tuple[float, float]:
+    """(p, slower share) from one ranking of both samples. p: the two-sided p-value of the
+    Mann-Whitney U test, by the normal approximation with the tie correction and a continuity
+    correction (good from about 8 samples a side; with fewer, the p-value is on the large side,
+    so a row is less readily called worse); NaN below 2 a side. Slower share: how often an
+    iteration of b takes longer than one of a (ties count half), the U statistic of b over
+    n1 * n2: above 0.5, b's iterations are generally the slower ones."""
     n1, n2 = len(a), len(b)
     if n1 < 2 or n2 < 2:
-        return math.nan
+        return math.nan, math.nan
     both = pd.Series(list(a) + list(b))
     ranks = both.rank(method="average")
     u = float(ranks.iloc[:n1].sum()) - n1 * (n1 + 1) / 2
+    share = 1 - u / (n1 * n2)  # U of a and U of b sum to n1 * n2
     n = n1 + n2
     ties = both.value_counts()
     tie_term = float(((ties ** 3) - ties).sum()) / (n * (n - 1))
     sigma = math.sqrt(n1 * n2 / 12 * ((n + 1) - tie_term))
     if sigma == 0:
-        return 1.0
+        return 1.0, share
     z = max(abs(u - n1 * n2 / 2) - 0.5, 0.0) / sigma
-    return math.erfc(z / math.sqrt(2))
-
-
-def slower_share(a: list[float], b: list[float]) -> float:
-    """How often an iteration of b takes longer than one of a (ties count half): above 0.5, b's
-    iterations are generally the slower ones. The U statistic of b over n1 * n2."""
-    both = pd.Series(list(a) + list(b))
-    ranks = both.rank(method="average")
-    n1, n2 = len(a), len(b)
-    return (float(ranks.iloc[n1:].sum()) - n2 * (n2 + 1) / 2) / (n1 * n2)
+    return math.erfc(z / math.sqrt(2)), share
 
 
 @dataclass(frozen=True)
@@ -199,7 +194,7 @@ def _judge(higher_is_better: bool, threshold: float, base_v, new_v, base_s, new_
     ratio = float(new_v) / float(base_v)
     # the share by which NEW is better: busbw up by 10%, or time down by 10%, is +0.10
     gain = ratio - 1 if higher_is_better else 1 - ratio
-    p = mann_whitney(base_s, new_s) if base_s and new_s else None
+    p, slower = rank_test(base_s, new_s) if base_s and new_s else (None, None)
     if p is not None and math.isnan(p):
         p = None
     if abs(gain) <= threshold:
@@ -209,7 +204,7 @@ def _judge(higher_is_better: bool, threshold: float, base_v, new_v, base_s, new_
             "no samples: by the threshold alone"
     if p >= SIGNIFICANCE:
         return ratio, p, MARKS["same"], "not significant"
-    if (slower_share(base_s, new_s) > 0.5) != (gain < 0):
+    if (slower > 0.5) != (gain < 0):
         # the row's figure (a mean) and its iterations point opposite ways: a few outliers
         # moved the mean; most iterations went the other way
         return ratio, p, MARKS["same"], "the mean and most iterations disagree"

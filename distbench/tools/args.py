@@ -18,11 +18,3 @@ def threshold(text: str) -> float:
         raise OptionError("--threshold", f"must be from 0% to below 100%, got {raw}",
                           "--threshold 5%")
     return value
-
-
-def choice(option: str, value: str, valid: tuple[str, ...], example: str) -> str:
-    value = str(value).strip().lower()
-    if value not in valid:
-        raise OptionError(option, f"unknown value {value!r} (valid: {', '.join(valid)})",
-                          example)
-    return value

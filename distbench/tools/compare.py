@@ -27,12 +27,12 @@ def command(
         "--format", help="text, md (for a pull request) or csv.")] = "text",
 ) -> None:
     from distbench import compare, rundirs
-    from distbench.tools.args import choice
+    from distbench.options import one_of
     from distbench.tools.args import threshold as parse_threshold
 
     limit = parse_threshold(threshold)
-    metric = choice("--metric", metric, tuple(compare.METRICS), "--metric busbw")
-    format = choice("--format", format, FORMATS, "--format md")
+    metric = one_of(tuple(compare.METRICS), "--metric busbw")("--metric", metric)
+    format = one_of(FORMATS, "--format md")("--format", format)
     b, n = rundirs.load(base), rundirs.load(new)
     c = compare.compare(b, n, metric, limit)
     lines = (compare.format_markdown(c, b, n) if format == "md" else
