@@ -9,6 +9,10 @@ timed code unless a fault was asked for, and ops and strategies know nothing of 
     DISTBENCH_TEST_SLOW_SEND=2:0.002     rank 2 waits 2 ms before every op in which it sends
     DISTBENCH_TEST_SLOW_RANK=2:0.002     rank 2 waits 2 ms before every op in which it sends or
                                          receives: slow in both directions, like a bad NIC
+
+The training-step commands have no ops of their own to wrap: dp asks before_collective() for
+the delay and puts it ahead of every gradient all-reduce (a DDP comm hook) and of every
+all-reduce it replays alone.
 """
 
 from __future__ import annotations
@@ -69,6 +73,13 @@ class Faults:
         if self.corrupt and case.output is not None:
             changes["check"] = _corrupting(case.check, case.output)
         return replace(case, **changes) if changes else case
+
+    def before_collective(self):
+        """A function that waits this rank's delay (an all-reduce both sends and receives), or
+        None when no delay was asked for."""
+        if not self.delay_s:
+            return None
+        return lambda: time.sleep(self.delay_s)
 
     def corrupt_tensor(self, tensor) -> None:
         """For checks that compare with a reference outside the engine (tp, pp)."""

@@ -330,6 +330,13 @@ class StepOptions(RunOptions):
                          "the same seed.")
 
 
+def redefault(options: type, name: str, default) -> Any:
+    """`options`' field `name` (its help and check) with another default, for a command whose
+    sensible size differs from the shared one."""
+    base = options.__dataclass_fields__[name]
+    return field(default=default, metadata=base.metadata)
+
+
 # ---------------------------------------------------------------------------------------------
 # From raw values (command line, config file) to validated options
 

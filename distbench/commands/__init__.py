@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from distbench.commands import accept, collective, p2p, pp, topo, tp
+from distbench.commands import accept, collective, dp, p2p, pp, topo, tp
 from distbench.options import RunOptions
 
 
@@ -26,5 +26,6 @@ COMMANDS: dict[str, Command] = {
     "topo": Command(topo.HELP, topo.TopoOptions, topo.run, topo.run_local),
     "tp": Command(tp.HELP, tp.TPOptions, tp.run),
     "pp": Command(pp.HELP, pp.PPOptions, pp.run),
+    "dp": Command(dp.HELP, dp.DPOptions, dp.run),
     "accept": Command(accept.HELP, accept.AcceptOptions, accept.run),
 }

@@ -4,7 +4,7 @@ against a single-rank reference."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from distbench.options import (
     OptionError,
@@ -13,18 +13,13 @@ from distbench.options import (
     at_least_two,
     option,
     pick,
+    redefault,
 )
 from distbench.tables import Column, Output, us_as_ms
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b")
 
 HELP = "Pipeline-parallel step timing: schedules side by side, measured and analytic bubble."
-
-
-def _redefault(name: str, default) -> object:
-    """StepOptions' field `name` with another default for pp."""
-    base = StepOptions.__dataclass_fields__[name]
-    return field(default=default, metadata=base.metadata)
 
 
 @dataclass(kw_only=True)
@@ -36,8 +31,8 @@ class PPOptions(StepOptions):
                                 check=at_least(1, "--micro-batches 8"))
     virtual_stages: int = option(2, "Stages per rank for interleaved-1f1b (v).",
                                  check=at_least(1, "--virtual-stages 2"))
-    seq_len: int = _redefault("seq_len", 128)
-    layers: int = _redefault("layers", 8)
+    seq_len: int = redefault(StepOptions, "seq_len", 128)
+    layers: int = redefault(StepOptions, "layers", 8)
 
     def check_world(self, world: int) -> None:
         at_least_two("pp", world)

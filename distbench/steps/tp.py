@@ -20,6 +20,7 @@ from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.session import Session
 from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone
 from distbench.strategies import tp as strat
+from distbench.strategies.comms import CommCounter
 from distbench.tables import Output, format_table
 
 SEED = 1234
@@ -81,7 +82,7 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
     # One untimed step under the counter: what DTensor really sends, against the formula.
     s.step(f"tp {kind} (communication count)", opts.timeout)
     tp_step = make_step(tp_model, x, dy)
-    with strat.CommCounter() as counter:
+    with CommCounter() as counter:
         tp_step()
     ar_bytes = strat.allreduce_bytes(kind, shape, elt, n)
     counted = counter.allreduce_bytes()

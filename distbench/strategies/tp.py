@@ -23,7 +23,6 @@ import copy
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from distbench.models import (
     BLOCKS,
@@ -204,49 +203,6 @@ def build_local_shard(kind: str, shape: StackShape, world: int, device, dtype,
     model.to_empty(device=device)
     init_weights(model, seed)
     return model
-
-
-# ------------------------------------------------------------------------------------------
-# Communication actually issued, counted from the dispatcher
-# ------------------------------------------------------------------------------------------
-
-_COMM_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d")
-
-
-class CommCounter(TorchDispatchMode):
-    """Counts the collectives (and their input bytes) that run inside it: what DTensor really
-    issued, to hold against allreduce_bytes(). Waits are not collectives."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts: dict[str, int] = {}
-        self.bytes: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-
-        if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented  # let DTensor turn itself into plain ops and collectives
-        out = func(*args, **(kwargs or {}))
-        namespace = getattr(func, "namespace", "")
-        name = func._overloadpacket.__name__ if hasattr(func, "_overloadpacket") else str(func)
-        # waits and autograd wrappers (`_wrap_tensor_autograd`) are not collectives
-        collective = namespace in _COMM_NAMESPACES and not name.startswith(("wait", "_"))
-        if collective or name == "shard_dim_alltoall":
-            first = args[0] if args else None
-            if isinstance(first, list | tuple):
-                first = first[0] if first else None
-            nbytes = first.numel() * first.element_size() if isinstance(first, torch.Tensor) else 0
-            key = name.rstrip("_")
-            self.counts[key] = self.counts.get(key, 0) + 1
-            self.bytes[key] = self.bytes.get(key, 0) + nbytes
-        return out
-
-    def allreduce_bytes(self) -> int:
-        return sum(v for k, v in self.bytes.items() if k in ("all_reduce", "allreduce"))
-
-    def other_collectives(self) -> dict[str, int]:
-        return {k: v for k, v in self.counts.items() if k not in ("all_reduce", "allreduce")}
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,0 +1,236 @@
+"""`distbench dp`: one dp.csv row per mode (and per DDP bucket size), each measured on every rank
+at once and timed as every command times (warmup, barrier, timed loop, cross-rank statistics):
+
+1. two untimed steps (DDP settles its buckets in them), then one under the dispatcher's collective
+   counter that also measures the state this rank holds;
+2. the step itself (step_us);
+3. the same work with the communication removed (compute_only_us);
+4. the counted collectives replayed alone, back to back (comm_alone_us);
+5. with --check, one step from the seed against a single rank on the global batch.
+
+t1, the whole model stepping on one rank's batch on rank 0 alone, is timed once: weak scaling,
+so efficiency = t1 / step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from distbench import timing
+from distbench.exitcodes import EXIT_OK
+from distbench.measure import fail_if_wrong, timed_samples
+from distbench.memory import agree, release
+from distbench.models import StackShape
+from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.session import Session
+from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone
+from distbench.strategies import dp as strat
+from distbench.strategies import dp_formulas as formulas
+from distbench.strategies.comms import CommCounter, bus_bytes, replay, replayable
+from distbench.strategies.tp import RTOL, small_shape
+from distbench.tables import Output, format_table
+
+SEED = 1234
+# A check on the configured shapes costs this many FLOPs at most (the reference runs the whole
+# global batch, then every mode one step); larger ones are checked on tp's small shape.
+CHECK_MAX_FLOPS = 2e9
+
+
+def check_shape(kind: str, shape: StackShape, world: int) -> tuple[StackShape, bool]:
+    shapes = formulas.param_shapes(kind, shape.hidden_size, shape.ffn_size, shape.layers)
+    cost = 6 * formulas.param_count(shapes) * shape.tokens * world
+    if cost <= CHECK_MAX_FLOPS:
+        return shape, True
+    return small_shape(world), False
+
+
+def run(s: Session, output: Output) -> int:
+    rt, opts = s.rt, s.opts
+    shape = StackShape.from_options(opts)
+    dtype = TORCH_DTYPES[opts.dtype]
+    shapes = formulas.param_shapes(opts.block, shape.hidden_size, shape.ffn_size, shape.layers)
+    psi = formulas.param_count(shapes)
+    elt = torch.empty(0, dtype=dtype).element_size()
+    check_sh, on_configured = check_shape(opts.block, shape, rt.world)
+    s.console.log(f"dp: {opts.block} x {shape.layers} layers, {psi:,} parameters "
+                  f"({psi * elt / 1e6:.1f} MB in {opts.dtype}), {rt.world} ranks, {rt.nnodes} "
+                  f"node(s), backend {rt.backend}; each rank trains {shape.micro_batch_size} x "
+                  f"{shape.seq_len} tokens per step (weak scaling)")
+    details: dict = {"seed": SEED, "params": psi, "shape": shape.to_json(), "block": opts.block,
+                     "modes": {}, "check": {"enabled": opts.check, "shape": check_sh.to_json(),
+                                            "configured_shapes": on_configured,
+                                            "rtol": RTOL[opts.dtype]}}
+    batch = strat.local_batch(shape, SEED, rt.rank, rt.device, dtype)
+    t1 = time_on_rank0_alone(s, "dp t1 (the whole model on rank 0 alone)", lambda: (
+        strat.single_rank_step(opts.block, shape, SEED, rt.device, dtype, batch)))
+    ref = None
+    if opts.check:
+        s.console.log(f"check: every mode vs one rank on the global batch, "
+                      f"{check_sh.describe()}" + ("" if on_configured else
+                                                  " (the configured shapes are too large)"))
+        s.step("dp single-rank reference (check)", opts.timeout)
+        ref = strat.reference(opts.block, check_sh, SEED, rt.world, dtype)
+    s.console.lines(format_table(output.console, [], title=(
+        f"dp  {opts.dtype}  ranks {rt.world}  nodes {rt.nnodes}  backend {rt.backend}  "
+        f"{opts.block}  {shape.describe()}  params {psi:,}")))
+    sink = s.sink(output)
+    bad: list[str] = []
+    for mode, bucket in _rows(opts):
+        row, info = _measure(s, mode, bucket, shape, dtype, batch, t1, ref, check_sh,
+                             on_configured, bad)
+        details["modes"][_label(mode, bucket)] = info
+        sink.append(row)
+        if s.record is not None:
+            s.record.update(dp=details)
+        s.console.lines(format_table(output.console, [row]))
+    fail_if_wrong(bad)
+    return EXIT_OK
+
+
+def _rows(opts) -> list[tuple[str, float | None]]:
+    rows: list[tuple[str, float | None]] = []
+    for mode in opts.modes:
+        if mode == "ddp":
+            rows += [(mode, b) for b in opts.bucket_cap_mb]
+        else:
+            rows.append((mode, opts.bucket_cap_mb[0] if mode == "zero1" else None))
+    return rows
+
+
+def _label(mode: str, bucket: float | None) -> str:
+    return mode if bucket is None else f"{mode} {bucket:g} MiB"
+
+
+def _timed(s: Session, what: str, step) -> timing.Stats:
+    timed = timed_samples(s, step, what)
+    s.step(f"{what} (statistics)", s.opts.timeout)
+    return timing.summarize(timed.samples, 0, s.rt.device)
+
+
+def _max_over_ranks(value: float, device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _base_row(s: Session, mode: str, bucket: float | None, shape: StackShape, psi: int) -> dict:
+    rt, opts = s.rt, s.opts
+    return {"mode": mode, "bucket_cap_mb": bucket, "dtype": opts.dtype, "world_size": rt.world,
+            "nnodes": rt.nnodes, "block": opts.block, "hidden_size": shape.hidden_size,
+            "ffn_size": shape.ffn_size, "heads": shape.heads, "seq_len": shape.seq_len,
+            "micro_batch_size": shape.micro_batch_size, "layers": shape.layers, "params": psi,
+            "backend": rt.backend}
+
+
+def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dtype, batch,
+             t1: float | None, ref, check_sh: StackShape, on_configured: bool, bad: list[str]
+             ) -> tuple[dict, dict]:
+    rt, opts = s.rt, s.opts
+    n, device, label = rt.world, rt.device, _label(mode, bucket)
+    shapes = formulas.param_shapes(opts.block, shape.hidden_size, shape.ffn_size, shape.layers)
+    psi = formulas.param_count(shapes)
+    elt = torch.empty(0, dtype=dtype).element_size()
+    row = _base_row(s, mode, bucket, shape, psi)
+    slow = s.faults.before_collective()
+
+    s.step(f"dp {label} (build and first steps)", opts.timeout)
+    reason, trainer = "", None
+    try:
+        trainer = strat.build(mode, opts.block, shape, SEED, device, dtype, bucket or 25.0,
+                              batch, before_allreduce=slow)
+        for _ in range(2):  # DDP rebuilds its buckets (a broadcast) as the second step starts
+            trainer.step()
+        timing.sync(device)
+    except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
+        reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+        trainer = None
+    if not agree(not reason, device):
+        release(device)
+        note = f"cannot run here: {reason}" if reason else "another rank could not run this mode"
+        return {**row, "status": "skipped", "note": note}, {"skipped": note}
+
+    notes: list[str] = []
+    if n == 1:
+        notes.append("1 rank: nothing to overlap; step - compute_only is the wrappers' own cost")
+    s.step(f"dp {label} (communication count)", opts.timeout)
+    with CommCounter() as counter:
+        state = trainer.measured_step()
+    timing.sync(device)
+    calls = counter.calls
+    formula_bytes = formulas.bytes_per_step(mode, shapes, elt, n)
+    counted_bytes = sum(c.size_bytes for c in calls)
+    if counted_bytes != formula_bytes:
+        notes.append(f"{mode} moved {counted_bytes} B per step, the formula says {formula_bytes} B")
+    state_bytes = _max_over_ranks(sum(state.values()), device)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    st = _timed(s, f"dp {label} step", trainer.step)
+    peak = None
+    if device.type == "cuda":
+        peak = _max_over_ranks(torch.cuda.max_memory_allocated(device), device)
+
+    s.step(f"dp {label} compute-only (build)", opts.timeout)
+    compute_step = strat.build_compute_only(trainer, opts.block, shape, SEED, device, dtype,
+                                            bucket or 25.0)
+    trainer = None  # the mode's model and states go before the next measurement's
+    compute = _timed(s, f"dp {label} compute-only", compute_step)
+    compute_step = None
+    release(device)
+
+    ok_calls, left = replayable(calls)
+    if left:
+        notes.append(f"not replayed alone: {left}")
+    s.step(f"dp {label} communication alone (setup)", opts.timeout)
+    alone = _timed(s, f"dp {label} communication alone", replay(ok_calls, device, slow))
+    release(device)
+
+    step_us, compute_us, alone_us = st.time_us, compute.time_us, alone.time_us
+    exposed = step_us - compute_us
+    overlap, clamped = formulas.overlap_pct(exposed, alone_us)
+    if clamped:
+        notes.append(clamped)
+    busbw = bus_bytes(ok_calls, n) / (alone_us / 1e6) / 1e9 if alone_us > 0 and ok_calls else None
+    info = {"collectives_counted": counter.counts, "bytes_counted": counter.bytes,
+            "bytes_per_step_formula": formula_bytes, "state_bytes_measured": state,
+            "state_bytes_formula": formulas.state_bytes(mode, shapes, opts.dtype, n)}
+
+    max_err = None
+    status = "ok"
+    if opts.check:
+        s.step(f"dp {label} (check)", opts.timeout)
+        rtol = RTOL[opts.dtype]
+        pairs = strat.mode_vs_reference(mode, opts.block, check_sh, SEED, rt.rank, n, device,
+                                        dtype, bucket or 25.0, ref)
+        c = check_against_reference(s, pairs, rtol)
+        release(device)
+        max_err = c.max_abs_err
+        info["check"] = {"max_abs_err": max_err, "worst_err_over_tolerance": c.worst_ratio,
+                         "worst": c.worst}
+        if not on_configured:
+            notes.append(f"checked on {check_sh.describe()}")
+        if c.worst_ratio > 1:
+            status = "wrong"
+            notes.append(f"WRONG: {c.worst} off by {max_err:.3g} ({c.worst_ratio:.3g} x "
+                         "tolerance)")
+            bad.append(f"dp {label} {opts.dtype}: {c.worst} differs from the single-rank "
+                       f"reference by {max_err:.3g}, {c.worst_ratio:.3g} x the tolerance "
+                       f"({rtol:g} x max|ref|)")
+    if t1 is None:
+        notes.append(NO_T1)
+
+    row.update({
+        "iters": st.iters, "step_us": step_us, "rank_min_us": st.rank_min_us,
+        "rank_max_us": st.rank_max_us, "slowest_rank": st.slowest_rank, "p50_us": st.p50_us,
+        "p99_us": st.p99_us, "cv_pct": st.cv_pct, "compute_only_us": compute_us,
+        "comm_alone_us": alone_us, "exposed_comm_us": exposed, "overlap_pct": overlap,
+        "bytes_per_step": formula_bytes, "implied_busbw_gbps": busbw,
+        "state_bytes_per_rank": int(state_bytes), "state_bytes_formula": round(
+            formulas.state_bytes(mode, shapes, opts.dtype, n)), "peak_mem_bytes": peak,
+        "samples_per_s": n * shape.micro_batch_size / (step_us / 1e6),
+        "t1_us": None if t1 is None else t1 * 1e6,
+        "efficiency": None if t1 is None else t1 * 1e6 / step_us, "max_abs_err": max_err,
+        "status": status, "note": "; ".join(notes),
+    })
+    return row, info
