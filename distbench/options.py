@@ -405,13 +405,16 @@ def _env_int(name: str) -> int | None:
 
 
 def _toml_type_ok(value, kind) -> bool:
-    """A TOML value fits an option of type `kind`: booleans are not numbers, numbers are not
-    booleans or text, and text (or a list, joined with commas) goes to text options only."""
+    """A TOML value fits an option of type `kind`: booleans are not numbers and numbers are not
+    booleans; text (or a list, joined with commas) goes to text options only. A text option
+    takes a number or a boolean too, as its own check reads them (`bucket-cap-mb = 10`,
+    `reshard-after-forward = false`)."""
     base = {t for t in typing.get_args(kind) if t is not type(None)} or {kind}
+    text = bool(base & {str, Path})
     if isinstance(value, bool):
-        return bool in base
+        return bool in base or text
     if isinstance(value, int | float):
-        return float in base or (int in base and isinstance(value, int))
+        return float in base or (int in base and isinstance(value, int)) or text
     if isinstance(value, str | list):
         return bool(base & {str, Path})
     return False
@@ -453,5 +456,8 @@ def load_config(path: Path, command: str, known: dict[str, Any], commands: set[s
                               f"type for {flag(name)}", example)
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
+        elif isinstance(value, bool) and bool not in typing.get_args(known[name]) + (
+                known[name],):
+            value = str(value).lower()
         out[name] = value
     return out

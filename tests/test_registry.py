@@ -20,7 +20,7 @@ HERE = Path(__file__).parent
 
 
 def test_every_command_has_options_and_a_body():
-    assert set(COMMANDS) == {"collective", "p2p", "topo", "tp", "pp", "accept"}
+    assert set(COMMANDS) == {"collective", "p2p", "topo", "tp", "pp", "dp", "accept"}
     registered = {c.name for c in cli.app.registered_commands}
     # report and compare read results back: no launcher, so no entry in the command table
     assert registered == set(COMMANDS) | {"report", "compare"}

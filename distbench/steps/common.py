@@ -60,6 +60,16 @@ def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], 
     return float(t1.item())
 
 
+def agree_reason(reason: str, device: torch.device) -> str:
+    """"" on every rank when no rank has a reason to give up; else, on every rank, the reason of
+    the lowest rank that has one (so rank 0, which writes the row, can quote it)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first = torch.tensor([rank if reason else world], dtype=torch.int64, device=device)
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    src = int(first.item())
+    return "" if src == world else broadcast_text(reason, src, device)
+
+
 def check_against_reference(s: Session, pairs: list[Pair], rtol: float) -> Comparison:
     """`pairs` compared by reference.compare, then agreed across ranks. The session's fault
     (tests only) lands on a copy of the first distributed tensor, since strategies hand out
@@ -87,11 +97,12 @@ def agree_comparison(c: Comparison, device: torch.device) -> Comparison:
                           device=device)
     dist.all_reduce(holder, op=dist.ReduceOp.MIN)
     src = int(holder.item())
-    name = "?" if src == world else _broadcast_text(c.worst, src, device)
+    name = "?" if src == world else broadcast_text(c.worst, src, device)
     return Comparison(max_err, ratio, name, int(wrong.item()))
 
 
-def _broadcast_text(text: str, src: int, device: torch.device) -> str:
+def broadcast_text(text: str, src: int, device: torch.device) -> str:
+    """`text` from rank `src` on every rank, cut to NAME_BYTES."""
     buf = torch.zeros(NAME_BYTES, dtype=torch.uint8, device=device)
     if dist.get_rank() == src:
         data = text.encode()[:NAME_BYTES]

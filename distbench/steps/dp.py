@@ -20,11 +20,16 @@ import torch.distributed as dist
 from distbench import timing
 from distbench.exitcodes import EXIT_OK
 from distbench.measure import fail_if_wrong, timed_samples
-from distbench.memory import agree, release
+from distbench.memory import release
 from distbench.models import StackShape
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.session import Session
-from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone
+from distbench.steps.common import (
+    NO_T1,
+    agree_reason,
+    check_against_reference,
+    time_on_rank0_alone,
+)
 from distbench.strategies import dp as strat
 from distbench.strategies import dp_formulas as formulas
 from distbench.strategies.comms import CommCounter, bus_bytes, replay, replayable
@@ -108,6 +113,20 @@ def _timed(s: Session, what: str, step) -> timing.Stats:
     return timing.summarize(timed.samples, 0, s.rt.device)
 
 
+def _attempt(fn):
+    """fn()'s value and "", or None and why torch refused (its first line)."""
+    try:
+        return fn(), ""
+    except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
+        return None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
+def _first_steps(trainer, device) -> None:
+    for _ in range(2):  # DDP rebuilds its buckets (a broadcast) as the second step starts
+        trainer.step()
+    timing.sync(device)
+
+
 def _max_over_ranks(value: float, device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -134,20 +153,21 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     row = _base_row(s, mode, bucket, shape, psi)
     slow = s.faults.before_collective()
 
-    s.step(f"dp {label} (build and first steps)", opts.timeout)
-    reason, trainer = "", None
-    try:
-        trainer = strat.build(mode, opts.block, shape, SEED, device, dtype, bucket or 25.0,
-                              batch, before_allreduce=slow)
-        for _ in range(2):  # DDP rebuilds its buckets (a broadcast) as the second step starts
-            trainer.step()
-        timing.sync(device)
-    except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
-        reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+    # Agreed twice: after the build (no rank steps into a collective a peer will never join)
+    # and after the first steps (a backend that lacks a collective fails there, on every rank).
+    s.step(f"dp {label} (build)", opts.timeout)
+    trainer, reason = _attempt(lambda: strat.build(
+        mode, opts.block, shape, SEED, device, dtype, bucket or 25.0, batch,
+        before_allreduce=slow))
+    reason = agree_reason(reason, device)
+    if not reason:
+        s.step(f"dp {label} (first steps)", opts.timeout)
+        _, reason = _attempt(lambda: _first_steps(trainer, device))
+        reason = agree_reason(reason, device)
+    if reason:
         trainer = None
-    if not agree(not reason, device):
         release(device)
-        note = f"cannot run here: {reason}" if reason else "another rank could not run this mode"
+        note = f"cannot run here: {reason}"
         return {**row, "status": "skipped", "note": note}, {"skipped": note}
 
     notes: list[str] = []
@@ -188,9 +208,13 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
 
     step_us, compute_us, alone_us = st.time_us, compute.time_us, alone.time_us
     exposed = step_us - compute_us
-    overlap, clamped = formulas.overlap_pct(exposed, alone_us)
-    if clamped:
-        notes.append(clamped)
+    overlap = None
+    if ok_calls:
+        overlap, clamped = formulas.overlap_pct(exposed, alone_us)
+        if clamped:
+            notes.append(clamped)
+    elif n > 1:
+        notes.append("no collectives issued: nothing to overlap")
     busbw = bus_bytes(ok_calls, n) / (alone_us / 1e6) / 1e9 if alone_us > 0 and ok_calls else None
     info = {"collectives_counted": counter.counts, "bytes_counted": counter.bytes,
             "bytes_per_step_formula": formula_bytes, "state_bytes_measured": state,

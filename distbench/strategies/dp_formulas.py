@@ -8,14 +8,15 @@ float64 (K = 2e); in float16 and bfloat16 the optimizer steps fp32 master weight
 (master, two states), which is the ZeRO paper's table (Rajbhandari et al.):
     ddp    (2e + K)Ψ            everything whole
     zero1  2eΨ + KΨ/N           optimizer partitioned (ZeroRedundancyOptimizer)
-    zero2  eΨ + 4sΨ'            FSDP2 keeping the parameters gathered between forward and
+    zero2  eNΨ' + 4sΨ'          FSDP2 keeping the parameters gathered between forward and
                                 backward: the gathered copy, plus its shard, the gradient's
                                 shard and two states, each s bytes an element
     zero3  4sΨ'                 FSDP2 resharding after forward: shards only
 FSDP2 keeps its shards in fp32 under half precision (s = 4, the master weights) and in --dtype
 otherwise (s = e); Ψ' is one rank's shard, each parameter's first dimension split in N and
-padded. FSDP2's gradient shards are s bytes, not e, so its zero2 holds 2s/N more per parameter
-than the paper's; at N = 2 it ties with zero1 (3eΨ in float32, 10Ψ in half precision).
+padded (the gathered copy NΨ' keeps the padding). FSDP2's gradient shards are s bytes, not
+e, so its zero2 holds more than the paper's 2Ψ + 14Ψ/N; at N = 2 it ties with zero1 (3eΨ in
+float32, 10Ψ in half precision).
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ def bytes_per_step(mode: str, shapes: list[tuple[int, int]], elt: int, world: in
     """Per rank per step, nccl-tests' size of each collective (the larger of its send and receive
     buffers) summed: ddp all-reduces every gradient; zero1 also broadcasts every updated
     parameter from its owner; FSDP all-gathers every (padded) parameter before forward, again
-    before backward for zero3, and reduce-scatters every gradient."""
+    before backward for zero3, and reduce-scatters every gradient (none on one rank)."""
     whole = param_count(shapes) * elt
-    padded = shard_count(shapes, world) * world * elt
+    padded = shard_count(shapes, world) * world * elt if world > 1 else 0
     return {"ddp": whole, "zero1": 2 * whole, "zero2": 2 * padded, "zero3": 3 * padded}[mode]
 
 
@@ -63,7 +64,8 @@ def state_bytes(mode: str, shapes: list[tuple[int, int]], dtype: str, world: int
     psi = param_count(shapes)
     shard = shard_count(shapes, world)
     return {"ddp": (2 * elt + k) * psi, "zero1": 2 * elt * psi + k * psi / world,
-            "zero2": elt * psi + 4 * shard_elt * shard, "zero3": 4 * shard_elt * shard}[mode]
+            "zero2": elt * shard * world + 4 * shard_elt * shard,
+            "zero3": 4 * shard_elt * shard}[mode]
 
 
 def overlap_pct(exposed_us: float, comm_alone_us: float) -> tuple[float, str]:
