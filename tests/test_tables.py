@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from distbench.commands import accept, collective, p2p, pp, tp
+from distbench.commands import accept, collective, dp, p2p, pp, tp
 from distbench.tables import (
     Column,
     Output,
@@ -23,7 +23,7 @@ from distbench.tables import (
 
 ROOT = Path(__file__).parent.parent
 OUTPUTS = [collective.OUTPUT, p2p.OUTPUT, p2p.MATRIX_OUTPUT, tp.OUTPUT, pp.OUTPUT,
-           accept.OUTPUT]
+           dp.OUTPUT, accept.OUTPUT]
 COLS = (Column("name", "name", "", 6, ident=True), Column("t", "time", "(us)", 10, fmt=fmt_us),
         Column("bw", "bw", "(GB/s)", 8, ".2f"), Column("ok", "ok", "", 4))
 
@@ -143,6 +143,13 @@ PINNED = {
         "slowest_rank p50_us p99_us cv_pct samples_per_s bubble_measured "
         "bubble_measured_per_stage bubble_analytic p2p_bytes_per_step t1_us speedup efficiency "
         "max_abs_err backend status note "
+    ).split(),
+    'dp.csv': (
+        "mode bucket_cap_mb dtype world_size nnodes block hidden_size ffn_size heads seq_len "
+        "micro_batch_size layers params iters step_us rank_min_us rank_max_us slowest_rank p50_us "
+        "p99_us cv_pct compute_only_us comm_alone_us exposed_comm_us overlap_pct bytes_per_step "
+        "implied_busbw_gbps state_bytes_per_rank state_bytes_formula peak_mem_bytes "
+        "samples_per_s t1_us efficiency max_abs_err backend status note"
     ).split(),
     'accept.csv': (
         "check scope target command op dtype size_bytes ranks iters time_us p99_us algbw_gbps "
