@@ -198,24 +198,38 @@ def test_overlap_pct_without_communication(alone):
 
 # ---- fit -----------------------------------------------------------------------------------------
 
-def test_need_per_rank_holds_two_ddp_replicas_at_least(no_launcher):
+def test_need_per_rank_is_the_modes_largest_piece_plus_activations(no_launcher):
     opts = _opts(hidden_size=64, ffn_size=128, layers=2)
     psi = 2 * 2 * 64 * 128
-    # the mode's float32 DDP state (16 bytes a parameter) and the compute-only replica's
-    assert f.need_per_rank(opts) >= 2 * 16 * psi
+    acts = 2 * opts.micro_batch_size * opts.seq_len * (128 + 2 * 64) * 2 * 4
+    # ddp: its own float32 state (16 bytes a parameter), and its compute-only replica the same
+    assert f.need_per_rank(opts, "ddp", 2) == 16 * psi + acts
+    # zero3 at 4 ranks: the unsharded compute-only replica (parameters and gradients) and the
+    # optimizer of the shards outweigh the shards
+    assert f.need_per_rank(opts, "zero3", 4) == 8 * psi + 4 * 4 * psi / 4 + acts
+    assert f.need_per_rank(opts, "zero3", 4) < f.need_per_rank(opts, "ddp", 4)
     bigger = _opts(hidden_size=64, ffn_size=128, layers=2, micro_batch_size=8)
-    assert f.need_per_rank(bigger) > f.need_per_rank(opts)  # activations count too
+    assert f.need_per_rank(bigger, "ddp", 2) > f.need_per_rank(opts, "ddp", 2)
+    # per layer times layers: an absurd --layers is a number, not a list that long
+    huge = _opts(hidden_size=64, ffn_size=128, layers=10**12)
+    assert f.need_per_rank(huge, "zero3", 2) > 10**12
 
 
-def test_check_backend_refuses_only_what_does_not_fit(no_launcher, monkeypatch):
+def test_check_world_refuses_only_what_does_not_fit(no_launcher, monkeypatch):
     opts = _opts(hidden_size=64, ffn_size=128, layers=2)
-    need = f.need_per_rank(opts)
+    need = max(f.need_per_rank(opts, m, 2) for m in opts.modes)
+    opts.check_world(2)  # the backend is not known yet: nothing to check against
+    opts.check_backend("gloo")
     for have in (need, need + 1, None):
         monkeypatch.setattr(f, "capacity_per_rank", lambda b, r, h=have: (h, "here"))
-        opts.check_backend("gloo")  # fits, or cannot be told: no error
+        opts.check_world(2)  # fits, or cannot be told: no error
     monkeypatch.setattr(f, "capacity_per_rank", lambda b, r: (need - 1, "here"))
-    with pytest.raises(OptionError, match="^--hidden-size: .*here"):
-        opts.check_backend("gloo")
+    with pytest.raises(OptionError, match="^--hidden-size: ddp on 2 ranks .*here"):
+        opts.check_world(2)
+    # zero3 alone on 4 ranks needs less (12 bytes a parameter, not 16): the same machine fits it
+    zero3 = _opts(hidden_size=64, ffn_size=128, layers=2, mode="zero3")
+    zero3.check_backend("gloo")
+    zero3.check_world(4)
 
 
 # ---- options -----------------------------------------------------------------------------------
@@ -596,9 +610,17 @@ def test_global_batch_is_the_local_batches_in_rank_order(dtype):
 
 
 @pytest.mark.parametrize("kind", ["mlp", "attention"])
-def test_reference_is_the_average_of_the_ranks_gradients_and_one_adamw_step(kind):
+def test_reference_is_the_average_of_the_ranks_gradients_and_one_adamw_step(kind, monkeypatch):
     world, seed = 3, 11
+    three = strat.reference(kind, SMALL, seed, world, torch.float32)
+    monkeypatch.setattr(strat, "CHECK_STEPS", 1)
     ref = strat.reference(kind, SMALL, seed, world, torch.float32)
+    # the check's default: three steps (DDP buckets as configured from its second), each on the
+    # same batch with the eps the first step's gradients set
+    assert strat.CHECK_STEPS == 1 and three.eps == ref.eps
+    for n in ref.params:
+        assert not torch.equal(three.grads[n], ref.grads[n])  # taken at the moved weights
+        assert not torch.equal(three.params[n], ref.params[n])
     names = [n for n, _ in build_stack(kind, SMALL, seed, CPU, torch.float32).named_parameters()]
     assert list(ref.grads) == names and list(ref.params) == names
     top = max(float(g.abs().max()) for g in ref.grads.values())

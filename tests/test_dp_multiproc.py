@@ -72,11 +72,13 @@ def test_dp_rows(tmp_path, n, dtype, elt, block, sh):
         alone, exposed = float(r["comm_alone_us"]), float(r["exposed_comm_us"])
         assert float(r["rank_min_us"]) <= step <= float(r["rank_max_us"])
         assert float(r["p99_us"]) >= float(r["p50_us"]) > 0 and compute > 0 and alone > 0
-        assert exposed == pytest.approx(step - compute, rel=1e-4, abs=1e-3)
+        # the CSV keeps 6 significant digits of each
+        assert exposed == pytest.approx(step - compute, abs=1e-5 * (step + compute))
         want = 100 * (1 - exposed / alone)
         overlap = float(r["overlap_pct"])
-        assert overlap == pytest.approx(min(100.0, max(0.0, want)), abs=1e-3)
-        assert ("overlap_pct clamped" in r["note"]) == (not 0 <= want <= 100)
+        assert overlap == pytest.approx(min(100.0, max(0.0, want)), abs=1e-2)
+        if abs(want) > 0.1 and abs(want - 100) > 0.1:  # not on the clamp's edge
+            assert ("overlap_pct clamped" in r["note"]) == (not 0 <= want <= 100)
         # bytes: the closed form, and what the dispatcher saw the mode issue
         counts, sizes = info["collectives_counted"], info["bytes_counted"]
         if mode == "ddp":
@@ -93,6 +95,7 @@ def test_dp_rows(tmp_path, n, dtype, elt, block, sh):
             assert sizes == {"all_gather": gathers * padded * elt,
                              "reduce_scatter": padded * elt}
         assert int(r["bytes_per_step"]) == want_bytes == sum(sizes.values())
+        assert int(r["bytes_counted"]) == want_bytes
         assert "formula says" not in r["note"]
         factor = {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0,
                   "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}

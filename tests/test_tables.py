@@ -148,7 +148,7 @@ PINNED = {
         "mode bucket_cap_mb dtype world_size nnodes block hidden_size ffn_size heads seq_len "
         "micro_batch_size layers params iters step_us rank_min_us rank_max_us slowest_rank p50_us "
         "p99_us cv_pct compute_only_us comm_alone_us exposed_comm_us overlap_pct bytes_per_step "
-        "implied_busbw_gbps state_bytes_per_rank state_bytes_formula peak_mem_bytes "
+        "bytes_counted implied_busbw_gbps state_bytes_per_rank state_bytes_formula peak_mem_bytes "
         "samples_per_s t1_us efficiency max_abs_err backend status note"
     ).split(),
     'accept.csv': (

@@ -57,7 +57,7 @@ def _bucket_sizes(option_name: str, text) -> list[float]:
                               example) from None
         if not (value > 0 and math.isfinite(value)):
             raise OptionError(option_name, f"must be above 0 MiB, got {part.strip()}", example)
-        if value not in out:
+        if f"{value:g}" not in [f"{v:g}" for v in out]:  # rows are named by the :g form
             out.append(value)
     return out
 
@@ -93,16 +93,26 @@ class DPOptions(StepOptions):
                               f"{self.hidden_size}", "--heads 8 --hidden-size 512")
 
     def check_backend(self, backend: str) -> None:
-        """A model that cannot fit is refused before any worker starts: DDP's state (16 bytes
-        per parameter in float32) and one more replica for the compute-only step, plus the
-        activations, against the GPU's memory or this machine's share per local rank."""
+        self._backend = backend  # the fit check needs the world size too: check_world's
+
+    def check_world(self, world: int) -> None:
+        """A model that cannot fit is refused before any worker starts: the largest of the
+        modes' state, compute-only replica and replay buffers, plus the activations, against a
+        GPU's memory or this machine's share per local rank. Needs the backend (check_backend
+        runs first wherever both are known)."""
+        backend = getattr(self, "_backend", None)
+        if backend is None:
+            return
         from distbench.strategies.dp_formulas import capacity_per_rank, need_per_rank
 
-        need = need_per_rank(self)
+        mode, need = max(((m, need_per_rank(self, m, world)) for m in self.modes),
+                         key=lambda item: item[1])
         have, where = capacity_per_rank(backend, self.workers or _local_ranks())
         if have is not None and need > have:
-            raise OptionError("--hidden-size", f"the model needs about {need / 2**30:.1f} GiB per "
-                              f"rank, {where} has {have / 2**30:.1f} GiB per rank",
+            raise OptionError("--hidden-size", f"{mode} on {world} ranks needs about "
+                              f"{need / 2**30:.1f} GiB per rank for this model (--hidden-size, "
+                              f"--ffn-size, --layers, --micro-batch-size, --seq-len); {where} "
+                              f"has {have / 2**30:.1f} GiB per rank",
                               "--hidden-size 512 --layers 4")
 
 
@@ -117,7 +127,8 @@ OUTPUT = Output("dp.csv", csv=(
     "ffn_size", "heads", "seq_len", "micro_batch_size", "layers", "params", "iters", "step_us",
     "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
     "compute_only_us", "comm_alone_us", "exposed_comm_us", "overlap_pct", "bytes_per_step",
-    "implied_busbw_gbps", "state_bytes_per_rank", "state_bytes_formula", "peak_mem_bytes",
+    "bytes_counted", "implied_busbw_gbps", "state_bytes_per_rank", "state_bytes_formula",
+    "peak_mem_bytes",
     "samples_per_s", "t1_us", "efficiency", "max_abs_err", "backend", "status", "note",
 ), console=(
     Column("mode", "mode", "", 7, ident=True),

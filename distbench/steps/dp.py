@@ -14,6 +14,9 @@ so efficiency = t1 / step.
 
 from __future__ import annotations
 
+import gc
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -33,7 +36,7 @@ from distbench.steps.common import (
 from distbench.strategies import dp as strat
 from distbench.strategies import dp_formulas as formulas
 from distbench.strategies.comms import CommCounter, bus_bytes, replay, replayable
-from distbench.strategies.tp import RTOL, small_shape
+from distbench.strategies.tp import RTOL
 from distbench.tables import Output, format_table
 
 SEED = 1234
@@ -42,12 +45,27 @@ SEED = 1234
 CHECK_MAX_FLOPS = 2e9
 
 
+# The check's shape when the configured one is too large: dimensions that no world size from 2
+# to 4 divides (67 rows, 33 columns; the attention's 99), so FSDP's padding is checked too.
+SMALL = StackShape(hidden_size=33, ffn_size=67, heads=3, seq_len=8, micro_batch_size=2,
+                   layers=2)
+
+
 def check_shape(kind: str, shape: StackShape, world: int) -> tuple[StackShape, bool]:
     shapes = formulas.param_shapes(kind, shape.hidden_size, shape.ffn_size, shape.layers)
-    cost = 6 * formulas.param_count(shapes) * shape.tokens * world
+    cost = 6 * formulas.param_count(shapes) * shape.tokens * world * strat.CHECK_STEPS
     if cost <= CHECK_MAX_FLOPS:
         return shape, True
-    return small_shape(world), False
+    return SMALL, False
+
+
+def check_bucket(bucket: float, shape: StackShape, check_sh: StackShape, block: str) -> float:
+    """The bucket size that splits the check's gradients in about as many buckets as the
+    configured model's."""
+    def psi(sh: StackShape) -> int:
+        return formulas.param_count(formulas.param_shapes(block, sh.hidden_size, sh.ffn_size,
+                                                          sh.layers))
+    return bucket * psi(check_sh) / psi(shape)
 
 
 def run(s: Session, output: Output) -> int:
@@ -113,18 +131,28 @@ def _timed(s: Session, what: str, step) -> timing.Stats:
     return timing.summarize(timed.samples, 0, s.rt.device)
 
 
-def _attempt(fn):
-    """fn()'s value and "", or None and why torch refused (its first line)."""
+def _attempt(s: Session, label: str, fn):
+    """fn()'s value and "", or None and why torch refused (its first line), which this rank
+    prints at once: its peers may be waiting in a collective it will never join."""
     try:
         return fn(), ""
-    except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
-        return None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+    except (RuntimeError, NotImplementedError) as e:  # torch's refusals, out of memory too
+        reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+        print(f"distbench: rank {s.rt.rank}: dp {label}: {reason}", file=sys.stderr, flush=True)
+        return None, reason
 
 
-def _first_steps(trainer, device) -> None:
+def _first_steps(step, device) -> None:
     for _ in range(2):  # DDP rebuilds its buckets (a broadcast) as the second step starts
-        trainer.step()
+        step()
     timing.sync(device)
+
+
+def _free(device) -> None:
+    """FSDP's hooks hold its modules in reference cycles: collect them before the next row is
+    built (timed loops run with the collector off), then hand the memory back."""
+    gc.collect()
+    release(device)
 
 
 def _max_over_ranks(value: float, device) -> float:
@@ -155,18 +183,20 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
 
     # Agreed twice: after the build (no rank steps into a collective a peer will never join)
     # and after the first steps (a backend that lacks a collective fails there, on every rank).
+    # A failure on some ranks only, inside the steps (out of memory on one GPU), leaves the
+    # others in the mode's collectives until --timeout: the failing rank says why at once.
     s.step(f"dp {label} (build)", opts.timeout)
-    trainer, reason = _attempt(lambda: strat.build(
+    trainer, reason = _attempt(s, label, lambda: strat.build(
         mode, opts.block, shape, SEED, device, dtype, bucket or 25.0, batch,
         before_allreduce=slow))
     reason = agree_reason(reason, device)
     if not reason:
         s.step(f"dp {label} (first steps)", opts.timeout)
-        _, reason = _attempt(lambda: _first_steps(trainer, device))
+        _, reason = _attempt(s, label, lambda: _first_steps(trainer.step, device))
         reason = agree_reason(reason, device)
     if reason:
         trainer = None
-        release(device)
+        _free(device)
         note = f"cannot run here: {reason}"
         return {**row, "status": "skipped", "note": note}, {"skipped": note}
 
@@ -192,21 +222,27 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
         peak = _max_over_ranks(torch.cuda.max_memory_allocated(device), device)
 
     s.step(f"dp {label} compute-only (build)", opts.timeout)
-    compute_step = strat.build_compute_only(trainer, opts.block, shape, SEED, device, dtype,
+    plan = strat.compute_plan(trainer)
+    trainer = None  # the mode's model and states go before compute-only's are built
+    _free(device)
+    compute_step = strat.build_compute_only(plan, opts.block, shape, SEED, device, dtype,
                                             bucket or 25.0)
-    trainer = None  # the mode's model and states go before the next measurement's
+    _first_steps(compute_step, device)  # DDP's bucket rebuild, outside the timed steps
     compute = _timed(s, f"dp {label} compute-only", compute_step)
-    compute_step = None
-    release(device)
+    compute_step = plan = None
+    _free(device)
 
     ok_calls, left = replayable(calls)
     if left:
         notes.append(f"not replayed alone: {left}")
-    s.step(f"dp {label} communication alone (setup)", opts.timeout)
-    alone = _timed(s, f"dp {label} communication alone", replay(ok_calls, device, slow))
-    release(device)
+    alone_us = None
+    if ok_calls:
+        s.step(f"dp {label} communication alone (setup)", opts.timeout)
+        alone_us = _timed(s, f"dp {label} communication alone",
+                          replay(ok_calls, device, slow)).time_us
+        _free(device)
 
-    step_us, compute_us, alone_us = st.time_us, compute.time_us, alone.time_us
+    step_us, compute_us = st.time_us, compute.time_us
     exposed = step_us - compute_us
     overlap = None
     if ok_calls:
@@ -215,7 +251,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
             notes.append(clamped)
     elif n > 1:
         notes.append("no collectives issued: nothing to overlap")
-    busbw = bus_bytes(ok_calls, n) / (alone_us / 1e6) / 1e9 if alone_us > 0 and ok_calls else None
+    busbw = bus_bytes(ok_calls, n) / (alone_us / 1e6) / 1e9 if alone_us else None
     info = {"collectives_counted": counter.counts, "bytes_counted": counter.bytes,
             "bytes_per_step_formula": formula_bytes, "state_bytes_measured": state,
             "state_bytes_formula": formulas.state_bytes(mode, shapes, opts.dtype, n)}
@@ -226,9 +262,11 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
         s.step(f"dp {label} (check)", opts.timeout)
         rtol = RTOL[opts.dtype]
         pairs = strat.mode_vs_reference(mode, opts.block, check_sh, SEED, rt.rank, n, device,
-                                        dtype, bucket or 25.0, ref)
+                                        dtype, check_bucket(bucket or 25.0, shape, check_sh,
+                                                            opts.block), ref)
         c = check_against_reference(s, pairs, rtol)
-        release(device)
+        pairs = None
+        _free(device)
         max_err = c.max_abs_err
         info["check"] = {"max_abs_err": max_err, "worst_err_over_tolerance": c.worst_ratio,
                          "worst": c.worst}
@@ -249,7 +287,8 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
         "rank_max_us": st.rank_max_us, "slowest_rank": st.slowest_rank, "p50_us": st.p50_us,
         "p99_us": st.p99_us, "cv_pct": st.cv_pct, "compute_only_us": compute_us,
         "comm_alone_us": alone_us, "exposed_comm_us": exposed, "overlap_pct": overlap,
-        "bytes_per_step": formula_bytes, "implied_busbw_gbps": busbw,
+        "bytes_per_step": formula_bytes, "bytes_counted": counted_bytes,
+        "implied_busbw_gbps": busbw,
         "state_bytes_per_rank": int(state_bytes), "state_bytes_formula": round(
             formulas.state_bytes(mode, shapes, opts.dtype, n)), "peak_mem_bytes": peak,
         "samples_per_s": n * shape.micro_batch_size / (step_us / 1e6),

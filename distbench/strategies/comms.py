@@ -117,27 +117,35 @@ def replayable(calls: list[Call]) -> tuple[list[Call], dict[str, int]]:
 def replay(calls: list[Call], device: torch.device, before: Callable[[], None] | None = None
            ) -> Callable[[], None]:
     """One function that issues `calls` back to back, alone, on buffers of the same sizes and
-    dtypes (allocated once, here). `before` runs ahead of every all-reduce (the fault hook's
-    delay, in tests)."""
+    dtypes, allocated here, once per distinct size (a step's calls come in few sizes: one
+    buffer per size keeps the replay's memory near one call's, not the whole step's).
+    `before` runs ahead of every all-reduce (the fault hook's delay, in tests)."""
     world = dist.get_world_size()
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    buffers: dict[tuple, torch.Tensor] = {}
+
+    def zeros(count: int, dtype) -> torch.Tensor:
+        if (count, dtype) not in buffers:
+            buffers[count, dtype] = torch.zeros(count, dtype=dtype, device=device)
+        return buffers[count, dtype]
+
     steps: list[Callable[[], object]] = []
     for c in calls:
         elt = torch.empty(0, dtype=c.dtype).element_size()
         count = c.size_bytes // elt
         if c.op == "all_reduce":
-            buf = torch.zeros(count, dtype=c.dtype, device=device)
+            buf = zeros(count, c.dtype)
             if before is None:
                 steps.append(lambda b=buf: dist.all_reduce(b))
             else:
                 steps.append(lambda b=buf: (before(), dist.all_reduce(b)))
         elif c.op == "broadcast":
-            buf = torch.zeros(count, dtype=c.dtype, device=device)
+            buf = zeros(count, c.dtype)
             steps.append(lambda b=buf, r=c.root: dist.broadcast(b, src=r))
         else:
-            whole = torch.zeros(count - count % world, dtype=c.dtype, device=device)
-            part = torch.zeros(whole.numel() // world, dtype=c.dtype, device=device)
+            whole = zeros(count - count % world, c.dtype)
+            part = zeros(whole.numel() // world, c.dtype)
             if c.op == "all_gather":
                 steps.append(lambda w=whole, p=part: gather(w, p))
             else:

@@ -58,6 +58,7 @@ class MasterAdamW(torch.optim.Optimizer):
         self.inner.step()
         for p, m in self.pairs:
             p.copy_(m)
+            m.grad = None  # the fp32 copy of the gradient lives only inside the step
 
 
 def optimizer_class(dtype):
@@ -188,9 +189,9 @@ def build(mode: str, kind: str, shape: StackShape, seed: int, device: torch.devi
     """The stack from `seed`, wrapped for `mode`, with its optimizer. `before_allreduce` is the
     session's fault (tests only): it slows DDP's gradient all-reduce through a comm hook."""
     fsdp = mode not in ("ddp", "zero1")
-    # FSDP2 keeps its shards in fp32 (the master weights) and computes in dtype
-    inner = build_stack(kind, shape, seed, device,
-                        torch.float32 if fsdp and needs_master(dtype) else dtype)
+    inner = build_stack(kind, shape, seed, device, dtype)
+    if fsdp and needs_master(dtype):
+        inner = inner.float()  # FSDP2's shards are the fp32 masters; it computes in dtype
     names = [name for name, _ in inner.named_parameters()]
     if not fsdp:
         model = _ddp(inner, device, bucket_mb)
@@ -217,7 +218,32 @@ def build(mode: str, kind: str, shape: StackShape, seed: int, device: torch.devi
     return Trainer(mode, model, inner, params, names, opt, *batch)
 
 
-def build_compute_only(trainer: Trainer, kind: str, shape: StackShape, seed: int,
+@dataclass(frozen=True)
+class ComputePlan:
+    """What compute-only takes from a mode's trainer, so the trainer can be freed first."""
+
+    mode: str
+    stepped: list[int] | None  # zero1: the indices of the parameters this rank steps
+    shards: list[tuple[tuple[int, ...], torch.dtype]] | None  # FSDP: the rank's shards
+    x: torch.Tensor
+    target: torch.Tensor
+
+
+def compute_plan(trainer: Trainer) -> ComputePlan:
+    from torch.distributed.tensor import DTensor
+
+    stepped = shards = None
+    if trainer.mode == "zero1":
+        index = {id(p): i for i, p in enumerate(trainer.params)}
+        stepped = sorted(index[id(p)] for g in trainer.optimizer.optim.param_groups
+                         for p in g["params"])
+    elif trainer.mode not in ("ddp", "zero1"):
+        locals_ = [p.to_local() if isinstance(p, DTensor) else p for p in trainer.params]
+        shards = [(tuple(t.shape), t.dtype) for t in locals_]
+    return ComputePlan(trainer.mode, stepped, shards, trainer.x, trainer.target)
+
+
+def build_compute_only(plan: ComputePlan, kind: str, shape: StackShape, seed: int,
                        device: torch.device, dtype, bucket_mb: float) -> Callable[[], None]:
     """The same per-rank work as `trainer`'s step with the communication removed:
     - ddp, zero1: the same DDP with torch's no-op comm hook (docs: "to see whether all-reduce is
@@ -227,29 +253,21 @@ def build_compute_only(trainer: Trainer, kind: str, shape: StackShape, seed: int
     inner = build_stack(kind, shape, seed, device, dtype)
     model: nn.Module = inner
     params = list(inner.parameters())
-    if trainer.mode in ("ddp", "zero1"):
+    if plan.shards is None:
         from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
         model = _ddp(inner, device, bucket_mb)
         model.register_comm_hook(None, noop_hook)
-        stepped = params
-        if trainer.mode == "zero1":
-            index = {id(p): i for i, p in enumerate(trainer.params)}
-            mine = sorted(index[id(p)] for g in trainer.optimizer.optim.param_groups
-                          for p in g["params"])
-            stepped = [params[i] for i in mine]
+        stepped = params if plan.stepped is None else [params[i] for i in plan.stepped]
         opt = adamw(stepped, device, dtype)
     else:
-        from torch.distributed.tensor import DTensor
-
         shards = []
-        for p in trainer.params:
-            local = p.to_local() if isinstance(p, DTensor) else p
-            shard = torch.zeros_like(local, requires_grad=True)
-            shard.grad = torch.zeros_like(local)
+        for dims, shard_dtype in plan.shards:
+            shard = torch.zeros(dims, dtype=shard_dtype, device=device, requires_grad=True)
+            shard.grad = torch.zeros_like(shard)
             shards.append(shard)
-        opt = adamw(shards, device, torch.float32)  # FSDP's shards: fp32 or dtype, as built
-    x, target = trainer.x, trainer.target
+        opt = adamw(shards, device, plan.shards[0][1])  # fp32 masters, or dtype
+    x, target = plan.x, plan.target
 
     def step() -> None:
         for p in params:
@@ -281,30 +299,44 @@ def single_rank_step(kind: str, shape: StackShape, seed: int, device: torch.devi
 # Correctness: one step of a mode against one step of a single rank on the global batch
 
 
+# The check's steps: DDP buckets the gradients as configured only from its second step on (the
+# first all-reduces them in one bucket), so the compared step is the third, as timed.
+CHECK_STEPS = 3
+
+
 @dataclass
 class Reference:
-    grads: dict[str, torch.Tensor]
-    params: dict[str, torch.Tensor]  # after one AdamW step
+    grads: dict[str, torch.Tensor]  # of the last step
+    params: dict[str, torch.Tensor]  # after CHECK_STEPS AdamW steps
     eps: float
 
 
 def reference(kind: str, shape: StackShape, seed: int, world: int, dtype) -> Reference:
-    """The stack from `seed` on the CPU, one step on every rank's micro-batch at once."""
+    """The stack from `seed` on the CPU, CHECK_STEPS steps on every rank's micro-batch at
+    once (the same batch each step)."""
     model = build_stack(kind, shape, seed, torch.device("cpu"), dtype)
-    loss_of(model, *global_batch(shape, seed, world, dtype)).backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    top = max(float(g.abs().max()) for g in grads.values())
-    eps = CHECK_EPS_SHARE * top if top > 0 else 1e-8
-    adamw(model.parameters(), torch.device("cpu"), dtype, eps).step()
-    return Reference(grads, {n: p.detach().clone() for n, p in model.named_parameters()}, eps)
+    batch = global_batch(shape, seed, world, dtype)
+    params = list(model.parameters())
+    opt, eps = None, 1e-8
+    for _ in range(CHECK_STEPS):
+        for p in params:
+            p.grad = None
+        loss_of(model, *batch).backward()
+        if opt is None:
+            top = max(float(p.grad.abs().max()) for p in params)
+            eps = CHECK_EPS_SHARE * top if top > 0 else eps
+            opt = adamw(params, torch.device("cpu"), dtype, eps)
+        opt.step()
+    return Reference({n: p.grad.detach().clone() for n, p in model.named_parameters()},
+                     {n: p.detach().clone() for n, p in model.named_parameters()}, eps)
 
 
 def mode_vs_reference(mode: str, kind: str, shape: StackShape, seed: int, rank: int, world: int,
                       device: torch.device, dtype, bucket_mb: float, ref: Reference
                       ) -> list[Pair]:
-    """One step of `mode` on this rank's share of the reference's batch, from the same seed.
-    (name, mode's, reference's) for every gradient and every parameter after the step, sharded
-    ones gathered whole, all on the CPU."""
+    """CHECK_STEPS steps of `mode` on this rank's share of the reference's batch, from the same
+    seed. (name, mode's, reference's) for every gradient of the last step and every parameter
+    after it, sharded ones gathered whole, all on the CPU."""
     from torch.distributed.tensor import DTensor
 
     def whole(t: torch.Tensor) -> torch.Tensor:
@@ -312,10 +344,11 @@ def mode_vs_reference(mode: str, kind: str, shape: StackShape, seed: int, rank: 
 
     trainer = build(mode, kind, shape, seed, device, dtype, bucket_mb,
                     local_batch(shape, seed, rank, device, dtype), ref.eps)
-    trainer.step()
+    for _ in range(CHECK_STEPS):
+        trainer.step()
     pairs: list[Pair] = []
     for name, p in zip(trainer.names, trainer.params, strict=True):
         pairs.append((f"{name} gradient", whole(p.grad), ref.grads[name]))
     for name, p in zip(trainer.names, trainer.params, strict=True):
-        pairs.append((f"{name} after one step", whole(p), ref.params[name]))
+        pairs.append((f"{name} after {CHECK_STEPS} steps", whole(p), ref.params[name]))
     return pairs

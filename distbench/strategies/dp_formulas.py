@@ -82,15 +82,26 @@ def overlap_pct(exposed_us: float, comm_alone_us: float) -> tuple[float, str]:
     return pct, ""
 
 
-def need_per_rank(opts) -> int:
-    """About what one rank allocates at most: the mode's model with its optimizer and the
-    compute-only replica beside it (DDP's state each), and the activations of one micro-batch."""
+def need_per_rank(opts, mode: str, world: int) -> int:
+    """About what one rank allocates at most for `mode`: the largest of the mode's own state,
+    its compute-only replica (the whole model's parameters and gradients with the optimizer
+    the rank steps) and the replay's buffers (one per distinct collective size), plus the
+    activations of one micro-batch. Per layer times layers: no list as long as --layers."""
     elt = ELEMENT_BYTES[opts.dtype]
-    shapes = param_shapes(opts.block, opts.hidden_size, opts.ffn_size, opts.layers)
+    layer = param_shapes(opts.block, opts.hidden_size, opts.ffn_size, 1)
+    psi = param_count(layer) * opts.layers
+    shard = shard_count(layer, world) * opts.layers
+    k, shard_elt = (12, 4) if opts.dtype in HALF else (2 * elt, elt)
+    state = {"ddp": (2 * elt + k) * psi, "zero1": 2 * elt * psi + k * psi / world,
+             "zero2": elt * shard * world + 4 * shard_elt * shard,
+             "zero3": 4 * shard_elt * shard}[mode]
+    replica = 2 * elt * psi + ({"ddp": k * psi, "zero1": k * psi / world}.get(
+        mode, 4 * shard_elt * shard))
+    replay = (psi if mode in ("ddp", "zero1") else
+              shard_count(layer, world) * world * (1 + 1 / world)) * elt
     tokens = opts.micro_batch_size * opts.seq_len
     width = opts.ffn_size + 2 * opts.hidden_size if opts.block == "mlp" else 6 * opts.hidden_size
-    return int(2 * state_bytes("ddp", shapes, opts.dtype, 1)
-               + 2 * tokens * width * opts.layers * elt)
+    return int(max(state, replica, replay) + 2 * tokens * width * opts.layers * elt)
 
 
 def capacity_per_rank(backend: str, local_ranks: int | None) -> tuple[int | None, str]:
