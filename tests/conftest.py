@@ -2,7 +2,7 @@ import signal
 import time
 
 import pytest
-from helpers import LAUNCHER_VARS, processes_naming
+from helpers import LAUNCHER_VARS, free_port, processes_naming
 
 import distbench.launch
 
@@ -11,6 +11,21 @@ import distbench.launch
 # survives exec: the Ctrl-C tests need SIGINT as a terminal delivers it. A handler does not
 # survive exec, so the processes the tests start get the default again.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A one-rank gloo process group in the test process, for one module's tests."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ batches), one-rank trainers against the table, and the dp.csv contract."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 import subprocess
 import sys
 import textwrap
@@ -647,17 +646,9 @@ def test_reference_is_the_average_of_the_ranks_gradients_and_one_adamw_step(kind
 # ---- one rank: the trainers, their collectives and their state ---------------------------------
 
 @pytest.fixture(scope="module")
-def group():
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+def group(one_rank_group):
+    return None
+
 
 
 def test_comm_counter_sees_each_collective_with_nccl_tests_sizes(group):

@@ -5,7 +5,6 @@ run and its check, the table, and option errors through the real command line.""
 from __future__ import annotations
 
 import ast
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 from helpers import clean_env
 
 import distbench.models
@@ -169,17 +167,9 @@ def test_compare_flags_errors_beyond_tolerance():
 # ---- DTensor on one rank -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def group():
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield strat.device_mesh(CPU, 1)
-    finally:
-        dist.destroy_process_group()
+def group(one_rank_group):
+    return strat.device_mesh(CPU, 1)
+
 
 
 @pytest.mark.parametrize("kind", strat.BLOCKS)
