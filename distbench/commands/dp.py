@@ -17,6 +17,7 @@ from distbench.options import (
     at_least,
     one_of,
     option,
+    pick,
     redefault,
     with_example,
 )
@@ -32,18 +33,9 @@ HELP = ("Data-parallel step timing: DDP buckets, ZeRO-1, FSDP2 as ZeRO-2/3; expo
 
 
 def _modes(option_name: str, text) -> list[str]:
-    example = "--mode ddp,zero3"
-    names = [t.strip().lower() for t in str(text).split(",")]
-    if names == ["all"]:
+    if str(text).strip().lower() == "all":  # the modes, not the fsdp alias beside them
         return list(MODES)
-    out: list[str] = []
-    for name in names:
-        if name not in (*MODES, FSDP):
-            raise OptionError(option_name, f"unknown value {name!r} (valid: "
-                              f"{', '.join(MODES)}, {FSDP}, all)", example)
-        if name not in out:
-            out.append(name)
-    return out
+    return pick((*MODES, FSDP), "--mode ddp,zero3")(option_name, text)
 
 
 def _bucket_sizes(option_name: str, text) -> list[float]:

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from distbench import timing
+from distbench.measure import timed_samples
 from distbench.memory import agree, release
 from distbench.reference import Comparison, Pair, compare
 from distbench.session import Session
@@ -58,6 +59,13 @@ def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], 
                       device=rt.device)
     dist.broadcast(t1, src=0)
     return float(t1.item())
+
+
+def timed_step(s: Session, what: str, step: Callable[[], object]) -> timing.Stats:
+    """warmup (fixed count), barrier, timed loop, cross-rank statistics: as every command."""
+    timed = timed_samples(s, step, what)
+    s.step(f"{what} (statistics)", s.opts.timeout)
+    return timing.summarize(timed.samples, 0, s.rt.device)
 
 
 def agree_reason(reason: str, device: torch.device) -> str:

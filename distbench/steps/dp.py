@@ -6,7 +6,7 @@ at once and timed as every command times (warmup, barrier, timed loop, cross-ran
 2. the step itself (step_us);
 3. the same work with the communication removed (compute_only_us);
 4. the counted collectives replayed alone, back to back (comm_alone_us);
-5. with --check, one step from the seed against a single rank on the global batch.
+5. with --check, three steps from the seed against a single rank on the global batch.
 
 t1, the whole model stepping on one rank's batch on rank 0 alone, is timed once: weak scaling,
 so efficiency = t1 / step.
@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from distbench import timing
 from distbench.exitcodes import EXIT_OK
-from distbench.measure import fail_if_wrong, timed_samples
+from distbench.measure import fail_if_wrong
 from distbench.memory import release
 from distbench.models import StackShape
 from distbench.ops.dtypes import TORCH_DTYPES
@@ -32,6 +32,7 @@ from distbench.steps.common import (
     agree_reason,
     check_against_reference,
     time_on_rank0_alone,
+    timed_step,
 )
 from distbench.strategies import dp as strat
 from distbench.strategies import dp_formulas as formulas
@@ -41,7 +42,8 @@ from distbench.tables import Output, format_table
 
 SEED = 1234
 # A check on the configured shapes costs this many FLOPs at most (the reference runs the whole
-# global batch, then every mode one step); larger ones are checked on tp's small shape.
+# global batch, then every mode its share, CHECK_STEPS steps each); larger ones are checked on
+# SMALL.
 CHECK_MAX_FLOPS = 2e9
 
 
@@ -59,9 +61,12 @@ def check_shape(kind: str, shape: StackShape, world: int) -> tuple[StackShape, b
     return SMALL, False
 
 
-def check_bucket(bucket: float, shape: StackShape, check_sh: StackShape, block: str) -> float:
+def check_bucket(bucket: float | None, shape: StackShape, check_sh: StackShape, block: str
+                 ) -> float | None:
     """The bucket size that splits the check's gradients in about as many buckets as the
-    configured model's."""
+    configured model's (None for FSDP, which has no buckets)."""
+    if bucket is None:
+        return None
     def psi(sh: StackShape) -> int:
         return formulas.param_count(formulas.param_shapes(block, sh.hidden_size, sh.ffn_size,
                                                           sh.layers))
@@ -125,12 +130,6 @@ def _label(mode: str, bucket: float | None) -> str:
     return mode if bucket is None else f"{mode} {bucket:g} MiB"
 
 
-def _timed(s: Session, what: str, step) -> timing.Stats:
-    timed = timed_samples(s, step, what)
-    s.step(f"{what} (statistics)", s.opts.timeout)
-    return timing.summarize(timed.samples, 0, s.rt.device)
-
-
 def _attempt(s: Session, label: str, fn):
     """fn()'s value and "", or None and why torch refused (its first line), which this rank
     prints at once: its peers may be waiting in a collective it will never join."""
@@ -187,7 +186,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     # others in the mode's collectives until --timeout: the failing rank says why at once.
     s.step(f"dp {label} (build)", opts.timeout)
     trainer, reason = _attempt(s, label, lambda: strat.build(
-        mode, opts.block, shape, SEED, device, dtype, bucket or 25.0, batch,
+        mode, opts.block, shape, SEED, device, dtype, bucket, batch,
         before_allreduce=slow))
     reason = agree_reason(reason, device)
     if not reason:
@@ -216,7 +215,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    st = _timed(s, f"dp {label} step", trainer.step)
+    st = timed_step(s, f"dp {label} step", trainer.step)
     peak = None
     if device.type == "cuda":
         peak = _max_over_ranks(torch.cuda.max_memory_allocated(device), device)
@@ -226,9 +225,9 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     trainer = None  # the mode's model and states go before compute-only's are built
     _free(device)
     compute_step = strat.build_compute_only(plan, opts.block, shape, SEED, device, dtype,
-                                            bucket or 25.0)
+                                            bucket)
     _first_steps(compute_step, device)  # DDP's bucket rebuild, outside the timed steps
-    compute = _timed(s, f"dp {label} compute-only", compute_step)
+    compute = timed_step(s, f"dp {label} compute-only", compute_step)
     compute_step = plan = None
     _free(device)
 
@@ -238,7 +237,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     alone_us = None
     if ok_calls:
         s.step(f"dp {label} communication alone (setup)", opts.timeout)
-        alone_us = _timed(s, f"dp {label} communication alone",
+        alone_us = timed_step(s, f"dp {label} communication alone",
                           replay(ok_calls, device, slow)).time_us
         _free(device)
 
@@ -252,9 +251,10 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     elif n > 1:
         notes.append("no collectives issued: nothing to overlap")
     busbw = bus_bytes(ok_calls, n) / (alone_us / 1e6) / 1e9 if alone_us else None
+    table = formulas.state_bytes(mode, shapes, opts.dtype, n)
     info = {"collectives_counted": counter.counts, "bytes_counted": counter.bytes,
             "bytes_per_step_formula": formula_bytes, "state_bytes_measured": state,
-            "state_bytes_formula": formulas.state_bytes(mode, shapes, opts.dtype, n)}
+            "state_bytes_formula": table}
 
     max_err = None
     status = "ok"
@@ -262,8 +262,8 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
         s.step(f"dp {label} (check)", opts.timeout)
         rtol = RTOL[opts.dtype]
         pairs = strat.mode_vs_reference(mode, opts.block, check_sh, SEED, rt.rank, n, device,
-                                        dtype, check_bucket(bucket or 25.0, shape, check_sh,
-                                                            opts.block), ref)
+                                        dtype, check_bucket(bucket, shape, check_sh, opts.block),
+                                        ref)
         c = check_against_reference(s, pairs, rtol)
         pairs = None
         _free(device)
@@ -289,8 +289,8 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
         "comm_alone_us": alone_us, "exposed_comm_us": exposed, "overlap_pct": overlap,
         "bytes_per_step": formula_bytes, "bytes_counted": counted_bytes,
         "implied_busbw_gbps": busbw,
-        "state_bytes_per_rank": int(state_bytes), "state_bytes_formula": round(
-            formulas.state_bytes(mode, shapes, opts.dtype, n)), "peak_mem_bytes": peak,
+        "state_bytes_per_rank": int(state_bytes), "state_bytes_formula": round(table),
+        "peak_mem_bytes": peak,
         "samples_per_s": n * shape.micro_batch_size / (step_us / 1e6),
         "t1_us": None if t1 is None else t1 * 1e6,
         "efficiency": None if t1 is None else t1 * 1e6 / step_us, "max_abs_err": max_err,

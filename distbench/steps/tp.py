@@ -12,13 +12,17 @@ sharded over every rank with torch.distributed.tensor.parallel. One row per bloc
 
 from __future__ import annotations
 
-from distbench import timing
 from distbench.exitcodes import EXIT_OK
-from distbench.measure import fail_if_wrong, timed_samples
+from distbench.measure import fail_if_wrong
 from distbench.models import StackShape, build_stack, make_inputs, make_step
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.session import Session
-from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone
+from distbench.steps.common import (
+    NO_T1,
+    check_against_reference,
+    time_on_rank0_alone,
+    timed_step,
+)
 from distbench.strategies import tp as strat
 from distbench.strategies.comms import CommCounter
 from distbench.tables import Output, format_table
@@ -58,13 +62,6 @@ def run(s: Session, output: Output) -> int:
     return EXIT_OK
 
 
-def _timed(s: Session, what: str, step) -> timing.Stats:
-    """warmup (fixed count), barrier, timed loop, cross-rank statistics: as every command."""
-    timed = timed_samples(s, step, what)
-    s.step(f"{what} (statistics)", s.opts.timeout)
-    return timing.summarize(timed.samples, 0, s.rt.device)
-
-
 def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
                    check_sh: StackShape, on_configured: bool, bad: list[str]
                    ) -> tuple[dict, dict]:
@@ -91,8 +88,8 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
     if counter.other_collectives():
         notes.append(f"other collectives: {counter.other_collectives()}")
 
-    st = _timed(s, f"tp {kind} step", tp_step)
-    compute = _timed(s, f"tp {kind} compute-only", make_step(local, x, dy))
+    st = timed_step(s, f"tp {kind} step", tp_step)
+    compute = timed_step(s, f"tp {kind} compute-only", make_step(local, x, dy))
     del tp_model, local
     # the whole stack exists on rank 0 alone, and only while t1 is timed
     t1 = time_on_rank0_alone(s, f"tp {kind} t1 (unsharded on rank 0)", lambda: make_step(

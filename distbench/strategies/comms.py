@@ -106,10 +106,12 @@ def bus_bytes(calls: list[Call], world: int) -> float:
 
 def replayable(calls: list[Call]) -> tuple[list[Call], dict[str, int]]:
     """The calls replay() can run, and a count of those it cannot, by op."""
-    ok = [c for c in calls if c.op in BUS_FACTOR and c.dtype is not None]
+    ok: list[Call] = []
     left: dict[str, int] = {}
     for c in calls:
-        if c not in ok:
+        if c.op in BUS_FACTOR and c.dtype is not None:
+            ok.append(c)
+        else:
             left[c.op] = left.get(c.op, 0) + 1
     return ok, left
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from distbench.models import StackShape, build_stack
 from distbench.reference import Pair
+from distbench.strategies.dp_formulas import HALF
 
 # The check's AdamW: one step moves each parameter by up to LR. Its eps is a share of the
 # reference's largest gradient, so that a gradient near zero (whose sign rounding may flip
@@ -32,13 +33,10 @@ LR = 1e-2
 CHECK_EPS_SHARE = 0.1
 
 
-HALF = (torch.float16, torch.bfloat16)
-
-
-def needs_master(dtype) -> bool:
+def needs_master(dtype: torch.dtype) -> bool:
     """Half-precision training keeps fp32 master weights: AdamW's second moment (g^2 / 1000 on
     the first step) underflows in half precision, and its updates are lost in rounding."""
-    return dtype in HALF
+    return str(dtype).removeprefix("torch.") in HALF
 
 
 class MasterAdamW(torch.optim.Optimizer):
@@ -166,7 +164,7 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> list:
     return [t for state in opt.state.values() for t in state.values()]
 
 
-def _ddp(module: nn.Module, device: torch.device, bucket_mb: float):
+def _ddp(module: nn.Module, device: torch.device, bucket_mb: float | None):
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
@@ -194,7 +192,7 @@ def _fully_shard():
 
 
 def build(mode: str, kind: str, shape: StackShape, seed: int, device: torch.device, dtype,
-          bucket_mb: float, batch: tuple[torch.Tensor, torch.Tensor], eps: float = 1e-8,
+          bucket_mb: float | None, batch: tuple[torch.Tensor, torch.Tensor], eps: float = 1e-8,
           before_allreduce: Callable[[], None] | None = None) -> Trainer:
     """The stack from `seed`, wrapped for `mode`, with its optimizer. `before_allreduce` is the
     session's fault (tests only): it slows DDP's gradient all-reduce through a comm hook."""
@@ -254,7 +252,8 @@ def compute_plan(trainer: Trainer) -> ComputePlan:
 
 
 def build_compute_only(plan: ComputePlan, kind: str, shape: StackShape, seed: int,
-                       device: torch.device, dtype, bucket_mb: float) -> Callable[[], None]:
+                       device: torch.device, dtype, bucket_mb: float | None
+                       ) -> Callable[[], None]:
     """The same per-rank work as `trainer`'s step with the communication removed:
     - ddp, zero1: the same DDP with torch's no-op comm hook (docs: "to see whether all-reduce is
       the bottleneck") and AdamW over what the rank steps (zero1: its own partition);
@@ -325,7 +324,7 @@ def reference(kind: str, shape: StackShape, seed: int, world: int, dtype) -> Ref
 
 
 def mode_vs_reference(mode: str, kind: str, shape: StackShape, seed: int, rank: int, world: int,
-                      device: torch.device, dtype, bucket_mb: float, ref: Reference
+                      device: torch.device, dtype, bucket_mb: float | None, ref: Reference
                       ) -> list[Pair]:
     """CHECK_STEPS steps of `mode` on this rank's share of the reference's batch, from the same
     seed. (name, mode's, reference's) for every gradient of the last step and every parameter

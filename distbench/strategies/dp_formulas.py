@@ -57,12 +57,20 @@ def bytes_per_step(mode: str, shapes: list[tuple[int, int]], elt: int, world: in
 HALF = ("float16", "bfloat16")
 
 
+def element_bytes(dtype: str) -> tuple[int, int, int]:
+    """(e, K, s): bytes of a parameter (and of its gradient), of its optimizer state, and of an
+    element of FSDP's shards."""
+    elt = ELEMENT_BYTES[dtype]
+    return (elt, 12, 4) if dtype in HALF else (elt, 2 * elt, elt)
+
+
 def state_bytes(mode: str, shapes: list[tuple[int, int]], dtype: str, world: int) -> float:
     """The table above, in bytes per rank (zero1 partitions by Ψ/N, as the table does)."""
-    elt = ELEMENT_BYTES[dtype]
-    k, shard_elt = (12, 4) if dtype in HALF else (2 * elt, elt)
-    psi = param_count(shapes)
-    shard = shard_count(shapes, world)
+    return _state(mode, param_count(shapes), shard_count(shapes, world), dtype, world)
+
+
+def _state(mode: str, psi: int, shard: int, dtype: str, world: int) -> float:
+    elt, k, shard_elt = element_bytes(dtype)
     return {"ddp": (2 * elt + k) * psi, "zero1": 2 * elt * psi + k * psi / world,
             "zero2": elt * shard * world + 4 * shard_elt * shard,
             "zero3": 4 * shard_elt * shard}[mode]
@@ -87,14 +95,11 @@ def need_per_rank(opts, mode: str, world: int) -> int:
     its compute-only replica (the whole model's parameters and gradients with the optimizer
     the rank steps) and the replay's buffers (one per distinct collective size), plus the
     activations of one micro-batch. Per layer times layers: no list as long as --layers."""
-    elt = ELEMENT_BYTES[opts.dtype]
+    elt, k, shard_elt = element_bytes(opts.dtype)
     layer = param_shapes(opts.block, opts.hidden_size, opts.ffn_size, 1)
     psi = param_count(layer) * opts.layers
     shard = shard_count(layer, world) * opts.layers
-    k, shard_elt = (12, 4) if opts.dtype in HALF else (2 * elt, elt)
-    state = {"ddp": (2 * elt + k) * psi, "zero1": 2 * elt * psi + k * psi / world,
-             "zero2": elt * shard * world + 4 * shard_elt * shard,
-             "zero3": 4 * shard_elt * shard}[mode]
+    state = _state(mode, psi, shard, opts.dtype, world)
     replica = 2 * elt * psi + ({"ddp": k * psi, "zero1": k * psi / world}.get(
         mode, 4 * shard_elt * shard))
     replay = (psi if mode in ("ddp", "zero1") else
