@@ -106,7 +106,7 @@ def _run_series(s, ser: Series, sizes: list[int], bad: list[str]) -> None:
                    **point.columns(st)}
             if st.wrong:
                 bad.append(f"{point.what}: {st.wrong} wrong")
-            sink.append(row, st.per_iter_us)
+            sink.append(row, st.per_iter_us, st.reps_us)
             if ser.title is not None:
                 console.lines([format_row(ser.output.console, row)])
             console.advance(point.steps)

@@ -3,7 +3,7 @@ loop, the correctness check and the cross-rank statistics."""
 
 from __future__ import annotations
 
-from distbench import timing
+from distbench import noise, timing
 from distbench.exitcodes import EXIT_WRONG
 from distbench.ops.case import Case
 from distbench.runtime import RunFailure
@@ -14,11 +14,12 @@ class Skipped(Exception):
 
 
 def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None,
-                  graph: bool = False, group=None) -> timing.Timed:
+                  graph: bool = False, group=None, reps: int = 1) -> timing.Timed:
     """Warmup (and calibration to min_time when opts.iters is None), then the timed loop, each
     under the watchdog; `before_loop` runs between them (e.g. to reset a compute clock). With
     `graph`, the loop's ops are captured in one CUDA graph and replayed (raises Skipped when
-    some rank cannot capture them). `group`: the ranks taking part (None: every rank)."""
+    some rank cannot capture them). `group`: the ranks taking part (None: every rank). `reps`:
+    the timed iterations split into that many separated repetitions (timing.measure)."""
     from distbench.memory import agree
 
     opts, device = s.opts, s.rt.device
@@ -41,7 +42,7 @@ def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None,
         before_loop()
     s.step(what, opts.timeout + 2 * iters * per_op)
     return timing.measure(fn, iters, device, timing.sync_every(per_op, opts.timeout), captured,
-                          group)
+                          group, reps)
 
 
 def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0,
@@ -54,7 +55,7 @@ def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0,
     case = s.faults.apply(case, size)
     case.prepare()
     timed = timed_samples(s, case.run, what, opts.min_time, graph=opts.cuda_graph,
-                          group=group)
+                          group=group, reps=opts.reps)
     wrong = 0
     if opts.check:
         s.step(f"{what} (check)", opts.timeout)
@@ -65,7 +66,8 @@ def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0,
     s.step(f"{what} (statistics)", opts.timeout)
     samples = timed.samples if scale == 1.0 else [x * scale for x in timed.samples]
     return timing.summarize(samples, wrong, device, active=case.active,
-                            host_share=timed.host_share, group=group)
+                            host_share=timed.host_share, group=group,
+                            rep_lengths=timed.rep_lengths)
 
 
 def stats_columns(st: timing.Stats, checked: bool) -> dict:
@@ -73,7 +75,8 @@ def stats_columns(st: timing.Stats, checked: bool) -> dict:
         "iters": st.iters, "time_us": st.time_us, "rank_min_us": st.rank_min_us,
         "rank_max_us": st.rank_max_us, "slowest_rank": st.slowest_rank, "p50_us": st.p50_us,
         "p99_us": st.p99_us, "cv_pct": st.cv_pct, "wrong": st.wrong if checked else None,
-        "launch_bound": st.launch_bound,
+        "launch_bound": st.launch_bound, "reps": len(st.reps_us),
+        "spread_pct": None if (sp := noise.spread(st.reps_us)) is None else 100 * sp,
     }
 
 

@@ -14,6 +14,7 @@ from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from distbench.noise import MAX_REPS, REPS
 from distbench.sizes import SizeError, parse_size, parse_sizes
 
 
@@ -284,6 +285,11 @@ class SweepOptions(RunOptions):
     iters: int | None = option(None, "Timed iterations per size. Default: calibrated to "
                                "--min-time.", check=iterations("--iters 20", optional=True),
                                show_default=False)
+    reps: int = option(
+        REPS, "Separated repetitions of each size's timed iterations, each after a barrier: "
+        "their spread is the noise compare and --baseline must see beyond.",
+        check=require(lambda v: 1 <= v <= MAX_REPS, f"must be 1 to {MAX_REPS}, got {{value}}",
+                      "--reps 5", int))
     # inf passes `> 0` but cannot become an iteration count; nan fails `> 0` already
     min_time: float = option(
         0.1, "Seconds of timed work per size when --iters is not given.",

@@ -107,7 +107,8 @@ class CsvSink:
         csv.DictWriter(buf, fieldnames=self.columns, extrasaction="raise").writerow(cells)
         return buf.getvalue()
 
-    def append(self, row: dict, samples_us: Sequence[float] = ()) -> None:
+    def append(self, row: dict, samples_us: Sequence[float] = (),
+               reps_us: Sequence[float] = ()) -> None:
         unknown = set(row) - set(self.columns)
         if unknown:  # a misspelt key would otherwise leave a silently empty cell
             raise KeyError(f"not columns of {self.path.name}: {sorted(unknown)}")
@@ -116,7 +117,7 @@ class CsvSink:
         if samples_us:
             if self._samples is None:
                 self._samples = _Appender(samples.path_for(self.path))
-            self._samples.write(samples.encode(index, samples_us))
+            self._samples.write(samples.encode(index, samples_us, reps_us))
 
     def close(self) -> None:
         self._out.close()
@@ -127,7 +128,8 @@ class CsvSink:
 class NullSink:
     """What ranks other than 0 write to: nothing."""
 
-    def append(self, row: dict, samples_us: Sequence[float] = ()) -> None:
+    def append(self, row: dict, samples_us: Sequence[float] = (),
+               reps_us: Sequence[float] = ()) -> None:
         pass
 
     def close(self) -> None:

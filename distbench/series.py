@@ -137,7 +137,8 @@ def matrix(s, dtype: str, output, links: list[Link]) -> Series:
                     "src_host": rt.ranks[src]["host"], "dst_host": rt.ranks[dst]["host"],
                     "src_local_rank": rt.ranks[src]["local_rank"],
                     "dst_local_rank": rt.ranks[dst]["local_rank"], "link": link.link,
-                    **{k: stats[k] for k in ("iters", "time_us", "p50_us", "p99_us", "cv_pct")},
+                    **{k: stats[k] for k in ("iters", "time_us", "p50_us", "p99_us", "cv_pct",
+                                             "reps", "spread_pct")},
                     "gbps": gbps, "wrong": stats["wrong"]}
         return Point(what, case, columns, steps=2 if direction == "bi" else 1)
 

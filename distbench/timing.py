@@ -35,8 +35,16 @@ GRAPH_OPS = 1000
 class Timed:
     """One rank's timed loop."""
 
-    samples: list[float]  # seconds per iteration
+    samples: list[float]  # seconds per iteration, the repetitions one after another
     host_share: float | None = None  # GPU: the host's launch time / the GPU's time; else None
+    rep_lengths: tuple[int, ...] = ()  # iterations in each repetition; () for one loop
+
+
+def rep_lengths(iters: int, reps: int) -> tuple[int, ...]:
+    """`iters` iterations split into `reps` repetitions (fewer when there are fewer iterations
+    than that), their lengths differing by one at most."""
+    reps = max(1, min(reps, iters))
+    return tuple(iters // reps + (1 if k < iters % reps else 0) for k in range(reps))
 
 
 def sync(device: torch.device) -> None:
@@ -190,18 +198,32 @@ def warmup_and_calibrate(fn: Callable[[], object], warmup: int, iters: int | Non
 
 
 def measure(fn: Callable[[], object], iters: int, device: torch.device,
-            every: int | None = None, graph: Captured | None = None, group=None) -> Timed:
-    """Events made, then a barrier, then the timed loop: the least possible loop, with a stamp
-    per iteration (a sync every `every` ops on GPU); or, given a captured graph, its replays
-    (the first, which uploads the graph, untimed)."""
+            every: int | None = None, graph: Captured | None = None, group=None,
+            reps: int = 1) -> Timed:
+    """Events made, then for each of `reps` repetitions a barrier and a timed loop: the least
+    possible loop, with a stamp per iteration (a sync every `every` ops on GPU); or, given a
+    captured graph, its replays (the first, which uploads the graph, untimed). The barrier lines
+    the ranks up again, so a stall in one repetition does not carry into the next."""
+    lengths = rep_lengths(iters, reps)
     if graph is not None:
         graph.replay()
         sync(device)
+    made = events(max(lengths) + 1, device) if device.type == "cuda" and graph is None else None
+    samples: list[float] = []
+    launched, gpu, ran = 0.0, 0.0, []
+    for length in lengths:
         dist.barrier(group=group)
-        return _replays(graph, iters, device)
-    made = events(iters + 1, device) if device.type == "cuda" else None
-    dist.barrier(group=group)
-    return _loop(fn, iters, device, made, every)
+        if graph is not None:
+            one = _replays(graph, length, device)
+        else:
+            one = _loop(fn, length, device, made[:length + 1] if made else None, every)
+        samples += one.samples
+        ran.append(len(one.samples))
+        if one.host_share is not None:
+            launched += one.host_share * sum(one.samples)
+            gpu += sum(one.samples)
+    share = launched / gpu if gpu > 0 else None
+    return Timed(samples, share, tuple(ran) if len(ran) > 1 else ())
 
 
 @dataclass(frozen=True)
@@ -217,14 +239,18 @@ class Stats:
     wrong: int
     launch_bound: bool | None = None  # GPU: some rank's host could not keep ahead; else None
     per_iter_us: tuple[float, ...] = ()  # the slowest rank's time of each iteration
+    # the median of per_iter_us over each repetition; one value when the loop was not repeated
+    reps_us: tuple[float, ...] = ()
 
 
 def summarize(samples: list[float], wrong: int, device: torch.device,
-              active: bool = True, host_share: float | None = None, group=None) -> Stats:
+              active: bool = True, host_share: float | None = None, group=None,
+              rep_lengths: tuple[int, ...] = ()) -> Stats:
     """Cross-rank statistics. A rank with no part in the pattern (say the odd rank out of a
     ping-pong) passes active=False with the same number of samples: it adds nothing.
     host_share: Timed.host_share, whose largest over ranks says whether the loop was
-    launch-bound. Over the ranks of `group` (None: every rank)."""
+    launch-bound. Over the ranks of `group` (None: every rank). rep_lengths: Timed.rep_lengths,
+    the same on every rank."""
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     mean = sum(samples) / len(samples)
     f64 = dict(dtype=torch.float64, device=device)
@@ -243,12 +269,12 @@ def summarize(samples: list[float], wrong: int, device: torch.device,
     return summarize_local(
         mean_sum=float(sums[0].item()), wrong=int(sums[1].item()), n=int(sums[2].item()),
         rank_max=rank_max, rank_min=-float(maxes[1].item()), slowest=int(slowest.item()),
-        per_iter=maxes[3:].cpu(), host_share=float(maxes[2].item()))
+        per_iter=maxes[3:].cpu(), host_share=float(maxes[2].item()), rep_lengths=rep_lengths)
 
 
 def summarize_local(*, mean_sum: float, wrong: int, n: int, rank_max: float, rank_min: float,
-                    slowest: int, per_iter: torch.Tensor, host_share: float = -math.inf
-                    ) -> Stats:
+                    slowest: int, per_iter: torch.Tensor, host_share: float = -math.inf,
+                    rep_lengths: tuple[int, ...] = ()) -> Stats:
     """The arithmetic half of summarize, separate so it can be tested without a process group.
     n is the number of ranks that took part; host_share the largest over them (-inf: none
     measured one, as on CPU)."""
@@ -257,7 +283,11 @@ def summarize_local(*, mean_sum: float, wrong: int, n: int, rank_max: float, ran
     avg = float(per_iter.mean())
     cv = float(per_iter.std(unbiased=False)) / avg * 100 if avg > 0 else 0.0
     launch_bound = None if host_share == -math.inf else host_share >= LAUNCH_BOUND_SHARE
+    lengths = rep_lengths or (len(per_iter),)
+    if sum(lengths) != len(per_iter):
+        raise ValueError(f"repetitions of {lengths} iterations, but {len(per_iter)} samples")
+    reps = [float(torch.quantile(part, 0.5)) * 1e6 for part in per_iter.split(list(lengths))]
     return Stats(iters=len(per_iter), time_us=mean_sum / n * 1e6, rank_min_us=rank_min * 1e6,
                  rank_max_us=rank_max * 1e6, slowest_rank=slowest, p50_us=p50 * 1e6,
                  p99_us=p99 * 1e6, cv_pct=cv, wrong=wrong, launch_bound=launch_bound,
-                 per_iter_us=tuple((per_iter * 1e6).tolist()))
+                 per_iter_us=tuple((per_iter * 1e6).tolist()), reps_us=tuple(reps))

@@ -4,6 +4,7 @@ per measured row (none for skipped rows) with the row's iteration count."""
 from __future__ import annotations
 
 import csv
+import statistics
 
 import pytest
 from helpers import distbench
@@ -23,14 +24,16 @@ def test_thin_keeps_every_value_up_to_the_cap_then_evenly_spaced():
 
 def test_encode_then_read_round_trips_to_four_significant_digits(tmp_path):
     path = tmp_path / "collective.samples.jsonl"
-    path.write_text(samples.encode(0, [123.456789, 0.001234567]) + samples.encode(2, [5.0]))
-    assert samples.read(path) == {0: [123.5, 0.001235], 2: [5.0]}
+    path.write_text(samples.encode(0, [123.456789, 0.001234567], [123.456789, 0.001234567])
+                    + samples.encode(2, [5.0]))
+    assert samples.read(path) == {0: samples.Kept([123.5, 0.001235], [123.5, 0.001235]),
+                                  2: samples.Kept([5.0], [])}
 
 
 def test_a_line_cut_short_at_the_end_is_ignored_but_a_bad_line_inside_is_refused(tmp_path):
     path = tmp_path / "x.samples.jsonl"
     path.write_text(samples.encode(0, [1.0]) + '{"row": 1, "us": [2.0, 3')
-    assert samples.read(path) == {0: [1.0]}
+    assert samples.read(path) == {0: samples.Kept([1.0], [])}
     path.write_text('{"row": 0, "us": [1.0\n' + samples.encode(1, [1.0]))
     with pytest.raises(ReadError, match=r"x.samples.jsonl: line 1 is not a samples line"):
         samples.read(path)
@@ -56,8 +59,16 @@ def test_a_run_writes_one_samples_line_per_measured_row(tmp_path):
     assert [r["status"] for r in rows] == ["skipped", "ok"]
     kept = samples.read(run_dir / "collective.samples.jsonl")
     assert list(kept) == [1]  # the row index of the measured row
-    assert len(kept[1]) == 7
+    us, reps = kept[1].us, kept[1].reps
+    assert len(us) == 7
     # the slowest rank's iterations: their percentiles are the row's
-    ordered = sorted(kept[1])
+    ordered = sorted(us)
     assert ordered[0] > 0
     assert abs(ordered[3] - float(rows[1]["p50_us"])) <= 0.001 * float(rows[1]["p50_us"])
+    # 7 iterations in the default 5 repetitions of 2, 2, 1, 1, 1, each kept as its median
+    assert int(rows[1]["reps"]) == 5 and len(reps) == 5
+    splits = [us[0:2], us[2:4], us[4:5], us[5:6], us[6:7]]
+    assert reps == pytest.approx([statistics.median(p) for p in splits], rel=2e-3)
+    assert float(rows[1]["spread_pct"]) == pytest.approx(100 * (max(reps) / min(reps) - 1),
+                                                         rel=2e-3)
+    assert samples.contradiction(rows[1], kept[1]) is None  # what distbench wrote holds

@@ -120,16 +120,17 @@ PINNED = {
     'collective.csv': (
         "op dtype redop root in_place world_size nnodes size_bytes count iters time_us "
         "rank_min_us rank_max_us slowest_rank p50_us p99_us cv_pct algbw_gbps busbw_gbps wrong "
-        "backend status note launch_bound "
+        "backend status note launch_bound reps spread_pct "
     ).split(),
     'p2p.csv': (
         "pattern dtype world_size nnodes pairs size_bytes count iters time_us rank_min_us "
         "rank_max_us slowest_rank p50_us p99_us cv_pct algbw_gbps busbw_gbps wrong backend status "
-        "note launch_bound "
+        "note launch_bound reps spread_pct "
     ).split(),
     'p2p_matrix.csv': (
         "direction src_rank dst_rank src_host dst_host src_local_rank dst_local_rank link dtype "
         "world_size nnodes size_bytes count iters time_us p50_us p99_us cv_pct gbps wrong backend "
+        "reps spread_pct "
     ).split(),
     'tp.csv': (
         "block dtype world_size nnodes hidden_size ffn_size heads seq_len micro_batch_size layers "

@@ -324,3 +324,47 @@ def test_a_long_loop_replays_a_graph_of_at_most_graph_ops(monkeypatch, fake_even
     timed = timing.measure(lambda: None, 2500, CUDA, graph=captured)
     assert graphs.replays == 1 + 3  # one untimed (the upload), then 3 x 1000 >= 2500 ops
     assert len(timed.samples) == 3 * timing.GRAPH_OPS  # whole replays: what really ran
+
+
+# -- separated repetitions --------------------------------------------------------------------
+
+@pytest.mark.parametrize("iters,reps,lengths", [
+    (20, 5, (4, 4, 4, 4, 4)), (7, 5, (2, 2, 1, 1, 1)), (3, 5, (1, 1, 1)), (1, 5, (1,)),
+    (10, 1, (10,)),
+])
+def test_iterations_split_into_repetitions_differing_by_one_at_most(iters, reps, lengths):
+    assert timing.rep_lengths(iters, reps) == lengths
+
+
+def test_each_repetition_starts_after_a_barrier_and_none_is_timed_across_it(monkeypatch):
+    events = []
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: events.append("barrier"))
+    timed = timing.measure(lambda: events.append("op"), 7, CPU, reps=3)
+    assert events == ["barrier", "op", "op", "op", "barrier", "op", "op", "barrier", "op", "op"]
+    assert len(timed.samples) == 7 and timed.rep_lengths == (3, 2, 2)
+    one = timing.measure(lambda: None, 4, CPU)  # one loop, as before repetitions
+    assert one.rep_lengths == ()
+
+
+def test_repetitions_make_their_events_once_before_the_first_barrier(fake_events, monkeypatch):
+    made_at_barrier = []
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: made_at_barrier.append(
+        fake_events.made))
+    made_in_loop = []
+    timed = timing.measure(lambda: made_in_loop.append(fake_events.made), 10, CUDA, reps=4)
+    assert made_at_barrier == [4] * 4  # the longest repetition (3) + 1, made once
+    assert set(made_in_loop) == {4}
+    assert timed.rep_lengths == (3, 3, 2, 2) and len(timed.samples) == 10
+
+
+def test_summarize_local_keeps_each_repetition_s_median():
+    per_iter = [1e-3, 3e-3, 2e-3, 10e-3, 4e-3, 5e-3, 6e-3]
+    s = timing.summarize_local(mean_sum=0.004, wrong=0, n=1, rank_max=0.004, rank_min=0.004,
+                               slowest=0, per_iter=torch.tensor(per_iter, dtype=torch.float64),
+                               rep_lengths=(3, 2, 2))
+    assert s.reps_us == pytest.approx((2000.0, 7000.0, 5500.0))
+    assert _stats([1e-3, 2e-3]).reps_us == pytest.approx((1500.0,))  # one loop: one median
+    with pytest.raises(ValueError, match="repetitions of"):
+        timing.summarize_local(mean_sum=0.004, wrong=0, n=1, rank_max=0.004, rank_min=0.004,
+                               slowest=0, per_iter=torch.tensor(per_iter, dtype=torch.float64),
+                               rep_lengths=(3, 3))

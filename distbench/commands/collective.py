@@ -41,7 +41,7 @@ class CollectiveOptions(SweepOptions):
     baseline: str | None = option(
         None, "A previous collective run directory: print the comparison with it at the end "
         f"(as distbench compare), and exit {EXIT_BELOW} when a row is worse by more than 5% and "
-        "significantly so.", check=option_check("collective.csv"),
+        "beyond the noise the two runs show.", check=option_check("collective.csv"),
         cli_type=str, show_default=False)
 
     def check_world(self, world: int) -> None:
@@ -71,6 +71,7 @@ OUTPUT = Output("collective.csv", csv=(
     "op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes", "count",
     "iters", "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us",
     "cv_pct", "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound",
+    "reps", "spread_pct",
 ), console=(
     *SIZE_COLUMNS,
     Column("redop", "redop", "", 6, ident=True),

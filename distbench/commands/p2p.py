@@ -35,7 +35,7 @@ class P2POptions(SweepOptions):
     baseline: str | None = option(
         None, "A previous p2p run directory: print the comparison with it at the end "
         f"(as distbench compare), and exit {EXIT_BELOW} when a row is worse by more than 5% and "
-        "significantly so.", check=option_check("p2p.csv", "p2p_matrix.csv"),
+        "beyond the noise the two runs show.", check=option_check("p2p.csv", "p2p_matrix.csv"),
         cli_type=str, show_default=False)
 
     def check_world(self, world: int) -> None:
@@ -47,14 +47,15 @@ class P2POptions(SweepOptions):
 OUTPUT = Output("p2p.csv", csv=(
     "pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
     "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
-    "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound",
+    "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound", "reps",
+    "spread_pct",
 ), console=(*SIZE_COLUMNS, *MEASURED_COLUMNS))
 
 # Long form: one row per ordered pair, direction and size. On the console: N x N grids.
 MATRIX_OUTPUT = Output("p2p_matrix.csv", csv=(
     "direction", "src_rank", "dst_rank", "src_host", "dst_host", "src_local_rank",
     "dst_local_rank", "link", "dtype", "world_size", "nnodes", "size_bytes", "count", "iters",
-    "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend",
+    "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend", "reps", "spread_pct",
 ))
 
 
