@@ -31,6 +31,7 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/report_speed.py
+	$(PY) benchmarks/false_alarms.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -12,8 +12,9 @@ workers (one per GPU under nccl, else 2); under torchrun it is one rank. Rank 0 
 what the timed loop's own instrumentation costs per iteration on that device, measured alone
 (CUDA events on GPU, perf_counter on CPU), then one line per size: the median time of each, the
 median and interquartile range of the per-round ratio distbench / baseline (target: within +-3%
-at sizes >= 1 MiB), and the median ratio of a second baseline run to the first (A/A), which
-shows how much of the gap is this machine's noise.
+at sizes >= 1 MiB), the same for a second baseline run against the first (A/A), which shows how
+much of the gap is this machine's noise, and whether distbench's median ratio lies within the
+A/A ratios' interquartile range ("noise") or outside it ("outside A/A").
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def worker(args) -> None:
         print(f"# all_reduce float32, backend {rt.backend}, device {where}, {n} ranks, "
               f"{args.rounds} alternating rounds; times are medians over rounds")
         print(f"{'size':>10} {'iters':>6} {'distbench(us)':>14} {'baseline(us)':>13} "
-              f"{'ratio':>7} {'ratio IQR':>13} {'A/A ratio':>9}", flush=True)
+              f"{'ratio':>7} {'ratio IQR':>13} {'A/A ratio':>9} {'A/A IQR':>13}  verdict",
+              flush=True)
     for size in sizes:
         lay = lays[size]
         buf = bufs[0][:lay.per_rank_count]
@@ -124,10 +126,12 @@ def worker(args) -> None:
             q1, med, q3 = statistics.quantiles([a / b for a, b in zip(ours, base, strict=True)],
                                                n=4)
             # the baseline against itself: the noise floor this machine allows
-            aa = statistics.median(c / b for c, b in zip(control, base, strict=True))
+            a1, aa, a3 = statistics.quantiles(
+                [c / b for c, b in zip(control, base, strict=True)], n=4)
+            verdict = "noise" if a1 <= med <= a3 else "outside A/A"
             print(f"{format_size(lay.size_bytes):>10} {iters:>6} {statistics.median(ours):>14.1f} "
                   f"{statistics.median(base):>13.1f} {med:>7.3f} {q1:>6.3f}-{q3:<6.3f} "
-                  f"{aa:>9.3f}", flush=True)
+                  f"{aa:>9.3f} {a1:>6.3f}-{a3:<6.3f}  {verdict}", flush=True)
     dist.destroy_process_group()
 
 

@@ -1,24 +1,24 @@
 """Comparing two runs row by row, as asv's `continuous` and pyperf's `compare_to` do for other
-fields: rows matched on every identity column, a ratio and a Mann-Whitney U p-value on the
-per-iteration samples per row, a mark (+ better, - worse, ~ within the threshold or not
-significant, x not comparable), a geometric mean per op, and what differs between the two runs'
-setups. Torch-free."""
+fields: rows matched on every identity column, a ratio, each row's separated repetitions judged
+against the threshold and the noise both runs show (noise.py), a mark (+ better, - worse, ~ the
+same, x not comparable: noisy, or not measured on both sides), a geometric mean per op, and what
+differs between the two runs' setups. Every row's samples are checked against the row first: a
+run whose samples contradict its CSV is refused, not compared. Torch-free."""
 
 from __future__ import annotations
 
 import csv
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
+from distbench import noise, samples
 from distbench.reading import ReadError
-from distbench.rundirs import Run, gpu_model, topology_summary, versions
+from distbench.rundirs import Run, gpu_model, nnodes, topology_summary, versions, world_size
 from distbench.tables import Column, format_row, format_table
 
-# A row is worse (or better) only when the two runs' samples differ at this level too.
-SIGNIFICANCE = 0.05
 DEFAULT_THRESHOLD = 0.05
 
 IDENTITY: dict[str, tuple[str, ...]] = {
@@ -53,10 +53,11 @@ MARKS = {"better": "+", "worse": "-", "same": "~", "incomparable": "x"}
 def rank_test(a: list[float], b: list[float]) -> tuple[float, float]:
     """(p, slower share) from one ranking of both samples. p: the two-sided p-value of the
     Mann-Whitney U test, by the normal approximation with the tie correction and a continuity
-    correction (good from about 8 samples a side; with fewer, the p-value is on the large side,
-    so a row is less readily called worse); NaN below 2 a side. Slower share: how often an
-    iteration of b takes longer than one of a (ties count half), the U statistic of b over
-    n1 * n2: above 0.5, b's iterations are generally the slower ones."""
+    correction, as scipy.stats.mannwhitneyu(method="asymptotic") gives it (pinned in the tests);
+    NaN below 2 a side. Slower share: how often a value of b is above one of a (ties count
+    half), the U statistic of b over n1 * n2. compare shows it for the two runs' repetitions,
+    for information: with 5 a side it cannot fall below about 0.01, and a row's mark rests on
+    the noise rule (noise.py), not on it."""
     n1, n2 = len(a), len(b)
     if n1 < 2 or n2 < 2:
         return math.nan, math.nan
@@ -82,9 +83,11 @@ class Row:
     base: float | None
     new: float | None
     ratio: float | None  # new / base
-    p_value: float | None  # None: no samples on one side
+    p_value: float | None  # the repetitions' rank test; None: no repetitions on one side
     mark: str
     note: str = ""
+    noise: float | None = None  # the spread the row was judged against (0.3: 30%)
+    by_threshold: bool = False  # no repetitions on a side: judged by the threshold alone
 
 
 @dataclass
@@ -94,6 +97,7 @@ class Comparison:
     rows: list[Row]
     setup: list[tuple[str, str, str]]  # what differs: (what, base, new)
     unmatched: list[str]  # notes on identity columns left out, rows found on one side only
+    noise: tuple[float | None, float | None] = (None, None)  # each run's typical spread
 
     @property
     def worse(self) -> list[Row]:
@@ -187,32 +191,83 @@ def _key_text(v) -> str:
     return str(v).strip().lower()
 
 
-def _judge(higher_is_better: bool, threshold: float, base_v, new_v, base_s, new_s, ok: bool
-           ) -> tuple[float | None, float | None, str, str]:
-    if not ok or pd.isna(base_v) or pd.isna(new_v) or float(base_v) <= 0:
-        return None, None, MARKS["incomparable"], "not measured on both sides"
+def _judge(higher_is_better: bool, threshold: float, base_v, new_v, base_r: list[float],
+           new_r: list[float], ok: bool, typical: tuple[float | None, float | None],
+           spreads: tuple[float | None, float | None] = (None, None)) -> Row:
+    """A row's ratio, p, mark, note and noise (group and label left empty). base_r/new_r: the
+    repetitions (times); `spreads`: a row's spread where no repetitions are kept (accept.csv)."""
+    def row(ratio, p, mark, note="", spread=None, alone=False) -> Row:
+        return Row("", "", "", _num(base_v), _num(new_v), ratio, p, MARKS[mark], note, spread,
+                   alone)
+
+    if not ok or pd.isna(base_v) or pd.isna(new_v) or float(base_v) <= 0 or float(new_v) <= 0:
+        return row(None, None, "incomparable", "not measured on both sides")
     ratio = float(new_v) / float(base_v)
-    # the share by which NEW is better: busbw up by 10%, or time down by 10%, is +0.10
-    gain = ratio - 1 if higher_is_better else 1 - ratio
-    p, slower = rank_test(base_s, new_s) if base_s and new_s else (None, None)
-    if p is not None and math.isnan(p):
-        p = None
-    if abs(gain) <= threshold:
-        return ratio, p, MARKS["same"], ""
-    if p is None:
-        return ratio, p, MARKS["better"] if gain > 0 else MARKS["worse"], \
-            "no samples: by the threshold alone"
-    if p >= SIGNIFICANCE:
-        return ratio, p, MARKS["same"], "not significant"
-    if (slower > 0.5) != (gain < 0):
-        # the row's figure (a mean) and its iterations point opposite ways: a few outliers
-        # moved the mean; most iterations went the other way
-        return ratio, p, MARKS["same"], "the mean and most iterations disagree"
-    return ratio, p, MARKS["better"] if gain > 0 else MARKS["worse"], ""
+    # the row's own figure, as a time ratio: busbw up by 10% is a time ratio of 1/1.1
+    time_ratio = 1 / ratio if higher_is_better else ratio
+    if len(base_r) >= 2 and len(new_r) >= 2:
+        p, _ = rank_test(base_r, new_r)
+        c = noise.call(base_r, new_r, threshold, *typical)
+    elif all(x is not None for x in spreads):
+        p, c = None, noise.judge(time_ratio, threshold, [*spreads, *typical])
+    else:
+        gain = abs(math.log(time_ratio))
+        if gain <= math.log1p(threshold):
+            return row(ratio, None, "same", alone=True)
+        worse = time_ratio > 1
+        return row(ratio, None, "worse" if worse else "better",
+                   "no repetitions: by the threshold alone", alone=True)
+    p = None if p is None or math.isnan(p) else p
+    if c.mark in ("better", "worse"):
+        # the row's figure (a mean) must point the same way, beyond the threshold: a few stalls
+        # can move a mean while the repetitions' medians stay put, and the other way round
+        if abs(math.log(time_ratio)) <= math.log1p(threshold) or \
+                (time_ratio > 1) != (c.time_ratio > 1):
+            return row(ratio, p, "incomparable", "the row's mean and its repetitions disagree",
+                       c.noise)
+    return row(ratio, p, "incomparable" if c.mark == "noisy" else c.mark, c.note, c.noise)
+
+
+def _reps(run: Run, file: str, index: int) -> list[float]:
+    """A row's repetitions: as kept, or, in a run made before they were kept, read back from its
+    loop's samples (noise.split); [] where it has none (an nccl-tests log)."""
+    kept = run.samples.get(file, {}).get(index)
+    if kept is None:
+        return []
+    return kept.reps or noise.split(kept.us)
+
+
+def typical_noise(run: Run) -> float | None:
+    """The noise a run shows: the median spread of its rows' repetitions (or of accept.csv's
+    spread column)."""
+    spreads = [noise.spread(_reps(run, f, i)) for f in IDENTITY if f in run.tables
+               for i in run.samples.get(f, {})]
+    accept = run.tables.get("accept.csv")
+    if accept is not None and "spread" in accept.columns:
+        spreads += [float(v) for v in accept["spread"].dropna()]
+    return noise.typical(spreads)
+
+
+def check_samples(run: Run) -> None:
+    """Raises ReadError when a row's samples contradict the row (samples.contradiction): a CSV
+    edited after the run, or samples from another run, must not be compared as measured."""
+    for file, kept in run.samples.items():
+        table = run.tables.get(file)
+        if table is None:
+            continue
+        for index, row_samples in kept.items():
+            if index >= len(table):
+                raise ReadError(samples.path_for(run.path / file), f"samples for row {index}, "
+                                f"but {file} has {len(table)} rows")
+            row = table.iloc[index]
+            why = samples.contradiction(row.to_dict(), row_samples)
+            if why is not None:
+                raise ReadError(run.path / file, f"row {index} ({_label(file, IDENTITY[file], row)}"
+                                f") contradicts its samples: {why}; refusing to compare it")
 
 
 def _compare_table(file: str, base: Run, new: Run, metric: Metric, threshold: float,
-                   notes: list[str]) -> list[Row]:
+                   notes: list[str], typical: tuple[float | None, float | None]) -> list[Row]:
     b, n = base.tables[file], new.tables[file]
     if not len(b) or not len(n):
         notes.append(f"{file}: no rows in {'BASE' if not len(b) else 'NEW'}")
@@ -231,14 +286,12 @@ def _compare_table(file: str, base: Run, new: Run, metric: Metric, threshold: fl
             continue
         side = {k: m[f"{k}_b"] for k in keys}
         ok = all(_measured(m.get(f"status{s}")) for s in ("_b", "_n"))
-        bs = base.samples.get(file, {}).get(int(m["_row_b"]), [])
-        ns = new.samples.get(file, {}).get(int(m["_row_n"]), [])
-        ratio, p, mark, note = _judge(_higher_is_better(metric, file, side), threshold,
-                                      m.get(f"{column}_b"),
-                                      m.get(f"{column}_n"), bs, ns, ok)
-        rows.append(Row(file, _group(file, side), _label(file, keys, side),
-                        _num(m.get(f"{column}_b")), _num(m.get(f"{column}_n")), ratio, p, mark,
-                        note))
+        judged = _judge(_higher_is_better(metric, file, side), threshold, m.get(f"{column}_b"),
+                        m.get(f"{column}_n"), _reps(base, file, int(m["_row_b"])),
+                        _reps(new, file, int(m["_row_n"])), ok, typical,
+                        (_num(m.get("spread_b")), _num(m.get("spread_n"))))
+        rows.append(replace(judged, file=file, group=_group(file, side),
+                            label=_label(file, keys, side)))
     if only["left_only"] or only["right_only"]:
         notes.append(f"{file}: {only['left_only']} rows only in BASE, {only['right_only']} "
                      "only in NEW (not compared)")
@@ -259,12 +312,15 @@ def setup_differences(base: Run, new: Run) -> list[tuple[str, str, str]]:
     def facts(run: Run) -> dict[str, object]:
         v = versions(run)
         return {"torch": v.get("torch"), "NCCL": v.get("nccl"), "driver": v.get("driver"),
-                "CUDA": v.get("cuda"), "world size": run.meta.get("world_size"),
-                "nodes": run.meta.get("nnodes"), "backend": run.meta.get("backend"),
+                "CUDA": v.get("cuda"), "world size": world_size(run),
+                "nodes": nnodes(run), "backend": run.meta.get("backend"),
                 "GPU": gpu_model(run), "topology": topology_summary(run),
                 "command": run.command}
+    def shown(v) -> str:  # an nccl-tests log records no versions: unknown, not "None"
+        return "unknown" if v is None else str(v)
+
     fb, fn = facts(base), facts(new)
-    return [(k, str(fb[k]), str(fn[k])) for k in fb if fb[k] != fn[k]]
+    return [(k, shown(fb[k]), shown(fn[k])) for k in fb if fb[k] != fn[k]]
 
 
 def compare(base: Run, new: Run, metric: str = "busbw",
@@ -277,42 +333,70 @@ def compare(base: Run, new: Run, metric: str = "busbw",
                         f"{base.path} (it reads {', '.join(IDENTITY)}; BASE has "
                         f"{', '.join(base.tables) or 'none'}, NEW has "
                         f"{', '.join(new.tables) or 'none'})")
+    for run in (base, new):
+        check_samples(run)
+    typical = (typical_noise(base), typical_noise(new))
     notes: list[str] = []
-    rows = [r for f in files for r in _compare_table(f, base, new, chosen, threshold, notes)]
+    rows = [r for f in files
+            for r in _compare_table(f, base, new, chosen, threshold, notes, typical)]
     if not rows:
         why = "; ".join([", ".join(IDENTITY[files[0]])] + notes)
         raise ReadError(new.path, f"no row in common with {base.path} (rows are matched on "
                         f"{why})")
-    return Comparison(chosen, threshold, rows, setup_differences(base, new), notes)
+    return Comparison(chosen, threshold, rows, setup_differences(base, new), notes, typical)
 
 
 # ---------------------------------------------------------------------------------------------
 # Presentation: lines, the caller prints them.
 
 COLUMNS = (
-    Column("group", "op", "", 16), Column("label", "row", "", 30),
+    Column("group", "op", "", 16), Column("label", "row", "", 30),  # see _columns
     Column("base", "BASE", "", 11, ".4g"), Column("new", "NEW", "", 11, ".4g"),
-    Column("ratio", "ratio", "", 8, ".3f"), Column("p", "p", "", 9, ".2g"),
-    Column("mark", "", "", 3),
+    Column("ratio", "ratio", "", 8, ".3f"), Column("noise", "noise", "", 7, ".0%"),
+    Column("p", "p", "", 9, ".2g"), Column("mark", "", "", 3),
 )
+
+
+def _columns(c: Comparison) -> tuple[Column, ...]:
+    """COLUMNS, the op column widened to the longest group (accept's check names run past 16)."""
+    wide = max([len(r.group) for r in c.rows] + [16])
+    return (replace(COLUMNS[0], width=wide), *COLUMNS[1:])
 
 
 def _cells(r: Row) -> dict:
     return {"group": r.group, "label": r.label, "base": r.base, "new": r.new, "ratio": r.ratio,
-            "p": r.p_value, "mark": r.mark}
+            "noise": r.noise, "p": r.p_value, "mark": r.mark}
+
+
+def _what(c: Comparison) -> str:
+    """The metric and its unit; accept.csv's rows are each in their check's own unit."""
+    files = {r.file for r in c.rows}
+    if files == {"accept.csv"}:
+        return f"{c.metric.name} (each check in its own unit)"
+    unit = "GB/s" if c.metric.higher_is_better else "us"
+    if "accept.csv" in files:
+        return f"{c.metric.name} ({unit}; accept.csv rows each in their check's own unit)"
+    return f"{c.metric.name} ({unit})"
+
+
+def _rule(c: Comparison) -> str:
+    shown = [f"{x:.0%}" if x is not None else "unknown" for x in c.noise]
+    return (f"threshold {c.threshold:.0%}, and beyond the noise (repetitions' spread; typical "
+            f"BASE {shown[0]}, NEW {shown[1]})")
 
 
 def format_text(c: Comparison, base: Run, new: Run) -> list[str]:
-    unit = "GB/s" if c.metric.higher_is_better else "us"
-    lines = [f"# compare {c.metric.name} ({unit}): BASE {base.name} vs NEW {new.name}, "
-             f"threshold {c.threshold:.0%}, significance p < {SIGNIFICANCE}"]
+    lines = [f"# compare {_what(c)}: BASE {base.name} vs NEW {new.name}, {_rule(c)}"]
     lines += _setup_lines(c)
     lines += [f"# note: {n}" for n in c.unmatched]
-    lines += format_table(COLUMNS, [], title="rows")
-    lines += [format_row(COLUMNS, _cells(r)) + (f"  {r.note}" if r.note else "")
+    columns = _columns(c)
+    lines += format_table(columns, [], title="rows")
+    lines += [format_row(columns, _cells(r)) + (f"  {r.note}" if r.note else "")
               for r in c.rows]
-    lines += ["#", "# geometric mean of NEW/BASE per op"]
-    lines += [f"#   {g:<24} {gm:8.3f}  ({k} rows)" for _, g, gm, k in c.geomeans()]
+    per = "check" if {r.file for r in c.rows} == {"accept.csv"} else "op"
+    width = max([len(g) for _, g, _, _ in c.geomeans()] + [24])
+    lines += ["#", f"# geometric mean of NEW/BASE per {per}"]
+    lines += [f"#   {g:<{width}} {gm:8.3f}  ({k} rows)" for _, g, gm, k in c.geomeans()]
     lines.append(_verdict(c))
     return lines
 
@@ -326,23 +410,28 @@ def _setup_lines(c: Comparison) -> list[str]:
 
 def _verdict(c: Comparison) -> str:
     counts = {m: sum(r.mark == m for r in c.rows) for m in MARKS.values()}
-    summary = ", ".join(f"{counts[m]} {m}" for m in MARKS.values())
+    summary = (f"{counts['+']} +, {counts['-']} -, {counts['~']} ~, {counts['x']} x")
+    noisy = sum(r.mark == "x" and r.ratio is not None for r in c.rows)
+    tail = f"; {noisy} of the x too noisy to tell" if noisy else ""
+    alone = sum(r.by_threshold and r.mark == "-" for r in c.rows)
+    how = (f" ({alone} of them by the threshold alone: no repetitions to measure the noise)"
+           if alone else "")
     if c.worse:
-        return (f"# {len(c.worse)} rows worse by more than {c.threshold:.0%} and significant "
-                f"({summary})")
-    return f"# no row worse by more than {c.threshold:.0%} and significant ({summary})"
+        return (f"# {len(c.worse)} rows worse by more than {c.threshold:.0%} and beyond the "
+                f"noise{how} ({summary}{tail})")
+    return (f"# no row worse by more than {c.threshold:.0%} and beyond the noise ({summary}"
+            f"{tail})")
 
 
 def format_markdown(c: Comparison, base: Run, new: Run) -> list[str]:
-    unit = "GB/s" if c.metric.higher_is_better else "us"
-    lines = [f"**compare {c.metric.name} ({unit})**: BASE `{base.name}` vs NEW `{new.name}`, "
-             f"threshold {c.threshold:.0%}, significance p < {SIGNIFICANCE}", ""]
+    lines = [f"**compare {_what(c)}**: BASE `{base.name}` vs NEW `{new.name}`, {_rule(c)}", ""]
     if c.setup:
         lines += ["| setup | BASE | NEW |", "|---|---|---|"]
         lines += [f"| {k} | {b} | {n} |" for k, b, n in c.setup]
         lines.append("")
     lines += [f"- {n}" for n in c.unmatched]
-    lines += ["| op | row | BASE | NEW | ratio | p | |", "|---|---|---:|---:|---:|---:|---|"]
+    lines += ["| op | row | BASE | NEW | ratio | noise | p | |",
+              "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in c.rows:
         cells = _cells(r)
         shown = ["-" if cells[col.key] is None else format(cells[col.key], col.fmt)
@@ -358,10 +447,10 @@ def format_csv(c: Comparison) -> list[str]:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["file", "op", "row", "metric", "base", "new", "ratio", "p_value", "mark",
-                "note"])
+                "note", "noise"])
     for r in c.rows:
         w.writerow([r.file, r.group, r.label, c.metric.name, _csv_num(r.base), _csv_num(r.new),
-                    _csv_num(r.ratio), _csv_num(r.p_value), r.mark, r.note])
+                    _csv_num(r.ratio), _csv_num(r.p_value), r.mark, r.note, _csv_num(r.noise)])
     return buf.getvalue().splitlines()
 
 
