@@ -59,14 +59,21 @@ def _size(v) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format_size(int(v))
 
 
+def _world(run: Run) -> str:
+    ranks, nodes = rundirs.world_size(run), rundirs.nnodes(run)
+    if rundirs.UNKNOWN in (ranks, nodes):  # a log printed without its device list
+        return f"ranks {ranks}, nodes {nodes}"
+    return f"{ranks} ranks on {nodes} node(s)"
+
+
 def _run_header(run: Run) -> list[str]:
     m = run.meta
     if not m:
-        return [f"## {run.name}", "", f"{run.command} output read from `{run.path}`.", ""]
+        return [f"## {run.name}", "", f"{run.command} output read from `{run.path}`: "
+                f"{_world(run)}.", ""]
     versions = rundirs.versions(run)
     bits = [f"`distbench {m.get('command')}`", f"status **{m.get('status')}** "
-            f"(exit {m.get('exit_code')})", f"{m.get('world_size')} ranks on "
-            f"{m.get('nnodes')} node(s)", f"backend {m.get('backend')}",
+            f"(exit {m.get('exit_code')})", _world(run), f"backend {m.get('backend')}",
             f"torch {versions.get('torch')}"]
     if versions.get("nccl"):
         bits.append(f"NCCL {versions['nccl']}")
@@ -165,18 +172,58 @@ def _pp_section(run: Run) -> list[str]:
           _fmt(r["bubble_analytic"], ".3f")] for _, r in rows.iterrows()]) + [""]
 
 
+# accept's verdicts in the order of how bad; one it does not know (a newer run's) goes last
+VERDICTS = ("FAIL", "INCONCLUSIVE", "WARN", "PASS", "SKIP")
+
+
+def _counts(frame: pd.DataFrame) -> str:
+    counts = frame["verdict"].astype(str).value_counts().to_dict()
+    order = [v for v in VERDICTS if v in counts] + sorted(set(counts) - set(VERDICTS))
+    return ", ".join(f"{v} {counts[v]}" for v in order) or "none"
+
+
+FIGURES = ("measured", "expected", "warn_at")  # in the metric's unit
+
+
+def _measured_cell(row: pd.Series, column: str) -> str:
+    """A figure of an accept row in its metric's unit: a time in us, a bandwidth in GB/s."""
+    value = row.get(column)
+    if value is None or pd.isna(value):
+        return "-"
+    unit, _ = rundirs.check_metric(row.get("metric"))
+    return f"{_fmt(float(value))} {unit}"
+
+
 def _accept_section(run: Run) -> list[str]:
     frame = run.table("accept.csv")
     if frame is None:
         return []
-    counts = frame["verdict"].value_counts().to_dict()
-    lines = ["### Acceptance", "", "Verdicts: " + ", ".join(
-        f"{k} {v}" for k, v in sorted(counts.items())), ""]
-    lines += _table(["check", "target", "measured", "expected", "ratio", "verdict"],
-                    [[str(r["check"]), str(r["target"]), _fmt(r["measured"]),
-                      _fmt(r["expected"]), _fmt(r["ratio"], ".3g"), str(r["verdict"])]
-                     for _, r in frame.iterrows()])
-    return lines + [""]
+    again = rundirs.is_retest(frame)
+    first, retests = frame[~again], frame[again]
+    lines = ["### Acceptance", ""]
+    outcome = run.meta.get("accept") if isinstance(run.meta.get("accept"), dict) else {}
+    if outcome.get("verdict"):
+        lines += [f"Verdict **{outcome['verdict']}**: {outcome.get('summary')}.", ""]
+    # the run's verdict and accept.json's summary count the first pass: a retest only confirms
+    # a failure, or clears it as noise (the failure then reads WARN)
+    lines.append(f"- First pass: {_counts(first)} ({len(first)} measurements, what the "
+                 "verdict counts)")
+    if len(retests):
+        lines.append(f"- Retests: {_counts(retests)} ({len(retests)} measurements taken again "
+                     "to confirm or clear a first-pass failure)")
+    lines.append("")
+    culprits = outcome.get("culprits") or []
+    if culprits:
+        lines += ["Named:", "", *[f"- {c}" for c in culprits], ""]
+    lines += _table(["check", "target", "pass", "metric", "measured", "fail line",
+                     "warn line", "ratio", "verdict"],
+                    [[str(r["check"]), str(r["target"]), "retest" if again[i] else "first",
+                      str(r["metric"]), *(_measured_cell(r, c) for c in FIGURES),
+                      _fmt(r["ratio"], ".3g"), str(r["verdict"])]
+                     for i, r in frame.iterrows()])
+    return lines + ["", "ratio: the measurement against what it was judged by (the profile's "
+                    "floor, the healthy peers' value or the baseline's figure), above 1 "
+                    "better, whatever the metric's direction.", ""]
 
 
 def markdown(runs: list[Run], fits: list[list[dict]], images: list[Path]) -> list[str]:

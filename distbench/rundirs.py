@@ -46,7 +46,7 @@ class Run:
     meta: dict = field(default_factory=dict)  # run.json ({} for an nccl-tests log)
     topo: dict = field(default_factory=dict)  # topo.json
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> rows
-    samples: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    samples: dict[str, dict[int, samples.Kept]] = field(default_factory=dict)
 
     def table(self, name: str) -> pd.DataFrame | None:
         return self.tables.get(name)
@@ -138,8 +138,9 @@ def load_all(paths: list[Path]) -> list[Run]:
     """Each input once, with labels that tell them apart (the parent's name added where two
     inputs share a name)."""
     runs = [load(p) for p in paths]
-    for r in runs:
-        if [x.name for x in runs].count(r.name) > 1:
+    shared = {r.name for r in runs if [x.name for x in runs].count(r.name) > 1}
+    for r in runs:  # all at once: renaming the first must not make the second look unique
+        if r.name in shared:
             r.name = f"{r.path.resolve().parent.name}/{r.name}"
     seen: dict[str, int] = {}
     for r in runs:  # still alike (the same input twice): numbered
@@ -155,6 +156,47 @@ def _mapping(value) -> dict:
 
 def versions(run: Run) -> dict:
     return _mapping(run.meta.get("versions"))
+
+
+UNKNOWN = "unknown"
+
+
+def check_metric(metric: str) -> tuple[str, bool]:
+    """(unit, higher is better) of an accept.csv row's metric. A metric this version does not
+    know (a newer run's) is read by its suffix: a time in us is better lower."""
+    from distbench.profiles import METRICS
+
+    known = METRICS.get(str(metric))
+    if known is not None:
+        return known["unit"], known["higher_is_better"]
+    return ("us", False) if str(metric).endswith("_us") else ("GB/s", True)
+
+
+def is_retest(frame: pd.DataFrame) -> pd.Series:
+    """accept.csv's rows measured again, as a mask (the column is 1/0, True/False in JSON)."""
+    return frame["retest"].fillna(0).astype(float) != 0
+
+
+def world_size(run: Run) -> str:
+    """The ranks a run ran on, for people: run.json's figure, else what its rows say (an
+    nccl-tests log's device list); "unknown" where nothing says, as a log printed without its
+    device list."""
+    return _setup_figure(run, "world_size")
+
+
+def nnodes(run: Run) -> str:
+    """The nodes a run ran on, as world_size() tells its ranks."""
+    return _setup_figure(run, "nnodes")
+
+
+def _setup_figure(run: Run, key: str) -> str:
+    value = run.meta.get(key)
+    if value is not None:
+        return str(value)
+    # a log may hold several tests, each of its own world: all of them are the run's
+    found = sorted({int(v) for frame in run.tables.values() if key in frame.columns
+                    for v in frame[key].dropna()})
+    return ", ".join(map(str, found)) or UNKNOWN
 
 
 def measured(frame: pd.DataFrame) -> pd.DataFrame:

@@ -6,8 +6,7 @@ import csv
 
 import pytest
 from helpers import distbench
-
-from distbench.commands.pp import OUTPUT
+from test_docs_contracts import documented_columns
 
 pytestmark = pytest.mark.multiproc
 
@@ -52,7 +51,7 @@ def test_two_ranks_every_schedule(tmp_path):
                     "--micro-batch-size", str(mbs), "--seq-len", str(seq), "--hidden-size",
                     str(hidden), "--layers", "4", "--iters", "5", "--warmup", "1")
     assert res.code == 0, res.stderr
-    assert _header(res) == list(OUTPUT.csv)
+    assert _header(res) == documented_columns("pp.csv")
     rows = res.rows("pp.csv")
     assert [r["schedule"] for r in rows] == ALL
     for r in rows:

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import distbench, free_port
+from test_docs_contracts import documented_columns
 
-from distbench.commands.tp import OUTPUT
 from distbench.models import StackShape
 from distbench.reference import Comparison
 from distbench.steps.common import agree_comparison, time_on_rank0_alone
@@ -42,7 +42,7 @@ def test_tp_rows(tmp_path, n, dtype, elt, sh):
     res = distbench(tmp_path, *_args(n, dtype, sh))
     assert res.code == 0, res.stderr
     with open(res.run_dir / "tp.csv") as f:
-        assert f.readline().strip().split(",") == list(OUTPUT.csv)
+        assert f.readline().strip().split(",") == documented_columns("tp.csv")
     rows = res.rows("tp.csv")
     assert [r["block"] for r in rows] == ["mlp", "attention"]
     meta = res.meta()

@@ -1,0 +1,81 @@
+"""The CSV columns docs/results.md documents are the contract users read: every CSV a command
+writes must have exactly those columns, in that order. `documented_columns` reads them from the
+document, so the tests that check a written header (test_*_multiproc.py, test_nccltests.py)
+check it against what users were told, not against the tuple that wrote it."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+
+import distbench.commands
+from distbench.tables import Output
+
+RESULTS_MD = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+_CELL = re.compile(r"^`([a-z0-9_]+)`$")
+
+
+def documented_columns(csv_name: str, text: str | None = None) -> list[str]:
+    """The columns of the `| column | meaning |` table under the heading ``## `csv_name` ``
+    of docs/results.md (or of `text`), in order."""
+    lines = (RESULTS_MD.read_text() if text is None else text).splitlines()
+    heading = f"## `{csv_name}`"
+    if heading not in lines:
+        raise LookupError(f"docs/results.md has no heading {heading!r}")
+    section = []
+    for line in lines[lines.index(heading) + 1:]:
+        if line.startswith("## "):
+            break
+        section.append(line.strip())
+    tables = [i for i, line in enumerate(section)
+              if [c.strip() for c in line.strip("|").split("|")] == ["column", "meaning"]]
+    if len(tables) != 1:
+        raise LookupError(f"{heading}: expected one '| column | meaning |' table, found "
+                          f"{len(tables)}")
+    columns = []
+    for line in section[tables[0] + 2:]:  # past the header and its |---| line
+        if not line.startswith("|"):
+            break
+        cell = line.strip("|").split("|")[0].strip()
+        m = _CELL.match(cell)
+        if m is None:
+            raise LookupError(f"{heading}: {cell!r} is no `column` name")
+        columns.append(m.group(1))
+    return columns
+
+
+def _outputs() -> dict[str, Output]:
+    """Every CSV contract the commands declare, by file name."""
+    found = {}
+    for info in pkgutil.iter_modules(distbench.commands.__path__):
+        module = importlib.import_module(f"distbench.commands.{info.name}")
+        found.update({v.file: v for v in vars(module).values() if isinstance(v, Output)})
+    return found
+
+
+def test_every_csv_a_command_writes_is_documented_and_every_documented_one_is_written():
+    documented = set(re.findall(r"^## `([a-z0-9_]+\.csv)`$", RESULTS_MD.read_text(), re.M))
+    assert set(_outputs()) == documented
+
+
+@pytest.mark.parametrize("name", sorted(_outputs()))
+def test_each_commands_columns_are_the_documented_ones_in_order(name):
+    assert list(_outputs()[name].csv) == documented_columns(name)
+
+
+def test_the_column_table_is_told_from_other_tables_and_ends_at_the_next_heading():
+    text = "\n".join([
+        "## `x.csv`", "", "| mode | what |", "|---|---|", "| `fast` | quick |", "",
+        "| column | meaning |", "|---|---|", "| `a` | first |", "| `b` | second, with `c` |",
+        "", "after the table", "| `d` | another table's row |", "## `y.csv`", "",
+        "| column | meaning |", "|---|---|", "| `e` | only |"])
+    assert documented_columns("x.csv", text) == ["a", "b"]
+    assert documented_columns("y.csv", text) == ["e"]
+    with pytest.raises(LookupError, match="no heading"):
+        documented_columns("z.csv", text)
+    with pytest.raises(LookupError, match="no `column` name"):
+        documented_columns("y.csv", text.replace("| `e` |", "| e |"))
