@@ -80,16 +80,20 @@ def _leave_outs(members: list[Link]) -> list[tuple[str, tuple[str, object]]]:
             + [(f"rank {r} ({names[r]})", ("rank", r)) for r in sorted(names)])
 
 
+def _items(members: list[Link]) -> list[healthy.Item]:
+    """Each link as healthy.reach takes it: its GB/s, and the ranks and hosts it is on."""
+    return [(lk.gbps, frozenset({("rank", lk.src_rank), ("rank", lk.dst_rank),
+                                 ("host", _host(lk.src_name)), ("host", _host(lk.dst_name))}))
+            for lk in members]
+
+
 def healthy_reference(members: list[Link]) -> Reference:
     """What the healthy links of one class reach (healthy.reach): a rank or host slow in both
     directions is on 4 of 6 links at 3 ranks and on half of them at 4, so it sets the class
     median, while the links off it are all healthy. Between two ranks every link is on both
     ends and there is nothing to compare with: the median, named as such."""
     kind = members[0].link
-    items = [(lk.gbps, frozenset({("rank", lk.src_rank), ("rank", lk.dst_rank),
-                                  ("host", _host(lk.src_name)), ("host", _host(lk.dst_name))}))
-             for lk in members]
-    found = healthy.reach(items, _leave_outs(members), noun=("link", "links"))
+    found = healthy.reach(_items(members), _leave_outs(members), noun=("link", "links"))
     if not found.compared:
         return Reference(found.value, f"{kind}-node median",
                          f"{found.basis} (only 2 ranks: either end may be slow)")

@@ -29,7 +29,7 @@ def _session():
     return SimpleNamespace(
         rt=SimpleNamespace(device=CPU), faults=Faults(), step=lambda what, seconds: None,
         opts=SimpleNamespace(timeout=60, warmup=1, iters=3, min_time=0.0, check=True,
-                             cuda_graph=False))
+                             cuda_graph=False, reps=3))
 
 
 def _on(rank: int, world: int, port: int, out: str) -> None:
