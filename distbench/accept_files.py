@@ -5,31 +5,42 @@ the verdicts, the nodes named and the topology."""
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from pathlib import Path
 
-from distbench import results, topo
-from distbench.exitcodes import EXIT_BELOW, EXIT_OK, EXIT_WRONG
-from distbench.verdicts import Judged
+from distbench import noise, results, topo
+from distbench.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
+from distbench.verdicts import Baseline, Judged
 
 SCHEMA_VERSION = 1
-VERDICT_WORDS = {EXIT_OK: "PASS", EXIT_BELOW: "FAIL", EXIT_WRONG: "FAIL (wrong results)"}
+VERDICT_WORDS = {EXIT_OK: "PASS", EXIT_BELOW: "FAIL", EXIT_WRONG: "FAIL (wrong results)",
+                 EXIT_INCONCLUSIVE: "INCONCLUSIVE"}
 
 
-def read_baseline(run_dir: Path, profile=None) -> dict[tuple[str, str], float]:
-    """(check, target) -> what a previous run measured (first pass only), of the checks that
-    measure the same thing (command, op, dtype, metric) in `profile` (None: every check).
-    Wrong data and failed checks are no figure to expect. Raises ValueError on a file that is
-    no accept.json."""
+def read_baseline(run_dir: Path, profile=None) -> Baseline:
+    """What a previous run measured (first pass only), of the checks that measure the same
+    thing (command, op, dtype, metric) in `profile` (None: every check): per (check, target)
+    its figure and, where the file has it, its spread; and the noise that run shows, the median
+    spread of its measured targets. Wrong data and failed checks are no figure to expect. An
+    accept.json from before spreads were written has none: the tolerance alone holds there.
+    Raises ValueError on a file that is no accept.json."""
     path = Path(run_dir) / "accept.json"
     try:
         verdicts = json.loads(path.read_text())["verdicts"]
         same = None if profile is None else {
             c.name: (c.command, c.op, c.dtype, c.metric) for c in profile.checks}
-        return {(v["check"], v["target"]): float(v["measured"]) for v in verdicts
-                if v["measured"] is not None and not v["retest"] and not v.get("wrong")
-                and v.get("verdict") != "FAIL"
-                and (same is None or same.get(v["check"]) == (
-                    v.get("command"), v.get("op"), v.get("dtype"), v.get("metric")))}
+        measured = [v for v in verdicts
+                    if v["measured"] is not None and not v["retest"] and not v.get("wrong")]
+        usable = [v for v in measured if v.get("verdict") != "FAIL"
+                  and (same is None or same.get(v["check"]) == (
+                      v.get("command"), v.get("op"), v.get("dtype"), v.get("metric")))]
+        return Baseline(
+            figures={(v["check"], v["target"]): float(v["measured"]) for v in usable},
+            spreads={(v["check"], v["target"]): float(v["spread"]) for v in usable
+                     if v.get("spread") is not None},
+            typical=noise.typical(float(v["spread"]) for v in measured
+                                  if v.get("spread") is not None))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a distbench accept.json ({type(e).__name__}: {e})") \
             from None
@@ -41,22 +52,101 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def write(run_dir: Path | None, record, profile, why: str, judged: Judged, names: list[str],
-          rt, strict: bool) -> None:
-    if run_dir is None:
-        return
-    status, code, line = judged.outcome(strict)
-    summary = {"schema_version": SCHEMA_VERSION, "verdict": VERDICT_WORDS[code],
-               "exit_code": code, "summary": line,
-               "profile": {"name": profile.name, "path": str(profile.path), "why": why},
-               "nodes": names, "world_size": rt.world, "backend": rt.backend,
-               "culprits": judged.culprits, "notes": judged.notes,
-               "verdicts": judged.rows()}
-    results.write_json(run_dir / "accept.json", summary)
-    (run_dir / "accept.md").write_text(render_md(summary, record, rt))
-    if record is not None:
-        record.update(accept={k: summary[k] for k in ("verdict", "summary", "profile",
-                                                      "culprits", "notes")})
+class Progress:
+    """accept.json and accept.md from the first check on, on rank 0: rewritten when a check
+    starts and when its rows are judged and written, with a `status` ("running", then how the
+    run ended, as run.json says it), the checks done and the one in progress, so a run stopped
+    halfway (Ctrl-C, a lost node, a timeout) still says how far it got and what it found."""
+
+    def __init__(self, run_dir: Path | None, record, profile, why: str, names: list[str], rt,
+                 strict: bool):
+        self.run_dir, self.record, self.profile, self.why = run_dir, record, profile, why
+        self.names, self.rt, self.strict = names, rt, strict
+        self.done: list[str] = []
+        self.current: str | None = None
+        self.judged: Judged | None = None
+        self.status, self.code, self.error = "running", None, None
+        self.concluded = False  # every check judged: the verdict is known
+        # the main thread writes as the checks go; the watchdog's may end the run meanwhile
+        self._lock = threading.Lock()
+        if record is not None:
+            self._follow(record)
+        self._write()
+
+    def _follow(self, record) -> None:
+        """How the run ended is said once, by whichever thread ends it (the main one, or the
+        watchdog's on a timeout or a vanished launcher), when it finishes run.json: accept.json
+        says the same then."""
+        finish = record.finish
+
+        def finish_both(status: str, exit_code: int, error: str | None = None, **fields):
+            finish(status, exit_code, error, **fields)
+            self.ended(status, exit_code, error)
+
+        record.finish = finish_both
+
+    def begin(self, check: str) -> None:
+        self.current = check
+        self._write()
+
+    def finished(self, check: str, judged: Judged) -> None:
+        """The check's rows are judged (retests included) and in accept.csv."""
+        self.done.append(check)
+        self.current, self.judged = None, judged
+        self._write()
+
+    def conclude(self, judged: Judged) -> None:
+        """Every check judged: the verdict, and run.json's `accept`."""
+        self.judged, self.concluded = judged, True
+        self.status, self.code, _ = judged.outcome(self.strict)
+        summary = self._write()
+        if self.record is not None and summary is not None:
+            self.record.update(accept={k: summary[k] for k in ("verdict", "summary", "profile",
+                                                               "culprits", "notes")})
+
+    def ended(self, status: str, code: int, error: str | None) -> None:
+        self.status, self.code, self.error = status, code, error
+        # run.json is finished by now; whatever fails here must not keep the run from ending
+        # with its own code (the session's ending calls this)
+        try:
+            self._write()
+        except Exception as e:
+            why = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+            print(f"distbench: rank 0: error: cannot finish {self.run_dir}/accept.json: {why}; "
+                  "it may still say \"running\"", file=sys.stderr, flush=True)
+
+    def _write(self) -> dict | None:
+        if self.run_dir is None:
+            return None
+        judged = self.judged
+        with self._lock:
+            summary = {"schema_version": SCHEMA_VERSION, "status": self.status,
+                       "verdict": None, "exit_code": self.code, "summary": self._line(),
+                       "checks_total": len(self.profile.checks), "checks_done": list(self.done),
+                       "check_in_progress": self.current,
+                       "profile": {"name": self.profile.name, "path": str(self.profile.path),
+                                   "why": self.why},
+                       "nodes": self.names, "world_size": self.rt.world,
+                       "backend": self.rt.backend,
+                       "culprits": judged.culprits if judged else [],
+                       "notes": judged.notes if judged else [],
+                       "verdicts": judged.rows() if judged else []}
+            if self.concluded:
+                _, code, _ = judged.outcome(self.strict)
+                summary["verdict"] = VERDICT_WORDS[code]
+            results.write_json(self.run_dir / "accept.json", summary)
+            (self.run_dir / "accept.md").write_text(render_md(summary, self.record, self.rt))
+        return summary
+
+    def _line(self) -> str:
+        """The verdict's line once every check is judged; before, how far the run got."""
+        if self.concluded:
+            return self.judged.outcome(self.strict)[2]
+        far = f"{len(self.done)} of {len(self.profile.checks)} checks done" + (
+            f", {self.current} in progress" if self.current else "")
+        if self.status == "running":
+            return f"running: {far}"
+        return f"{self.status}: {far}" + (f" ({self.error})" if self.error else "")
 
 
 def render_md(summary: dict, record, rt) -> str:
@@ -64,7 +154,7 @@ def render_md(summary: dict, record, rt) -> str:
     meta = record.data if record is not None else {}
     versions = meta.get("versions") or {}
     lines = [
-        f"# Acceptance: {summary['verdict']}",
+        f"# Acceptance: {summary['verdict'] or summary['status'] + ', unfinished'}",
         "",
         f"{summary['summary']}.",
         "",

@@ -9,6 +9,10 @@ EXIT_WRONG = 1  # a result differs from its independently computed value or refe
 EXIT_BAD_INPUT = 2  # refused before any measurement
 EXIT_FAILED = 3  # a runtime failure: a dead or stalled rank, an error the run could not survive
 EXIT_BELOW = 4  # measured fine but below expectation (slow links)
+# Nothing, or too little, was measured to judge: an acceptance whose checks (or every check of a
+# scope) were skipped. Not a pass: a verdict on nothing measured must not read as one. pytest
+# gives 5 to a run that collected no test, for the same reason.
+EXIT_INCONCLUSIVE = 5
 
 
 def for_signal(signum: int) -> int:

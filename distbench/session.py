@@ -33,7 +33,7 @@ from distbench.tables import Output
 # Outcomes every rank of a run reaches together (the verdict is agreed by collectives): rank 0
 # speaks for all, and all ranks are alive to leave together. A refused option is agreed too,
 # but found before the session starts.
-AGREED = ("ok", "wrong", "slow_links", "below_expectation")
+AGREED = ("ok", "wrong", "slow_links", "below_expectation", "inconclusive")
 NO_LOST_RANK = "a peer stopped taking part (stalled or dead rank?)"
 
 

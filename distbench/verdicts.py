@@ -1,15 +1,17 @@
 """Judging acceptance results: each measurement against the profile's expectation (a floor in
-the metric's unit, or a share of what the healthy peers reach) or a baseline run's figure; PASS,
-WARN, FAIL or SKIP; the node a pair check's failures point at; the retests that confirm it; and
-the run's outcome. Pure: results in, verdicts out."""
+the metric's unit, or a share of what the healthy peers reach) or a baseline run's figure and
+the noise both runs show; PASS, WARN, FAIL or SKIP; the node a pair check's failures point at;
+the retests that confirm or clear a failure; and the run's outcome, which is never a pass on
+nothing judged. Pure: results in, verdicts out."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from distbench import healthy
-from distbench.exitcodes import EXIT_BELOW, EXIT_OK, EXIT_WRONG
+from distbench import healthy, noise
+from distbench.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.profiles import Check, Profile
 from distbench.schedule import pack, retest_rounds
 
@@ -33,10 +35,22 @@ class Result:
     p50_busbw_gbps: float | None = None
     note: str = ""  # why nothing was measured
     retest: bool = False  # a suspect node measured again against a node that passed
+    # how far the measurement's separated repetitions disagree (noise.spread: 0.3, the slowest
+    # took 30% longer than the fastest); None where unknown
+    spread: float | None = None
 
     @property
     def value(self) -> float | None:
         return getattr(self, self.check.metric)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What an earlier run measured, for --baseline (accept_files.read_baseline)."""
+
+    figures: Mapping[tuple[str, str], float]  # (check, target) -> the value measured
+    spreads: Mapping[tuple[str, str], float] = field(default_factory=dict)  # where known
+    typical: float | None = None  # the noise that run shows: its median spread (noise.typical)
 
 
 @dataclass
@@ -46,11 +60,13 @@ class Verdict:
     expected: float | None = None  # the fail line, in the metric's unit
     warn_at: float | None = None
     reference: float | None = None  # what the healthy peers reach, or the baseline's figure
-    ratio: float | None = None  # measured / expected, as "how good" (time inverted)
+    ratio: float | None = None  # measured / reference, as "how good" (time inverted)
     why: str = ""
 
 
 GRADES = {"fail": "FAIL", "warn": "WARN", "ok": "PASS"}
+JUDGED = ("PASS", "WARN", "FAIL")
+TARGETS = {"node": ("node", "nodes"), "pair": ("pair", "pairs"), "cluster": ("target", "targets")}
 
 
 def _line(check: Check, reference: float, share: float | None) -> float | None:
@@ -60,22 +76,35 @@ def _line(check: Check, reference: float, share: float | None) -> float | None:
     return reference * share if check.higher_is_better else reference / share
 
 
-def _peers(check: Check, results: list[Result], names: list[str]) -> tuple[float, str] | None:
-    """What the healthy targets of a check reach, in the metric's unit, and what it rests on."""
+def _peers(check: Check, results: list[Result], names: list[str],
+           unhealthy: Mapping[int, list[str]]) -> tuple[float | None, str]:
+    """What the healthy targets of a check reach, in the metric's unit, and what it rests on;
+    or None and why there is nothing to judge by. `unhealthy`: nodes that failed a node check,
+    with those checks: no healthy peer for a pair check, whatever their pairs reach."""
     measured = _first_measured(results)
     if len(measured) < 2:  # one target has no peers: nothing to judge it against
-        return None
+        return None, NO_PEERS
+    gone = sorted({i for r in measured for i in r.nodes if i in unhealthy})
+    left = [r for r in measured if not set(r.nodes) & set(gone)]
+    failed = ", ".join(f"{names[i]} ({', '.join(unhealthy[i])})" for i in gone)
+    if not left:
+        return None, (f"no healthy peers to judge by: every {TARGETS[check.scope][0]} holds a "
+                      f"node that failed a node check: {failed}")
     # healthy.reach takes higher as better: a time is judged by its inverse
     flip = (lambda v: v) if check.higher_is_better else (lambda v: 1.0 / v if v else math.inf)
-    items = [(flip(r.value), frozenset(r.nodes)) for r in measured]
-    ends = [(names[i], i) for i in sorted({i for r in measured for i in r.nodes})]
+    items = [(flip(r.value), frozenset(r.nodes)) for r in left]
+    ends = [(names[i], i) for i in sorted({i for r in left for i in r.nodes})]
     # a node is left out of the peers where its targets fall below the check's own strictest
     # line, so a node the check would fail (or warn about) cannot set what the peers reach
     lines = [x for x in (check.fail, check.warn) if x is not None]
     found = healthy.reach(items, ends, noun=("target", "targets"),
                           clearly=max(lines) if lines else healthy.CLEARLY_SLOW)
-    why = "" if found.compared else " (each involves every node: nothing to compare with)"
-    return flip(found.value), found.basis + why
+    basis = found.basis
+    if gone:
+        basis += f"; left out, the {TARGETS[check.scope][1]} of {failed}"
+    elif not found.compared:
+        basis += " (each involves every node: nothing to compare with)"
+    return flip(found.value), basis
 
 
 def _first_measured(results: list[Result]) -> list[Result]:
@@ -85,11 +114,42 @@ def _first_measured(results: list[Result]) -> list[Result]:
 NO_PEERS = "one target: no peers to judge it against"
 
 
+def _against_baseline(check: Check, r: Result, base: float, tolerance: float,
+                      spreads: list[float | None]) -> Verdict:
+    """Worse than the baseline by more than the tolerance AND the noise both runs show (this
+    measurement's spread, the baseline's for the target, each run's typical one) fails: on a
+    shared machine an unchanged rerun swings threefold, and the tolerance alone called that a
+    fault. The rule is noise.judge's, which compare and the other commands' --baseline share;
+    `expected` is the line it draws."""
+    ratio = check.fraction(r.value, base)
+    known = [s for s in spreads if s is not None and math.isfinite(s)]
+    noisy = max(known, default=0.0)
+    # where noise.judge calls it worse: past the tolerance and past the noise by its margin
+    expected = _line(check, base, 1 / max(1 + tolerance, (1 + noisy) ** noise.MARGIN))
+    if math.isinf(ratio):  # nothing to be worse than: a baseline of 0 GB/s, or of 0 us
+        return Verdict(r, "PASS", expected, None, base, ratio,
+                       f"baseline {base:.4g}, worse than -{tolerance:.0%} fails")
+    call = noise.judge(1 / ratio if ratio > 0 else math.inf, tolerance, known)
+    if call.mark == "worse":
+        beyond = f" and the noise both runs show (+-{noisy:.0%})" if noisy > tolerance else ""
+        return Verdict(r, "FAIL", expected, None, base, ratio,
+                       f"baseline {base:.4g}: worse beyond the {tolerance:.0%} tolerance{beyond}")
+    if ratio < 1 / (1 + tolerance):
+        return Verdict(r, "PASS", expected, None, base, ratio,
+                       f"baseline {base:.4g}: worse than the {tolerance:.0%} tolerance, but "
+                       f"within the noise both runs show (+-{noisy:.0%})")
+    noted = f" and the noise both runs show (+-{noisy:.0%})" if noisy > tolerance else ""
+    return Verdict(r, "PASS", expected, None, base, ratio,
+                   f"baseline {base:.4g}, worse than -{tolerance:.0%}{noted} fails")
+
+
 def _judge_check(check: Check, results: list[Result], names: list[str], tolerance: float,
-                 baseline: dict | None) -> list[Verdict]:
+                 baseline: Baseline | None, typical: float | None,
+                 unhealthy: Mapping[int, list[str]]) -> list[Verdict]:
     """Every result of the check, retests too; what the peers reach comes from the first
-    pass alone, and a retest is graded against it."""
-    peers = _peers(check, results, names) if check.vs == "peers" else None
+    pass alone, and a retest is graded against it. `typical`: the noise this run shows."""
+    peers, basis = _peers(check, results, names, unhealthy) if check.vs == "peers" \
+        else (None, "")
     out = []
     for r in results:
         if r.value is None:
@@ -99,21 +159,19 @@ def _judge_check(check: Check, results: list[Result], names: list[str], toleranc
             out.append(Verdict(r, "FAIL", why=f"{r.wrong} wrong elements: the data arrived "
                                "corrupted"))
             continue
-        base = (baseline or {}).get((check.name, r.target))
+        key = (check.name, r.target)
+        base = baseline.figures.get(key) if baseline else None
         if base is not None:
-            ratio = check.fraction(r.value, base)
-            out.append(Verdict(r, "FAIL" if ratio < 1 - tolerance else "PASS",
-                               _line(check, base, 1 - tolerance), None, base, ratio,
-                               f"baseline {base:.4g}, worse than -{tolerance:.0%} fails"))
+            out.append(_against_baseline(check, r, base, tolerance, [
+                r.spread, baseline.spreads.get(key), typical, baseline.typical]))
         elif check.vs == "peers" and peers is None:
-            out.append(Verdict(r, "SKIP", why=NO_PEERS))
+            out.append(Verdict(r, "SKIP", why=basis))
         elif peers is not None:
-            reference, basis = peers
-            out.append(Verdict(r, GRADES[check.grade(r.value, reference)],
-                               _line(check, reference, check.fail),
-                               _line(check, reference, check.warn), reference,
-                               check.fraction(r.value, reference),
-                               f"healthy peers reach {reference:.4g} ({basis})"))
+            out.append(Verdict(r, GRADES[check.grade(r.value, peers)],
+                               _line(check, peers, check.fail),
+                               _line(check, peers, check.warn), peers,
+                               check.fraction(r.value, peers),
+                               f"healthy peers reach {peers:.4g} ({basis})"))
         else:
             floor = check.fail if check.fail is not None else check.warn
             out.append(Verdict(r, GRADES[check.grade(r.value)], check.fail, check.warn, None,
@@ -130,13 +188,36 @@ class Judged:
     # check name -> targets (tuples of nodes) to measure again: a suspect node paired with a
     # node that passed, or a failing target as it was
     plan: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)  # those judged, in the profile's order
+    # checks judged on fewer targets than their scope holds: "node x on 2 of 4 nodes"
+    partial: list[str] = field(default_factory=list)
 
     def retests(self) -> list[tuple[str, list[list[tuple[int, ...]]]]]:
         """(check name, rounds of targets that share no node)."""
         return [(check, pack(targets)) for check, targets in self.plan.items() if targets]
 
+    def applicable(self, scope: str) -> bool:
+        """Whether this cluster has a target of the scope: one node has no pair of nodes, so
+        its pair checks are not applicable, which is not the same as measuring nothing (one
+        rank per node has nodes, whose checks were all skipped: that is inconclusive)."""
+        return scope != "pair" or len(self.names) > 1
+
+    def unjudged(self) -> list[str]:
+        """The scopes (node, pair, cluster) this cluster has, whose every check judged nothing:
+        all skipped."""
+        scopes: dict[str, bool] = {}
+        for v in self.verdicts:
+            if not v.result.retest:
+                scope = v.result.check.scope
+                scopes[scope] = scopes.get(scope, False) or v.verdict in JUDGED
+        for c in self.checks:
+            scopes.setdefault(c.scope, False)  # a check with no result at all judged nothing
+        return [s for s in ("node", "pair", "cluster")
+                if s in scopes and not scopes[s] and self.applicable(s)]
+
     def outcome(self, strict: bool) -> tuple[str, int, str]:
-        """(run.json status, exit code, one line)."""
+        """(run.json status, exit code, one line). A failure or wrong data wins over a verdict
+        on nothing judged, which is never a pass."""
         first = [v for v in self.verdicts if not v.result.retest]
         wrong = [v for v in self.verdicts if v.result.wrong]  # a retest's wrong data counts
         failed = [v for v in first if v.verdict == "FAIL"]
@@ -150,10 +231,25 @@ class Judged:
             blame = f"; {self.culprits[0]}" if self.culprits else ""
             return "below_expectation", EXIT_BELOW, (
                 f"{len(failed)} measurements failed, {len(warned)} warned: first "
-                f"{_name(bad[0])}"
-                f"{blame}")
-        return "ok", EXIT_OK, (f"every check passed ({len(warned)} warnings"
-                               + (f", {len(skipped)} skipped" if skipped else "") + ")")
+                f"{_name(bad[0])}{blame}")
+        partial = (f"; judged on fewer targets than the scope holds: {', '.join(self.partial)}"
+                   if self.partial else "")
+        empty = self.unjudged()
+        if empty:
+            why = next((v for v in skipped if v.result.check.scope in empty), None)
+            first_skip = f": first {_name(why)}" if why else ""
+            if len(empty) == len({s for s in {v.result.check.scope for v in first} | {
+                    c.scope for c in self.checks} if self.applicable(s)}):
+                return "inconclusive", EXIT_INCONCLUSIVE, (
+                    f"inconclusive: every check was skipped, nothing was judged{first_skip}")
+            judged = len(first) - len(skipped)
+            return "inconclusive", EXIT_INCONCLUSIVE, (
+                f"inconclusive: every {' and '.join(empty)} check was skipped{first_skip}; "
+                f"the {judged} other measurements passed ({len(warned)} warnings){partial}")
+        if skipped:
+            return "ok", EXIT_OK, (f"every check judged passed ({len(warned)} warnings, "
+                                   f"{len(skipped)} skipped){partial}")
+        return "ok", EXIT_OK, f"every check passed ({len(warned)} warnings){partial}"
 
     def rows(self) -> list[dict]:
         return [_row(v) for v in self.verdicts]
@@ -174,10 +270,8 @@ def _row(v: Verdict) -> dict:
             "algbw_gbps": r.algbw_gbps, "busbw_gbps": r.busbw_gbps, "wrong": r.wrong,
             "metric": c.metric, "measured": r.value, "expected": v.expected,
             "warn_at": v.warn_at, "reference": v.reference, "ratio": v.ratio,
-            "verdict": v.verdict, "retest": r.retest, "note": v.why, "p50_us": r.p50_us}
-
-
-PASSED = ("PASS", "WARN")
+            "verdict": v.verdict, "retest": r.retest, "note": v.why, "p50_us": r.p50_us,
+            "spread": r.spread}
 
 
 def _suspects(first: list[Verdict]) -> tuple[list[int], list[int]]:
@@ -185,7 +279,7 @@ def _suspects(first: list[Verdict]) -> tuple[list[int], list[int]]:
     passes with another node: two slow nodes among four are both named) and its healthy ones
     (they pass with every partner but the suspects, with whom nothing can pass). A pair that
     was skipped neither passes nor fails."""
-    judged = [v for v in first if v.verdict in (*PASSED, "FAIL")]
+    judged = [v for v in first if v.verdict in JUDGED]
     nodes = sorted({i for v in judged for i in v.result.nodes})
     fails = {i: [v.verdict == "FAIL" for v in judged if i in v.result.nodes] for i in nodes}
     passes = {i: not all(fails[i]) for i in nodes}
@@ -197,10 +291,24 @@ def _suspects(first: list[Verdict]) -> tuple[list[int], list[int]]:
     return suspects, healthy_nodes
 
 
+def _retested(again: list[Verdict]) -> str:
+    """What retests say of a failure: "failed" or "warned" (it held: a fault), "passed" (every
+    one a clean PASS: noise), "nothing" (none measured) or "" (none yet). A retest that warns
+    is as slow as the warn line says, not noise: only a clean pass clears a failure."""
+    if not again:
+        return ""
+    measured = [a.verdict for a in again if a.verdict != "SKIP"]
+    if not measured:
+        return "nothing"
+    if "FAIL" in measured:
+        return "failed"
+    return "warned" if "WARN" in measured else "passed"
+
+
 def _settle(check: Check, verdicts: list[Verdict], names: list[str], judged: Judged) -> None:
-    """What the first pass's failures mean, once retests exist: a failure whose retest passed
-    was noise (WARN, said so); one whose retest failed too stands. Names the node at fault and
-    plans the retests when there are none yet."""
+    """What the first pass's failures mean, once retests exist: a failure whose retests all
+    passed cleanly was noise (WARN, said so); one whose retest failed or warned stands. Names
+    the node at fault and plans the retests when there are none yet."""
     first = [v for v in verdicts if not v.result.retest]
     again = [v for v in verdicts if v.result.retest]
     failing = [v for v in first if v.verdict == "FAIL" and not v.result.wrong]
@@ -217,10 +325,10 @@ def _settle(check: Check, verdicts: list[Verdict], names: list[str], judged: Jud
         plan += [v.result.nodes for v in failing if not set(v.result.nodes) & set(suspects)]
         judged.plan[check.name] = plan
     for i in suspects:
-        mine = [v for v in again if i in v.result.nodes and v.verdict != "SKIP"]
-        held = mine and all(v.verdict == "FAIL" for v in mine)
-        how = (" (confirmed against a node that passed)" if held else
-               " (not confirmed: its retest passed)" if mine else "")
+        said = _retested([v for v in again if i in v.result.nodes])
+        how = {"failed": " (confirmed against a node that passed)",
+               "warned": " (confirmed against a node that passed: its retest warned)",
+               "passed": " (not confirmed: its retest passed)"}.get(said, "")
         pairs = sum(i in v.result.nodes and v.verdict == "FAIL" for v in first)
         partners = {j for v in first if i in v.result.nodes for j in v.result.nodes if j != i}
         fine = [j for j in partners if j in healthy_nodes]
@@ -228,32 +336,64 @@ def _settle(check: Check, verdicts: list[Verdict], names: list[str], judged: Jud
                 + ("its partners pass" if len(fine) == len(partners) else
                    f"{len(fine)} of its {len(partners)} partners pass")
                 + f" with other nodes{how}")
-        (judged.culprits if held or not mine else judged.notes).append(line)
+        (judged.notes if said == "passed" else judged.culprits).append(line)
     for v in failing:
         same = [a for a in again if a.result.nodes == v.result.nodes]
-        if not same:  # a suspect's pair: its node's retest against a healthy node decides
+        if not same:  # a suspect's pair: its nodes' retests against healthy nodes decide
             same = [a for a in again if set(a.result.nodes) & set(v.result.nodes) & {*suspects}]
-        if same and all(a.verdict in PASSED for a in same):
+        said = _retested(same)
+        if said == "passed":
             v.verdict = "WARN"
-            v.why += "; it passed its retest: noise, not a fault"
-        elif any(a.verdict == "FAIL" for a in same):
+            v.why += "; it passed its retest cleanly: noise, not a fault"
+        elif said == "failed":
             v.why += "; it failed its retest too"
-        elif same:  # skipped: nothing measured, so nothing confirmed either way
+        elif said == "warned":
+            low = min(a.ratio for a in same if a.verdict == "WARN")
+            v.why += f"; its retest warned ({low:.3g} of what it is judged by): it stands"
+        elif said == "nothing":  # skipped: nothing measured, so nothing confirmed either way
             v.why += "; its retest measured nothing: it stands, unconfirmed"
     if check.scope == "node":
         judged.culprits += [f"{check.name}: node {v.result.target} failed ({v.why})"
                             for v in failing if v.verdict == "FAIL"]
 
 
+def _coverage(check: Check, verdicts: list[Verdict], judged: Judged) -> None:
+    """Says so where a check judged nothing, or fewer targets than it measured for."""
+    first = [v for v in verdicts if not v.result.retest]
+    done = [v for v in first if v.verdict in JUDGED]
+    if not first:
+        judged.notes.append(f"{check.name}: nothing measured")
+    elif not done:
+        judged.notes.append(f"{check.name}: skipped ({first[0].why})")
+    elif len(done) < len(first):
+        missed = next(v for v in first if v.verdict not in JUDGED)
+        count = f"{len(done)} of {len(first)} {TARGETS[check.scope][1]}"
+        judged.partial.append(f"{check.name} on {count}")
+        judged.notes.append(f"{check.name}: judged on {count} only ({missed.result.target}: "
+                            f"{missed.why})")
+
+
 def judge(results: list[Result], profile: Profile, names: list[str],
-          baseline: dict | None = None) -> Judged:
-    """`baseline`: (check name, target) -> the baseline run's measured value."""
+          baseline: Baseline | None = None) -> Judged:
+    """The checks in the profile's order. A node that failed a node check is no healthy peer
+    for the pair checks after it; this run's noise for a check is that of the checks up to it,
+    so a check's verdicts do not change as later checks are measured."""
     judged = Judged([], names)
+    unhealthy: dict[int, list[str]] = {}
+    spreads: list[float | None] = []
     for check in profile.checks:
         mine = [r for r in results if r.check.name == check.name]
-        verdicts = _judge_check(check, mine, names, profile.baseline_tolerance, baseline)
+        spreads += [r.spread for r in _first_measured(mine)]
+        verdicts = _judge_check(check, mine, names, profile.baseline_tolerance, baseline,
+                                noise.typical(spreads),
+                                unhealthy if check.scope == "pair" else {})
         judged.verdicts += verdicts
-        if verdicts and all(v.verdict == "SKIP" for v in verdicts):
-            judged.notes.append(f"{check.name}: skipped ({verdicts[0].why})")
+        judged.checks.append(check)
         _settle(check, verdicts, names, judged)
+        _coverage(check, verdicts, judged)
+        if check.scope == "node":
+            for v in verdicts:
+                if v.verdict == "FAIL" and not v.result.retest:
+                    for i in v.result.nodes:
+                        unhealthy.setdefault(i, []).append(check.name)
     return judged
