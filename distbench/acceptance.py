@@ -1,7 +1,8 @@
 """`distbench accept` on every rank: agree on the profile, then for each of its checks measure
 every target (each node, each pair of nodes, the cluster), the targets of a round at the same
 time in process groups of their own, and hand the results to rank 0, which judges them
-(verdicts.py), retests suspect nodes, and writes the verdict (accept_files.py)."""
+(verdicts.py), has the failures retested, and writes the check's rows before the next check
+starts; once every check is judged, the verdict (accept_files.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from distbench import accept_files, schedule, verdicts
+from distbench import accept_files, noise, schedule, verdicts
 from distbench.accounting import bandwidth, layout
-from distbench.exitcodes import EXIT_BELOW, EXIT_OK, EXIT_WRONG
+from distbench.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.measure import Skipped, measure_case
 from distbench.memory import allocate_fitting, release
 from distbench.ops import p2p
@@ -102,9 +103,24 @@ def run(s, output) -> int:
                   f"backend {rt.backend}; results in {s.run_dir}/")
     view = SimpleNamespace(rt=rt, faults=s.faults, step=s.step, opts=SimpleNamespace(
         timeout=opts.timeout, warmup=profile.warmup, iters=profile.iters, min_time=0.0,
-        check=True, cuda_graph=False))
+        check=True, cuda_graph=False, reps=noise.REPS))
+    chief = rt.rank == 0
+    baseline = (accept_files.read_baseline(Path(opts.baseline), profile)
+                if opts.baseline and chief else None)
+    progress = accept_files.Progress(s.run_dir, s.record, profile, why, names, rt,
+                                     opts.strict) if chief else None
+    sink = s.sink(output)
+    s.console.lines(format_table(output.console, [], title=(
+        f"accept  profile {profile.name}  nodes {len(names)}  ranks {rt.world}  "
+        f"backend {rt.backend}")))
     results: list[verdicts.Result] = []
-    for check in profile.checks:
+    judged = None
+    # Each check is measured, judged, retested and written before the next starts: a run
+    # stopped halfway keeps every row measured, and accept.json says how far it got.
+    for k, check in enumerate(profile.checks):
+        if chief:
+            progress.begin(check.name)
+        so_far = replace(profile, checks=profile.checks[:k + 1])
         rounds = rounds_of(check, names, node_ranks, opts.quick)
         if not rounds:  # a pair check on one node
             results.append(verdicts.Result(check, "pairs", (), 0, note="one node: no pair of "
@@ -112,25 +128,29 @@ def run(s, output) -> int:
         for targets in rounds:
             for batch in by_machine(targets, hosts):
                 results += _round(s, view, check, batch)
-    baseline = (accept_files.read_baseline(Path(opts.baseline), profile) if opts.baseline
-                else None)
-    judged = None
-    if rt.rank == 0:
-        judged = verdicts.judge(results, profile, names, baseline)
-    # Retests: a suspect node against a node that passed, any other failure as it was; a
-    # fault fails again, a burst of noise rarely does.
-    plan = [judged.retests() if judged else []]
-    dist.broadcast_object_list(plan, src=0)
-    for check_name, rounds in plan[0]:
-        check = next(c for c in profile.checks if c.name == check_name)
-        for r in rounds:
-            targets = [target_of(check.scope, nodes, names, node_ranks) for nodes in r]
-            for batch in by_machine(targets, hosts):
-                results += [replace(x, retest=True) for x in _round(s, view, check, batch)]
+        # Retests: a suspect node against a node that passed, any other failure as it was; a
+        # fault fails again, a burst of noise rarely does.
+        plan: list = [None]
+        if chief:
+            judged = verdicts.judge(results, so_far, names, baseline)
+            plan = [[planned for name, planned in judged.retests() if name == check.name]]
+        dist.broadcast_object_list(plan, src=0)
+        for retest_rounds in plan[0]:
+            for r in retest_rounds:
+                targets = [target_of(check.scope, nodes, names, node_ranks) for nodes in r]
+                for batch in by_machine(targets, hosts):
+                    results += [replace(x, retest=True) for x in _round(s, view, check, batch)]
+        if chief:
+            if plan[0]:
+                judged = verdicts.judge(results, so_far, names, baseline)
+            for row in judged.rows():
+                if row["check"] == check.name:
+                    sink.append(row)
+                    s.console.lines([format_row(output.console, _shown(row))])
+            progress.finished(check.name, judged)
     outcome = [None]
-    if rt.rank == 0:
-        judged = verdicts.judge(results, profile, names, baseline)
-        _report(s, output, profile, why, judged, names)
+    if chief:
+        _conclude(s, profile, judged, progress)
         outcome = [judged.outcome(opts.strict)]
     dist.broadcast_object_list(outcome, src=0)
     status, code, line = outcome[0]
@@ -138,7 +158,16 @@ def run(s, output) -> int:
         raise RunFailure(line, status="wrong", exit_code=EXIT_WRONG)
     if code == EXIT_BELOW:
         raise RunFailure(line, status="below_expectation", exit_code=EXIT_BELOW)
+    if code == EXIT_INCONCLUSIVE:
+        raise RunFailure(line, status="inconclusive", exit_code=EXIT_INCONCLUSIVE)
+    s.console.log(line)  # the other outcomes say theirs as the run's error line
     return EXIT_OK
+
+
+def _shown(row: dict) -> dict:
+    """The row as the console shows it: a retest's target says so, or it would read as a
+    duplicate of the first measurement (the CSV has its `retest` column)."""
+    return {**row, "target": f"{row['target']} (retest)"} if row["retest"] else row
 
 
 def _agree_profile(s) -> tuple[Profile, str]:
@@ -218,22 +247,15 @@ def _measure(s, view, check: Check, target: Target, group) -> verdicts.Result | 
     return verdicts.Result(**base, size_bytes=lay.size_bytes, iters=st.iters,
                            time_us=st.time_us, p99_us=st.p99_us, algbw_gbps=algbw,
                            busbw_gbps=busbw, wrong=st.wrong, p50_us=st.p50_us,
-                           p50_busbw_gbps=typical)
+                           p50_busbw_gbps=typical, spread=noise.spread(st.reps_us))
 
 
-def _report(s, output, profile: Profile, why: str, judged, names: list[str]) -> None:
-    """Rank 0: the verdict table on stdout, accept.csv, accept.json and accept.md."""
-    sink = s.sink(output)
-    rows = judged.rows()
-    s.console.lines(format_table(output.console, [], title=(
-        f"accept  profile {profile.name}  nodes {len(names)}  ranks {s.rt.world}  "
-        f"backend {s.rt.backend}")))
-    for row in rows:
-        sink.append(row)
-        s.console.lines([format_row(output.console, row)])
+def _conclude(s, profile: Profile, judged, progress) -> None:
+    """Rank 0, every check judged: the nodes named and the notes on stderr, the verdict in
+    accept.json, accept.md and run.json, and with --baseline the comparison."""
     for line in judged.findings():
         s.console.log(line)
-    accept_files.write(s.run_dir, s.record, profile, why, judged, names, s.rt, s.opts.strict)
+    progress.conclude(judged)
     if s.opts.baseline and s.run_dir is not None:
         # the verdicts above have already judged each check, by the profile's tolerance
         from distbench.baseline import print_comparison

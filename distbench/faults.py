@@ -1,7 +1,9 @@
 """Faults on demand, for the test suite: a wrong result, a stalled rank, a dead rank and slow
-links, so tests can prove each is caught. Read from the environment once per run, when the
-session starts; the engine applies them at one point (Faults.apply), so nothing here runs in
-timed code unless a fault was asked for, and ops and strategies know nothing of it.
+links, so tests can prove each is caught; and fake nodes, so tests can judge many nodes in few
+processes. Read from the environment once per run, when the session starts (the fake nodes when
+the ranks are grouped into nodes, runtime.start); the engine applies the faults at one point
+(Faults.apply), so nothing here runs in timed code unless a fault was asked for, and ops and
+strategies know nothing of it.
 
     DISTBENCH_TEST_CORRUPT_RANK=1        rank 1 flips an element of what its check reads
     DISTBENCH_TEST_STALL=1:65536         rank 1 hangs when it reaches that size in bytes
@@ -9,6 +11,12 @@ timed code unless a fault was asked for, and ops and strategies know nothing of 
     DISTBENCH_TEST_SLOW_SEND=2:0.002     rank 2 waits 2 ms before every op in which it sends
     DISTBENCH_TEST_SLOW_RANK=2:0.002     rank 2 waits 2 ms before every op in which it sends or
                                          receives: slow in both directions, like a bad NIC
+    DISTBENCH_TEST_SLOW_RANK=2,3:0.1     ranks 2 and 3 do: every rank of a node with a bad NIC
+                                         (STALL, DIE and SLOW_SEND take lists too)
+    DISTBENCH_TEST_NODE_SIZE=2           each launcher's ranks count as nodes of 2 local ranks
+                                         (local ranks 0-1, 2-3, ...): many nodes of several
+                                         ranks in few processes, where a torchrun agent per
+                                         node would start too many on a test machine
 
 The training-step commands have no ops of their own to wrap: dp asks before_collective() for
 the delay and puts it ahead of every gradient all-reduce (a DDP comm hook) and of every
@@ -29,14 +37,23 @@ STALL = PREFIX + "STALL"
 DIE = PREFIX + "DIE"
 SLOW_SEND = PREFIX + "SLOW_SEND"
 SLOW_RANK = PREFIX + "SLOW_RANK"
+NODE_SIZE = PREFIX + "NODE_SIZE"
 
 
 def _rank_and(value: str | None, rank: int, kind: type) -> object | None:
-    """"R:X" -> X (as `kind`) when R is this rank, else None."""
+    """"R:X" or "R,R,...:X" -> X (as `kind`) when this rank is one of them, else None."""
     if not value:
         return None
-    want_rank, _, rest = value.partition(":")
-    return kind(rest) if int(want_rank) == rank else None
+    want_ranks, _, rest = value.partition(":")
+    return kind(rest) if rank in {int(r) for r in want_ranks.split(",")} else None
+
+
+def fake_node(local_rank: int, env: Mapping[str, str] = os.environ) -> str:
+    """What tells this rank's fake node apart from the others of its launcher under
+    DISTBENCH_TEST_NODE_SIZE (its local rank's group), or "" without it: runtime adds it to the
+    key that groups ranks into nodes."""
+    size = env.get(NODE_SIZE)
+    return f"|fake node {local_rank // int(size)}" if size else ""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from distbench import topo
+from distbench import faults, topo
 from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED
 from distbench.options import OptionError
 from distbench.peers import Peers, StartFailure, machine_key, node_name
@@ -167,8 +167,10 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
         mine.update({
             "host": socket.gethostname(),
             "machine": machine_key(),
-            # two torchrun agents on one host (a test of multi-node runs) count as two nodes
-            "node_key": f"{machine_key()}|{os.environ.get('GROUP_RANK', '')}",
+            # two torchrun agents on one host (a test of multi-node runs) count as two nodes,
+            # and so do a launcher's groups of local ranks under the test suite's fake nodes
+            "node_key": f"{machine_key()}|{os.environ.get('GROUP_RANK', '')}"
+                        + faults.fake_node(local_rank),
             "local_rank": local_rank,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             **gpu_identity(device),

@@ -1,13 +1,16 @@
 """distbench accept for real: on this CPU machine with 2 local workers (cpu-gloo, picked by
-itself), and on 3 and 4 nodes (torchrun agents on one host) where one node is slow in both
-directions, as a bad NIC or cable makes it, through the fault hook: that node is named and the
-run fails; the same runs without the fault pass. Bad input and baselines too."""
+itself), and on 3, 4 and 5 nodes (torchrun agents on one host, or the test hook's fake nodes
+where agents would be too many processes) where one or two nodes are slow in both directions, as
+a bad NIC or cable makes them, through the fault hook: exactly those nodes are named and the run
+fails; the same nodes without the fault fail nothing. Bad input and baselines too."""
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,13 +28,15 @@ def _accept(run_dir: Path) -> dict:
 
 
 def test_on_this_machine_it_picks_cpu_gloo_and_passes(tmp_path):
+    """One node: its node and cluster checks are judged and pass; pair checks have no pair of
+    nodes here, and say so, skipped."""
     start = time.monotonic()
     res = distbench(tmp_path, "accept", "--workers", "2")
     took = time.monotonic() - start
     assert res.code == 0, res.stderr
     assert took < 90, f"accept took {took:.0f} s"
     acc = _accept(res.run_dir)
-    assert acc["verdict"] == "PASS" and acc["exit_code"] == 0
+    assert (acc["verdict"], acc["exit_code"], acc["status"]) == ("PASS", 0, "ok")
     assert acc["profile"]["name"] == "cpu-gloo" and "no GPU" in acc["profile"]["why"]
     assert "distbench: profile cpu-gloo: " in res.stderr  # which one, and why
     verdicts = {v["check"]: v["verdict"] for v in acc["verdicts"]}
@@ -41,66 +46,162 @@ def test_on_this_machine_it_picks_cpu_gloo_and_passes(tmp_path):
     assert {k for k, v in verdicts.items() if v == "PASS"} == {
         k for k in verdicts if not k.startswith("pair") and k not in peers}
     assert {verdicts[k] for k in peers} == {"SKIP"}
-    assert "skipped)" in acc["summary"]
+    assert "skipped)" in acc["summary"], acc["summary"]
+    # a PASS says its summary line too, once, as every outcome does
+    assert [x for x in distbench_lines(res.stderr) if acc["summary"] in x] == [
+        f"distbench: {acc['summary']}"], res.stderr
     md = (res.run_dir / "accept.md").read_text()
     assert md.startswith("# Acceptance: PASS") and "## Topology" in md
-    assert res.meta()["status"] == "ok"
+    assert (res.meta()["status"], res.meta()["exit_code"]) == ("ok", 0)
     rows = res.rows("accept.csv")
-    assert len(rows) == len(acc["verdicts"]) and rows[0]["check"] == acc["verdicts"][0]["check"]
+    assert [(r["check"], r["target"], r["verdict"]) for r in rows] == [
+        (v["check"], v["target"], v["verdict"]) for v in acc["verdicts"]]
+    measured = [r for r in rows if r["measured"]]
+    assert measured and all(float(r["spread"]) >= 0 for r in measured)  # its own noise
 
 
-@pytest.mark.parametrize("nnodes", [3, 4])
-def test_a_node_slow_both_ways_is_named_and_fails_the_run(tmp_path, nnodes):
-    """Node 2 is named, confirmed, in every attempt. A pair without it may fail too when this
-    2-core machine starves one of 8 processes for a while (cpu-gloo's lines sit past the
-    tenfold spread seen, but not by much): then the run is tried once more, and such a stray
-    failure must be short of the fault's pairs, which fall to a hundredth and below."""
+# A bad NIC or cable, as the fault hook makes it: every rank of a slow node waits this long before
+# every op it sends or receives in. Healthy gloo on this loaded 2-core machine takes 0.3 to 3.4
+# ms for a 1 MiB all_reduce: a slow node's targets fall to a thirtieth of the healthy ones at
+# most, past cpu-gloo's fail line (a twentieth), and a hundredth as a rule.
+SLOW_S = 0.1
+NAMED = re.compile(r"node (\S+) (?:failed|is in all)")
+
+
+@dataclass
+class Accepted:
+    """One acceptance run, as its files say it went."""
+
+    acc: dict  # accept.json
+    meta: dict  # run.json
+    rows: list[dict]  # accept.csv
+    code: int  # the command's exit code (torchrun's for agents: 1 for any failed worker)
+    stderr: str  # rank 0's
+
+    def named(self) -> set[str]:
+        """The nodes the culprits name."""
+        return {m for line in self.acc["culprits"] for m in NAMED.findall(line)}
+
+
+def _accept_on(tmp_path: Path, nodes: int, slow: list[int], how: str) -> Accepted:
+    """`distbench accept` on `nodes` nodes, every rank of the `slow` ones slowed both ways:
+    torchrun agents of one worker each ("agents"), or one self-launched run whose ranks the
+    test hook groups into fake nodes of 1 or 2 ranks ("fake1", "fake2"), where agents would
+    start more than 8 processes."""
+    per_node = 1 if how == "agents" else int(how[-1])
+    env = {"DISTBENCH_TEST_SLOW_RANK": ",".join(
+        str(i * per_node + r) for i in slow for r in range(per_node)) + f":{SLOW_S}"} \
+        if slow else {}
     args = ["accept", "--timeout", "60"]
-    for attempt in (1, 2):
-        out = tmp_path / f"try{attempt}"
-        out.mkdir()
-        procs = torchrun_nodes(out, nnodes=nnodes, nproc=1, per_node_args=[args] * nnodes,
-                               DISTBENCH_TEST_SLOW_RANK="2:0.02")
-        (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-        acc = _accept(run_dir)
-        assert acc["verdict"] == "FAIL" and acc["exit_code"] == 4, acc["summary"]
-        named = [c for c in acc["culprits"] if c.startswith("pair")]
-        assert named and all("node " in c and "#2 is in all" in c for c in named), \
-            acc["culprits"]
-        assert all("(confirmed against a node that passed)" in c for c in named)
-        meta = json.loads((run_dir / "run.json").read_text())
-        assert (meta["status"], meta["exit_code"]) == ("below_expectation", 4)
-        assert procs[0].returncode != 0  # torchrun's own code: any failed worker
-        assert any("#2 is in all" in line for line in distbench_lines(procs[0].stderr))
-        failed = [v for v in acc["verdicts"] if v["verdict"] == "FAIL"
-                  and v["scope"] == "pair" and not v["retest"]]
-        stray = [v for v in failed if "#2" not in v["target"]]
-        if failed and not stray:  # no pair without node 2 failed
-            return
-        assert attempt == 1 and all(v["ratio"] >= 0.02 for v in stray), acc["summary"]
+    tmp_path.mkdir()
+    if how == "agents":
+        procs = torchrun_nodes(tmp_path, nnodes=nodes, nproc=1, per_node_args=[args] * nodes,
+                               **env)
+        code, stderr = procs[0].returncode, procs[0].stderr
+        for p in procs[1:]:  # every agent ends as its node's worker did
+            assert (p.returncode == 0) == (code == 0), p.stderr
+    else:
+        res = distbench(tmp_path, *args, "--workers", str(nodes * per_node),
+                        DISTBENCH_TEST_NODE_SIZE=str(per_node), **env)
+        code, stderr = res.code, res.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    with open(run_dir / "accept.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return Accepted(_accept(run_dir), json.loads((run_dir / "run.json").read_text()), rows,
+                    code, stderr)
 
 
-@pytest.mark.parametrize("nnodes", [3, 4])
-def test_the_same_nodes_without_the_fault_pass(tmp_path, nnodes):
-    """Tried once more only when the first try failed short of a fault-sized drop: with 4 agents
-    and 4 workers on this 2-core machine, one node can be starved for a whole run (cpu-gloo's
-    lines sit past the tenfold spread seen, but not by much). The fault above puts a check at a
-    hundredth of its peers and below; such a drop is no noise to try again on."""
-    args = ["accept", "--timeout", "60"]
+def _stray(run: Accepted, slow_names: set[str]) -> list[dict]:
+    """First-pass failures with no slow node in them: this 2-core machine starving one of up to
+    8 processes for a while. Never fault-sized: the fault puts a target at a thirtieth of its
+    peers and below, noise has been seen at a tenth."""
+    return [v for v in run.acc["verdicts"] if v["verdict"] == "FAIL" and not v["retest"]
+            and v["scope"] != "cluster" and not set(v["target"].split("+")) & slow_names]
+
+
+def _assert_files_agree(run: Accepted) -> None:
+    verdicts = run.acc["verdicts"]
+    assert [(r["check"], r["target"], r["verdict"]) for r in run.rows] == [
+        (v["check"], v["target"], v["verdict"]) for v in verdicts]
+    assert run.acc["checks_done"] and run.acc["check_in_progress"] is None
+    assert len(run.acc["checks_done"]) == run.acc["checks_total"]
+    assert run.acc["status"] == run.meta["status"]
+    assert run.acc["exit_code"] == run.meta["exit_code"]
+
+
+# (nodes, slow nodes, how): torchrun agents where the process count allows (3 or 4 agents of one
+# worker are 6 or 8 processes), fake nodes otherwise. Three nodes with two slow need node checks
+# to tell which two (every pair holds a slow end): nodes of 2 ranks.
+SLOW_CASES = [(3, [2], "agents"), (3, [1, 2], "fake2"), (4, [2], "agents"),
+              (4, [1, 3], "agents"), (5, [2], "fake1"), (5, [1, 3], "fake1")]
+
+
+@pytest.mark.parametrize("nodes,slow,how", SLOW_CASES,
+                         ids=[f"{n}nodes-slow{'+'.join(map(str, s))}-{h}"
+                              for n, s, h in SLOW_CASES])
+def test_slow_nodes_are_named_and_fail_the_run(tmp_path, nodes, slow, how):
+    """Exactly the slow nodes are named, and no pair of a slow node and a healthy one passes.
+    Tried once more only when a target without a slow node failed short of a fault-sized drop
+    (noise on this loaded machine, which the fault is not)."""
     for attempt in (1, 2):
-        out = tmp_path / f"try{attempt}"
-        out.mkdir()
-        procs = torchrun_nodes(out, nnodes=nnodes, nproc=1, per_node_args=[args] * nnodes)
-        (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-        acc = _accept(run_dir)
-        if procs[0].returncode == 0:
-            assert all(p.returncode == 0 for p in procs), procs[0].stderr
-            assert acc["verdict"] == "PASS" and acc["culprits"] == []
-            return
-        assert attempt == 1, acc["summary"]
-        failed = [v for v in acc["verdicts"] if v["verdict"] == "FAIL"]
-        assert failed and all(v["ratio"] is not None and v["ratio"] >= 0.02 for v in failed), \
-            acc["summary"]
+        run = _accept_on(tmp_path / f"try{attempt}", nodes, slow, how)
+        names = run.acc["nodes"]
+        assert len(names) == nodes, names
+        slow_names = {names[i] for i in slow}
+        assert (run.acc["verdict"], run.acc["exit_code"]) == ("FAIL", 4), run.acc["summary"]
+        assert (run.meta["status"], run.meta["exit_code"]) == ("below_expectation", 4)
+        assert run.code == (4 if how != "agents" else 1), run.stderr
+        _assert_files_agree(run)
+        stray = _stray(run, slow_names)
+        if stray and attempt == 1:
+            assert all(v["ratio"] >= 0.02 for v in stray), run.acc["summary"]
+            continue
+        assert run.named() == slow_names, run.acc["culprits"]
+        mixed = [v for v in run.acc["verdicts"] if v["scope"] == "pair"
+                 and len(set(v["target"].split("+")) & slow_names) == 1]
+        assert mixed and not [v for v in mixed if v["verdict"] == "PASS"], \
+            [(v["target"], v["verdict"], v["note"]) for v in mixed]
+        said = " ".join(distbench_lines(run.stderr))
+        assert all(f"node {n} " in said for n in slow_names), run.stderr
+        return
+
+
+# Without the fault: nodes of 2 ranks, whose node checks measure, pass; nodes of one rank have
+# nothing to measure in their node checks, so the acceptance is inconclusive, never a pass.
+CLEAN_CASES = [(3, "fake2"), (4, "agents"), (5, "fake1")]
+
+
+@pytest.mark.parametrize("nodes,how", CLEAN_CASES,
+                         ids=[f"{n}nodes-{h}" for n, h in CLEAN_CASES])
+def test_the_same_nodes_without_a_fault_fail_nothing_and_name_no_one(tmp_path, nodes, how):
+    """A/A: no FAIL, no culprit, and the pair checks pass. Tried once more only when the first
+    try failed short of a fault-sized drop (one node starved on this 2-core machine)."""
+    for attempt in (1, 2):
+        run = _accept_on(tmp_path / f"try{attempt}", nodes, [], how)
+        _assert_files_agree(run)
+        failed = [v for v in run.acc["verdicts"] if v["verdict"] == "FAIL"]
+        if failed and attempt == 1:
+            assert all(v["ratio"] is not None and v["ratio"] >= 0.02 for v in failed), \
+                run.acc["summary"]
+            continue
+        assert not failed and run.acc["culprits"] == [], run.acc["summary"]
+        pairs = [v for v in run.acc["verdicts"] if v["scope"] == "pair" and not v["retest"]]
+        assert len(pairs) == 2 * nodes * (nodes - 1) // 2
+        assert {v["verdict"] for v in pairs} <= {"PASS", "WARN"}, run.acc["summary"]
+        if how == "fake2":
+            assert (run.acc["verdict"], run.acc["exit_code"], run.code) == ("PASS", 0, 0)
+            assert run.meta["status"] == "ok"
+            # a PASS says its summary line too, once
+            assert [x for x in distbench_lines(run.stderr) if run.acc["summary"] in x] == [
+                f"distbench: {run.acc['summary']}"], run.stderr
+        else:
+            assert (run.acc["verdict"], run.acc["exit_code"]) == ("INCONCLUSIVE", 5), \
+                run.acc["summary"]
+            assert run.meta["status"] == "inconclusive"
+            # said once, by rank 0, as the run's error line
+            assert len([x for x in distbench_lines(run.stderr)
+                        if run.acc["summary"] in x]) == 1, run.stderr
+        return
 
 
 def test_a_baseline_is_the_expectation(tmp_path):
@@ -138,8 +239,8 @@ def test_a_baseline_is_the_expectation(tmp_path):
     # passes is worse (the retests have nothing to match in a baseline that passed)
     first = [v for v in measured if not v["retest"]]
     assert f"BASE {baseline.name} vs NEW {res.run_dir.name}" in res.stdout
-    assert f"# {len(first)} rows worse by more than 5% and significant (0 +, {len(first)} -, " \
-        "0 ~, " in res.stdout, res.stdout
+    assert f"# {len(first)} rows worse by more than 5% and beyond the noise (0 +, " \
+        f"{len(first)} -, 0 ~, " in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize("args,option,needle", [

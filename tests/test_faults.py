@@ -1,6 +1,6 @@
 """Test-only faults: read once per run, applied at the engine's one hook point, and absent from
-timed code unless asked for. The slow-rank fault slows a rank in both directions, as a bad NIC or
-cable does, at several world sizes."""
+timed code unless asked for. The slow-rank fault slows ranks in both directions, as a bad NIC or
+cable does, at several world sizes; fake nodes group a launcher's ranks into nodes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import distbench
 
-from distbench.faults import Faults
+from distbench.faults import Faults, fake_node
 from distbench.ops.case import Case, idle
 
 
@@ -33,6 +33,36 @@ def test_env_is_parsed_for_this_rank_only():
     assert Faults.from_env(1, env) == Faults(stall_at=64)
     assert Faults.from_env(0, env) == Faults()
     assert Faults.from_env(2, {"DISTBENCH_TEST_SLOW_SEND": "2:0.1"}) == Faults(delay_s=0.1)
+
+
+def test_several_ranks_take_one_fault():
+    """Every rank of a node with a bad NIC is slow: "R,R,...:X" names them all, and the single
+    form still names one."""
+    env = {"DISTBENCH_TEST_SLOW_RANK": "1,3:0.1", "DISTBENCH_TEST_DIE": "0,2:4096"}
+    slow = Faults(delay_s=0.1, delay_on_receive=True)
+    assert [Faults.from_env(r, env) for r in range(4)] == [
+        Faults(die_at=4096), slow, Faults(die_at=4096), slow]
+    assert Faults.from_env(3, {"DISTBENCH_TEST_SLOW_RANK": "3:0.1"}) == slow
+    assert Faults.from_env(13, {"DISTBENCH_TEST_SLOW_RANK": "1,3:0.1"}) == Faults()
+
+
+def test_fake_nodes_group_a_launchers_local_ranks():
+    groups = [fake_node(r, {"DISTBENCH_TEST_NODE_SIZE": "2"}) for r in range(6)]
+    assert groups[0] == groups[1] != groups[2] == groups[3] != groups[4] == groups[5]
+    assert len(set(groups)) == 3
+    assert {fake_node(r, {}) for r in range(4)} == {""}  # without the hook: no change
+
+
+@pytest.mark.multiproc
+def test_fake_nodes_are_nodes_to_the_run(tmp_path):
+    """Four local workers in fake nodes of 2: run.json counts 2 nodes, ranks 0-1 and 2-3."""
+    res = distbench(tmp_path, "collective", "--sizes", "4K", "--iters", "2", "--warmup", "1",
+                    "--workers", "4", DISTBENCH_TEST_NODE_SIZE="2")
+    assert res.code == 0, res.stderr
+    meta = res.meta()
+    assert meta["nnodes"] == 2
+    assert [r["node"] for r in meta["ranks"]] == [0, 0, 1, 1]
+    assert [r["nnodes"] for r in res.rows()] == ["2"]
 
 
 @pytest.mark.parametrize("sends,receives", [(True, False), (False, True), (True, True)])
@@ -61,18 +91,20 @@ def test_corrupt_flips_what_the_check_reads():
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("n", [3, 4])
-def test_a_rank_slow_both_ways_slows_every_link_it_is_on(tmp_path, n):
-    """Rank 2 waits 20 ms before every op it sends or receives in: each link it is on, as sender
-    or receiver, is slower than every link it is not on."""
+@pytest.mark.parametrize("n,slow", [(3, "2"), (4, "1,2")])
+def test_ranks_slow_both_ways_slow_every_link_they_are_on(tmp_path, n, slow):
+    """The slow ranks wait 20 ms before every op they send or receive in: each link one of them
+    is on, as sender or receiver, is slower than every link none of them is on."""
     res = distbench(tmp_path, "p2p", "--pattern", "matrix", "--sizes", "16K", "--iters", "3",
-                    "--warmup", "1", "--workers", str(n), DISTBENCH_TEST_SLOW_RANK="2:0.02")
+                    "--warmup", "1", "--workers", str(n),
+                    DISTBENCH_TEST_SLOW_RANK=f"{slow}:0.02")
     assert res.code == 0, res.stderr
     uni = [r for r in res.rows("p2p_matrix.csv") if r["direction"] == "uni"]
     assert len(uni) == n * (n - 1)
-    on = [float(r["gbps"]) for r in uni if "2" in (r["src_rank"], r["dst_rank"])]
-    off = [float(r["gbps"]) for r in uni if "2" not in (r["src_rank"], r["dst_rank"])]
-    assert len(on) == 2 * (n - 1) and off
+    slow_ranks = set(slow.split(","))
+    on = [float(r["gbps"]) for r in uni if {r["src_rank"], r["dst_rank"]} & slow_ranks]
+    off = [float(r["gbps"]) for r in uni if not {r["src_rank"], r["dst_rank"]} & slow_ranks]
+    assert len(on) == n * (n - 1) - (n - len(slow_ranks)) * (n - len(slow_ranks) - 1) and off
     assert max(on) < min(off)
-    as_receiver = [float(r["gbps"]) for r in uni if r["dst_rank"] == "2"]
+    as_receiver = [float(r["gbps"]) for r in uni if r["dst_rank"] in slow_ranks]
     assert max(as_receiver) < min(off)

@@ -155,7 +155,7 @@ PINNED = {
     'accept.csv': (
         "check scope target command op dtype size_bytes ranks iters time_us p99_us algbw_gbps "
         "busbw_gbps wrong metric measured expected warn_at reference ratio verdict retest note "
-        "p50_us"
+        "p50_us spread"
     ).split(),
 }
 

@@ -72,7 +72,7 @@ class AcceptOptions(RunOptions):
 OUTPUT = Output("accept.csv", csv=(
     "check", "scope", "target", "command", "op", "dtype", "size_bytes", "ranks", "iters",
     "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "metric", "measured", "expected",
-    "warn_at", "reference", "ratio", "verdict", "retest", "note", "p50_us",
+    "warn_at", "reference", "ratio", "verdict", "retest", "note", "p50_us", "spread",
 ), console=(
     Column("check", "check", "", 28, ident=True),
     Column("scope", "scope", "", 8, ident=True),
