@@ -62,7 +62,7 @@ def test_disk_full_mid_sweep_keeps_whole_rows(tmp_path, tiny_disk):
     assert sizes == [64 + 1024 * i for i in range(len(body))]
     kept = samples.read(run_dir / "collective.samples.jsonl")  # whole lines, one per row
     assert sorted(kept) == list(range(len(body)))
-    assert all(len(v) == 1 and v[0] > 0 for v in kept.values())
+    assert all(len(v.us) == 1 and v.us[0] > 0 for v in kept.values())
     meta = json.loads((run_dir / "run.json").read_text())
     assert (meta["status"], meta["exit_code"]) == ("failed", 3)
     assert "No space left on device" in meta["error"]

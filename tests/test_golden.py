@@ -29,7 +29,7 @@ RUNS = {
 FILES = {"collective": ["collective.csv"], "p2p": ["p2p.csv", "p2p_matrix.csv"]}
 HOST = "<host>"  # the recording's hostname, replaced: the cells name the machine they ran on
 TIMING = {"time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
-          "algbw_gbps", "busbw_gbps", "gbps"}
+          "algbw_gbps", "busbw_gbps", "gbps", "spread_pct"}
 
 
 def _read(path: Path) -> tuple[list[str], list[dict]]:
