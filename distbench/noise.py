@@ -52,14 +52,25 @@ def typical(spreads: Iterable[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
+def rep_lengths(iters: int, reps: int) -> tuple[int, ...]:
+    """`iters` iterations split into `reps` repetitions (fewer when there are fewer iterations
+    than that), their lengths differing by one at most: how timing.measure runs them, and how
+    readers split the samples back."""
+    reps = max(1, min(reps, iters))
+    return tuple(iters // reps + (1 if k < iters % reps else 0) for k in range(reps))
+
+
 def split(samples: Sequence[float], reps: int = REPS) -> list[float]:
-    """Repetitions read back from one loop's samples, for a run made before repetitions were
-    kept: the median of each of `reps` contiguous stretches."""
-    n = len(samples)
-    if n < reps:
+    """The median of each of `reps` stretches of samples in loop order, split as rep_lengths
+    says: the repetitions a loop's samples hold ([] with fewer samples than that). Also how a
+    run made before repetitions were kept is read."""
+    if len(samples) < reps:
         return []
-    bounds = [round(k * n / reps) for k in range(reps + 1)]
-    return [statistics.median(samples[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    out, at = [], 0
+    for length in rep_lengths(len(samples), reps):
+        out.append(statistics.median(samples[at:at + length]))
+        at += length
+    return out
 
 
 MARKS = ("better", "worse", "same", "noisy")

@@ -6,7 +6,7 @@ read it without starting a worker.
 One JSON object per line, written as the row is: {"row": i, "us": [t0, t1, ...], "reps":
 [m0, m1, ...]}, where i is the row's index among the CSV's data rows (0 for the first row under
 the header), "us" the iterations in order and "reps" each repetition's median (the iterations
-split as timing.rep_lengths does), all in microseconds to 4 significant digits. Skipped rows
+split as noise.rep_lengths does), all in microseconds to 4 significant digits. Skipped rows
 have no line; a run made before repetitions were kept has no "reps". A loop of more than
 MAX_KEPT iterations keeps MAX_KEPT of them, evenly spaced, so a long calibrated loop on a fast
 GPU (10,000 iterations) keeps the file near 3.5 kB a row; "reps" are of every iteration.
@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from distbench import noise
 from distbench.reading import ReadError
 
 MAX_KEPT = 500
@@ -96,12 +97,6 @@ def read(path: Path) -> dict[int, Kept]:
     return out
 
 
-def rep_lengths(iters: int, reps: int) -> list[int]:
-    """As timing.rep_lengths (torch-free here, for readers): `iters` split into `reps`."""
-    reps = max(1, min(reps, iters))
-    return [iters // reps + (1 if k < iters % reps else 0) for k in range(reps)]
-
-
 # The file keeps 4 significant digits and the CSV 6: what a true row's figures may differ by.
 ROUNDING = 2e-3
 
@@ -143,11 +138,8 @@ def contradiction(row: Mapping, kept: Kept) -> str | None:
         if len(kept.reps) > int(iters):
             return f"{len(kept.reps)} repetitions of {int(iters)} iterations"
         if whole:
-            lengths = rep_lengths(int(iters), len(kept.reps))
-            at = 0
-            for k, (length, rep) in enumerate(zip(lengths, kept.reps, strict=True)):
-                median = statistics.median(us[at:at + length])
-                at += length
+            medians = noise.split(us, len(kept.reps))
+            for k, (median, rep) in enumerate(zip(medians, kept.reps, strict=True)):
                 if _off(median, rep):
                     return (f"repetition {k} says {rep:.4g} us, its iterations' median is "
                             f"{median:.4g} us")

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from distbench.noise import rep_lengths
+
 MIN_ITERS = 5
 MAX_ITERS = 10_000
 # The host took this share of the GPU's time or more to launch the loop: the GPU waited for the
@@ -38,13 +40,6 @@ class Timed:
     samples: list[float]  # seconds per iteration, the repetitions one after another
     host_share: float | None = None  # GPU: the host's launch time / the GPU's time; else None
     rep_lengths: tuple[int, ...] = ()  # iterations in each repetition; () for one loop
-
-
-def rep_lengths(iters: int, reps: int) -> tuple[int, ...]:
-    """`iters` iterations split into `reps` repetitions (fewer when there are fewer iterations
-    than that), their lengths differing by one at most."""
-    reps = max(1, min(reps, iters))
-    return tuple(iters // reps + (1 if k < iters % reps else 0) for k in range(reps))
 
 
 def sync(device: torch.device) -> None:

@@ -98,10 +98,7 @@ def _write_run(path, rows: list[dict], per_row: list[list[float]], reps: int = 5
             r = {**r, "iters": len(us), "p50_us": statistics.median(us),
                  "time_us": statistics.fmean(us) * 0.999}
             r["algbw_gbps"] = r["size_bytes"] / r["time_us"] / 1e3
-            lengths = samples.rep_lengths(len(us), reps)
-            bounds = [sum(lengths[:k]) for k in range(len(lengths) + 1)]
-            kept.append(samples.encode(i, us, [statistics.median(us[a:b]) for a, b in
-                                               zip(bounds, bounds[1:], strict=False)]))
+            kept.append(samples.encode(i, us, noise.split(us, reps)))
         if r.get("busbw_gbps") == "derived":
             r = {**r, "busbw_gbps": r["algbw_gbps"]}
         lines.append(",".join("" if r.get(c) is None else str(r.get(c)) for c in OUTPUT.csv))

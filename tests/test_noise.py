@@ -26,6 +26,8 @@ def test_typical_is_the_median_of_the_known_spreads():
 def test_split_reads_repetitions_back_from_one_loop():
     assert noise.split([1.0, 2.0, 3.0, 10.0, 20.0, 30.0], reps=2) == [2.0, 20.0]
     assert noise.split([1.0, 2.0], reps=5) == []  # fewer iterations than repetitions
+    # split as the repetitions were run: 7 iterations in 5 are 2, 2, 1, 1, 1
+    assert noise.split([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], reps=5) == [1.5, 3.5, 5.0, 6.0, 7.0]
 
 
 def test_tight_repetitions_tell_a_small_change_and_the_same():

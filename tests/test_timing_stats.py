@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distbench import timing
+from distbench import noise, timing
 
 CPU = torch.device("cpu")
 
@@ -333,7 +333,7 @@ def test_a_long_loop_replays_a_graph_of_at_most_graph_ops(monkeypatch, fake_even
     (10, 1, (10,)),
 ])
 def test_iterations_split_into_repetitions_differing_by_one_at_most(iters, reps, lengths):
-    assert timing.rep_lengths(iters, reps) == lengths
+    assert noise.rep_lengths(iters, reps) == lengths
 
 
 def test_each_repetition_starts_after_a_barrier_and_none_is_timed_across_it(monkeypatch):
