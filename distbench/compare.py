@@ -210,12 +210,9 @@ def _judge(higher_is_better: bool, threshold: float, base_v, new_v, base_r: list
         c = noise.call(base_r, new_r, threshold, *typical)
     elif all(x is not None for x in spreads):
         p, c = None, noise.judge(time_ratio, threshold, [*spreads, *typical])
-    else:
-        gain = abs(math.log(time_ratio))
-        if gain <= math.log1p(threshold):
-            return row(ratio, None, "same", alone=True)
-        worse = time_ratio > 1
-        return row(ratio, None, "worse" if worse else "better",
+    else:  # nothing says how noisy the row is: the threshold alone
+        c = noise.judge(time_ratio, threshold, [])
+        return row(ratio, None, c.mark, "" if c.mark == "same" else
                    "no repetitions: by the threshold alone", alone=True)
     p = None if p is None or math.isnan(p) else p
     if c.mark in ("better", "worse"):

@@ -98,19 +98,30 @@ def call(base_reps: Sequence[float], new_reps: Sequence[float], threshold: float
     return judge(ratio, threshold, [spread(b), spread(n), base_typical, new_typical], separated)
 
 
+def largest(spreads: Iterable[float | None]) -> float:
+    """The noise that bounds what can be told: the largest spread known (0 where none is)."""
+    return max([s for s in spreads if s is not None and math.isfinite(s)] + [0.0])
+
+
+def limit(threshold: float, noise: float) -> float:
+    """The time ratio a change must pass (either way) to be called: past the threshold, and
+    past the noise by MARGIN."""
+    return max(1 + threshold, (1 + noise) ** MARGIN)
+
+
 def judge(time_ratio: float, threshold: float, spreads: Iterable[float | None],
           separated: bool = True) -> Call:
     """The rule on figures already reduced: the new time over the base's, the spreads known
-    (a row's and each run's), and whether every repetition of one run lies beyond every one of
-    the other (True where only spreads are known, as in accept.csv)."""
-    noise = max([s for s in spreads if s is not None and math.isfinite(s)] + [0.0])
+    (a row's and each run's; none: the threshold alone decides), and whether every repetition
+    of one run lies beyond every one of the other (True where only spreads are known, as in
+    accept.csv)."""
+    noise = largest(spreads)
     effect = abs(math.log(time_ratio))
-    allowed, limit = math.log1p(threshold), MARGIN * math.log1p(noise)
-    if effect <= allowed:
-        if math.log1p(noise) <= allowed:
+    if effect <= math.log1p(threshold):
+        if noise <= threshold:
             return Call("same", time_ratio, noise)
         return Call("noisy", time_ratio, noise, f"noisy: repetitions {noise:.0%} apart, more "
                     f"than the {threshold:.0%} threshold")
-    if effect > limit and separated:
+    if effect > math.log(limit(threshold, noise)) and separated:
         return Call("worse" if time_ratio > 1 else "better", time_ratio, noise)
     return Call("noisy", time_ratio, noise, f"within the noise: repetitions {noise:.0%} apart")

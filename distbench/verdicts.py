@@ -122,14 +122,12 @@ def _against_baseline(check: Check, r: Result, base: float, tolerance: float,
     fault. The rule is noise.judge's, which compare and the other commands' --baseline share;
     `expected` is the line it draws."""
     ratio = check.fraction(r.value, base)
-    known = [s for s in spreads if s is not None and math.isfinite(s)]
-    noisy = max(known, default=0.0)
-    # where noise.judge calls it worse: past the tolerance and past the noise by its margin
-    expected = _line(check, base, 1 / max(1 + tolerance, (1 + noisy) ** noise.MARGIN))
+    noisy = noise.largest(spreads)
+    expected = _line(check, base, 1 / noise.limit(tolerance, noisy))  # where it turns worse
     if math.isinf(ratio):  # nothing to be worse than: a baseline of 0 GB/s, or of 0 us
         return Verdict(r, "PASS", expected, None, base, ratio,
                        f"baseline {base:.4g}, worse than -{tolerance:.0%} fails")
-    call = noise.judge(1 / ratio if ratio > 0 else math.inf, tolerance, known)
+    call = noise.judge(1 / ratio if ratio > 0 else math.inf, tolerance, spreads)
     if call.mark == "worse":
         beyond = f" and the noise both runs show (+-{noisy:.0%})" if noisy > tolerance else ""
         return Verdict(r, "FAIL", expected, None, base, ratio,
