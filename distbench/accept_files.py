@@ -66,24 +66,11 @@ class Progress:
         self.current: str | None = None
         self.judged: Judged | None = None
         self.status, self.code, self.error = "running", None, None
-        self.concluded = False  # every check judged: the verdict is known
+        # every check judged: Judged.outcome's (status, exit code, line), said once it is known
+        self.outcome: tuple[str, int, str] | None = None
         # the main thread writes as the checks go; the watchdog's may end the run meanwhile
         self._lock = threading.Lock()
-        if record is not None:
-            self._follow(record)
         self._write()
-
-    def _follow(self, record) -> None:
-        """How the run ended is said once, by whichever thread ends it (the main one, or the
-        watchdog's on a timeout or a vanished launcher), when it finishes run.json: accept.json
-        says the same then."""
-        finish = record.finish
-
-        def finish_both(status: str, exit_code: int, error: str | None = None, **fields):
-            finish(status, exit_code, error, **fields)
-            self.ended(status, exit_code, error)
-
-        record.finish = finish_both
 
     def begin(self, check: str) -> None:
         self.current = check
@@ -97,14 +84,16 @@ class Progress:
 
     def conclude(self, judged: Judged) -> None:
         """Every check judged: the verdict, and run.json's `accept`."""
-        self.judged, self.concluded = judged, True
-        self.status, self.code, _ = judged.outcome(self.strict)
+        self.judged, self.outcome = judged, judged.outcome(self.strict)
+        self.status, self.code, _ = self.outcome
         summary = self._write()
         if self.record is not None and summary is not None:
             self.record.update(accept={k: summary[k] for k in ("verdict", "summary", "profile",
                                                                "culprits", "notes")})
 
     def ended(self, status: str, code: int, error: str | None) -> None:
+        """How the run ended, as run.json says it (Session.on_end, from whichever thread ends
+        the run: the main one, or the watchdog's on a timeout or a vanished launcher)."""
         self.status, self.code, self.error = status, code, error
         # run.json is finished by now; whatever fails here must not keep the run from ending
         # with its own code (the session's ending calls this)
@@ -131,17 +120,16 @@ class Progress:
                        "culprits": judged.culprits if judged else [],
                        "notes": judged.notes if judged else [],
                        "verdicts": judged.rows() if judged else []}
-            if self.concluded:
-                _, code, _ = judged.outcome(self.strict)
-                summary["verdict"] = VERDICT_WORDS[code]
+            if self.outcome is not None:
+                summary["verdict"] = VERDICT_WORDS[self.outcome[1]]
             results.write_json(self.run_dir / "accept.json", summary)
             (self.run_dir / "accept.md").write_text(render_md(summary, self.record, self.rt))
         return summary
 
     def _line(self) -> str:
         """The verdict's line once every check is judged; before, how far the run got."""
-        if self.concluded:
-            return self.judged.outcome(self.strict)[2]
+        if self.outcome is not None:
+            return self.outcome[2]
         far = f"{len(self.done)} of {len(self.profile.checks)} checks done" + (
             f", {self.current} in progress" if self.current else "")
         if self.status == "running":

@@ -109,6 +109,8 @@ def run(s, output) -> int:
                 if opts.baseline and chief else None)
     progress = accept_files.Progress(s.run_dir, s.record, profile, why, names, rt,
                                      opts.strict) if chief else None
+    if progress is not None:
+        s.on_end.append(progress.ended)
     sink = s.sink(output)
     s.console.lines(format_table(output.console, [], title=(
         f"accept  profile {profile.name}  nodes {len(names)}  ranks {rt.world}  "

@@ -71,6 +71,9 @@ class Session:
         # other waits for its os._exit).
         self._ending = threading.RLock()
         self.watchdog = Watchdog(self._timed_out, self._orphaned)
+        # (status, exit code, error) once run.json says how the run ended, from whichever
+        # thread ends it: a command's own files can say the same (accept.json)
+        self.on_end: list[Callable[[str, int, str | None], None]] = []
 
     def open_run_dir(self) -> None:
         """Rank 0 owns the files. The local launcher picks the directory so it can find run.json
@@ -144,6 +147,8 @@ class Session:
         if self.record is not None:
             try:
                 self.record.finish(status, code, error, **fields)
+                for hook in self.on_end:
+                    hook(status, code, error)
             except OSError as e:
                 print(f"distbench: rank 0: error: cannot finish {self.record.path}: "
                       f"{e.strerror}; it may still say \"running\"", file=sys.stderr, flush=True)

@@ -39,6 +39,14 @@ def _progress(tmp_path: Path) -> tuple[accept_files.Progress, results.RunRecord]
                                  strict=False), record
 
 
+def _end(record: results.RunRecord, progress: accept_files.Progress, status: str, code: int,
+         error: str) -> None:
+    """As Session._end ends a run: run.json finished, then its on_end hooks (accept's is
+    progress.ended)."""
+    record.finish(status, code, error)
+    progress.ended(status, code, error)
+
+
 def _first_check_judged() -> verdicts.Judged:
     check = PROFILE.checks[0]  # node all_reduce latency, against a floor
     measured = [verdicts.Result(check, name, (i,), 2, time_us=1000.0, wrong=0)
@@ -47,8 +55,8 @@ def _first_check_judged() -> verdicts.Judged:
 
 
 def test_accept_json_says_how_far_a_run_got_and_how_it_ended(tmp_path):
-    """Written from the start; the run's ending, said through run.json's record from whichever
-    thread ends the run (the watchdog's on a timeout), is accept.json's too."""
+    """Written from the start; the run's ending, said by whichever thread ends the run (the
+    watchdog's on a timeout) once run.json is finished, is accept.json's too."""
     progress, record = _progress(tmp_path)
     acc = _accept_json(tmp_path)
     assert (acc["status"], acc["verdict"], acc["exit_code"]) == ("running", None, None)
@@ -60,7 +68,8 @@ def test_accept_json_says_how_far_a_run_got_and_how_it_ended(tmp_path):
     acc = _accept_json(tmp_path)
     assert acc["summary"] == f"running: 1 of {len(CHECKS)} checks done, {CHECKS[1]} in progress"
     assert [v["target"] for v in acc["verdicts"]] == ["a", "b"]
-    ending = threading.Thread(target=record.finish, args=("timeout", 3, "timed out after 5 s"))
+    ending = threading.Thread(target=_end, args=(record, progress, "timeout", 3,
+                                                 "timed out after 5 s"))
     ending.start()
     ending.join()
     acc = _accept_json(tmp_path)
@@ -81,7 +90,7 @@ def test_a_concluded_run_keeps_its_verdict_whatever_ends_it(tmp_path):
     assert (acc["status"], acc["exit_code"], acc["summary"]) == (status, code, line)
     assert acc["verdict"] == accept_files.VERDICT_WORDS[code]
     assert record.data["accept"]["verdict"] == acc["verdict"]
-    record.finish("failed", 3, "cannot write the comparison")
+    _end(record, progress, "failed", 3, "cannot write the comparison")
     acc = _accept_json(tmp_path)
     assert (acc["status"], acc["exit_code"], acc["verdict"]) == ("failed", 3,
                                                                  accept_files.VERDICT_WORDS[code])
