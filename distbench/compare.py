@@ -16,7 +16,15 @@ import pandas as pd
 
 from distbench import noise, samples
 from distbench.reading import ReadError
-from distbench.rundirs import Run, gpu_model, nnodes, topology_summary, versions, world_size
+from distbench.rundirs import (
+    Run,
+    check_metric,
+    gpu_model,
+    nnodes,
+    topology_summary,
+    versions,
+    world_size,
+)
 from distbench.tables import Column, format_row, format_table
 
 DEFAULT_THRESHOLD = 0.05
@@ -117,9 +125,7 @@ def _higher_is_better(metric: Metric, file: str, row) -> bool:
     """An acceptance check's own metric decides (its `measured` is whatever the profile
     judged); elsewhere the metric asked for."""
     if file == "accept.csv":
-        from distbench.profiles import METRICS as CHECK_METRICS
-
-        return CHECK_METRICS.get(str(row["metric"]), {}).get("higher_is_better", True)
+        return check_metric(row["metric"])[1]
     return metric.higher_is_better
 
 
