@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -106,6 +107,27 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, secs: float, option
 def distbench_lines(stderr: str) -> list[str]:
     """What distbench itself said on stderr (torchrun's and torch's own lines left out)."""
     return [line for line in stderr.splitlines() if line.startswith("distbench:")]
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (a torchrun agent's workers, in sessions of their own)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def power_off(pid: int) -> None:
+    """A node losing power: its launcher and every worker it started die at once (SIGKILL of
+    the launcher alone leaves its workers running, to notice and leave later)."""
+    for victim in [*children(pid), pid]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def processes_naming(path: Path) -> list[int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import clean_env, free_port, processes_naming
+from helpers import clean_env, free_port, power_off, processes_naming
 
 from distbench import accept_files, results, verdicts
 from distbench.profiles import load
@@ -210,8 +210,9 @@ def test_a_dead_worker_keeps_the_checks_done(tmp_path):
 @pytest.mark.multiproc
 def test_a_killed_node_keeps_the_checks_done(tmp_path):
     """Two torchrun agents of two workers (two nodes, so node and pair checks measure); rank 3
-    stalls in the pair ring check, the sixth, and its node's agent is SIGKILLed there, as a node
-    that loses power. The other node's ranks end the run, and rank 0 says how far it got."""
+    stalls in the pair ring check, the sixth, and its node loses power there: its agent and both
+    its workers are SIGKILLed at once. The other node's ranks end the run, name both lost ranks,
+    and rank 0 says how far it got."""
     out = tmp_path / "out"
     out.mkdir()
     port = free_port()
@@ -223,7 +224,7 @@ def test_a_killed_node_keeps_the_checks_done(tmp_path):
         env=clean_env(DISTBENCH_TEST_STALL="3:262144")) for i in range(2)]
     run_dir = _wait_for_check(out, CHECKS[AT_256K], agents)
     time.sleep(1)
-    agents[1].kill()
+    power_off(agents[1].pid)
     agents[1].communicate(timeout=30)
     _, stderr = agents[0].communicate(timeout=120)
     assert agents[0].returncode != 0, stderr
