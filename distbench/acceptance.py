@@ -34,7 +34,10 @@ class Target:
 
     name: str  # a node's name, "a+b" for a pair, "cluster"
     nodes: tuple[int, ...]  # node indices
-    ranks: tuple[int, ...]  # global ranks, in group order
+    # global ranks, ascending: the order torch gives a new group's ranks (new_group sorts
+    # them), so ranks.index(rank) is a rank's group rank under any placement (srun -m cyclic,
+    # mpirun --map-by node put a node's ranks apart)
+    ranks: tuple[int, ...]
 
 
 def _node_ranks(ranks: list[dict]) -> list[tuple[int, ...]]:
@@ -57,7 +60,7 @@ def rounds_of(check: Check, names: list[str], node_ranks: list[tuple[int, ...]],
 
 
 def pair_target(a: int, b: int, names: list[str], node_ranks: list[tuple[int, ...]]) -> Target:
-    return Target(f"{names[a]}+{names[b]}", (a, b), node_ranks[a] + node_ranks[b])
+    return Target(f"{names[a]}+{names[b]}", (a, b), tuple(sorted(node_ranks[a] + node_ranks[b])))
 
 
 def target_of(scope: str, nodes: tuple[int, ...], names: list[str],
@@ -211,7 +214,11 @@ def _measure(s, view, check: Check, target: Target, group) -> verdicts.Result | 
     """The check on one target's ranks; the result on the target's first rank, None on the
     others."""
     rt = s.rt
-    n, me = len(target.ranks), target.ranks.index(rt.rank)
+    n = len(target.ranks)
+    me = rt.rank if group is None else dist.get_rank(group)
+    if target.ranks[me] != rt.rank:  # peers would mismatch: a hang on NCCL
+        raise RuntimeError(f"group rank {me} of {target.name} is rank {target.ranks[me]}, "
+                           f"not {rt.rank}")
     base = dict(check=check, target=target.name, nodes=target.nodes, ranks=n)
     if n < 2:
         return verdicts.Result(**base, note="one rank: nothing travels") if me == 0 else None

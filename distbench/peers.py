@@ -184,11 +184,11 @@ class Peers:
             pause = min(pause * 2, MAX_POLL_S)
         return True
 
-    def _arrive(self, s, key: str, timeout_s: float) -> bool:
-        """Count this rank in at `key`; True once every rank has, False at the timeout. The rank
-        that completes the count marks it, so the others poll one small key, less and less
-        often, and nobody rereads a list."""
-        if s.add(key, 1) >= self.world:
+    def _arrive(self, s, key: str, timeout_s: float, count: int | None = None) -> bool:
+        """Count this rank in at `key`; True once every rank (or `count` ranks) has, False at the
+        timeout. The rank that completes the count marks it, so the others poll one small key,
+        less and less often, and nobody rereads a list."""
+        if s.add(key, 1) >= (count or self.world):
             s.set(key + "/all", "1")
             return True
         deadline, pause = time.monotonic() + timeout_s, POLL_S
@@ -267,6 +267,17 @@ class Peers:
             return
         s.append(self._run + "answers", json.dumps([self.rank, self.step]) + "\n")
         s.add(self._run + "count", 1)
+
+    def wait_on_host(self, name: str, members: int, timeout_s: float) -> bool:
+        """A barrier of `members` ranks through the store, not the process group: a rank that
+        sits out a measurement waits here before it queues the collective that follows, since
+        ProcessGroupNCCL times a collective from when it is queued and would abort an idle rank
+        whose peers measure for longer than the timeout. `name`: unique in the run, the same on
+        every member. False at the timeout."""
+        try:
+            return self._arrive(self._own, f"{self._run}host/{name}", timeout_s, members)
+        except dist.DistError:
+            return False
 
     def publish_run_dir(self, path: str) -> None:
         """Where run.json is, so a surviving rank can finish it if rank 0 dies."""
