@@ -1,20 +1,25 @@
-"""`distbench accept` on every rank: agree on the profile, then for each of its checks measure
-every target (each node, each pair of nodes, the cluster), the targets of a round at the same
-time in process groups of their own, and hand the results to rank 0, which judges them
+"""`distbench accept` on every rank: agree on the profile, then run its plan (accept_plan.py):
+for each check measure every target (each node, each pair of nodes, the cluster), the targets
+of a round at the same time in process groups of their own, made once per round and kept while
+the scope stays the same, and hand the results to rank 0, which judges them
 (verdicts.py), has the failures retested, and writes the check's rows before the next check
 starts; once every check is judged, the verdict (accept_files.py)."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+import itertools
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
-from distbench import accept_files, noise, schedule, verdicts
+from distbench import accept_files, accept_plan, noise, verdicts
+from distbench.accept_plan import Groups, Layout, Target, by_machine, target_of
 from distbench.accounting import bandwidth, layout
 from distbench.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.measure import Skipped, measure_case
@@ -28,80 +33,15 @@ from distbench.series import SENDRECV, allocate
 from distbench.tables import format_row, format_table
 
 
-@dataclass(frozen=True)
-class Target:
-    """What one measurement of a check runs on."""
-
-    name: str  # a node's name, "a+b" for a pair, "cluster"
-    nodes: tuple[int, ...]  # node indices
-    # global ranks, ascending: the order torch gives a new group's ranks (new_group sorts
-    # them), so ranks.index(rank) is a rank's group rank under any placement (srun -m cyclic,
-    # mpirun --map-by node put a node's ranks apart)
-    ranks: tuple[int, ...]
-
-
-def _node_ranks(ranks: list[dict]) -> list[tuple[int, ...]]:
-    by_node: dict[int, list[int]] = {}
-    for r in ranks:
-        by_node.setdefault(r["node"], []).append(r["rank"])
-    return [tuple(sorted(by_node[i])) for i in sorted(by_node)]
-
-
-def rounds_of(check: Check, names: list[str], node_ranks: list[tuple[int, ...]], quick: bool
-              ) -> list[list[Target]]:
-    """The check's targets, in rounds of targets that share no node."""
-    if check.scope == "cluster":
-        every = tuple(r for ranks in node_ranks for r in ranks)
-        return [[Target("cluster", tuple(range(len(names))), tuple(sorted(every)))]]
-    if check.scope == "node":
-        return [[Target(names[i], (i,), ranks) for i, ranks in enumerate(node_ranks)]]
-    pairs = schedule.quick_round(len(names)) if quick else schedule.circle_rounds(len(names))
-    return [[pair_target(a, b, names, node_ranks) for a, b in r] for r in pairs]
-
-
-def pair_target(a: int, b: int, names: list[str], node_ranks: list[tuple[int, ...]]) -> Target:
-    return Target(f"{names[a]}+{names[b]}", (a, b), tuple(sorted(node_ranks[a] + node_ranks[b])))
-
-
-def target_of(scope: str, nodes: tuple[int, ...], names: list[str],
-              node_ranks: list[tuple[int, ...]]) -> Target:
-    """The target of a check of `scope` on these nodes (a retest names them so)."""
-    if scope == "node":
-        return Target(names[nodes[0]], nodes, node_ranks[nodes[0]])
-    if scope == "pair":
-        return pair_target(*nodes, names, node_ranks)
-    return Target("cluster", nodes, tuple(sorted(r for i in nodes for r in node_ranks[i])))
-
-
-def by_machine(targets: list[Target], hosts: list[str]) -> list[list[Target]]:
-    """A round's targets in batches that share no host: targets measured at the same time on one
-    machine contend for its cores and NICs and measure each other (several launcher agents on
-    one host, as the tests run them). On a cluster every node is a machine: one batch."""
-    batches: list[tuple[set[str], list[Target]]] = []
-    for target in targets:
-        mine = {hosts[i] for i in target.nodes}
-        for used, batch in batches:
-            if not used & mine:
-                used |= mine
-                batch.append(target)
-                break
-        else:
-            batches.append((set(mine), [target]))
-    return [batch for _, batch in batches]
-
-
-def _hosts(ranks: list[dict]) -> list[str]:
-    hosts: dict[int, str] = {}
-    for r in ranks:
-        hosts.setdefault(r["node"], r["host"])
-    return [hosts[i] for i in sorted(hosts)]
-
-
 def run(s, output) -> int:
     rt, opts = s.rt, s.opts
     profile, why = _agree_profile(s)
     s.console.log(f"profile {profile.name}: {why}")
-    names, node_ranks, hosts = node_names(rt.ranks), _node_ranks(rt.ranks), _hosts(rt.ranks)
+    names = node_names(rt.ranks)
+    lay = Layout.of_ranks(rt.ranks, names)
+    plan = accept_plan.make(profile, lay, opts.quick)
+    groups = Groups(rt.world, _group_maker(rt, opts.timeout), dist.destroy_process_group)
+    met = itertools.count(1)
     s.console.log(f"{len(profile.checks)} checks on {len(names)} node(s), {rt.world} ranks, "
                   f"backend {rt.backend}; results in {s.run_dir}/")
     view = SimpleNamespace(rt=rt, faults=s.faults, step=s.step, opts=SimpleNamespace(
@@ -122,37 +62,33 @@ def run(s, output) -> int:
     judged = None
     # Each check is measured, judged, retested and written before the next starts: a run
     # stopped halfway keeps every row measured, and accept.json says how far it got.
-    for k, check in enumerate(profile.checks):
+    for k, step in enumerate(plan.checks):
+        check = step.check
         if chief:
             progress.begin(check.name)
         so_far = replace(profile, checks=profile.checks[:k + 1])
-        rounds = rounds_of(check, names, node_ranks, opts.quick)
-        if not rounds:  # a pair check on one node
-            results.append(verdicts.Result(check, "pairs", (), 0, note="one node: no pair of "
-                                           "nodes to measure"))
-        for targets in rounds:
-            for batch in by_machine(targets, hosts):
-                results += _round(s, view, check, batch)
+        results += measure_check(s, view, step, groups, lay, met)
         # Retests: a suspect node against a node that passed, any other failure as it was; a
         # fault fails again, a burst of noise rarely does.
-        plan: list = [None]
+        retests: list = [None]
         if chief:
             judged = verdicts.judge(results, so_far, names, baseline)
-            plan = [[planned for name, planned in judged.retests() if name == check.name]]
-        dist.broadcast_object_list(plan, src=0)
-        for retest_rounds in plan[0]:
+            retests = [[planned for name, planned in judged.retests() if name == check.name]]
+        dist.broadcast_object_list(retests, src=0)
+        for retest_rounds in retests[0]:
             for r in retest_rounds:
-                targets = [target_of(check.scope, nodes, names, node_ranks) for nodes in r]
-                for batch in by_machine(targets, hosts):
-                    results += [replace(x, retest=True) for x in _round(s, view, check, batch)]
+                targets = [target_of(check.scope, nodes, lay) for nodes in r]
+                results += [replace(x, retest=True)
+                            for x in _round(s, view, check, targets, groups, lay, met)]
         if chief:
-            if plan[0]:
+            if retests[0]:
                 judged = verdicts.judge(results, so_far, names, baseline)
             for row in judged.rows():
                 if row["check"] == check.name:
                     sink.append(row)
                     s.console.lines([format_row(output.console, _shown(row))])
             progress.finished(check.name, judged)
+    groups.release()
     outcome = [None]
     if chief:
         _conclude(s, profile, judged, progress)
@@ -190,24 +126,60 @@ def _agree_profile(s) -> tuple[Profile, str]:
     return resolve(path), why
 
 
-def _round(s, view, check: Check, targets: list[Target]) -> list[verdicts.Result]:
-    """One round: every rank makes every target's group (in one order, as torch requires), the
-    ranks of each target measure it, the others wait; rank 0 gets every target's result."""
+def measure_check(s, view, step: accept_plan.CheckPlan, groups: Groups, lay: Layout,
+                  met: Iterator[int]) -> list[verdicts.Result]:
+    """One check of the plan, every round of it, on every rank; rank 0 gets the results."""
+    if step.fresh:  # a new scope: the groups of the last one are not used again
+        groups.release()
+    if not step.rounds:  # a pair check on one node
+        return [verdicts.Result(step.check, "pairs", (), 0,
+                                note="one node: no pair of nodes to measure")]
+    return [r for targets in step.rounds
+            for r in _round(s, view, step.check, targets, groups, lay, met)]
+
+
+def _group_maker(rt, timeout_s: float):
+    """Groups.make for this run: a round's disjoint groups in one call on every rank, with the
+    run's timeout (torch's default would be NCCL's 10 minutes). NCCL splits the default
+    communicator once (non-members get None); elsewhere torch makes the groups one by one.
+    Not new_group(use_local_synchronization=True): torch names such a group by how many groups
+    the rank holds, which differs between ranks that sat different rounds out."""
+    timeout = timedelta(seconds=timeout_s)
+
+    def make(lists: list[tuple[int, ...]]) -> dict:
+        if rt.backend == "nccl" and hasattr(dist, "split_group"):
+            mine = dist.split_group(split_ranks=[list(r) for r in lists], timeout=timeout)
+        else:
+            mine, _ = dist.new_subgroups_by_enumeration([list(r) for r in lists],
+                                                        timeout=timeout)
+        return {r: mine for r in lists if rt.rank in r}
+    return make
+
+
+def _round(s, view, check: Check, targets: list[Target], groups: Groups, lay: Layout,
+           met: Iterator[int]) -> list[verdicts.Result]:
+    """One round: the ranks of each target measure it (in batches that share no machine), the
+    others wait on the host; rank 0 gets every target's result. `met` numbers the host
+    barriers, alike on every rank."""
     rt = s.rt
-    groups = [dist.new_group(list(t.ranks)) if len(t.ranks) < rt.world else None
-              for t in targets]
-    mine = None
-    for target, group in zip(targets, groups, strict=True):
-        if rt.rank in target.ranks:
-            mine = _measure(s, view, check, target, group)
-    s.step(f"{check.name}: waiting for the round's other targets", 3 * s.opts.timeout)
-    everyone: list = [None] * rt.world
-    dist.all_gather_object(everyone, mine)
-    for group in groups:
-        if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
-            dist.destroy_process_group(group)
+    of = dict(zip(targets, groups.for_round(targets), strict=True))
+    found: list[verdicts.Result] = []
+    for batch in by_machine(targets, lay.hosts):
+        mine = None
+        for target in batch:
+            if rt.rank in target.ranks:
+                mine = _measure(s, view, check, target, of[target])
+        what = f"{check.name}: waiting for the round's other targets"
+        s.step(what, 3 * s.opts.timeout)
+        if rt.peers is not None:
+            # on the host first: a collective queued now would be timed by NCCL's watchdog
+            # from now, and abort an idle rank whose peers measure for longer than the timeout
+            rt.peers.wait_on_host(f"round/{next(met)}", rt.world, 3 * s.opts.timeout)
+        everyone: list = [None] * rt.world
+        dist.all_gather_object(everyone, mine)
+        found += [r for r in everyone if r is not None]
     release(rt.device)
-    return [r for r in everyone if r is not None]
+    return found
 
 
 def _measure(s, view, check: Check, target: Target, group) -> verdicts.Result | None:

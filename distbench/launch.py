@@ -46,6 +46,8 @@ def user_argv() -> list[str]:
 
 def dispatch(command: str, opts) -> int:
     entry = COMMANDS[command]
+    if entry.dry_run is not None and getattr(opts, "dry_run", False):
+        return entry.dry_run(opts)
     if under_launcher():
         from distbench import session
 

@@ -18,6 +18,8 @@ class Command:
     options: type[RunOptions]
     run: Callable[..., int]  # (Session) -> exit code, on every rank
     run_local: Callable[[RunOptions], int] | None = None  # (options) -> exit code
+    # (options) -> exit code, for --dry-run: what the run would do, with no worker and no file
+    dry_run: Callable[[RunOptions], int] | None = None
 
 
 COMMANDS: dict[str, Command] = {
@@ -27,5 +29,6 @@ COMMANDS: dict[str, Command] = {
     "tp": Command(tp.HELP, tp.TPOptions, tp.run),
     "pp": Command(pp.HELP, pp.PPOptions, pp.run),
     "dp": Command(dp.HELP, dp.DPOptions, dp.run),
-    "accept": Command(accept.HELP, accept.AcceptOptions, accept.run),
+    "accept": Command(accept.HELP, accept.AcceptOptions, accept.run,
+                      dry_run=accept.dry_run),
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from distbench.options import OptionError, RunOptions, option, with_example
+from distbench.options import OptionError, RunOptions, at_least, option, with_example
 from distbench.tables import Column, Output
 
 HELP = "Cluster acceptance: a hardware profile's checks, a verdict, and the bad node named."
@@ -65,6 +65,27 @@ class AcceptOptions(RunOptions):
     quick: bool = option(False, "Pair checks in one round (even nodes with odd ones) instead "
                          "of every pair.")
     strict: bool = option(False, "Exit 4 on a warning too, not only on a failure.")
+    dry_run: bool = option(False, "Print the plan (checks, rounds, process groups, an estimate "
+                           "of the wall time) for --nodes nodes of --gpus-per-node GPUs, and "
+                           "exit: no worker starts, no file is written.")
+    nodes: int | None = option(None, "Nodes to plan for, with --dry-run.",
+                               check=at_least(1, "--nodes 128", optional=True),
+                               show_default=False)
+    gpus_per_node: int | None = option(
+        None, "Ranks (GPUs) per node to plan for, with --dry-run.",
+        check=at_least(1, "--gpus-per-node 8", optional=True), show_default=False)
+
+    def validate(self) -> None:
+        example = "--dry-run --nodes 128 --gpus-per-node 8 --profile h100-sxm-8"
+        if self.dry_run:
+            for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node)):
+                if value is None:
+                    raise OptionError(name, "a dry run plans for a cluster: give its size",
+                                      example)
+        elif self.nodes is not None or self.gpus_per_node is not None:
+            flag = "--nodes" if self.nodes is not None else "--gpus-per-node"
+            raise OptionError(flag, "only plans a cluster, with --dry-run (a real run takes "
+                              "its size from the launcher)", example)
 
 
 # One row per check and target (a node, a pair of nodes, the cluster), retests included.
@@ -82,6 +103,28 @@ OUTPUT = Output("accept.csv", csv=(
     Column("ratio", "ratio", "", 8, ".3g"),
     Column("verdict", "verdict", "", 8),
 ))
+
+
+def dry_run(opts: AcceptOptions) -> int:
+    """The plan, on this machine alone: the same planning code the run uses (accept_plan.py),
+    on a cluster of the size given."""
+    import os
+
+    from distbench import accept_plan
+    from distbench.exitcodes import EXIT_OK
+    from distbench.profiles import resolve
+
+    if os.environ.get("RANK", "0") != "0":  # under a launcher: one rank says it
+        return EXIT_OK
+    spec = opts.profile
+    if spec == "auto":
+        spec = "generic-gpu"
+        print("distbench: auto picks a profile from the GPUs it finds, and a dry run has "
+              "none: planning generic-gpu (name one with --profile)")
+    plan = accept_plan.make(resolve(spec), accept_plan.Layout.uniform(
+        opts.nodes, opts.gpus_per_node), opts.quick)
+    print("\n".join(accept_plan.lines(plan)))
+    return EXIT_OK
 
 
 def run(s) -> int:

@@ -1,0 +1,249 @@
+"""accept's plan (accept_plan.py) and the schedule that runs it: targets in torch's group order
+under any placement, a round's groups made in one call with the run's timeout and kept while the
+scope stays, creations that grow with the node count, idle ranks that wait on the host, and the
+dry run that prints the plan. The schedule runs on a fake group of threads (one per rank) of up
+to 128 nodes, with acceptance's own round code and the group calls counted."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers import clean_env
+
+from distbench import accept_plan, acceptance
+from distbench.accept_plan import Groups, Layout
+from distbench.profiles import resolve
+
+H100 = resolve("h100-sxm-8")
+CPU = resolve("cpu-gloo")
+
+
+def _cyclic(nodes: int, per_node: int) -> Layout:
+    """srun -m cyclic: rank r on node r % nodes."""
+    names = [f"n{i}" for i in range(nodes)]
+    ranks = [tuple(r for r in range(nodes * per_node) if r % nodes == i) for i in range(nodes)]
+    return Layout(names, ranks, names)
+
+
+def test_a_pair_lists_its_ranks_in_group_order_under_cyclic_placement():
+    """torch sorts a new group's ranks: a target's ranks.index(rank) must be the group rank, or
+    ring and pingpong peers mismatch (a hang on NCCL)."""
+    lay = _cyclic(2, 2)  # node 0 = ranks 0, 2; node 1 = ranks 1, 3
+    assert lay.node_ranks == [(0, 2), (1, 3)]
+    (pair,), = accept_plan.rounds_of(CPU.checks[5], lay, quick=False)
+    assert pair.ranks == (0, 1, 2, 3)
+    assert accept_plan.target_of("pair", (0, 1), lay) == pair
+    ranks = [{"rank": r, "node": r % 2, "host": "h"} for r in range(4)]
+    assert Layout.of_ranks(ranks, ["a", "b"]).node_ranks == [(0, 2), (1, 3)]
+
+
+def test_groups_are_made_once_per_round_and_kept_while_the_scope_stays():
+    made: list[list[tuple[int, ...]]] = []
+    released: list = []
+    groups = Groups(8, lambda lists: (made.append(lists), {r: r for r in lists})[1],
+                    released.append)
+    lay = Layout.uniform(4, 2)
+    pair_rounds = accept_plan.rounds_of(CPU.checks[4], lay, quick=False)
+    for _ in range(2):  # two pair checks: the second reuses the first's groups
+        for targets in pair_rounds:
+            groups.for_round(targets)
+    assert groups.created == len(pair_rounds) == 3 and len(made) == 3
+    assert all(len(lists) == 2 for lists in made)  # a round's disjoint pairs, in one call
+    cluster = accept_plan.rounds_of(CPU.checks[-1], lay, quick=False)[0]
+    assert groups.for_round(cluster) == [None]  # the whole world: the default group
+    groups.release()
+    assert len(released) == 6 and groups.held == {}
+
+
+@pytest.mark.parametrize("profile", [H100, CPU], ids=["h100-sxm-8", "cpu-gloo"])
+def test_group_creations_grow_with_the_nodes_not_the_pairs(profile):
+    """Issue 19: at most 2.2x from 64 to 128 nodes (the pairs grow 4x)."""
+    at = {n: accept_plan.make(profile, Layout.uniform(n, 8), quick=False) for n in (64, 128)}
+    assert at[64].creations == 1 + 63 and at[128].creations == 1 + 127
+    assert at[128].creations / at[64].creations <= 2.2
+    pairs = sum(len(r) for c in at[128].checks if c.check.scope == "pair" for r in c.rounds)
+    assert pairs == 3 * 128 * 127 // 2 if profile is H100 else 2 * 128 * 127 // 2
+
+
+def test_the_estimate_follows_the_floors_and_the_sizes():
+    """A measurement's time at the profile's warn figure: 16 GiB all_reduce on 8 H100s at
+    470 GB/s busbw is 2 x 7/8 x 16 GiB / 470 GB/s = 64 ms a call, 26 calls."""
+    plan = accept_plan.make(H100, Layout.uniform(2, 8), quick=False)
+    first = plan.checks[0]
+    assert first.issued == ["26 x all_reduce of 16 GiB on 8 ranks"]
+    call = 2 * 7 / 8 * 16 * 2**30 / 470e9
+    expected = 26 * call + accept_plan.SETUP_S + accept_plan.ROUND_S + accept_plan.CREATE_S
+    assert first.seconds == pytest.approx(expected)
+    assert plan.checks[1].creations == 0  # the node groups are kept
+    assert accept_plan.lines(plan)[-1] == (
+        f"plan: 8 checks, 8 rounds, 1 group creations per rank, about "
+        f"{-(-plan.seconds // 60):.0f} min")
+
+
+# -- the schedule on a fake group of threads ---------------------------------------------------
+
+class _FakeWorld:
+    """Every rank is a thread; torch's collectives that accept's schedule calls meet at one
+    barrier (each is a call of every rank), and what each rank called is recorded."""
+
+    def __init__(self, world: int, measure_s: float = 0.0):
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=60)
+        self.board: list = [None] * world
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.events: list[tuple[int, str, int]] = []  # (batch, what, rank), in order
+        self.creations = [0] * world
+        self.timeouts: set = set()
+        self.host_names: list[list[str]] = [[] for _ in range(world)]
+        self.measure_s = measure_s
+
+    def note(self, what: str) -> None:
+        with self.lock:
+            self.events.append((self.local.batch, what, self.local.rank))
+
+    def subgroups(self, lists, timeout=None):
+        self.creations[self.local.rank] += 1
+        self.timeouts.add(timeout)
+        self.barrier.wait()
+        mine = next((tuple(r) for r in lists if self.local.rank in r), None)
+        return (("group", mine) if mine else None), []
+
+    def all_gather_object(self, out, obj):
+        self.note("gather")
+        self.board[self.local.rank] = obj
+        self.barrier.wait()
+        out[:] = list(self.board)
+        self.barrier.wait()
+        self.local.batch += 1
+
+    def get_rank(self, group=None):
+        return self.local.rank if group is None else group[1].index(self.local.rank)
+
+    def measure(self, s, view, check, target, group):
+        assert target.ranks[self.get_rank(group)] == self.local.rank
+        time.sleep(self.measure_s)
+        self.note("measured")
+        return (check.name, target.name) if self.get_rank(group) == 0 else None
+
+    def wait_on_host(self, name, members, timeout_s):
+        self.host_names[self.local.rank].append(name)
+        assert members == self.world
+        self.barrier.wait()
+        return True
+
+
+def _run_schedule(monkeypatch, profile, lay: Layout, measure_s: float = 0.0,
+                  timeout: float = 7.0) -> tuple[_FakeWorld, accept_plan.Plan, list]:
+    fake = _FakeWorld(lay.world, measure_s)
+    monkeypatch.setattr(dist, "new_subgroups_by_enumeration", fake.subgroups)
+    monkeypatch.setattr(dist, "all_gather_object", fake.all_gather_object)
+    monkeypatch.setattr(dist, "get_rank", fake.get_rank)
+    monkeypatch.setattr(acceptance, "_measure", fake.measure)
+    monkeypatch.setattr(acceptance, "release", lambda device: None)
+    plan = accept_plan.make(profile, lay, quick=False)
+    results: list = [None] * lay.world
+    errors: list = []
+
+    def rank(r: int) -> None:
+        fake.local.rank, fake.local.batch = r, 0
+        rt = SimpleNamespace(rank=r, world=lay.world, backend="gloo", device=torch.device("cpu"),
+                             peers=SimpleNamespace(wait_on_host=fake.wait_on_host))
+        s = SimpleNamespace(rt=rt, opts=SimpleNamespace(timeout=timeout),
+                            step=lambda what, seconds: None)
+        groups = Groups(lay.world, acceptance._group_maker(rt, timeout), lambda g: None)
+        met = itertools.count(1)
+        try:
+            results[r] = [x for step in plan.checks
+                          for x in acceptance.measure_check(s, None, step, groups, lay, met)]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            fake.barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(lay.world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return fake, plan, results
+
+
+def test_128_nodes_make_the_planned_groups_with_the_runs_timeout(monkeypatch):
+    """The schedule on 128 fake nodes (a thread each): every rank joins exactly the plan's
+    group creations, each with --timeout, not NCCL's 10-minute default; every pair is
+    measured once per pair check."""
+    fake, plan, results = _run_schedule(monkeypatch, H100, Layout.uniform(128, 1))
+    assert fake.creations == [plan.creations] * 128 and plan.creations == 1 + 127
+    assert fake.timeouts == {timedelta(seconds=7.0)}
+    pair_rows = [x for x in results[0] if x[0] == "pair all_reduce busbw"]
+    assert len(pair_rows) == len(set(pair_rows)) == 128 * 127 // 2
+    assert all(names == fake.host_names[0] for names in fake.host_names)
+
+
+def test_idle_ranks_wait_on_the_host_before_the_rounds_collective(monkeypatch):
+    """3 nodes in cyclic placement: each pair round leaves a node idle. No rank may queue the
+    round's all_gather_object before every measuring rank has finished (NCCL would time the
+    idle ranks' collective from then, and abort them past the timeout)."""
+    fake, plan, results = _run_schedule(monkeypatch, CPU, _cyclic(3, 2), measure_s=0.05)
+    assert results[0] and all(r == results[0] or r is not None for r in results)
+    for batch in {b for b, _, _ in fake.events}:
+        kinds = [what for b, what, _ in fake.events if b == batch]
+        assert "measured" in kinds
+        last_measured = max(i for i, k in enumerate(kinds) if k == "measured")
+        first_gather = kinds.index("gather")
+        assert last_measured < first_gather, (batch, kinds)
+
+
+def test_nccl_splits_the_world_once_per_round_with_the_timeout(monkeypatch):
+    calls = []
+
+    def split_group(split_ranks=None, timeout=None, **kwargs):
+        calls.append((split_ranks, timeout))
+        return "mine" if any(1 in r for r in split_ranks) else None
+
+    monkeypatch.setattr(dist, "split_group", split_group, raising=False)
+    rt = SimpleNamespace(rank=1, backend="nccl")
+    made = acceptance._group_maker(rt, 42.0)([(0, 1), (2, 3)])
+    assert made == {(0, 1): "mine"}
+    assert calls == [([[0, 1], [2, 3]], timedelta(seconds=42.0))]
+
+
+def test_a_dry_run_of_128_nodes_prints_the_plan_in_seconds_and_writes_nothing(tmp_path):
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "distbench", "accept", "--dry-run", "--nodes", "128",
+         "--gpus-per-node", "8", "--profile", "h100-sxm-8", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=tmp_path, env=clean_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 30
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("plan: 8 checks, 386 rounds, 128 group creations per rank, about ")
+    assert last.endswith(" min")
+    assert "pair all_reduce busbw [pair]: 8128 target(s) in 127 round(s)" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # no run directory, no worker
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dry-run", "--nodes", "4"], "--gpus-per-node: a dry run plans for a cluster"),
+    (["--nodes", "4"], "--nodes: only plans a cluster, with --dry-run"),
+    (["--dry-run", "--nodes", "0", "--gpus-per-node", "8"], "--nodes: must be at least 1"),
+])
+def test_a_dry_run_refuses_a_cluster_it_cannot_plan(tmp_path, argv, message):
+    done = subprocess.run([sys.executable, "-m", "distbench", "accept", *argv],
+                          capture_output=True, text=True, cwd=tmp_path, env=clean_env(),
+                          timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"distbench: error: {message}"), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and list(Path(tmp_path).iterdir()) == []
