@@ -3,6 +3,8 @@ loop, the correctness check and the cross-rank statistics."""
 
 from __future__ import annotations
 
+import torch.distributed as dist
+
 from distbench import noise, timing
 from distbench.exitcodes import EXIT_WRONG
 from distbench.ops.case import Case
@@ -24,8 +26,8 @@ def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None,
 
     opts, device = s.opts, s.rt.device
     s.step(f"{what} (warmup)", opts.timeout)
-    iters, per_op = timing.warmup_and_calibrate(fn, opts.warmup, opts.iters,
-                                                min_time, device, group)
+    warm = timing.warm_up(fn, opts.warmup, opts.iters, min_time, device, group)
+    iters, per_op = warm.iters, warm.typical
     captured = None
     if graph:
         s.step(f"{what} (CUDA graph capture)", opts.timeout)
@@ -40,9 +42,40 @@ def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None,
             raise Skipped(reason or "another rank could not capture this in a CUDA graph")
     if before_loop is not None:
         before_loop()
-    s.step(what, opts.timeout + 2 * iters * per_op)
+    budget = opts.timeout + 2 * iters * per_op
+    s.step(what, budget)
+    longest = max(noise.rep_lengths(iters, reps)) * per_op
+    settle = _host_barrier(s, group, budget) if longest > timing.QUEUE_SHARE * opts.timeout \
+        else None
     return timing.measure(fn, iters, device, timing.sync_every(per_op, opts.timeout), captured,
-                          group, reps)
+                          group, reps, settle)
+
+
+# Host barriers so far, by runtime and group: every member of a group counts the same.
+_host_barriers: dict[tuple, int] = {}
+
+
+def _host_barrier(s, group, timeout_s: float):
+    """A barrier through the launcher's store, run after each repetition that may outlast what
+    a queued collective is allowed (half the timeout, as for sync_every). ProcessGroupNCCL, and
+    gloo too, time a collective from when a rank enters it: a rank that sits the pattern out
+    (its loop does nothing) would enter the next one at once and be timed out while the others
+    measure. Every rank takes part, since not every rank knows which ones sit out; shorter
+    repetitions go without, as a store barrier may wake a waiting rank 0.1 s late. None
+    without a store (a fake runtime)."""
+    peers = getattr(s.rt, "peers", None)
+    if peers is None:
+        return None
+    ranks = "all" if group is None else ",".join(map(str, dist.get_process_group_ranks(group)))
+    key = (id(peers), ranks)
+    members = dist.get_world_size(group)
+
+    def settle():
+        count = _host_barriers[key] = _host_barriers.get(key, 0) + 1
+        # False only when the store is gone or this step's watchdog has fired: either way the
+        # collective that follows ends the run as it would have
+        peers.wait_on_host(f"{ranks}/{count}", members, timeout_s)
+    return settle
 
 
 def measure_case(s, case: Case, what: str, size: int, scale: float = 1.0,

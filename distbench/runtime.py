@@ -24,6 +24,12 @@ from distbench.peers import Peers, StartFailure, machine_key, node_name
 
 # Our watchdog ends a stalled run at --timeout; the process group's own timeout only backs it up.
 PG_TIMEOUT_GRACE_S = 30
+# On an NCCL error (a peer lost on another node) or timeout, ProcessGroupNCCL's watchdog thread
+# takes the whole process down in modes 1 (what torchrun and torch's launcher API put in every
+# worker's environment) and 3 (torch's default): no roll call, and run.json left "running". In
+# mode 2 it aborts the communicators and the main thread's next NCCL call raises, which ends the
+# run as any failure does. Modes 0 and 2 never tear down: a user's choice of them is kept.
+NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
 class RunFailure(Exception):
@@ -168,9 +174,10 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
             "host": socket.gethostname(),
             "machine": machine_key(),
             # two torchrun agents on one host (a test of multi-node runs) count as two nodes,
-            # and so do a launcher's groups of local ranks under the test suite's fake nodes
+            # and so do a launcher's groups of local ranks under the test suite's fake nodes,
+            # and ranks the test suite places on fake hosts (host and machine stay real)
             "node_key": f"{machine_key()}|{os.environ.get('GROUP_RANK', '')}"
-                        + faults.fake_node(local_rank),
+                        + faults.fake_node(local_rank) + faults.fake_host(),
             "local_rank": local_rank,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             **gpu_identity(device),
@@ -193,6 +200,8 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
     kwargs: dict = {"timeout": timedelta(seconds=pg_timeout)}
     if backend == "nccl":
         kwargs["device_id"] = device
+        if os.environ.get(NCCL_ERROR_HANDLING) not in ("0", "2"):
+            os.environ[NCCL_ERROR_HANDLING] = "2"  # read when the process group is made
     dist.init_process_group(backend, store=peers.store, rank=peers.rank,
                             world_size=peers.world, **kwargs)
     nonce = [uuid.uuid4().hex if peers.rank == 0 else None]

@@ -26,6 +26,10 @@ MAX_ITERS = 10_000
 # The host took this share of the GPU's time or more to launch the loop: the GPU waited for the
 # host, and the time is the launch rate, not the op's (see --cuda-graph).
 LAUNCH_BOUND_SHARE = 0.9
+# Launches the share is taken over, from a loop's start. Past about a thousand queued launches
+# (an op and its event are two) the launch queue is full and the host advances at the GPU's
+# pace, whatever a launch costs it: over a long loop the share reads ~1 for any op.
+SHARE_LAUNCHES = 128
 # Of the process group's timeout, what one stretch of queued work may take (see sync_every).
 QUEUE_SHARE = 0.5
 # Ops captured in one CUDA graph; a loop of more replays it as often as it needs (--iters goes
@@ -38,7 +42,9 @@ class Timed:
     """One rank's timed loop."""
 
     samples: list[float]  # seconds per iteration, the repetitions one after another
-    host_share: float | None = None  # GPU: the host's launch time / the GPU's time; else None
+    # GPU: the host's time to launch the first SHARE_LAUNCHES iterations / the GPU's time for
+    # them; None on CPU, and when the host waited for the GPU among those launches
+    host_share: float | None = None
     rep_lengths: tuple[int, ...] = ()  # iterations in each repetition; () for one loop
 
 
@@ -85,24 +91,35 @@ def timed_loop(fn: Callable[[], object], iters: int, device: torch.device) -> li
     return _loop(fn, iters, device).samples
 
 
+def _launch(fn: Callable[[], object], marks: list, first: int, last: int,
+            every: int | None) -> None:
+    for i in range(first, last + 1):
+        fn()
+        marks[i].record()
+        if every and i % every == 0:
+            marks[i].synchronize()
+
+
+def _share(launched: float, gpu: float, waited: bool) -> float | None:
+    return None if waited or gpu <= 0 else launched / gpu
+
+
 def _loop(fn: Callable[[], object], iters: int, device: torch.device, made: list | None = None,
           every: int | None = None) -> Timed:
     with _no_gc():
         if device.type == "cuda":
             marks = made or events(iters + 1, device)
+            head = min(iters, SHARE_LAUNCHES)
             start = time.perf_counter()
             marks[0].record()
-            for i in range(1, iters + 1):
-                fn()
-                marks[i].record()
-                if every and i % every == 0:
-                    marks[i].synchronize()
+            _launch(fn, marks, 1, head, every)  # two calls, so no clock read inside the loop
             launched = time.perf_counter() - start
+            _launch(fn, marks, head + 1, iters, every)
             marks[-1].synchronize()
             samples = [marks[i - 1].elapsed_time(marks[i]) / 1e3 for i in range(1, iters + 1)]
-            waited = bool(every and every < iters)  # then the host's time includes the waits
-            gpu = sum(samples)
-            return Timed(samples, None if waited or gpu <= 0 else launched / gpu)
+            # a wait among the first launches would be in the host's time
+            return Timed(samples, _share(launched, sum(samples[:head]),
+                                         bool(every and every <= head)))
         clock = time.perf_counter
         stamps = [0.0] * (iters + 1)
         stamps[0] = clock()
@@ -149,18 +166,17 @@ def _replays(graph: Captured, iters: int, device: torch.device) -> Timed:
     op gets its replay's mean."""
     replays = math.ceil(iters / graph.ops)
     marks = events(replays + 1, device)
+    head = min(replays, SHARE_LAUNCHES)
     with _no_gc():
         start = time.perf_counter()
         marks[0].record()
-        for i in range(1, replays + 1):
-            graph.replay()
-            marks[i].record()
+        _launch(graph.replay, marks, 1, head, None)
         launched = time.perf_counter() - start
+        _launch(graph.replay, marks, head + 1, replays, None)
         marks[-1].synchronize()
     per_replay = [marks[i - 1].elapsed_time(marks[i]) / 1e3 for i in range(1, replays + 1)]
-    total = sum(per_replay)
     return Timed([t / graph.ops for t in per_replay for _ in range(graph.ops)],
-                 launched / total if total > 0 else None)
+                 _share(launched, sum(per_replay[:head]), False))
 
 
 def calibrated_iters(per_op_seconds: float, min_time: float) -> int:
@@ -170,54 +186,73 @@ def calibrated_iters(per_op_seconds: float, min_time: float) -> int:
     return max(MIN_ITERS, min(MAX_ITERS, math.ceil(min_time / per_op_seconds)))
 
 
-def warmup_and_calibrate(fn: Callable[[], object], warmup: int, iters: int | None,
-                         min_time: float, device: torch.device, group=None
-                         ) -> tuple[int, float]:
-    """Untimed ops (at least one), then the iteration count every rank (of `group`) will use
-    and the per-op time the warmup suggests."""
+@dataclass(frozen=True)
+class Warmup:
+    """What the warmup says, the same on every rank (of the group): the slowest rank's figures."""
+
+    iters: int  # the timed loop's count: --iters, or calibrated on `fastest`
+    # The fastest op, for the count: noise (connection setup, a scheduler hiccup, a burst of
+    # load from a neighbour) only ever makes an op slower, so a burst during the warmup can
+    # lengthen the timed loop past --min-time but never cut it short. A median was seen 4.6x the
+    # timed loop's mean on a shared 2-core machine, giving a fifth of --min-time.
+    fastest: float
+    # The median op, for what bounds the loop's time (sync_every, the watchdog's budget, the
+    # wait of a rank that sits the loop out): the loop's ops are slower than the fastest, and a
+    # bound taken from it would let queued work outlast NCCL's watchdog.
+    typical: float
+
+
+def warm_up(fn: Callable[[], object], warmup: int, iters: int | None, min_time: float,
+            device: torch.device, group=None) -> Warmup:
+    """Untimed ops (at least one), then one small collective: a rank that sits the pattern out
+    (its op does nothing) learns from it how long the others' loop will take."""
     sync(device)
     dist.barrier(group=group)
     times = timed_loop(fn, max(1, warmup), device)
-    if iters is not None:
-        return iters, statistics.median(times)
-    # The fastest warmup op: noise (connection setup, a scheduler hiccup, a burst of load from
-    # a neighbour) only ever makes an op slower, so a burst during the warmup can lengthen the
-    # timed loop past --min-time but never cut it short. A median was seen 4.6x the timed
-    # loop's mean on a shared 2-core machine, giving a fifth of --min-time.
-    per_op = min(times)
-    # the slowest rank's estimate, so every rank runs the same count
-    est = torch.tensor([per_op], dtype=torch.float64, device=device)
+    est = torch.tensor([min(times), statistics.median(times)], dtype=torch.float64,
+                       device=device)
     dist.all_reduce(est, op=dist.ReduceOp.MAX, group=group)
-    per_op = float(est.item())
-    return calibrated_iters(per_op, min_time), per_op
+    fastest, typical = est.tolist()
+    return Warmup(iters if iters is not None else calibrated_iters(fastest, min_time), fastest,
+                  typical)
+
+
+def warmup_and_calibrate(fn: Callable[[], object], warmup: int, iters: int | None,
+                         min_time: float, device: torch.device, group=None
+                         ) -> tuple[int, float]:
+    """warm_up's count and fastest op (benchmarks/overhead.py calibrates its loops on it)."""
+    w = warm_up(fn, warmup, iters, min_time, device, group)
+    return w.iters, w.fastest
 
 
 def measure(fn: Callable[[], object], iters: int, device: torch.device,
             every: int | None = None, graph: Captured | None = None, group=None,
-            reps: int = 1) -> Timed:
+            reps: int = 1, settle: Callable[[], object] | None = None) -> Timed:
     """Events made, then for each of `reps` repetitions a barrier and a timed loop: the least
     possible loop, with a stamp per iteration (a sync every `every` ops on GPU); or, given a
     captured graph, its replays (the first, which uploads the graph, untimed). The barrier lines
-    the ranks up again, so a stall in one repetition does not carry into the next."""
+    the ranks up again, so a stall in one repetition does not carry into the next. `settle`
+    runs after each repetition, before the collective that follows it (a wait on the host)."""
     lengths = rep_lengths(iters, reps)
     if graph is not None:
         graph.replay()
         sync(device)
     made = events(max(lengths) + 1, device) if device.type == "cuda" and graph is None else None
     samples: list[float] = []
-    launched, gpu, ran = 0.0, 0.0, []
+    shares, ran = [], []
     for length in lengths:
         dist.barrier(group=group)
         if graph is not None:
             one = _replays(graph, length, device)
         else:
             one = _loop(fn, length, device, made[:length + 1] if made else None, every)
+        if settle is not None:
+            settle()
         samples += one.samples
         ran.append(len(one.samples))
         if one.host_share is not None:
-            launched += one.host_share * sum(one.samples)
-            gpu += sum(one.samples)
-    share = launched / gpu if gpu > 0 else None
+            shares.append(one.host_share)
+    share = sum(shares) / len(shares) if shares else None
     return Timed(samples, share, tuple(ran) if len(ran) > 1 else ())
 
 

@@ -230,3 +230,21 @@ def test_the_same_agents_without_a_slow_node_pass(tmp_path, nnodes):
         assert attempt == 1, judged["failing"]
         shares = [int(f.split(" = ")[1].split("%")[0]) for f in judged["failing"]]
         assert min(shares) >= 20, judged["failing"]
+
+
+def test_the_odd_rank_of_a_pingpong_waits_out_a_loop_longer_than_the_timeout(tmp_path):
+    """Three ranks: 0 and 1 ping-pong 14 round trips of 0.3 s (4.2 s), rank 2 sits out, and
+    --timeout is 3 s. Every rank gives the loop the time the slowest rank's warmup says it
+    takes, and the odd rank waits for it on the host; it used to give the loop its own idea of
+    the time (none: it runs nothing) and time out in the statistics."""
+    res = distbench(tmp_path, "p2p", "--pattern", "pingpong", "--workers", "3", "--sizes",
+                    "4K", "--iters", "14", "--reps", "1", "--warmup", "1", "--timeout", "3",
+                    DISTBENCH_TEST_SLOW_SEND="0,1:0.3")
+    assert res.code == 0, res.stderr
+    meta = res.meta()
+    assert meta["status"] == "ok" and meta["exit_code"] == 0
+    (row,) = res.rows("p2p.csv")
+    assert (row["pattern"], row["status"], row["wrong"], row["iters"]) == (
+        "pingpong", "ok", "0", "14")
+    assert int(row["slowest_rank"]) in (0, 1)
+    assert float(row["time_us"]) >= 0.3e6 / 2  # one way of a 0.3 s round trip

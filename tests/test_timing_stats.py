@@ -368,3 +368,33 @@ def test_summarize_local_keeps_each_repetition_s_median():
         timing.summarize_local(mean_sum=0.004, wrong=0, n=1, rank_max=0.004, rank_min=0.004,
                                slowest=0, per_iter=torch.tensor(per_iter, dtype=torch.float64),
                                rep_lengths=(3, 3))
+
+
+def test_queued_work_and_the_watchdog_follow_the_typical_warmup_op(monkeypatch):
+    """One fast warmup op among slow ones (an op that found the link idle, a lucky
+    scheduler slot): the fastest op sets the count to fill --min-time (noise only ever makes
+    an op slower), but the host's syncs and the watchdog's budget are bounds on how long the
+    loop's ops take, which the fastest op understates. Taken from it, K ops at the loop's
+    real pace were 20 times half the timeout, the stretch NCCL's watchdog allows."""
+    from fake_group import run_ranks
+
+    from distbench.measure import timed_samples
+
+    seen = {}
+
+    def fake_measure(fn, iters, device, every=None, *args, **kwargs):
+        seen.update(iters=iters, every=every)
+        return timing.Timed([0.02] * iters)
+
+    monkeypatch.setattr(timing, "measure", fake_measure)
+    steps = []
+    s = SimpleNamespace(rt=SimpleNamespace(device=CPU),
+                        opts=SimpleNamespace(timeout=1.0, warmup=5, iters=None, reps=1),
+                        step=lambda what, seconds: steps.append((what, seconds)))
+    delays = iter([0.001, 0.02, 0.02, 0.02, 0.02])
+    run_ranks(monkeypatch, 1, lambda r: timed_samples(s, lambda: time.sleep(next(delays)), "x",
+                                                      min_time=0.5))
+    assert seen["iters"] >= 100  # --min-time / the fastest op: the count is not cut short
+    assert seen["every"] is not None and seen["every"] * 0.02 <= timing.QUEUE_SHARE * 1.0
+    budget = dict(steps)["x"]
+    assert budget >= 1.0 + 2 * seen["iters"] * 0.02  # the loop at the typical op's pace

@@ -245,6 +245,39 @@ def test_the_timed_models_never_exist_whole_on_the_device(group, monkeypatch, ki
         assert torch.isfinite(make_step(model, x, dy)()).all()
 
 
+def test_the_sharded_model_is_gone_before_rank_0_builds_the_whole_one(group, monkeypatch):
+    """t1 builds the whole stack on rank 0: the sharded one (kept alive by its timed step's
+    closure) must be freed first, or both are on the device at once."""
+    import weakref
+
+    from distbench.steps import tp as steps
+
+    sharded: list = []
+    alive_at_t1: list[bool] = []
+    real_sharded, real_whole = strat.build_sharded, steps.build_stack
+
+    def build_sharded(*args, **kwargs):
+        model = real_sharded(*args, **kwargs)
+        sharded.append(weakref.ref(model))
+        return model
+
+    def build_whole(*args, **kwargs):
+        alive_at_t1.append(sharded[0]() is not None)
+        return real_whole(*args, **kwargs)
+
+    monkeypatch.setattr(strat, "build_sharded", build_sharded)
+    monkeypatch.setattr(steps, "build_stack", build_whole)
+    sh = strat.small_shape(1)
+    s = SimpleNamespace(rt=SimpleNamespace(rank=0, world=1, nnodes=1, device=CPU, backend="gloo"),
+                        opts=SimpleNamespace(timeout=60, warmup=1, iters=2, check=False,
+                                             dtype="float32"),
+                        step=lambda what, seconds: None, faults=Faults(),
+                        console=SimpleNamespace(log=lambda line: None))
+    row, _ = steps._measure_block(s, "mlp", sh, group, torch.float32, sh, True, [])
+    assert alive_at_t1 == [False]
+    assert row["t1_us"] > 0
+
+
 # ---- the table ---------------------------------------------------------------------------------
 
 def test_table_lines_align_and_show_missing_values():

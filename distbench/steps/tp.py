@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from distbench.exitcodes import EXIT_OK
 from distbench.measure import fail_if_wrong
+from distbench.memory import release
 from distbench.models import StackShape, build_stack, make_inputs, make_step
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.session import Session
@@ -90,7 +91,10 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
 
     st = timed_step(s, f"tp {kind} step", tp_step)
     compute = timed_step(s, f"tp {kind} compute-only", make_step(local, x, dy))
-    del tp_model, local
+    # tp_step holds the sharded model too: both go before rank 0 builds the whole one, with
+    # what the allocator keeps of them
+    del tp_model, local, tp_step
+    release(device)
     # the whole stack exists on rank 0 alone, and only while t1 is timed
     t1 = time_on_rank0_alone(s, f"tp {kind} t1 (unsharded on rank 0)", lambda: make_step(
         build_stack(kind, shape, SEED, device, dtype), x, dy))
