@@ -17,6 +17,12 @@ strategies know nothing of it.
                                          (local ranks 0-1, 2-3, ...): many nodes of several
                                          ranks in few processes, where a torchrun agent per
                                          node would start too many on a test machine
+    DISTBENCH_TEST_HOST=n1               this rank counts as running on node n1, set rank by
+                                         rank: `mpirun --map-by node` faked on one machine
+                                         (Open MPI gives no node index, so ranks are grouped
+                                         by machine). Only the grouping changes: the rank's
+                                         host and machine, which process lookups read, stay
+                                         the real ones
 
 The training-step commands have no ops of their own to wrap: dp asks before_collective() for
 the delay and puts it ahead of every gradient all-reduce (a DDP comm hook) and of every
@@ -38,6 +44,7 @@ DIE = PREFIX + "DIE"
 SLOW_SEND = PREFIX + "SLOW_SEND"
 SLOW_RANK = PREFIX + "SLOW_RANK"
 NODE_SIZE = PREFIX + "NODE_SIZE"
+HOST = PREFIX + "HOST"
 
 
 def _rank_and(value: str | None, rank: int, kind: type) -> object | None:
@@ -54,6 +61,13 @@ def fake_node(local_rank: int, env: Mapping[str, str] = os.environ) -> str:
     key that groups ranks into nodes."""
     size = env.get(NODE_SIZE)
     return f"|fake node {local_rank // int(size)}" if size else ""
+
+
+def fake_host(env: Mapping[str, str] = os.environ) -> str:
+    """The node this rank believes it runs on under DISTBENCH_TEST_HOST, or "" without it:
+    runtime adds it to the key that groups ranks into nodes, and nowhere else."""
+    host = env.get(HOST)
+    return f"|fake host {host}" if host else ""
 
 
 @dataclass(frozen=True)

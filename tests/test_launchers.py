@@ -1,6 +1,7 @@
 """srun and mpirun without torchrun: their variables become the env:// ones. Unit tests of the
 host-list expansion and the mapping, then real local launches with the variables set by hand,
-the way Slurm and Open MPI set them: 2 ranks that must agree on the world."""
+the way Slurm and Open MPI set them: 2 ranks that must agree on the world (4 ranks placed
+across 2 nodes, block and cyclic: test_placement.py)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,15 @@ def test_an_srun_task_becomes_an_env_rank():
                                 "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
         "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
         "GROUP_RANK": "1", "MASTER_ADDR": "gpu07", "MASTER_PORT": str(10000 + 123456 % 10000)}
+
+
+def test_srun_cyclic_placement_keeps_each_tasks_node():
+    """`srun -m cyclic`: task 2 is the first node's second task (tasks 0 and 2 on node 0), and
+    its node is SLURM_NODEID's, not one counted from its rank."""
+    env = {**SLURM_TASK_3, "SLURM_PROCID": "2", "SLURM_NODEID": "0", "SLURM_LOCALID": "1"}
+    assert adopt(env) == "slurm"
+    assert (env["RANK"], env["GROUP_RANK"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (
+        "2", "0", "1", "2")
 
 
 def test_a_batch_script_is_not_a_rank_and_torchrun_wins():

@@ -1,0 +1,139 @@
+"""Where a launcher puts ranks: `srun` fills node 0 first by default (block: ranks 0,1 on node 0,
+2,3 on node 1), `srun -m cyclic` deals them out (0,2 on node 0, 1,3 on node 1), and so does
+`mpirun --map-by node`. A node's ranks are then not consecutive, and a pair's group is not the
+two nodes' ranks laid end to end: torch sorts a new group's ranks. `distbench accept` must
+measure its pair checks under every placement, as block placement does.
+
+Four ranks started by hand on this machine, with the variables Slurm and Open MPI set: Slurm's
+SLURM_NODEID says the node; Open MPI gives no node index (every rank is on "this machine"), so
+the test hook DISTBENCH_TEST_HOST says which node each rank believes it runs on. The profile is
+tests/fixtures/profiles/two-node-floors.toml: on two nodes cpu-gloo's pair checks have no
+healthy peers to be judged against (INCONCLUSIVE, exit 5), the fixture's absolute floors are
+passed by any measurement that moved data."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import clean_env, distbench_lines, free_port
+
+from distbench.faults import fake_host
+
+FLOORS = Path(__file__).parent / "fixtures" / "profiles" / "two-node-floors.toml"
+PAIR_CHECKS = {"pair all_reduce busbw", "pair p2p ring busbw"}
+WORLD = 4
+
+
+def _srun(node_of, local_of):
+    """The variables of task `rank` of `srun -N 2 -n 4` whose nodes and local ranks are given."""
+    def env(rank: int, port: int) -> dict[str, str]:
+        return {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
+                "SLURM_STEP_NUM_TASKS": str(WORLD), "SLURM_NTASKS": str(WORLD),
+                "SLURM_NODEID": str(node_of(rank)), "SLURM_LOCALID": str(local_of(rank)),
+                "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+                "MASTER_PORT": str(port)}
+    return env
+
+
+def _mpirun_by_node(rank: int, port: int) -> dict[str, str]:
+    """`mpirun -np 4 --map-by node` on two nodes: rank r on node r % 2, local rank r // 2."""
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(WORLD),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank // 2), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "OMPI_COMM_WORLD_NODE_RANK": str(rank // 2),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "DISTBENCH_TEST_HOST": f"node{rank % 2}"}
+
+
+BLOCK = _srun(lambda r: r // 2, lambda r: r % 2)  # srun's default, -m block
+CYCLIC = _srun(lambda r: r % 2, lambda r: r // 2)  # srun -m cyclic
+PLACEMENTS = {"srun-block": (BLOCK, [0, 0, 1, 1]), "srun-cyclic": (CYCLIC, [0, 1, 0, 1]),
+              "mpirun-map-by-node": (_mpirun_by_node, [0, 1, 0, 1])}
+
+
+def _accept(tmp_path: Path, fake, *args: str, timeout: float = 90) -> tuple[list, Path]:
+    """`distbench accept` in 4 processes started with the launcher's variables, as it starts
+    them: each process's CompletedProcess, and the run directory."""
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "distbench", "accept", "--timeout", "30", *args,
+         "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=clean_env(**fake(rank, port))) for rank in range(WORLD)]
+    done = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for p in procs:  # a hang: none left behind
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    return done, run_dir
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    with open(run_dir / "accept.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_fake_host_changes_the_grouping_only():
+    assert fake_host({"DISTBENCH_TEST_HOST": "node0"}) != fake_host(
+        {"DISTBENCH_TEST_HOST": "node1"})
+    assert fake_host({}) == ""  # without the hook: no change
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_accept_measures_pairs_under_every_placement(tmp_path, placement):
+    """Exit 0 on every rank, both pair checks measured on the one pair (with data checked and
+    busbw above 0) and PASS, and run.json's nodes as the launcher placed the ranks."""
+    fake, nodes = PLACEMENTS[placement]
+    start = time.monotonic()
+    done, run_dir = _accept(tmp_path, fake, "--profile", str(FLOORS))
+    took = time.monotonic() - start
+    for p in done:
+        assert p.returncode == 0, p.stderr
+        assert "Traceback" not in p.stderr, p.stderr
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert (meta["status"], meta["exit_code"], meta["nnodes"]) == ("ok", 0, 2)
+    assert [r["node"] for r in meta["ranks"]] == nodes
+    assert len({r["host"] for r in meta["ranks"]}) == 1  # the real host, whatever the placement
+    rows = _rows(run_dir)
+    pairs = [r for r in rows if r["check"] in PAIR_CHECKS]
+    assert {r["check"] for r in pairs} == PAIR_CHECKS
+    for r in pairs:
+        assert (r["ranks"], r["wrong"], r["verdict"]) == ("4", "0", "PASS"), r
+        assert float(r["busbw_gbps"]) > 0 and float(r["measured"]) > 0, r
+    assert {r["verdict"] for r in rows} == {"PASS"}, rows
+    acc = json.loads((run_dir / "accept.json").read_text())
+    assert (acc["verdict"], acc["exit_code"]) == ("PASS", 0)
+    assert took < 60, f"accept took {took:.0f} s"
+
+
+@pytest.mark.multiproc
+def test_cyclic_placement_under_cpu_gloo_measures_its_pairs(tmp_path):
+    """The built-in profile on two nodes: its pair checks have no peers to be judged against,
+    so the verdict may be inconclusive, but both pairs are measured, with numbers and no
+    error."""
+    done, run_dir = _accept(tmp_path, CYCLIC, "--profile", "cpu-gloo", timeout=120)
+    for p in done:
+        assert p.returncode in (0, 5), p.stderr  # PASS, or INCONCLUSIVE: nothing to judge by
+        assert "Traceback" not in p.stderr, p.stderr
+    assert not [x for x in distbench_lines(done[0].stderr) if "error" in x
+                and "inconclusive" not in x.lower()], done[0].stderr
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert [r["node"] for r in meta["ranks"]] == [0, 1, 0, 1]
+    assert meta["status"] in ("ok", "inconclusive"), meta
+    pairs = [r for r in _rows(run_dir) if r["check"] in PAIR_CHECKS]
+    assert {r["check"] for r in pairs} == PAIR_CHECKS
+    for r in pairs:
+        assert (r["ranks"], r["wrong"]) == ("4", "0") and r["verdict"] != "FAIL", r
+        assert float(r["busbw_gbps"]) > 0 and float(r["measured"]) > 0, r
