@@ -1,9 +1,9 @@
-"""`distbench accept` on every rank: agree on the profile, then run its plan (accept_plan.py):
-for each check measure every target (each node, each pair of nodes, the cluster), the targets
-of a round at the same time in process groups of their own, made once per round and kept while
-the scope stays the same, and hand the results to rank 0, which judges them
-(verdicts.py), has the failures retested, and writes the check's rows before the next check
-starts; once every check is judged, the verdict (accept_files.py)."""
+"""`distbench accept` on every rank: agree on the profile (accept_profile.py), then run its
+plan (accept_plan.py): for each check measure every target (each node, each pair of nodes, the
+cluster), the targets of a round at the same time in process groups of their own, made once per
+round and kept while the scope stays the same, and hand the results to rank 0, which judges
+them (verdicts.py), has the failures retested, and writes the check's rows before the next
+check starts; once every check is judged, the verdict (accept_files.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from distbench import accept_files, accept_plan, noise, verdicts
+from distbench import accept_files, accept_plan, accept_profile, noise, verdicts
 from distbench.accept_plan import Groups, Layout, Target, by_machine, target_of
 from distbench.accounting import bandwidth, layout
 from distbench.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
@@ -27,7 +27,7 @@ from distbench.memory import allocate_fitting, release
 from distbench.ops import p2p
 from distbench.ops.collectives import OPS, Ctx
 from distbench.ops.dtypes import TORCH_DTYPES, element_size
-from distbench.profiles import Check, Profile, pick, resolve
+from distbench.profiles import Check, Profile
 from distbench.runtime import RunFailure, node_names
 from distbench.series import SENDRECV, allocate
 from distbench.tables import format_row, format_table
@@ -35,7 +35,7 @@ from distbench.tables import format_row, format_table
 
 def run(s, output) -> int:
     rt, opts = s.rt, s.opts
-    profile, why = _agree_profile(s)
+    profile, why = accept_profile.agree(rt, opts.profile)
     s.console.log(f"profile {profile.name}: {why}")
     names = node_names(rt.ranks)
     lay = Layout.of_ranks(rt.ranks, names)
@@ -109,21 +109,6 @@ def _shown(row: dict) -> dict:
     """The row as the console shows it: a retest's target says so, or it would read as a
     duplicate of the first measurement (the CSV has its `retest` column)."""
     return {**row, "target": f"{row['target']} (retest)"} if row["retest"] else row
-
-
-def _agree_profile(s) -> tuple[Profile, str]:
-    """The profile every rank runs: the one named, or the one rank 0 picks from the topology."""
-    spec = s.opts.profile
-    chosen = [None]
-    if s.rt.rank == 0:
-        if spec == "auto":
-            profile, why = pick(s.rt.snapshots)
-            chosen = [(str(profile.path), why)]
-        else:
-            chosen = [(spec, "named on the command line")]
-    dist.broadcast_object_list(chosen, src=0)
-    path, why = chosen[0]
-    return resolve(path), why
 
 
 def measure_check(s, view, step: accept_plan.CheckPlan, groups: Groups, lay: Layout,

@@ -18,7 +18,7 @@ import site
 import sys
 import tomllib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distbench.ops.collectives import names as collective_names
@@ -66,7 +66,7 @@ _TOP_REQUIRED = ("name", "description", "settings", "check")
 _MATCH_KEYS = ("gpu", "exclude", "gpus_per_node")
 _SETTINGS_KEYS = ("iters", "warmup", "baseline_tolerance")
 _CHECK_KEYS = ("name", "scope", "command", "op", "pattern", "dtype", "size", "metric", "vs",
-               "fail", "warn")
+               "fail", "warn", "fail_no_nvls", "warn_no_nvls")
 _CHECK_REQUIRED = ("name", "scope", "command", "size", "metric", "vs")
 # what a check names its operation with, per command (as the command-line flags do)
 _OP_KEY = {"collective": "op", "p2p": "pattern"}
@@ -96,10 +96,22 @@ class Check:
     # below, a time above); peers: a fraction of the peers' value. None: no such line
     fail: float | None
     warn: float | None
+    # an absolute check's floors where NCCL cannot use NVLink SHARP (NVLS): the 8 x H100
+    # all_reduce figure is NVLS's, and a healthy node without it reaches the ring's. None: the
+    # check's figure holds either way
+    fail_no_nvls: float | None = None
+    warn_no_nvls: float | None = None
 
     @property
     def unit(self) -> str:
         return METRICS[self.metric]["unit"]
+
+    def floors(self, nvls: bool | None) -> Check:
+        """The check with the floors for NVLS in use (True), or not or unknown: where unknown
+        it is judged by the figure without, so no healthy node fails for want of evidence."""
+        if nvls or (self.fail_no_nvls is None and self.warn_no_nvls is None):
+            return self
+        return replace(self, fail=self.fail_no_nvls, warn=self.warn_no_nvls)
 
     @property
     def higher_is_better(self) -> bool:
@@ -131,6 +143,27 @@ class Check:
 
 
 @dataclass(frozen=True)
+class NodeFacts:
+    """What is known of one node before anything is measured: --profile auto picks by it, and
+    the verdicts judge by it (accept_profile.agree sends it to every rank with the profile)."""
+
+    name: str  # as reports name the node (runtime.node_names)
+    # (model, count), sorted: the GPUs of the models its ranks run on, as many as NVML lists
+    # (it also sees those hidden from the run) or, where NVML lists fewer, as its ranks use;
+    # without ranks to go by (profiles.pick on snapshots alone), NVML's list
+    gpus: tuple[tuple[str, int], ...]
+    # the counts are NVML's; False: NVML did not list them, so they are the ranks' (at least)
+    counted: bool = True
+    nvml_error: str | None = None
+    nvls: bool | None = None  # whether NCCL can use NVLink SHARP there (topo's snapshot)
+    nvls_why: str = "unknown"
+
+    @property
+    def count(self) -> int:
+        return sum(n for _, n in self.gpus)
+
+
+@dataclass(frozen=True)
 class Profile:
     """One class of hardware and the checks its nodes must pass."""
 
@@ -146,6 +179,9 @@ class Profile:
     # substrings of the NVML name that rule a GPU out although match_gpu is in it: "H200" is
     # also in "NVIDIA H200 NVL" (PCIe cards) and "NVIDIA GH200 480GB"
     match_exclude: tuple[str, ...] = ()
+    # the nodes it runs on, by node index, once accept_profile.agree has learnt them; () when
+    # only read from a file
+    nodes: tuple[NodeFacts, ...] = ()
 
     def matches(self, gpu_name: str, count: int) -> bool:
         """Whether nodes of `count` GPUs named `gpu_name` are this profile's hardware."""
@@ -278,9 +314,8 @@ def _toml(value) -> str:
 def load(path: Path) -> Profile:
     """Read and validate a profile file; raises ProfileError naming the file and the key."""
     path = Path(path)
-    r = _Reader(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return parse(path.read_text(encoding="utf-8"), path)
     except FileNotFoundError:
         raise ProfileError(f"no such file {_shown(path)!r}") from None
     except IsADirectoryError:
@@ -289,6 +324,14 @@ def load(path: Path) -> Profile:
         raise ProfileError(f"cannot read {_shown(path)!r}: {e.strerror}") from None
     except UnicodeDecodeError:
         raise ProfileError(f"{_shown(path)}: not UTF-8 text") from None
+
+
+def parse(text: str, path: Path) -> Profile:
+    """Validate a profile's text, read from `path` (here or on the node that sent it: what
+    messages name); raises ProfileError naming the file and the key."""
+    r = _Reader(path)
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(f"{_shown(path)}: not valid TOML: {e}") from None
 
@@ -395,8 +438,25 @@ def _check(r: _Reader, raw: dict, index: int) -> Check:
         raise r.error(f"{where} key 'vs'", "a cluster check is one measurement over every "
                       "rank: it has no peers to be judged against (use vs = \"absolute\", or "
                       "scope \"node\" or \"pair\")")
+    fail, warn = _floors(r, raw, where, metric, vs, "")
+    if fail is None and warn is None:
+        raise r.error(f"{where} key 'fail'", "missing: a check needs fail, warn or both")
+    if vs == "peers":
+        for key in ("fail_no_nvls", "warn_no_nvls"):
+            if key in raw:
+                raise r.error(f"{where} key {key!r}", "only an absolute check has floors "
+                              "without NVLS")
+    fail_no_nvls, warn_no_nvls = _floors(r, raw, where, metric, vs, "_no_nvls")
+    return Check(name=name, scope=scope, command=command, op=op, dtype=dtype, size=size,
+                 metric=metric, vs=vs, fail=fail, warn=warn, fail_no_nvls=fail_no_nvls,
+                 warn_no_nvls=warn_no_nvls)
+
+
+def _floors(r: _Reader, raw: dict, where: str, metric: str, vs: str,
+            suffix: str) -> tuple[float | None, float | None]:
+    """fail and warn (fail_no_nvls and warn_no_nvls with `suffix`), each None when absent."""
     floors = {}
-    for key in ("fail", "warn"):
+    for key in (f"fail{suffix}", f"warn{suffix}"):
         if key in raw:
             value = r.number(raw[key], f"{where} key {key!r}")
             if vs == "peers" and not 0 < value <= 1:
@@ -408,21 +468,19 @@ def _check(r: _Reader, raw: dict, index: int) -> Check:
             floors[key] = value
         else:
             floors[key] = None
-    fail, warn = floors["fail"], floors["warn"]
-    if fail is None and warn is None:
-        raise r.error(f"{where} key 'fail'", "missing: a check needs fail, warn or both")
+    fail, warn = floors[f"fail{suffix}"], floors[f"warn{suffix}"]
     if fail is not None and warn is not None:
         # peers fractions grow with performance whatever the metric's direction
         higher = vs == "peers" or METRICS[metric]["higher_is_better"]
         if higher and warn < fail:
-            raise r.error(f"{where} key 'warn'", f"{warn:g} is below fail {fail:g}: for "
-                          f"{'a fraction of the peers' if vs == 'peers' else metric} higher "
-                          "is better, so warn must be at least fail")
+            raise r.error(f"{where} key 'warn{suffix}'", f"{warn:g} is below fail{suffix} "
+                          f"{fail:g}: for {'a fraction of the peers' if vs == 'peers' else metric}"
+                          f" higher is better, so warn{suffix} must be at least fail{suffix}")
         if not higher and warn > fail:
-            raise r.error(f"{where} key 'warn'", f"{warn:g} is above fail {fail:g}: for "
-                          f"{metric} lower is better, so warn must be at most fail")
-    return Check(name=name, scope=scope, command=command, op=op, dtype=dtype, size=size,
-                 metric=metric, vs=vs, fail=fail, warn=warn)
+            raise r.error(f"{where} key 'warn{suffix}'", f"{warn:g} is above fail{suffix} "
+                          f"{fail:g}: for {metric} lower is better, so warn{suffix} must be at "
+                          f"most fail{suffix}")
+    return fail, warn
 
 
 def _metric_fits(metric: str, command: str, op: str) -> bool:
@@ -459,15 +517,46 @@ def _gpu_name(gpu: dict) -> str:
     return str(name).strip() if name else "unknown GPU"
 
 
-def _node_hardware(snapshot: dict) -> tuple[tuple[str, int], ...]:
-    """A node's GPUs as sorted (name, count) pairs; () for a node without one."""
-    return tuple(sorted(Counter(_gpu_name(g) for g in snapshot.get("gpus") or []).items()))
+def node_facts(snapshots: list[dict], ranks: list[dict] | None = None
+               ) -> tuple[NodeFacts, ...]:
+    """Each node's facts, by node index: the GPUs its ranks run on (rt.ranks: host, node and
+    torch's device name), counted by NVML in its host's topo snapshot. Without ranks, one node
+    per snapshot, on NVML's word alone."""
+    if not ranks:
+        return tuple(_facts(str(s.get("host") or "?"), s, []) for s in snapshots)
+    by_host = {str(s.get("host")): s for s in snapshots}
+    on: dict[int, list[dict]] = {}
+    for r in ranks:
+        on.setdefault(r["node"], []).append(r)
+    hosts = {i: str(rs[0]["host"]) for i, rs in on.items()}
+    # several launcher agents on one host share its snapshot: host#index, as runtime.node_names
+    repeated = len(set(hosts.values())) < len(hosts)
+    return tuple(_facts(f"{hosts[i]}#{i}" if repeated else hosts[i], by_host.get(hosts[i]), on[i])
+                 for i in sorted(on))
+
+
+def _facts(name: str, snap: dict | None, ranks: list[dict]) -> NodeFacts:
+    listed = Counter(_gpu_name(g) for g in (snap or {}).get("gpus") or [])
+    used = Counter(str(r["device"]) for r in ranks if r.get("device") not in (None, "cpu"))
+    # NVML can fail (driver mismatch, no libnvidia-ml in a container) while the ranks run on
+    # their GPUs: those name the model, and count at least as many as NVML lists
+    gpus = {m: max(listed[m], n) for m, n in used.items()} if used else dict(listed)
+    return NodeFacts(name, tuple(sorted(gpus.items())),
+                     counted=all(listed[m] >= n for m, n in used.items()),
+                     nvml_error=(snap.get("nvml_error") if snap is not None
+                                 else "no topology snapshot from this node"),
+                     nvls=(snap or {}).get("nvls"),
+                     nvls_why=(snap or {}).get("nvls_why") or "unknown")
 
 
 def _describe(hardware: tuple[tuple[str, int], ...]) -> str:
     if not hardware:
         return "no GPU"
     return ", ".join(f"{count} x {name}" for name, count in hardware)
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _generic(why: str) -> tuple[Profile, str]:
@@ -483,47 +572,73 @@ def _builtin(name: str) -> Profile:
     return load(path)
 
 
-def pick(snapshots: list[dict]) -> tuple[Profile, str]:
-    """--profile auto: the built-in profile for the nodes' GPU model and count (topo's node
-    snapshots, one per node), and one line saying why."""
-    if not snapshots:
+def pick(snapshots: list[dict], ranks: list[dict] | None = None,
+         backend: str | None = None) -> tuple[Profile, str]:
+    """--profile auto: the built-in profile for the GPUs the ranks run on and how many each
+    node has (node_facts), and one line saying why; the nodes' facts come with it. Backend
+    nccl never gets cpu-gloo, whose millisecond floors any GPU passes."""
+    if not snapshots and not ranks:
         raise ProfileError("auto: no node's topology snapshot to pick a profile from",
                            EXAMPLE)
-    by_hardware: dict[tuple, list[str]] = {}
-    for snap in snapshots:
-        by_hardware.setdefault(_node_hardware(snap), []).append(str(snap.get("host") or "?"))
-    every = "every node has" if len(snapshots) > 1 else "the node has"
+    nodes = node_facts(snapshots, ranks)
+    profile, why = _choose(nodes, bool(ranks) and all(
+        r.get("device") in (None, "cpu") for r in ranks), backend)
+    return replace(profile, nodes=nodes), why
 
-    if len(by_hardware) > 1:
-        groups = sorted(by_hardware.items(), key=lambda kv: (-len(kv[1]), kv[1]))
-        parts = []
-        for hardware, hosts in groups:
-            shown = ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3
-                                            else "")
-            parts.append(f"{_describe(hardware)} on {shown}")
+
+def _choose(nodes: tuple[NodeFacts, ...], on_cpu: bool, backend: str | None
+            ) -> tuple[Profile, str]:
+    every = "every node has" if len(nodes) > 1 else "the node has"
+    errors = [n.nvml_error for n in nodes if n.nvml_error]
+    if on_cpu and backend != "nccl":
+        seen = [n for n in nodes if n.gpus]
+        if seen:  # gloo on GPU nodes measures the CPU: the GPU floors would fail it
+            return _builtin(CPU_PROFILE), (
+                f"the ranks run on the CPU (backend {backend}; NVML sees "
+                f"{_describe(seen[0].gpus)} on {_listed([n.name for n in seen])}; --backend "
+                f"nccl measures them): {CPU_PROFILE}")
+    models = {tuple(m for m, _ in n.gpus) for n in nodes}
+    if len(models) > 1:
+        groups: dict[tuple, list[str]] = {}
+        for n in nodes:
+            groups.setdefault(n.gpus, []).append(n.name)
+        parts = [f"{_describe(hardware)} on {_listed(names)}" for hardware, names in
+                 sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))]
         return _generic(f"nodes differ ({'; '.join(parts)})")
 
-    hardware = next(iter(by_hardware))
-    if not hardware:
-        reason = "no node has a GPU" if len(snapshots) > 1 else "the node has no GPU"
-        errors = [s.get("nvml_error") for s in snapshots if s.get("nvml_error")]
-        if errors:
-            reason += f" (NVML: {errors[0]})"
-        return _builtin(CPU_PROFILE), f"{reason}: {CPU_PROFILE}"
-    if len(hardware) > 1:
-        return _generic(f"{every} {_describe(hardware)}: more than one GPU model in a node")
+    (model,) = models
+    nvml = f" (NVML: {errors[0]})" if errors else ""
+    if not model:
+        if backend == "nccl":
+            return _generic(f"the ranks report no GPU under nccl{nvml}")
+        reason = "no node has a GPU" if len(nodes) > 1 else "the node has no GPU"
+        return _builtin(CPU_PROFILE), f"{reason}{nvml}: {CPU_PROFILE}"
+    if len(model) > 1:
+        return _generic(f"{every} {_describe(nodes[0].gpus)}: more than one GPU model in a "
+                        "node")
 
-    gpu, count = hardware[0]
+    gpu, count = model[0], max(n.count for n in nodes)
+    # a node short of GPUs is no other kind of node: the others' profile, which names it
+    short = [f"{n.name} has {n.count}" for n in nodes if n.count < count]
+    have = (f"the nodes have {count} x {gpu}, but {_listed(short)}" if short
+            else f"{every} {count} x {gpu}")
+    counted = all(n.counted for n in nodes)
+    if not counted:
+        err = next((n.nvml_error for n in nodes if not n.counted and n.nvml_error), None)
+        have += f" (counted from its ranks; NVML: {err})" if err else \
+            " (counted from its ranks: NVML lists fewer)"
     profiles = [load(p) for n, p in _builtin_paths().items()
                 if n not in (CPU_PROFILE, GENERIC_PROFILE)]
-    fits = [p for p in profiles if p.matches(gpu, count)]
+    # counted from the ranks, a node has at least that many: a profile for more may fit
+    fits = [p for p in profiles
+            if p.matches(gpu, count if counted else max(count, p.gpus_per_node or 0))]
     if fits:
         # the most specific: a fixed GPU count, then the longest name matched
         best = max(fits, key=lambda p: (p.gpus_per_node is not None, len(p.match_gpu or ""),
                                         p.name))
-        return best, f"{every} {count} x {gpu}: {best.name}"
+        return best, f"{have}: {best.name}"
     model_only = [p for p in profiles if p.matches(gpu, p.gpus_per_node or count)]
     if model_only:
         wants = ", ".join(f"{p.name} is for {p.gpus_per_node} per node" for p in model_only)
-        return _generic(f"{every} {count} x {gpu} ({wants})")
-    return _generic(f"{every} {count} x {gpu}, which no profile matches")
+        return _generic(f"{have} ({wants})")
+    return _generic(f"{have}, which no profile matches")

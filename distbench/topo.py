@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -136,46 +137,61 @@ def _field(errors: dict[str, str], name: str, getter: Any, *args: Any) -> Any:
         return None
 
 
-# nvmlNvlinkVersion_t is an enum, not a version number: an H100 reports 6 for NVLink 4.0.
-# 8 (6.0) comes from NVIDIA's newest nvml.h.
+# nvmlNvlinkVersion_t is an enum, not a version number: 6 is NVLink 4.0. 8 (6.0) comes from
+# NVIDIA's newest nvml.h.
 _NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0", 8: "6.0"}
+# Drivers do not report the enum the header documents: Hopper reports 7 ("5.0") for NVLink 4
+# (TensorRT-LLM's auto_parallel maps 7 to NVLink 4, other tools carry a workaround for H100's
+# "5.0") and A100s report 5 ("3.1", open-mpi/hwloc#658). The architecture fixes the NVLink
+# generation, so it names the version where it is known (nvmlDeviceArchitecture_t: Pascal 4,
+# Volta 5, Turing 6, Ampere 7, Hopper 9, Blackwell 10); the enum only where it is not.
+_NVLINK_BY_ARCH = {4: "1.0", 5: "2.0", 6: "2.0", 7: "3.0", 9: "4.0", 10: "5.0"}
 
 
-def _nvlink_version_str(raw: Any) -> str:
+def _nvlink_version_str(raw: Any, arch: Any = None) -> str:
     # 0 (INVALID) or a value newer than this table: say so rather than guess a version.
     try:
         known = _NVLINK_VERSIONS.get(int(raw))
     except (TypeError, ValueError):
         known = None
-    return known or f"unknown (enum {raw})"
+    return _NVLINK_BY_ARCH.get(arch) or known or f"unknown (enum {raw})"
 
 
-def _nvlink_links(nvml: Any, handle: Any) -> tuple[int, int | None]:
-    """(links up, index of the first link up, None when no link is up)."""
+def _nvlink_links(nvml: Any, handle: Any) -> tuple[list[int], str | None]:
+    """(the links up, the first link before the last one up that NVML would not read)."""
     enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
-    up, first = 0, None
+    up: list[int] = []
+    failed: list[tuple[int, str]] = []
+    # Every link is asked: one NVML cannot read (a link in error) is not the last one, and
+    # stopping there undercounted the links after it. Past a GPU's last link (12 on an A100)
+    # and on every link of a PCIe-only GPU NVML refuses too, which is no error to report.
     for link in range(_MAX_NVLINKS):
         try:
             state = nvml.nvmlDeviceGetNvLinkState(handle, link)
-        except Exception:
-            # PCIe-only GPUs raise NotSupported on link 0; past the last link
-            # NVML raises InvalidArgument.  Either way there is nothing more.
-            break
+        except Exception as exc:
+            failed.append((link, f"link {link}: {_exc_line(exc)}"))
+            continue
         if state == enabled:
-            up += 1
-            if first is None:
-                first = link
-    return up, first
+            up.append(link)
+    inside = [line for link, line in failed if up and link < up[-1]]
+    return up, inside[0] if inside else None
 
 
-def _nvlink_probe(nvml: Any, handle: Any, errors: dict[str, str]) -> tuple[int, str | None]:
-    """(links up, NVLink version string of the first link up, None when no link is up)."""
-    up, first = _nvlink_links(nvml, handle)
-    if first is None:
-        return up, None
+def _nvlink_probe(nvml: Any, handle: Any, errors: dict[str, str],
+                  gpu: dict[str, Any]) -> None:
+    """nvlinks_up, nvlink_version (None when no link is up) and the enum NVML gave for it."""
+    up, failed = _nvlink_links(nvml, handle)
+    gpu["nvlinks_up"], gpu["nvlink_version"] = len(up), None
+    if failed:
+        errors["nvlinks"] = failed
+    if not up:
+        return
     raw = _field(errors, "nvlink_version",
-                 lambda: nvml.nvmlDeviceGetNvLinkVersion(handle, first))
-    return up, None if raw is None else _nvlink_version_str(raw)
+                 lambda: nvml.nvmlDeviceGetNvLinkVersion(handle, up[0]))
+    if raw is not None:
+        arch = _optional(lambda: nvml.nvmlDeviceGetArchitecture(handle))
+        gpu["nvlink_version"] = _nvlink_version_str(raw, arch)
+        gpu["nvlink_version_enum"] = raw if isinstance(raw, int) else _text(raw)
 
 
 # (snapshot key, query); attribute lookups stay inside the query so an old
@@ -202,7 +218,7 @@ def _gpu_entry(nvml: Any, index: int) -> dict[str, Any]:
     errors: dict[str, str] = {}
     for name, query in _GPU_FIELDS:
         gpu[name] = _field(errors, name, query, nvml, handle)
-    gpu["nvlinks_up"], gpu["nvlink_version"] = _nvlink_probe(nvml, handle, errors)
+    _nvlink_probe(nvml, handle, errors, gpu)
     if errors:
         gpu["errors"] = errors
     return gpu
@@ -234,6 +250,47 @@ def _nvml_probe() -> dict[str, Any]:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
     return out
+
+
+def _multicast_support() -> list[bool]:
+    """Whether each visible GPU supports CUDA multicast, which NVLink SHARP needs (NVSwitch
+    with its fabric manager; not passed through to some VMs). Asked through torch when the
+    caller has loaded it and initialised CUDA: this module imports no torch, and a probe must
+    not create a CUDA context in a run that uses none. Raises LookupError saying why not."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        raise LookupError("torch not loaded")
+    if not torch.cuda.is_initialized():
+        raise LookupError("CUDA not initialised in this process (not an nccl run)")
+    symm = torch._C._distributed_c10d._SymmetricMemory  # torch >= 2.5; AttributeError before
+    cuda = torch._C._autograd.DeviceType.CUDA
+    return [bool(symm.has_multicast_support(cuda, i)) for i in range(torch.cuda.device_count())]
+
+
+def _nvls_probe() -> tuple[bool | None, str]:
+    """Whether NCCL can run all_reduce as NVLink SHARP (NVLS) here, and why: the 8-GPU
+    all_reduce figures of the H100 and H200 profiles are NVLS's, and a healthy node without
+    it reaches the ring's. None: unknown (judged as without, so a healthy node never fails
+    for want of evidence)."""
+    if os.environ.get("NCCL_NVLS_ENABLE", "").strip() == "0":
+        return False, "NCCL_NVLS_ENABLE=0"
+    algo = os.environ.get("NCCL_ALGO", "").strip()
+    # "Ring,Tree" leaves NVLS out, "^NVLS" excludes it; any "^" list is taken as leaving it
+    # out, which at worst judges a node by the lower figure
+    if algo and ("nvls" not in algo.lower() or "^" in algo):
+        return False, f"NCCL_ALGO={algo} leaves NVLS out"
+    try:
+        support = _multicast_support()
+    except LookupError as exc:
+        return None, f"unknown: {exc}"
+    except Exception as exc:
+        return None, f"unknown: {_exc_line(exc)}"
+    if not support:
+        return None, "unknown: no CUDA device"
+    without = [str(i) for i, ok in enumerate(support) if not ok]
+    if without:
+        return False, f"no CUDA multicast on GPU {', '.join(without)}"
+    return True, f"CUDA multicast on all {len(support)} GPUs"
 
 
 def _cpu_model() -> str:
@@ -298,7 +355,8 @@ def node_snapshot() -> dict:
     """Describe this machine as a JSON-serialisable dict (never raises).
 
     Keys: host, boot_id, nvidia_smi_topo (+ nvidia_smi_error when None), gpus,
-    driver_version, cuda_driver_version (+ nvml_error on NVML failure), cpu, network.
+    driver_version, cuda_driver_version (+ nvml_error on NVML failure), nvls (whether NCCL
+    can use NVLink SHARP: True, False or None for unknown) with nvls_why, cpu, network.
     A GPU NVML will not open is {"index", "error"}; a field it will not give is None,
     with the reason under that GPU's "errors".
     """
@@ -317,6 +375,11 @@ def node_snapshot() -> dict:
     except Exception as exc:
         snap.update(gpus=[], driver_version=None, cuda_driver_version=None)
         snap["nvml_error"] = _exc_line(exc)
+
+    try:
+        snap["nvls"], snap["nvls_why"] = _nvls_probe()
+    except Exception as exc:
+        snap["nvls"], snap["nvls_why"] = None, f"unknown: {_exc_line(exc)}"
 
     try:
         snap["cpu"] = _cpu_probe()
@@ -420,6 +483,14 @@ def _gpu_lines(gpu: dict) -> list[str]:
     return [line] + [f"{label} {field} unknown: {err}" for field, err in errors.items()]
 
 
+def _nvls_text(snap: dict) -> str:
+    """"yes, why", "no, why" or "unknown: why"."""
+    nvls, why = snap.get("nvls"), snap.get("nvls_why") or "unknown"
+    if nvls is None:
+        return why if why.startswith("unknown") else f"unknown: {why}"
+    return f"{'yes' if nvls else 'no'}, {why}"
+
+
 def _render_one(snap: dict) -> list[str]:
     boot = str(snap.get("boot_id") or "")[:8] or "?"
     out = [f"==== node {snap.get('host') or '?'} (boot {boot}) ===="]
@@ -451,6 +522,8 @@ def _render_one(snap: dict) -> list[str]:
             f"driver version: {_fmt(snap.get('driver_version'))}, "
             f"CUDA driver version: {_fmt(snap.get('cuda_driver_version'))}"
         )
+    if gpus or snap.get("nvls") is not None:  # NVML may fail where torch still sees GPUs
+        out.append(f"NVLS (NVLink SHARP): {_nvls_text(snap)}")
     if snap.get("nvml_error"):
         out.append(f"NVML not available: {snap['nvml_error']}")
     for nic in snap.get("network") or []:
@@ -509,6 +582,8 @@ def summary_lines(snapshots: list[dict]) -> list[str]:
         if gpus:
             lines.append(f"  driver {snap.get('driver_version')}, CUDA "
                          f"{snap.get('cuda_driver_version')}")
+        if gpus or snap.get("nvls") is not None:
+            lines.append(f"  NVLS: {_nvls_text(snap)}")
         links = parse_topo_matrix(snap.get("nvidia_smi_topo") or "")["links"]
         if links:
             kinds: dict[str, int] = {}

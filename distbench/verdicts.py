@@ -1,8 +1,9 @@
 """Judging acceptance results: each measurement against the profile's expectation (a floor in
-the metric's unit, or a share of what the healthy peers reach) or a baseline run's figure and
-the noise both runs show; PASS, WARN, FAIL or SKIP; the node a pair check's failures point at;
-the retests that confirm or clear a failure; and the run's outcome, which is never a pass on
-nothing judged. Pure: results in, verdicts out."""
+the metric's unit, for the algorithm the node can use, where its ranks per node are the GPUs
+the floor is for; or a share of what the healthy peers reach) or a baseline run's figure and
+the noise both runs show; PASS, WARN, FAIL or SKIP; the node a pair check's failures point at,
+and a node short of GPUs; the retests that confirm or clear a failure; and the run's outcome,
+which is never a pass on nothing judged. Pure: results in, verdicts out."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 from distbench import healthy, noise
 from distbench.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
-from distbench.profiles import Check, Profile
+from distbench.profiles import Check, NodeFacts, Profile
 from distbench.schedule import pack, retest_rounds
 
 
@@ -141,7 +142,44 @@ def _against_baseline(check: Check, r: Result, base: float, tolerance: float,
                    f"baseline {base:.4g}, worse than -{tolerance:.0%}{noted} fails")
 
 
-def _judge_check(check: Check, results: list[Result], names: list[str], tolerance: float,
+def _unfit(profile: Profile, r: Result, names: list[str]) -> str:
+    """Why an absolute floor does not apply to this result, or "": the floors are figures for
+    the profile's GPUs per node, and busbw's factor moves with the ranks (1.5 at 4, 1.75 at 8),
+    so a healthy node measured with 4 of its 8 GPUs would fail an 8-GPU floor."""
+    want = profile.gpus_per_node
+    if not want or not r.nodes or r.ranks == want * len(r.nodes):
+        return ""
+    what = "the cluster" if r.target == "cluster" else f"the pair {r.target}"
+    where = (f"{names[r.nodes[0]]} has {r.ranks} ranks" if len(r.nodes) == 1 else
+             f"{what} has {r.ranks} ranks on {len(r.nodes)} nodes")
+    return f"not judged: {profile.name}'s floor is for {want} GPUs per node; {where}"
+
+
+def _absolute(check: Check, profile: Profile, r: Result, names: list[str]) -> Verdict:
+    """Against the profile's floors: those for NVLS where every node of the target has it, the
+    ones without where any has not or it is unknown (no healthy node fails for want of
+    evidence), and the row says which."""
+    if check.fail_no_nvls is None and check.warn_no_nvls is None:
+        graded, why = check, "the profile's floor"
+    else:
+        facts = [profile.nodes[i] if i < len(profile.nodes) else
+                 NodeFacts(names[i], (), nvls_why="unknown: no snapshot") for i in r.nodes]
+        off = next((f for f in facts if f.nvls is False), None)
+        unknown = next((f for f in facts if f.nvls is None), None)
+        graded = check.floors(not off and not unknown)
+        if off:
+            why = f"the profile's floor without NVLS ({off.name}: {off.nvls_why})"
+        elif unknown:
+            why = (f"the profile's floor without NVLS: whether NVLS is in use is unknown "
+                   f"({unknown.name}: {unknown.nvls_why})")
+        else:
+            why = f"the profile's floor with NVLS ({facts[0].name}: {facts[0].nvls_why})"
+    floor = graded.fail if graded.fail is not None else graded.warn
+    return Verdict(r, GRADES[graded.grade(r.value)], graded.fail, graded.warn, None,
+                   graded.fraction(r.value, floor), why)
+
+
+def _judge_check(check: Check, results: list[Result], names: list[str], profile: Profile,
                  baseline: Baseline | None, typical: float | None,
                  unhealthy: Mapping[int, list[str]]) -> list[Verdict]:
     """Every result of the check, retests too; what the peers reach comes from the first
@@ -160,7 +198,7 @@ def _judge_check(check: Check, results: list[Result], names: list[str], toleranc
         key = (check.name, r.target)
         base = baseline.figures.get(key) if baseline else None
         if base is not None:
-            out.append(_against_baseline(check, r, base, tolerance, [
+            out.append(_against_baseline(check, r, base, profile.baseline_tolerance, [
                 r.spread, baseline.spreads.get(key), typical, baseline.typical]))
         elif check.vs == "peers" and peers is None:
             out.append(Verdict(r, "SKIP", why=basis))
@@ -170,10 +208,10 @@ def _judge_check(check: Check, results: list[Result], names: list[str], toleranc
                                _line(check, peers, check.warn), peers,
                                check.fraction(r.value, peers),
                                f"healthy peers reach {peers:.4g} ({basis})"))
+        elif unfit := _unfit(profile, r, names):
+            out.append(Verdict(r, "SKIP", why=unfit))
         else:
-            floor = check.fail if check.fail is not None else check.warn
-            out.append(Verdict(r, GRADES[check.grade(r.value)], check.fail, check.warn, None,
-                               check.fraction(r.value, floor), "the profile's floor"))
+            out.append(_absolute(check, profile, r, names))
     return out
 
 
@@ -189,6 +227,9 @@ class Judged:
     checks: list[Check] = field(default_factory=list)  # those judged, in the profile's order
     # checks judged on fewer targets than their scope holds: "node x on 2 of 4 nodes"
     partial: list[str] = field(default_factory=list)
+    # nodes with fewer GPUs than the profile is for, NVML counting: the run fails on them,
+    # though nothing measured shows it
+    short: list[str] = field(default_factory=list)
 
     def retests(self) -> list[tuple[str, list[list[tuple[int, ...]]]]]:
         """(check name, rounds of targets that share no node)."""
@@ -224,12 +265,12 @@ class Judged:
         if wrong:
             return "wrong", EXIT_WRONG, (f"wrong results in {len(wrong)} measurements, "
                                          f"first {_name(wrong[0])}")
-        if failed or (strict and warned):
-            bad = failed or warned
+        if failed or self.short or (strict and warned):
+            bad = failed or (warned if strict else [])
+            first_bad = f": first {_name(bad[0])}" if bad else ""
             blame = f"; {self.culprits[0]}" if self.culprits else ""
             return "below_expectation", EXIT_BELOW, (
-                f"{len(failed)} measurements failed, {len(warned)} warned: first "
-                f"{_name(bad[0])}{blame}")
+                f"{len(failed)} measurements failed, {len(warned)} warned{first_bad}{blame}")
         partial = (f"; judged on fewer targets than the scope holds: {', '.join(self.partial)}"
                    if self.partial else "")
         empty = self.unjudged()
@@ -371,19 +412,50 @@ def _coverage(check: Check, verdicts: list[Verdict], judged: Judged) -> None:
                             f"{missed.why})")
 
 
+def _short_of_gpus(profile: Profile, judged: Judged) -> None:
+    """Names a node with fewer GPUs than the profile is for (a culprit, the run fails), or
+    than the other nodes of its model (a note: a cluster may mix node sizes). A lost GPU is
+    otherwise invisible: busbw hardly moves from 8 GPUs to 7, and its node's rows are skipped
+    by the floors' rule of ranks per node. Where NVML could not count a node's GPUs, its
+    ranks did: fewer ranks may be a launch choice, so that is a note too."""
+    def models(n: NodeFacts) -> list[str]:
+        return [model for model, _ in n.gpus]
+
+    want = profile.gpus_per_node
+    for n in profile.nodes:
+        if not n.gpus:
+            continue
+        if want and n.counted and n.count < want:
+            line = (f"node {n.name} has {_listed(n)}, where {profile.name} is for {want} per "
+                    "node: a GPU lost, or not passed through to it (a container, a VM)")
+            judged.culprits.append(line)
+            judged.short.append(line)
+            continue
+        most = max(m.count for m in profile.nodes if models(m) == models(n))
+        if n.count < most:
+            judged.notes.append(
+                f"node {n.name} has {_listed(n)} where its peers have {most}" + (
+                    "" if n.counted else " (counted from its ranks: NVML cannot tell a lost GPU "
+                    "from fewer ranks)"))
+
+
+def _listed(n: NodeFacts) -> str:
+    return ", ".join(f"{count} x {model}" for model, count in n.gpus)
+
+
 def judge(results: list[Result], profile: Profile, names: list[str],
           baseline: Baseline | None = None) -> Judged:
     """The checks in the profile's order. A node that failed a node check is no healthy peer
     for the pair checks after it; this run's noise for a check is that of the checks up to it,
     so a check's verdicts do not change as later checks are measured."""
     judged = Judged([], names)
+    _short_of_gpus(profile, judged)
     unhealthy: dict[int, list[str]] = {}
     spreads: list[float | None] = []
     for check in profile.checks:
         mine = [r for r in results if r.check.name == check.name]
         spreads += [r.spread for r in _first_measured(mine)]
-        verdicts = _judge_check(check, mine, names, profile.baseline_tolerance, baseline,
-                                noise.typical(spreads),
+        verdicts = _judge_check(check, mine, names, profile, baseline, noise.typical(spreads),
                                 unhealthy if check.scope == "pair" else {})
         judged.verdicts += verdicts
         judged.checks.append(check)

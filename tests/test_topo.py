@@ -308,14 +308,17 @@ _FAKE_BUS_IDS = [b"00000000:18:00.0", "00000000:2A:00.0", b"00000000:3A:00.0"]
 
 
 def _fake_pynvml(*, init_error=None, nvlinks=(18, 0), fail_pcie=False, nvlink_version=6,
-                 bad_handles=None, field_errors=None):
+                 bad_handles=None, field_errors=None, arch=None, link_errors=None):
     """A pynvml stand-in with len(nvlinks) GPUs (at most 3).
 
     bad_handles: {index: exception} raised by nvmlDeviceGetHandleByIndex;
-    field_errors: {"nvmlDeviceGet...": exception} raised by that query for every GPU.
+    field_errors: {"nvmlDeviceGet...": exception} raised by that query for every GPU;
+    arch: nvmlDeviceGetArchitecture's answer for every GPU (None: an old pynvml without it);
+    link_errors: {link: exception} raised by nvmlDeviceGetNvLinkState on that link.
     """
     bad_handles = bad_handles or {}
     field_errors = field_errors or {}
+    link_errors = link_errors or {}
     fake = types.ModuleType("pynvml")
     fake.NVML_FEATURE_ENABLED = 1
     fake.NVMLError = _FakeNVMLError
@@ -339,6 +342,8 @@ def _fake_pynvml(*, init_error=None, nvlinks=(18, 0), fail_pcie=False, nvlink_ve
             raise _FakeNVMLError("Not Supported")
         if link >= 18:
             raise _FakeNVMLError("Invalid Argument")
+        if link in link_errors:
+            raise link_errors[link]
         return 1 if link < nvlinks[handle] else 0
 
     def pcie(value):
@@ -366,6 +371,8 @@ def _fake_pynvml(*, init_error=None, nvlinks=(18, 0), fail_pcie=False, nvlink_ve
     fake.nvmlDeviceGetMaxPcieLinkWidth = pcie(16)
     fake.nvmlDeviceGetNvLinkState = link_state
     fake.nvmlDeviceGetNvLinkVersion = lambda handle, link: nvlink_version
+    if arch is not None:
+        fake.nvmlDeviceGetArchitecture = lambda h: arch
     fake.nvmlSystemGetDriverVersion = lambda: b"550.54.15"
     fake.nvmlSystemGetCudaDriverVersion = lambda: 12040
     for query, exc in field_errors.items():
@@ -410,6 +417,7 @@ H100_GPU0 = {
     "pcie_width_max": 16,
     "nvlinks_up": 18,
     "nvlink_version": "4.0",  # nvmlNvlinkVersion_t 6, not "v6"
+    "nvlink_version_enum": 6,  # what NVML said, beside what it means
 }
 
 
@@ -458,6 +466,40 @@ def test_nvml_nvlink_version_query_failure_is_recorded(monkeypatch):
     gpu = _nvml_snapshot(monkeypatch, fake)["gpus"][0]
     assert gpu["nvlinks_up"] == 18 and gpu["nvlink_version"] is None
     assert gpu["errors"] == {"nvlink_version": "NVMLError_NotSupported: Not Supported"}
+
+
+HOPPER, AMPERE = 9, 7  # nvmlDeviceArchitecture_t
+
+
+@pytest.mark.parametrize("raw", [6, 7])
+def test_nvml_nvlink_version_of_an_h100_is_4_whatever_enum_it_reports(monkeypatch, raw):
+    """nvml.h names enum 7 NVLINK_VERSION_5_0, and Hopper drivers report 7 for NVLink 4 (as
+    A100s report 5, "3.1", for NVLink 3): the architecture says which NVLink a GPU has. Today
+    an H100 read as NVLink 5.0."""
+    gpu = _nvml_snapshot(monkeypatch, _fake_pynvml(nvlink_version=raw, arch=HOPPER))["gpus"][0]
+    assert (gpu["nvlink_version"], gpu["nvlink_version_enum"]) == ("4.0", raw)
+
+
+def test_nvml_nvlink_version_by_architecture_and_enum_when_unknown(monkeypatch):
+    gpu = _nvml_snapshot(monkeypatch, _fake_pynvml(nvlink_version=5, arch=AMPERE))["gpus"][0]
+    assert gpu["nvlink_version"] == "3.0"
+    # an architecture this table does not know (a newer one): the enum's name stands
+    gpu = _nvml_snapshot(monkeypatch, _fake_pynvml(nvlink_version=7, arch=12))["gpus"][0]
+    assert gpu["nvlink_version"] == "5.0"
+    fake = _fake_pynvml(nvlink_version=6, arch=HOPPER,
+                        field_errors={"nvmlDeviceGetArchitecture": NVMLError_NotSupported()})
+    assert _nvml_snapshot(monkeypatch, fake)["gpus"][0]["nvlink_version"] == "4.0"
+
+
+def test_nvml_links_after_one_that_errs_are_counted(monkeypatch):
+    """A link NVML cannot read (link 6 here) is not the last link: today the count stopped
+    there and an H100 with 17 links up read as 6. The error is kept."""
+    fake = _fake_pynvml(link_errors={6: _FakeNVMLError("Unknown Error")})
+    gpu0, gpu1 = _nvml_snapshot(monkeypatch, fake)["gpus"]
+    assert gpu0["nvlinks_up"] == 17 and gpu0["nvlink_version"] == "4.0"
+    assert gpu0["errors"] == {"nvlinks": "link 6: _FakeNVMLError: Unknown Error"}
+    # a PCIe-only GPU refuses every link: no link up, and no error to report
+    assert gpu1["nvlinks_up"] == 0 and "errors" not in gpu1
 
 
 def test_nvml_partial_nvlinks_counted(monkeypatch):
@@ -589,3 +631,81 @@ def test_network_interfaces_from_sysfs(monkeypatch, tmp_path):
 def test_network_interfaces_absent_sysfs(monkeypatch, tmp_path):
     monkeypatch.setattr(topo, "_NET_DIR", tmp_path / "missing")
     assert topo.node_snapshot()["network"] == []
+
+
+# ---------------------------------------------------------------------------
+# NVLS: whether NCCL can use NVLink SHARP (the 8-GPU all_reduce floors depend on it)
+
+
+def _nvls_snapshot(monkeypatch, multicast):
+    """A node snapshot whose CUDA multicast query answers `multicast` (a list per GPU, or an
+    exception to raise)."""
+    def ask():
+        if isinstance(multicast, Exception):
+            raise multicast
+        return multicast
+
+    monkeypatch.setattr(topo, "_multicast_support", ask)
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    monkeypatch.delenv("NCCL_ALGO", raising=False)
+    return _nvml_snapshot(monkeypatch, _fake_pynvml())
+
+
+def test_nvls_on_where_every_gpu_has_multicast(monkeypatch):
+    snap = _nvls_snapshot(monkeypatch, [True] * 8)
+    assert (snap["nvls"], snap["nvls_why"]) == (True, "CUDA multicast on all 8 GPUs")
+    assert "NVLS (NVLink SHARP): yes, CUDA multicast on all 8 GPUs" in topo.render_text([snap])
+    assert "  NVLS: yes, CUDA multicast on all 8 GPUs" in topo.summary_lines([snap])
+
+
+@pytest.mark.parametrize("multicast,env,why", [
+    ([True, False], {}, "no CUDA multicast on GPU 1"),
+    ([True] * 8, {"NCCL_NVLS_ENABLE": "0"}, "NCCL_NVLS_ENABLE=0"),
+    ([True] * 8, {"NCCL_ALGO": "Ring,Tree"}, "NCCL_ALGO=Ring,Tree leaves NVLS out"),
+    ([True] * 8, {"NCCL_ALGO": "^NVLS"}, "NCCL_ALGO=^NVLS leaves NVLS out"),
+])
+def test_nvls_off(monkeypatch, multicast, env, why):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(topo, "_multicast_support", lambda: multicast)
+    monkeypatch.setattr(topo.shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
+    if "NCCL_ALGO" not in env:
+        monkeypatch.delenv("NCCL_ALGO", raising=False)
+    snap = topo.node_snapshot()
+    assert (snap["nvls"], snap["nvls_why"]) == (False, why)
+    assert f"NVLS (NVLink SHARP): no, {why}" in topo.render_text([snap])
+
+
+def test_nvls_on_with_nccl_algo_naming_it(monkeypatch):
+    monkeypatch.setenv("NCCL_ALGO", "NVLS,Ring")
+    monkeypatch.setattr(topo, "_multicast_support", lambda: [True])
+    assert topo._nvls_probe() == (True, "CUDA multicast on all 1 GPUs")
+
+
+def test_nvls_unknown_says_why(monkeypatch):
+    snap = _nvls_snapshot(monkeypatch, RuntimeError("CUDA driver error: initialization error"))
+    assert snap["nvls"] is None
+    assert snap["nvls_why"] == "unknown: RuntimeError: CUDA driver error: initialization error"
+    assert "NVLS (NVLink SHARP): unknown: RuntimeError" in topo.render_text([snap])
+    snap = _nvls_snapshot(monkeypatch, [])
+    assert (snap["nvls"], snap["nvls_why"]) == (None, "unknown: no CUDA device")
+
+
+def test_nvls_in_this_process_is_unknown_without_cuda():
+    """The test suite runs torch without CUDA initialised: unknown, not a guess."""
+    nvls, why = topo._nvls_probe()
+    assert nvls is None and why.startswith("unknown: ")
+
+
+def test_nvls_is_shown_where_nvml_fails_but_torch_sees_gpus(monkeypatch):
+    """A container without libnvidia-ml: no GPU inventory, yet NVLS was asked through torch."""
+    monkeypatch.setattr(topo, "_multicast_support", lambda: [True] * 8)
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    monkeypatch.delenv("NCCL_ALGO", raising=False)
+    snap = _nvml_snapshot(monkeypatch, _fake_pynvml(init_error=_FakeNVMLError("not found")))
+    assert snap["gpus"] == [] and snap["nvls"] is True
+    assert "NVLS (NVLink SHARP): yes, CUDA multicast on all 8 GPUs" in topo.render_text([snap])
+    # a CPU node whose NVLS is unknown says nothing of it
+    cpu = {**snap, "nvls": None, "nvls_why": "unknown: torch not loaded"}
+    assert "NVLS" not in topo.render_text([cpu]) + "\n".join(topo.summary_lines([cpu]))

@@ -18,7 +18,7 @@ import pytest
 from distbench import noise
 from distbench.accept_files import VERDICT_WORDS, read_baseline
 from distbench.exitcodes import EXIT_INCONCLUSIVE
-from distbench.profiles import load, resolve
+from distbench.profiles import NodeFacts, load, resolve
 from distbench.verdicts import Baseline, Result, judge
 
 PAIR_BW = """
@@ -803,3 +803,65 @@ def test_read_baseline_reads_the_spreads_and_tolerates_files_without(tmp_path):
     old = read_baseline(run, prof)
     assert old.figures == {("node bw", "n0"): 1.5, ("node bw", "n1"): 1.2}
     assert old.spreads == {} and old.typical is None
+
+
+# ---------------------------------------------------------------------------------------------
+# NVLS (issue 19, defect 6): the 8 x H100 all_reduce figure (~480 GB/s) is NVLink SHARP's; a
+# healthy node without it (some VMs, NCCL_NVLS_ENABLE=0) reaches the ring's ~370. Each node is
+# judged by the figure for the algorithm its snapshot says is in use, and its row says which.
+
+H100_NAME = "NVIDIA H100 80GB HBM3"
+
+
+def _all_reduce_on(name: str, nvls: bool | None, why: str):
+    """A built-in profile's node all_reduce check, on one node whose snapshot says `nvls`."""
+    prof = resolve(name)
+    facts = (NodeFacts("n0", ((H100_NAME, 8),), nvls=nvls, nvls_why=why),)
+    return replace(prof, checks=tuple(c for c in prof.checks if c.name == "node all_reduce busbw"),
+                   nodes=facts)
+
+
+@pytest.mark.parametrize("name", ["h100-sxm-8", "h200-sxm-8"])
+@pytest.mark.parametrize("nvls,busbw,verdict", [
+    (True, 465.0, "PASS"),    # NVLS, healthy
+    (True, 368.0, "FAIL"),    # NVLS on, yet at the ring's figure: a fault
+    (False, 368.0, "PASS"),   # no NVLS, healthy at the ring's figure (today: FAIL)
+    (False, 300.0, "FAIL"),   # no NVLS and slow: still caught
+    (None, 368.0, "PASS"),    # unknown: the figure without NVLS, so no healthy node fails
+    (None, 300.0, "FAIL"),
+])
+def test_all_reduce_is_judged_by_the_figure_for_the_algorithm_in_use(name, nvls, busbw, verdict):
+    why = {True: "CUDA multicast on all 8 GPUs", False: "NCCL_NVLS_ENABLE=0",
+           None: "unknown: CUDA not initialised in this process"}[nvls]
+    prof = _all_reduce_on(name, nvls, why)
+    check = prof.checks[0]
+    (v,) = judge([Result(check, "n0", (0,), 8, busbw_gbps=busbw, wrong=0)], prof, ["n0"]).verdicts
+    assert v.verdict == verdict
+    with_nvls = (check.fail, check.warn)
+    without = (check.fail_no_nvls, check.warn_no_nvls)
+    assert (v.expected, v.warn_at) == (with_nvls if nvls else without)
+    said = {True: f"the profile's floor with NVLS (n0: {why})",
+            False: f"the profile's floor without NVLS (n0: {why})",
+            None: f"the profile's floor without NVLS: whether NVLS is in use is unknown (n0: "
+                  f"{why})"}[nvls]
+    assert v.why == said
+
+
+def test_a_check_without_nvls_floors_says_the_profile_s_floor(tmp_path):
+    node = _profile(tmp_path, NODE_LAT, name="node")
+    node = replace(node, nodes=(NodeFacts("n0", (), nvls=False, nvls_why="x"),))
+    (v,) = judge([Result(node.checks[0], "n0", (0,), 2, time_us=20.0, wrong=0)], node,
+                 ["n0"]).verdicts
+    assert (v.verdict, v.why) == ("PASS", "the profile's floor")
+
+
+def test_nvls_off_on_either_node_of_a_target_judges_it_without():
+    prof = resolve("h100-sxm-8")
+    cluster = next(c for c in prof.checks if c.scope == "cluster")
+    bw = replace(cluster, fail_no_nvls=300.0, warn_no_nvls=310.0)
+    facts = (NodeFacts("n0", ((H100_NAME, 8),), nvls=True, nvls_why="multicast"),
+             NodeFacts("n1", ((H100_NAME, 8),), nvls=False, nvls_why="NCCL_NVLS_ENABLE=0"))
+    prof = replace(prof, checks=(bw,), nodes=facts)
+    (v,) = judge([Result(bw, "cluster", (0, 1), 16, busbw_gbps=320.0, wrong=0)], prof,
+                 ["n0", "n1"]).verdicts
+    assert v.verdict == "PASS" and v.why.endswith("(n1: NCCL_NVLS_ENABLE=0)")
