@@ -41,11 +41,20 @@ def run_ranks(monkeypatch, world: int, fn: Callable[[int], object]) -> list:
     monkeypatch.setattr(dist, "barrier", lambda *a, **k: barrier.wait())
     monkeypatch.setattr(dist, "get_rank", lambda *a, **k: local.rank)
     monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: world)
+    def body(rank: int) -> object:
+        local.rank = rank
+        return fn(rank)
+
+    return on_threads(world, body, barrier)
+
+
+def on_threads(world: int, fn: Callable[[int], object], barrier: threading.Barrier) -> list:
+    """fn(rank) on `world` threads; their results, by rank. The first error aborts `barrier`
+    (the others would wait at it forever) and is raised here."""
     results: list = [None] * world
     errors: list[BaseException] = []
 
     def body(rank: int) -> None:
-        local.rank = rank
         try:
             results[rank] = fn(rank)
         except BaseException as e:  # noqa: BLE001 - reported to the test below
@@ -56,7 +65,7 @@ def run_ranks(monkeypatch, world: int, fn: Callable[[int], object]) -> list:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=60)
+        t.join(timeout=120)
     if errors:
         raise errors[0]
     return results

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+from fake_group import on_threads
 from helpers import clean_env
 
 from distbench import accept_plan, acceptance
@@ -152,10 +153,8 @@ def _run_schedule(monkeypatch, profile, lay: Layout, measure_s: float = 0.0,
     monkeypatch.setattr(acceptance, "_measure", fake.measure)
     monkeypatch.setattr(acceptance, "release", lambda device: None)
     plan = accept_plan.make(profile, lay, quick=False)
-    results: list = [None] * lay.world
-    errors: list = []
 
-    def rank(r: int) -> None:
+    def rank(r: int) -> list:
         fake.local.rank, fake.local.batch = r, 0
         rt = SimpleNamespace(rank=r, world=lay.world, backend="gloo", device=torch.device("cpu"),
                              peers=SimpleNamespace(wait_on_host=fake.wait_on_host))
@@ -163,20 +162,10 @@ def _run_schedule(monkeypatch, profile, lay: Layout, measure_s: float = 0.0,
                             step=lambda what, seconds: None)
         groups = Groups(lay.world, acceptance._group_maker(rt, timeout), lambda g: None)
         met = itertools.count(1)
-        try:
-            results[r] = [x for step in plan.checks
-                          for x in acceptance.measure_check(s, None, step, groups, lay, met)]
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-            fake.barrier.abort()
+        return [x for step in plan.checks
+                for x in acceptance.measure_check(s, None, step, groups, lay, met)]
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(lay.world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    if errors:
-        raise errors[0]
+    results = on_threads(lay.world, rank, fake.barrier)
     return fake, plan, results
 
 
