@@ -23,6 +23,7 @@ from distbench.ops.collectives import OPS
 from distbench.ops.dtypes import element_size
 from distbench.profiles import Check, Profile
 from distbench.series import SENDRECV
+from distbench.sizes import format_size
 
 # What the estimate assumes where the profile sets no absolute figure (a check judged against
 # its peers): the slow end of a healthy H100 node (NVLink, ~370 GB/s effective, nccl-tests
@@ -222,7 +223,7 @@ def _issued(check: Check, profile: Profile, rounds: list[list[Target]]
         return ["nothing: too small for the group"], 0.0
     what = check.op if check.command == "collective" else f"p2p {check.op}"
     per_call = _seconds_per_call(check, acc, lay.size_bytes, n)
-    return [f"{calls} x {what} of {_bytes(lay.size_bytes)} on {n} ranks"], calls * per_call
+    return [f"{calls} x {what} of {format_size(lay.size_bytes)} on {n} ranks"], calls * per_call
 
 
 def _seconds_per_call(check: Check, acc, size: int, n: int) -> float:
@@ -233,13 +234,6 @@ def _seconds_per_call(check: Check, acc, size: int, n: int) -> float:
     busbw = (check.warn or check.fail) if absolute else ASSUMED_BUSBW_GBPS[check.scope]
     algbw, bus = bandwidth(acc, size, 1.0, n)
     return size * (bus / algbw) / (busbw * 1e9)
-
-
-def _bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} B"
 
 
 def lines(plan: Plan) -> list[str]:
