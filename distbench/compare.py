@@ -25,7 +25,7 @@ from distbench.rundirs import (
     versions,
     world_size,
 )
-from distbench.tables import Column, format_row, format_table
+from distbench.tables import Column, format_row, format_table, percent, plural
 
 DEFAULT_THRESHOLD = 0.05
 
@@ -261,7 +261,7 @@ def check_samples(run: Run) -> None:
         for index, row_samples in kept.items():
             if index >= len(table):
                 raise ReadError(samples.path_for(run.path / file), f"samples for row {index}, "
-                                f"but {file} has {len(table)} rows")
+                                f"but {file} has {plural(len(table), 'row')}")
             row = table.iloc[index]
             why = samples.contradiction(row.to_dict(), row_samples)
             if why is not None:
@@ -296,8 +296,8 @@ def _compare_table(file: str, base: Run, new: Run, metric: Metric, threshold: fl
         rows.append(replace(judged, file=file, group=_group(file, side),
                             label=_label(file, keys, side)))
     if only["left_only"] or only["right_only"]:
-        notes.append(f"{file}: {only['left_only']} rows only in BASE, {only['right_only']} "
-                     "only in NEW (not compared)")
+        notes.append(f"{file}: {plural(only['left_only'], 'row')} only in BASE, "
+                     f"{only['right_only']} only in NEW (not compared)")
     return rows
 
 
@@ -360,10 +360,16 @@ COLUMNS = (
 )
 
 
+def _per(c: Comparison) -> str:
+    """What a group is: accept.csv's rows are grouped by check, the others by op."""
+    return "check" if {r.file for r in c.rows} == {"accept.csv"} else "op"
+
+
 def _columns(c: Comparison) -> tuple[Column, ...]:
-    """COLUMNS, the op column widened to the longest group (accept's check names run past 16)."""
+    """COLUMNS, the op column named for its groups and widened to the longest (accept's check
+    names run past 16)."""
     wide = max([len(r.group) for r in c.rows] + [16])
-    return (replace(COLUMNS[0], width=wide), *COLUMNS[1:])
+    return (replace(COLUMNS[0], header=_per(c), width=wide), *COLUMNS[1:])
 
 
 def _cells(r: Row) -> dict:
@@ -383,8 +389,8 @@ def _what(c: Comparison) -> str:
 
 
 def _rule(c: Comparison) -> str:
-    shown = [f"{x:.0%}" if x is not None else "unknown" for x in c.noise]
-    return (f"threshold {c.threshold:.0%}, and beyond the noise (repetitions' spread; typical "
+    shown = [noise.shown(x, c.threshold) if x is not None else "unknown" for x in c.noise]
+    return (f"threshold {percent(c.threshold)}, and beyond the noise (repetitions' spread; typical "
             f"BASE {shown[0]}, NEW {shown[1]})")
 
 
@@ -396,10 +402,9 @@ def format_text(c: Comparison, base: Run, new: Run) -> list[str]:
     lines += format_table(columns, [], title="rows")
     lines += [format_row(columns, _cells(r)) + (f"  {r.note}" if r.note else "")
               for r in c.rows]
-    per = "check" if {r.file for r in c.rows} == {"accept.csv"} else "op"
     width = max([len(g) for _, g, _, _ in c.geomeans()] + [24])
-    lines += ["#", f"# geometric mean of NEW/BASE per {per}"]
-    lines += [f"#   {g:<{width}} {gm:8.3f}  ({k} rows)" for _, g, gm, k in c.geomeans()]
+    lines += ["#", f"# geometric mean of NEW/BASE per {_per(c)}"]
+    lines += [f"#   {g:<{width}} {gm:8.3f}  ({plural(k, 'row')})" for _, g, gm, k in c.geomeans()]
     lines.append(_verdict(c))
     return lines
 
@@ -420,30 +425,39 @@ def _verdict(c: Comparison) -> str:
     how = (f" ({alone} of them by the threshold alone: no repetitions to measure the noise)"
            if alone else "")
     if c.worse:
-        return (f"# {len(c.worse)} rows worse by more than {c.threshold:.0%} and beyond the "
-                f"noise{how} ({summary}{tail})")
-    return (f"# no row worse by more than {c.threshold:.0%} and beyond the noise ({summary}"
-            f"{tail})")
+        return (f"# {plural(len(c.worse), 'row')} worse by more than {percent(c.threshold)} and "
+                f"beyond the noise{how} ({summary}{tail})")
+    return (f"# no row worse by more than {percent(c.threshold)} and beyond the noise "
+            f"({summary}{tail})")
 
 
 def format_markdown(c: Comparison, base: Run, new: Run) -> list[str]:
+    """Every block (table, list, paragraph) stands apart by a blank line: GitHub renders a table
+    that follows a list line as more of the list item's text."""
     lines = [f"**compare {_what(c)}**: BASE `{base.name}` vs NEW `{new.name}`, {_rule(c)}", ""]
     if c.setup:
         lines += ["| setup | BASE | NEW |", "|---|---|---|"]
-        lines += [f"| {k} | {b} | {n} |" for k, b, n in c.setup]
+        lines += [_md_row([k, b, n]) for k, b, n in c.setup]
         lines.append("")
-    lines += [f"- {n}" for n in c.unmatched]
-    lines += ["| op | row | BASE | NEW | ratio | noise | p | |",
+    if c.unmatched:
+        lines += [f"- {n}" for n in c.unmatched] + [""]
+    lines += [f"| {_per(c)} | row | BASE | NEW | ratio | noise | p | |",
               "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in c.rows:
         cells = _cells(r)
         shown = ["-" if cells[col.key] is None else format(cells[col.key], col.fmt)
                  for col in COLUMNS[:-1]]
-        lines.append("| " + " | ".join(shown) + f" | {r.mark} {r.note}".rstrip() + " |")
-    lines += ["", "| op | geometric mean NEW/BASE | rows |", "|---|---:|---:|"]
-    lines += [f"| {g} | {gm:.3f} | {k} |" for _, g, gm, k in c.geomeans()]
+        lines.append(_md_row([*shown, f"{r.mark} {r.note}".rstrip()]))
+    lines += ["", f"| {_per(c)} | geometric mean NEW/BASE | rows |", "|---|---:|---:|"]
+    lines += [_md_row([g, f"{gm:.3f}", str(k)]) for _, g, gm, k in c.geomeans()]
     lines += ["", _verdict(c).lstrip("# ")]
     return lines
+
+
+def _md_row(cells: list[str]) -> str:
+    """A table row; a | in a cell (a check's name comes from a profile file) is escaped, or it
+    would split the cell."""
+    return "| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |"
 
 
 def format_csv(c: Comparison) -> list[str]:

@@ -24,6 +24,8 @@ import statistics
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from distbench.tables import plural
+
 # By default an end is left out only when its best item is under this share of what the other
 # ends reach at theirs: a fault, not noise. Healthy links and nodes vary by up to ~2x on a busy
 # machine, and leaving out ends unguarded would lift a noisy class toward its fastest item. A
@@ -55,9 +57,6 @@ def reach(items: Sequence[Item], ends: Sequence[tuple[str, Hashable]] | None = N
     (coarser first, so that a tie names the host rather than one of its ranks); default: every
     end the items are on. `noun`: how the basis counts items (singular, plural). `clearly`: the
     share of the other ends' best under which an end's best item is slow."""
-    def counted(k: int) -> str:
-        return f"{k} {noun[0] if k == 1 else noun[1]}"
-
     median = statistics.median(v for v, _ in items)
     if ends is None:
         ends = [(str(e), e) for e in sorted({e for _, on in items for e in on}, key=str)]
@@ -87,6 +86,8 @@ def reach(items: Sequence[Item], ends: Sequence[tuple[str, Hashable]] | None = N
     # Never below the plain median: leaving out ends must only ever find more slow items than
     # the median rule would, never fewer.
     if not out or rest <= median:
-        return Reach(median, f"median of all {counted(len(items))}", compared, tuple(out))
-    return Reach(rest, f"median of the {counted(len(left))} not on {', '.join(out)}", compared,
-                 tuple(out))
+        every = "all " if len(items) > 1 else "the "  # not "all 1 link"
+        return Reach(median, f"median of {every}{plural(len(items), *noun)}", compared,
+                     tuple(out))
+    return Reach(rest, f"median of the {plural(len(left), *noun)} not on {', '.join(out)}",
+                 compared, tuple(out))

@@ -22,6 +22,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from distbench.tables import percent
+
 REPS = 5
 MAX_REPS = 100  # --reps: each repetition costs a barrier; more than this tells nothing new
 # A change must exceed the noise by this factor on a log scale ((1 + noise) ** MARGIN): a slow
@@ -120,8 +122,16 @@ def judge(time_ratio: float, threshold: float, spreads: Iterable[float | None],
     if effect <= math.log1p(threshold):
         if noise <= threshold:
             return Call("same", time_ratio, noise)
-        return Call("noisy", time_ratio, noise, f"noisy: repetitions {noise:.0%} apart, more "
-                    f"than the {threshold:.0%} threshold")
+        return Call("noisy", time_ratio, noise, f"noisy: repetitions {shown(noise, threshold)} "
+                    f"apart, more than the {percent(threshold)} threshold")
     if effect > math.log(limit(threshold, noise)) and separated:
         return Call("worse" if time_ratio > 1 else "better", time_ratio, noise)
-    return Call("noisy", time_ratio, noise, f"within the noise: repetitions {noise:.0%} apart")
+    return Call("noisy", time_ratio, noise,
+                f"within the noise: repetitions {shown(noise, threshold)} apart")
+
+
+def shown(noise: float, threshold: float) -> str:
+    """The noise to as many decimals as the threshold shows: against a 0.5% threshold a noise
+    of 0.7% reads 0.7%, not 1%."""
+    places = len(percent(threshold)[:-1].partition(".")[2])
+    return percent(noise, places)

@@ -16,6 +16,20 @@ def us_as_ms(spec: str) -> Callable[[float], str]:
     return lambda us: format(us / 1e3, spec)
 
 
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """A count and its noun, singular for 1: "1 row", "3 rows"; `nouns` where "s" is wrong."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
+def percent(share: float, places: int = 4) -> str:
+    """A share as a percentage, to at most `places` decimals and no trailing zeros: 0.05 is 5%,
+    0.005 is 0.5%, so a threshold finer than a whole percent is echoed as given, not as 0%."""
+    text = f"{share * 100:.{places}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return f"{text}%"
+
+
 @dataclass(frozen=True)
 class Column:
     """One console column: the row key it shows, its two header lines and its width."""
@@ -58,8 +72,12 @@ def _line(columns: Sequence[Column], cells: Iterable[str]) -> str:
 
 
 def format_header(columns: Sequence[Column], title: str) -> list[str]:
-    return ["#", f"# {title}", "#" + _line(columns, [c.header for c in columns])[1:],
-            "#" + _line(columns, [c.unit for c in columns])[1:]]
+    """The title and the column headers, then their units where any column has one (a line of
+    blanks says nothing)."""
+    lines = ["#", f"# {title}", "#" + _line(columns, [c.header for c in columns])[1:]]
+    if any(c.unit for c in columns):
+        lines.append("#" + _line(columns, [c.unit for c in columns])[1:])
+    return lines
 
 
 def format_row(columns: Sequence[Column], row: dict) -> str:

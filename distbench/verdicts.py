@@ -15,6 +15,7 @@ from distbench import healthy, noise
 from distbench.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.profiles import Check, NodeFacts, Profile
 from distbench.schedule import pack, retest_rounds
+from distbench.tables import percent, plural
 
 
 @dataclass(frozen=True)
@@ -127,19 +128,20 @@ def _against_baseline(check: Check, r: Result, base: float, tolerance: float,
     expected = _line(check, base, 1 / noise.limit(tolerance, noisy))  # where it turns worse
     if math.isinf(ratio):  # nothing to be worse than: a baseline of 0 GB/s, or of 0 us
         return Verdict(r, "PASS", expected, None, base, ratio,
-                       f"baseline {base:.4g}, worse than -{tolerance:.0%} fails")
+                       f"baseline {base:.4g}, worse than -{percent(tolerance)} fails")
     call = noise.judge(1 / ratio if ratio > 0 else math.inf, tolerance, spreads)
     if call.mark == "worse":
         beyond = f" and the noise both runs show (+-{noisy:.0%})" if noisy > tolerance else ""
         return Verdict(r, "FAIL", expected, None, base, ratio,
-                       f"baseline {base:.4g}: worse beyond the {tolerance:.0%} tolerance{beyond}")
+                       f"baseline {base:.4g}: worse beyond the {percent(tolerance)} tolerance"
+                       f"{beyond}")
     if ratio < 1 / (1 + tolerance):
         return Verdict(r, "PASS", expected, None, base, ratio,
-                       f"baseline {base:.4g}: worse than the {tolerance:.0%} tolerance, but "
+                       f"baseline {base:.4g}: worse than the {percent(tolerance)} tolerance, but "
                        f"within the noise both runs show (+-{noisy:.0%})")
     noted = f" and the noise both runs show (+-{noisy:.0%})" if noisy > tolerance else ""
     return Verdict(r, "PASS", expected, None, base, ratio,
-                   f"baseline {base:.4g}, worse than -{tolerance:.0%}{noted} fails")
+                   f"baseline {base:.4g}, worse than -{percent(tolerance)}{noted} fails")
 
 
 def _unfit(profile: Profile, r: Result, names: list[str]) -> str:
@@ -150,9 +152,10 @@ def _unfit(profile: Profile, r: Result, names: list[str]) -> str:
     if not want or not r.nodes or r.ranks == want * len(r.nodes):
         return ""
     what = "the cluster" if r.target == "cluster" else f"the pair {r.target}"
-    where = (f"{names[r.nodes[0]]} has {r.ranks} ranks" if len(r.nodes) == 1 else
-             f"{what} has {r.ranks} ranks on {len(r.nodes)} nodes")
-    return f"not judged: {profile.name}'s floor is for {want} GPUs per node; {where}"
+    ranks = plural(r.ranks, "rank")
+    where = (f"{names[r.nodes[0]]} has {ranks}" if len(r.nodes) == 1 else
+             f"{what} has {ranks} on {len(r.nodes)} nodes")
+    return f"not judged: {profile.name}'s floor is for {plural(want, 'GPU')} per node; {where}"
 
 
 def _absolute(check: Check, profile: Profile, r: Result, names: list[str]) -> Verdict:
@@ -192,8 +195,8 @@ def _judge_check(check: Check, results: list[Result], names: list[str], profile:
             out.append(Verdict(r, "SKIP", why=r.note))
             continue
         if r.wrong:
-            out.append(Verdict(r, "FAIL", why=f"{r.wrong} wrong elements: the data arrived "
-                               "corrupted"))
+            out.append(Verdict(r, "FAIL", why=f"{plural(r.wrong, 'wrong element')}: the data "
+                               "arrived corrupted"))
             continue
         key = (check.name, r.target)
         base = baseline.figures.get(key) if baseline else None
@@ -263,14 +266,15 @@ class Judged:
         warned = [v for v in first if v.verdict == "WARN"]
         skipped = [v for v in first if v.verdict == "SKIP"]
         if wrong:
-            return "wrong", EXIT_WRONG, (f"wrong results in {len(wrong)} measurements, "
-                                         f"first {_name(wrong[0])}")
+            return "wrong", EXIT_WRONG, (f"wrong results in {plural(len(wrong), 'measurement')}"
+                                         f", first {_name(wrong[0])}")
         if failed or self.short or (strict and warned):
             bad = failed or (warned if strict else [])
             first_bad = f": first {_name(bad[0])}" if bad else ""
             blame = f"; {self.culprits[0]}" if self.culprits else ""
             return "below_expectation", EXIT_BELOW, (
-                f"{len(failed)} measurements failed, {len(warned)} warned{first_bad}{blame}")
+                f"{plural(len(failed), 'measurement')} failed, {len(warned)} warned{first_bad}"
+                f"{blame}")
         partial = (f"; judged on fewer targets than the scope holds: {', '.join(self.partial)}"
                    if self.partial else "")
         empty = self.unjudged()
@@ -284,11 +288,13 @@ class Judged:
             judged = len(first) - len(skipped)
             return "inconclusive", EXIT_INCONCLUSIVE, (
                 f"inconclusive: every {' and '.join(empty)} check was skipped{first_skip}; "
-                f"the {judged} other measurements passed ({len(warned)} warnings){partial}")
+                f"the {plural(judged, 'other measurement')} passed "
+                f"({plural(len(warned), 'warning')}){partial}")
         if skipped:
-            return "ok", EXIT_OK, (f"every check judged passed ({len(warned)} warnings, "
-                                   f"{len(skipped)} skipped){partial}")
-        return "ok", EXIT_OK, f"every check passed ({len(warned)} warnings){partial}"
+            return "ok", EXIT_OK, (f"every check judged passed "
+                                   f"({plural(len(warned), 'warning')}, {len(skipped)} skipped)"
+                                   f"{partial}")
+        return "ok", EXIT_OK, f"every check passed ({plural(len(warned), 'warning')}){partial}"
 
     def rows(self) -> list[dict]:
         return [_row(v) for v in self.verdicts]
@@ -371,10 +377,8 @@ def _settle(check: Check, verdicts: list[Verdict], names: list[str], judged: Jud
         pairs = sum(i in v.result.nodes and v.verdict == "FAIL" for v in first)
         partners = {j for v in first if i in v.result.nodes for j in v.result.nodes if j != i}
         fine = [j for j in partners if j in healthy_nodes]
-        line = (f"{check.name}: node {names[i]} is in all {pairs} failing pairs, "
-                + ("its partners pass" if len(fine) == len(partners) else
-                   f"{len(fine)} of its {len(partners)} partners pass")
-                + f" with other nodes{how}")
+        line = (f"{check.name}: node {names[i]} is in {_every(pairs, 'failing pair')}, "
+                f"{_passing(len(fine), len(partners))} with other nodes{how}")
         (judged.notes if said == "passed" else judged.culprits).append(line)
     for v in failing:
         same = [a for a in again if a.result.nodes == v.result.nodes]
@@ -394,6 +398,18 @@ def _settle(check: Check, verdicts: list[Verdict], names: list[str], judged: Jud
     if check.scope == "node":
         judged.culprits += [f"{check.name}: node {v.result.target} failed ({v.why})"
                             for v in failing if v.verdict == "FAIL"]
+
+
+def _every(count: int, noun: str) -> str:
+    """All 3 failing pairs, but its 1 failing pair: "all 1" reads as a slip."""
+    return f"all {plural(count, noun)}" if count > 1 else f"its {plural(count, noun)}"
+
+
+def _passing(fine: int, partners: int) -> str:
+    """Which of a suspect's partners pass, the verb agreeing with them."""
+    if fine == partners:
+        return "its partner passes" if fine == 1 else "its partners pass"
+    return f"{fine} of its {plural(partners, 'partner')} {'passes' if fine == 1 else 'pass'}"
 
 
 def _coverage(check: Check, verdicts: list[Verdict], judged: Judged) -> None:

@@ -150,7 +150,7 @@ def test_rows_are_marked_better_worse_same_and_incomparable(tmp_path):
     # 5 repetitions a side, every one of NEW beyond every one of BASE
     assert worse.p_value == pytest.approx(0.012185780355344813, abs=1e-6)
     assert worse.noise is not None and worse.noise < 0.05
-    assert any("1 rows only in BASE, 1 only in NEW" in n for n in c.unmatched)
+    assert any("1 row only in BASE, 1 only in NEW" in n for n in c.unmatched)
     (geo,) = [g for g in c.geomeans() if g[1] == "all_reduce"]
     assert geo[2] == pytest.approx((1 / 1.005 * 1 / 0.8 * 1 / 1.3) ** (1 / 3), rel=1e-6)
     assert geo[3] == 3
@@ -180,7 +180,7 @@ def test_without_samples_the_threshold_alone_decides(tmp_path):
                                                   "no repetitions: by the threshold alone")
     assert row.by_threshold
     assert compare._verdict(c) == (
-        "# 1 rows worse by more than 5% and beyond the noise (1 of them by the threshold alone:"
+        "# 1 row worse by more than 5% and beyond the noise (1 of them by the threshold alone:"
         " no repetitions to measure the noise) (0 +, 1 -, 0 ~, 0 x)")
 
 
@@ -221,6 +221,68 @@ def test_markdown_and_csv_formats(tmp_path):
     cells = lines[1].split(",")
     assert cells[:4] == ["collective.csv", "all_reduce", "float32 sum in 1024 B", "busbw"]
     assert float(cells[6]) == pytest.approx(100 / 150, rel=1e-4) and cells[8] == "-"
+
+
+def _one_and_one(tmp_path) -> tuple[Path, Path]:
+    """BASE with two ops, NEW with one of them much slower and a torch of its own: a setup
+    that differs, a row on one side only, and one row worse."""
+    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0),
+                                          _row("all_gather", 1024, 50.0)],
+                      [_times(100.0), _times(50.0, seed=2)])
+    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 150.0)], [_times(150.0)],
+                     versions={"torch": "2.14.0"})
+    return base, new
+
+
+def test_markdown_blocks_stand_apart_so_github_renders_the_tables(tmp_path):
+    """A table right after a list line is read as more of the list item: GitHub shows its
+    pipes as text. Every table, list and paragraph starts after a blank line."""
+    res = _compare(*_one_and_one(tmp_path), "--format", "md")
+    assert res.returncode == 4, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert "- collective.csv: 1 row only in BASE, 0 only in NEW (not compared)" in lines
+    kinds = ["table" if line.startswith("|") else "list" if line.startswith("- ") else
+             "" if not line else "text" for line in lines]
+    starts = [i for i in range(1, len(lines)) if kinds[i] and kinds[i] != kinds[i - 1]]
+    assert len(starts) == 5  # setup, notes, rows, geometric means, verdict
+    assert all(kinds[i - 1] == "" for i in starts), lines
+    heads = [lines[i] for i in starts if kinds[i] == "table"]
+    assert heads[1] == "| op | row | BASE | NEW | ratio | noise | p | |"
+    assert lines[-1] == ("1 row worse by more than 5% and beyond the noise (0 +, 1 -, 0 ~, "
+                         "0 x)")
+
+
+def test_a_pipe_in_a_markdown_cell_is_escaped():
+    assert compare._md_row(["node a|b", "1.000"]) == "| node a\\|b | 1.000 |"
+
+
+def test_a_threshold_under_one_percent_is_echoed_as_given_and_one_row_is_one_row(tmp_path):
+    """--threshold 0.5% printed as "0%" read as no threshold at all; "(1 rows)" as a slip."""
+    base, new = _one_and_one(tmp_path)
+    res = _compare(base, new, "--threshold", "0.5%")
+    assert res.returncode == 4, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    # the noise as finely as the threshold it is held against, not "typical BASE 2%"
+    assert lines[0].endswith("threshold 0.5%, and beyond the noise (repetitions' spread; "
+                             "typical BASE 1.7%, NEW 1.8%)"), lines[0]
+    assert "# note: collective.csv: 1 row only in BASE, 0 only in NEW (not compared)" in lines
+    assert lines[-2].endswith("(1 row)") and lines[-2].split()[1] == "all_reduce"
+    assert lines[-1] == ("# 1 row worse by more than 0.5% and beyond the noise (0 +, 1 -, 0 ~, "
+                         "0 x)")
+    # the header holds no line of blanks where compare's columns have no units
+    assert not [line for line in lines if len(line) > 1 and not line.strip("# ")], lines
+
+
+def test_a_noisy_row_names_a_fine_threshold_as_given(tmp_path):
+    """Repetitions 4.6% apart against a 0.5% threshold: noisy, and the note says so (it said
+    "more than the 0% threshold")."""
+    us = _times(100.0, spread=0.05)
+    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [us])
+    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 100.2)],
+                     [[x * 1.002 for x in us]])
+    (row,) = compare.compare(rundirs.load(base), rundirs.load(new), "time", 0.005).rows
+    assert (row.mark, row.note) == ("x", "noisy: repetitions 4.6% apart, more than the 0.5% "
+                                         "threshold"), row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,7 +599,9 @@ def test_samples_for_a_row_the_csv_does_not_have_are_refused(tmp_path):
     ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
     extra = _write_run(tmp_path / "extra", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
     _edit_samples(extra, lambda o: {**o, "row": 7})
-    _one_error_line(_compare(ok, extra), "samples for row 7, but collective.csv has 1 rows")
+    res = _compare(ok, extra)
+    _one_error_line(res, "samples for row 7, but collective.csv has 1 row")
+    assert res.stderr.rstrip().endswith("has 1 row"), res.stderr  # not "1 rows"
 
 
 def test_accept_rows_are_headed_in_their_own_units_and_named_in_full(tmp_path):
@@ -568,3 +632,9 @@ def test_accept_rows_are_headed_in_their_own_units_and_named_in_full(tmp_path):
     # the ratio column starts at one place in both rows
     assert len(rows) == 2 and rows[0].index("3.000") == rows[1].index("1.000"), rows
     assert "# geometric mean of NEW/BASE per check" in res.stdout
+    # the first column holds checks, and is headed so, in text and in Markdown
+    (head,) = [line for line in res.stdout.splitlines() if "BASE" in line and "ratio" in line]
+    assert head.split()[:3] == ["#", "check", "row"], head
+    md = _compare(base, new, "--format", "md").stdout.splitlines()
+    assert "| check | row | BASE | NEW | ratio | noise | p | |" in md
+    assert "| check | geometric mean NEW/BASE | rows |" in md

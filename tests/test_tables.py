@@ -43,6 +43,12 @@ def test_format_table_returns_header_then_rows():
     assert format_table(COLS, [], title="x") == format_header(COLS, "x")
 
 
+def test_a_header_without_units_has_no_line_of_blanks():
+    """compare's and accept's columns have no units: a unit line would be '#' and spaces."""
+    bare = (Column("name", "name", "", 6), Column("ok", "ok", "", 4))
+    assert format_header(bare, "x") == ["#", "# x", "#" + "  name  ok"[1:]]
+
+
 def test_a_skipped_row_shows_what_names_it_and_why():
     row = {"name": "c", "t": None, "status": "skipped", "note": "too small"}
     assert format_row(COLS, row) == "     c   skipped: too small"

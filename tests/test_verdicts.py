@@ -336,7 +336,7 @@ def test_a_scope_judged_on_nothing_is_inconclusive(two):
     status, code, line = judge([node, unfit], two, ["n0", "n1"]).outcome(strict=False)
     assert (status, code) == ("inconclusive", 5)
     assert line == ("inconclusive: every pair check was skipped: first pair bw on n0+n1 (skip: "
-                    "does not fit in device memory); the 1 other measurements passed "
+                    "does not fit in device memory); the 1 other measurement passed "
                     "(0 warnings)")
     alone = Result(two.checks[1], "pairs", (), 0, note="one node: no pair of nodes to measure")
     judged = judge([node, alone], two, ["n0"])
@@ -515,7 +515,7 @@ def test_the_pairs_left_judge_the_others_and_a_cleared_node_is_a_peer_again(tmp_
     judged = judge(nodes + pairs, prof, names)
     (v,) = [v for v in judged.verdicts if v.result.target == "n0+n2"]
     assert v.reference == 10.0
-    assert v.why == ("healthy peers reach 10 (median of all 1 target; left out, the pairs of "
+    assert v.why == ("healthy peers reach 10 (median of the 1 target; left out, the pairs of "
                      "n2 (node bw))")
     # node 2 passes its retest cleanly: noise, so it is a healthy peer again
     cleared = judge(nodes + pairs + [Result(node, "n2", (2,), 2, busbw_gbps=9.0, wrong=0,
@@ -865,3 +865,46 @@ def test_nvls_off_on_either_node_of_a_target_judges_it_without():
     (v,) = judge([Result(bw, "cluster", (0, 1), 16, busbw_gbps=320.0, wrong=0)], prof,
                  ["n0", "n1"]).verdicts
     assert v.verdict == "PASS" and v.why.endswith("(n1: NCCL_NVLS_ENABLE=0)")
+
+
+# ---------------------------------------------------------------------------------------------
+# One of a thing reads in the singular; a tolerance finer than a whole percent as given
+
+def test_one_wrong_element_one_failure_and_one_warning_read_in_the_singular(two):
+    lat = two.checks[0]  # fails over 100 us, warns over 50
+
+    def outcome(**measured) -> tuple[str, str]:
+        judged = judge([Result(lat, "n0", (0,), 2, **measured)], two, ["n0"])
+        return judged.verdicts[0].why, judged.outcome(strict=False)[2]
+
+    why, line = outcome(time_us=20.0, wrong=1)
+    assert why == "1 wrong element: the data arrived corrupted"
+    assert line.startswith("wrong results in 1 measurement, first node lat on n0"), line
+    assert outcome(time_us=500.0, wrong=0)[1].startswith("1 measurement failed, 0 warned: ")
+    assert outcome(time_us=70.0, wrong=0)[1] == "every check passed (1 warning)"
+
+
+def test_a_floor_for_one_gpu_and_a_node_of_one_rank_read_in_the_singular(two):
+    measured = Result(two.checks[0], "n0", (0,), 2, time_us=20.0, wrong=0)
+    (v,) = judge([measured], replace(two, gpus_per_node=1), ["n0"]).verdicts
+    assert v.why == f"not judged: {two.name}'s floor is for 1 GPU per node; n0 has 2 ranks"
+    (v,) = judge([replace(measured, ranks=1)], replace(two, gpus_per_node=8), ["n0"]).verdicts
+    assert v.why == f"not judged: {two.name}'s floor is for 8 GPUs per node; n0 has 1 rank"
+
+
+def test_a_suspect_in_one_failing_pair_is_not_in_all_1(profile):
+    """n1+n2 measured nothing: n2's one judged pair fails, while n0 passes with n1."""
+    check = profile.checks[0]
+    judged = judge([_pair(check, 0, 1, 10.0), _pair(check, 0, 2, 1.0),
+                    _pair(check, 1, 2, None, note="timed out")], profile, ["n0", "n1", "n2"])
+    assert judged.culprits == ["pair bw: node n2 is in its 1 failing pair, its partners pass "
+                               "with other nodes"]
+
+
+def test_a_tolerance_under_a_whole_percent_is_named_as_given(tmp_path):
+    prof, check = _node_bw(tmp_path)
+    key = ("node bw", "n0")
+    new = [Result(check, "n0", (0,), 2, busbw_gbps=5.0, wrong=0)]
+    (v,) = judge(new, replace(prof, baseline_tolerance=0.025), ["n0"],
+                 baseline=Baseline({key: 10.0})).verdicts
+    assert (v.verdict, v.why) == ("FAIL", "baseline 10: worse beyond the 2.5% tolerance")

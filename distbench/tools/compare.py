@@ -11,7 +11,7 @@ import typer
 from distbench.exitcodes import EXIT_BELOW, EXIT_OK
 
 HELP = ("Compare two runs row by row (ratio, Mann-Whitney p-value, + - ~ x); exit 4 when a row "
-        "is worse beyond the threshold.")
+        "is worse beyond the threshold and the noise.")
 FORMATS = ("text", "md", "csv")
 
 
@@ -21,7 +21,8 @@ def command(
     new: Annotated[Path, typer.Argument(help="The run to judge against it.",
                                         show_default=False)],
     threshold: Annotated[str, typer.Option(
-        help="A row changed by less than this is ~ (5% or 0.05).")] = "5%",
+        help="The smallest change called better or worse; smaller is ~, or x where the "
+             "noise is larger (5% or 0.05).")] = "5%",
     metric: Annotated[str, typer.Option(help="busbw, time or p99.")] = "busbw",
     format: Annotated[str, typer.Option(
         "--format", help="text, md (for a pull request) or csv.")] = "text",
