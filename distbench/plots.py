@@ -14,7 +14,12 @@ import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    FixedLocator,
+    FuncFormatter,
+    NullFormatter,
+    NullLocator,
+)
 
 from distbench import rundirs  # noqa: E402
 from distbench.rundirs import Run, measured  # noqa: E402
@@ -50,7 +55,8 @@ def _size_axis(ax, sizes) -> None:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    # a tight box as well: a legend beside the last panel must not run off the image
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return path
 
@@ -75,9 +81,10 @@ def _series_label(run: Run, key: tuple, names: tuple[str, ...], varying: set[str
     return " ".join(parts) or run.name
 
 
-def _curves(runs: list[Run], file: str, panel: str, line_keys: tuple[str, ...], y: str,
-            ylabel: str, path: Path, small_only: bool = False, title: str = "") -> Path | None:
-    """One panel per value of `panel` (an op, a pattern), one line per run and line key."""
+def curves_figure(runs: list[Run], file: str, panel: str, line_keys: tuple[str, ...], y: str,
+                  ylabel: str, small_only: bool = False, title: str = ""):
+    """One panel per value of `panel` (an op, a pattern), one line per run and line key; None
+    when no run has a row to draw."""
     frames = [(r, measured(r.tables[file])) for r in runs if file in r.tables]
     frames = [(r, f[f[y].notna()]) for r, f in frames]
     if small_only:
@@ -87,8 +94,9 @@ def _curves(runs: list[Run], file: str, panel: str, line_keys: tuple[str, ...], 
         return None
     panels = list(dict.fromkeys(v for _, f in frames for v in f[panel]))
     fig, axes = _grid(len(panels))
+    labels = []
     for ax, name in zip(axes, panels, strict=True):
-        sizes = []
+        sizes, peaks = [], []
         # what tells this panel's lines apart is all a label needs to say
         varying = {k for k in line_keys if len({v for _, f in frames
                                                 for v in f[f[panel] == name][k].astype(str)}) > 1}
@@ -97,15 +105,56 @@ def _curves(runs: list[Run], file: str, panel: str, line_keys: tuple[str, ...], 
             for key, line in rows.groupby(list(line_keys), sort=False, dropna=False):
                 line = line.sort_values("size_bytes")
                 sizes += line["size_bytes"].tolist()
-                ax.plot(line["size_bytes"], line[y], marker="o", markersize=3,
-                        label=_series_label(run, key, line_keys, varying, len(frames) > 1))
+                peaks.append(float(line[y].max()))
+                labels.append(_series_label(run, key, line_keys, varying, len(frames) > 1))
+                ax.plot(line["size_bytes"], line[y], marker="o", markersize=3, label=labels[-1])
         _size_axis(ax, sizes)
+        _value_axis(ax, peaks)
         ax.set_title(f"{name}{title}")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    return _save(fig, path)
+        _legend_beside(ax)
+    _widen_for_legends(fig, min(len(panels), 3), labels)
+    return fig
+
+
+def _curves(runs: list[Run], file: str, panel: str, line_keys: tuple[str, ...], y: str,
+            ylabel: str, path: Path, small_only: bool = False, title: str = "") -> Path | None:
+    fig = curves_figure(runs, file, panel, line_keys, y, ylabel, small_only, title)
+    return None if fig is None else _save(fig, path)
+
+
+# Lines whose peaks are further apart than this share a log axis: on a linear one a gloo run
+# at 0.1 GB/s beside an H100 log at 300 lies flat on zero.
+SPAN = 10.0
+
+
+def _value_axis(ax, peaks: list[float]) -> None:
+    shown = [p for p in peaks if p > 0]
+    if len(shown) > 1 and max(shown) > SPAN * min(shown):
+        # a 0 (nccl-tests prints 0.00 GB/s at 8 B) has no place on it: left out, not drawn as a
+        # line falling off the bottom
+        ax.set_yscale("log", nonpositive="mask")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _legend_beside(ax) -> None:
+    """The legend right of the axes: inside, it hides the lines it names wherever they run."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
+LEGEND_CHAR_IN = 0.055  # inches per character of a legend label at fontsize 7
+LEGEND_KEY_IN = 0.7  # the line sample, the padding and the frame
+
+
+def _widen_for_legends(fig, columns: int, labels: list[str]) -> None:
+    """As wide again as the legends beside each column of panels, so the panels keep theirs."""
+    if labels:
+        width, height = fig.get_size_inches()
+        extra = LEGEND_CHAR_IN * max(map(len, labels)) + LEGEND_KEY_IN
+        fig.set_size_inches(width + columns * extra, height)
 
 
 def collective(runs: list[Run], out: Path) -> list[Path]:
@@ -190,7 +239,8 @@ def _bars(ax, labels: list[str], series: dict[str, list[float]], stacked: bool) 
                    label=name)
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
-    ax.legend(fontsize=7)
+    _legend_beside(ax)
+    _widen_for_legends(ax.figure, 1, list(series))
     ax.grid(True, axis="y", alpha=0.3)
 
 
@@ -237,6 +287,37 @@ def pp(runs: list[Run], out: Path) -> list[Path]:
                       "analytic": [float(row["bubble_analytic"]) for row in rows]},
         False, "bubble (share of the step)", "pp: pipeline bubble, measured vs analytic",
         out / "pp_bubble.png")
+
+
+def dp_figure(runs: list[Run]):
+    """Per mode of every dp run: the step as compute plus the communication it left exposed,
+    and beside it the state each rank holds; None without a measured dp row."""
+    rows = _rows(runs, "dp.csv")
+    if not rows:
+        return None
+    several = len({r.name for r, _ in rows}) > 1
+    labels = [f"{r.name} {rundirs.dp_mode(row)}" if several else rundirs.dp_mode(row)
+              for r, row in rows]
+    width = max(4.0, 0.9 * len(rows))
+    fig, (step, state) = plt.subplots(1, 2, figsize=(2 * width, 3.8), squeeze=True)
+    compute = [float(row["compute_only_us"]) / 1e3 for _, row in rows]
+    # a step measured faster than its compute alone (noise) exposed nothing, not less
+    exposed = [max(0.0, float(row["exposed_comm_us"]) / 1e3) for _, row in rows]
+    _bars(step, labels, {"compute": compute, "exposed communication": exposed}, True)
+    step.set_ylabel("step (ms)")
+    step.set_title("dp: step = compute + exposed communication", fontsize=10)
+    _bars(state, labels, {"measured": [float(row["state_bytes_per_rank"]) / 2**20
+                                       for _, row in rows],
+                          "ZeRO table": [float(row.get("state_bytes_formula", float("nan")))
+                                         / 2**20 for _, row in rows]}, False)
+    state.set_ylabel("state per rank (MiB)")
+    state.set_title("dp: parameters, gradients, optimizer state per rank", fontsize=10)
+    return fig
+
+
+def dp(runs: list[Run], out: Path) -> list[Path]:
+    fig = dp_figure(runs)
+    return [] if fig is None else [_save(fig, out / "dp_step.png")]
 
 
 VERDICT_COLOURS = {"PASS": "tab:green", "WARN": "tab:orange", "FAIL": "tab:red",
@@ -288,7 +369,9 @@ def _verdict_note(row: pd.Series, line_name: str) -> str:
     measured = _number(row.get("measured"))
     line = _number(row.get("expected" if line_name == "fail line" else "warn_at"))
     if measured is not None and line is not None:
-        return f"{measured:.4g} {unit}, {line_name} {line:.4g}"
+        from distbench.report import number  # the report's own format: 150000, not 1.5e+05
+
+        return f"{number(measured)} {unit}, {line_name} {number(line)}"
     wrong = _number(row.get("wrong"))
     if wrong:
         return f"{wrong:.0f} wrong elements"
@@ -371,4 +454,4 @@ def accept(runs: list[Run], out: Path) -> list[Path]:
 
 def all_plots(runs: list[Run], out: Path) -> list[Path]:
     return [*collective(runs, out), *p2p(runs, out), *tp(runs, out), *pp(runs, out),
-            *accept(runs, out)]
+            *dp(runs, out), *accept(runs, out)]

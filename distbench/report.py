@@ -5,6 +5,7 @@ worker, so it stays fast."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -49,10 +50,27 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
         "| " + " | ".join(r) + " |" for r in rows]
 
 
-def _fmt(v, spec: str = ".4g") -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _fmt(v, spec: str) -> str:
+    """A figure in a fixed format (".1f"); "-" for none."""
+    return "-" if _missing(v) else format(v, spec)
+
+
+def number(v, digits: int = 4) -> str:
+    """`digits` significant digits, always written out in full (1080 beside 966, never 1.08e+03
+    beside 966), trailing zeros dropped; "-" for none."""
+    if _missing(v):
         return "-"
-    return format(v, spec)
+    v = float(v)
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    rounded = float(f"{v:.{digits - 1}e}")  # 999.96 to 4 digits is 1000: its own magnitude
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(rounded))))
+    text = f"{rounded:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _size(v) -> str:
@@ -93,20 +111,16 @@ def _collective_section(run: Run, fits: list[dict]) -> list[str]:
     lines += _table(["op", "dtype", "redop", "place", "peak busbw (GB/s)", "at size",
                      "smallest size", "time there (us)"],
                     [[p["op"], p["dtype"], str(p["redop"]), "in" if p["in_place"] else "out",
-                      _fmt(p["peak"]), _size(p["peak_at"]), _size(p["small"]),
-                      _fmt(p["small_us"])] for p in peaks])
-    skipped = frame[frame["status"] == "skipped"]
-    if len(skipped):
-        why = sorted({str(n) for n in skipped.get("note", pd.Series(dtype=str)).dropna()})
-        lines += ["", f"{len(skipped)} rows skipped" + (": " + "; ".join(why[:5]) if why
-                                                         else "")]
-    lines += ["", "#### Alpha-beta model", "",
+                      number(p["peak"]), _size(p["peak_at"]), _size(p["small"]),
+                      number(p["small_us"])] for p in peaks])
+    lines += [""] + _skipped(frame)
+    lines += ["#### Alpha-beta model", "",
               "`T(S) = alpha + S / beta`, alpha fitted on the small sizes and beta past the "
               "knee (docs/report.md).", ""]
     lines += _table(["op", "dtype", "redop", "place", "alpha (us)", "busbw asymptote (GB/s)",
                      "fit error (median / max %)", "n_half", "n_90%", "note"],
                     [[f["op"], f["dtype"], _redop_root(f), "in" if f["in_place"] else "out",
-                      _fmt(f["alpha_us"], ".3g"), _fmt(f["busbw_gbps"], ".4g"),
+                      number(f["alpha_us"], 3), number(f["busbw_gbps"]),
                       f"{_fmt(f['err_pct'], '.1f')} / {_fmt(f['max_err_pct'], '.1f')}",
                       _size(f["n_half_bytes"]), _size(f["n90_bytes"]), f.get("note") or ""]
                      for f in fits])
@@ -125,8 +139,8 @@ def _p2p_section(run: Run) -> list[str]:
         lines += ["### Point-to-point", ""]
         lines += _table(["pattern", "dtype", "peak busbw (GB/s)", "at size", "smallest size",
                          "time there (us)"],
-                        [[p["pattern"], p["dtype"], _fmt(p["peak"]), _size(p["peak_at"]),
-                          _size(p["small"]), _fmt(p["small_us"])]
+                        [[p["pattern"], p["dtype"], number(p["peak"]), _size(p["peak_at"]),
+                          _size(p["small"]), number(p["small_us"])]
                          for p in _peaks(frame, ["pattern", "dtype"], "busbw_gbps")])
         lines.append("")
     frame = run.table("p2p_matrix.csv")
@@ -138,7 +152,8 @@ def _p2p_section(run: Run) -> list[str]:
         lines += ["### Link matrix", "",
                   f"{len(frame)} measurements; {len(slow)} slow links by the run's own rule"
                   + (":" if slow else "."), ""]
-        lines += [f"- {dtype} {d} {format_size(int(size))}: rank {src} -> rank {dst}"
+        lines += [f"- {dtype} {d} {format_size(int(size))}: rank {src} "
+                  f"{'<->' if d == 'bi' else '->'} rank {dst}"
                   for dtype, d, size, src, dst in slow[:20]]
         culprits = (run.meta.get("matrix") or {}).get("culprits") or []
         if culprits:
@@ -154,8 +169,8 @@ def _tp_section(run: Run) -> list[str]:
     rows = measured(frame)
     return ["### Tensor parallel", ""] + _table(
         ["block", "dtype", "ranks", "step (ms)", "compute only (ms)", "comm %"],
-        [[str(r["block"]), str(r["dtype"]), str(r["world_size"]), _fmt(r["step_us"] / 1e3),
-          _fmt(r["compute_only_us"] / 1e3), _fmt(r["comm_pct"], ".1f")]
+        [[str(r["block"]), str(r["dtype"]), str(r["world_size"]), number(r["step_us"] / 1e3),
+          number(r["compute_only_us"] / 1e3), _fmt(r["comm_pct"], ".1f")]
          for _, r in rows.iterrows()]) + [""]
 
 
@@ -168,8 +183,74 @@ def _pp_section(run: Run) -> list[str]:
         ["schedule", "micro-batches", "stages", "step (ms)", "bubble measured",
          "bubble analytic"],
         [[str(r["schedule"]), str(r["micro_batches"]), str(r.get("stages")),
-          _fmt(r["step_us"] / 1e3), _fmt(r["bubble_measured"], ".3f"),
+          number(r["step_us"] / 1e3), _fmt(r["bubble_measured"], ".3f"),
           _fmt(r["bubble_analytic"], ".3f")] for _, r in rows.iterrows()]) + [""]
+
+
+def _dp_section(run: Run) -> list[str]:
+    frame = run.table("dp.csv")
+    if frame is None:
+        return []
+    lines = ["### Data parallel", ""] + _table(
+        ["mode", "dtype", "ranks", "step (ms)", "compute only (ms)", "exposed comm (ms)",
+         "comm alone (ms)", "overlap %", "state per rank", "ZeRO table"],
+        [[rundirs.dp_mode(r), str(r["dtype"]), str(r["world_size"]),
+          number(r["step_us"] / 1e3), number(r["compute_only_us"] / 1e3),
+          number(r["exposed_comm_us"] / 1e3), number(r["comm_alone_us"] / 1e3),
+          _fmt(r["overlap_pct"], ".1f"), _size(r["state_bytes_per_rank"]),
+          _size(r.get("state_bytes_formula"))] for _, r in measured(frame).iterrows()])
+    return lines + [""] + _skipped(frame)
+
+
+def _skipped(frame: pd.DataFrame) -> list[str]:
+    skipped = frame[frame["status"] == "skipped"]
+    if not len(skipped):
+        return []
+    why = sorted({str(n) for n in skipped.get("note", pd.Series(dtype=str)).dropna()})
+    return [f"{len(skipped)} rows skipped" + (": " + "; ".join(why[:5]) if why else ""), ""]
+
+
+def _no_results(run: Run) -> list[str]:
+    """What a run without a table report reads holds instead (topo writes none)."""
+    if run.tables:
+        return []
+    others = sorted(p.name for p in run.path.glob("*.csv")) if run.path.is_dir() else []
+    if others:
+        return [f"No table report reads: {', '.join(others)} is not one of "
+                f"{', '.join(rundirs.REQUIRED)}.", ""]
+    return [f"No result rows: `distbench {run.command}` wrote none.", ""]
+
+
+# Beyond any time (us), bandwidth (GB/s), size or ratio a run can record: such a cell is a
+# broken write, and drawn it would squash every real figure into one pixel.
+BEYOND = 1e18
+
+
+def plausible(run: Run) -> Run:
+    """The run with every cell no measurement can take (infinite, or beyond BEYOND) emptied,
+    and each named in `dropped`; a row whose size is such a cell is left out whole."""
+    tables, dropped = {}, []
+    for name, frame in run.tables.items():
+        frame = frame.copy()
+        for column in rundirs.NUMERIC:
+            if column not in frame.columns:
+                continue
+            values = frame[column]
+            bad = values.notna() & ~(values.abs() < BEYOND)
+            dropped += [f"{name} row {i + 1} {column} {values[i]:g}" for i in values.index[bad]]
+            frame[column] = values.where(~bad)
+            if column == "size_bytes":
+                frame = frame[~bad]
+        tables[name] = frame
+    return replace(run, tables=tables, dropped=run.dropped + dropped)
+
+
+def _dropped(run: Run) -> list[str]:
+    if not run.dropped:
+        return []
+    shown = "; ".join(run.dropped[:5]) + ("; ..." if len(run.dropped) > 5 else "")
+    return [f"Left out {len(run.dropped)} value(s) no measurement can take (not finite, or "
+            f"beyond {BEYOND:g}): {shown}.", ""]
 
 
 # accept's verdicts in the order of how bad; one it does not know (a newer run's) goes last
@@ -191,7 +272,7 @@ def _measured_cell(row: pd.Series, column: str) -> str:
     if value is None or pd.isna(value):
         return "-"
     unit, _ = rundirs.check_metric(row.get("metric"))
-    return f"{_fmt(float(value))} {unit}"
+    return f"{number(value)} {unit}"
 
 
 def _accept_section(run: Run) -> list[str]:
@@ -219,7 +300,7 @@ def _accept_section(run: Run) -> list[str]:
                      "warn line", "ratio", "verdict"],
                     [[str(r["check"]), str(r["target"]), "retest" if again[i] else "first",
                       str(r["metric"]), *(_measured_cell(r, c) for c in FIGURES),
-                      _fmt(r["ratio"], ".3g"), str(r["verdict"])]
+                      number(r["ratio"], 3), str(r["verdict"])]
                      for i, r in frame.iterrows()])
     return lines + ["", "ratio: the measurement against what it was judged by (the profile's "
                     "floor, the healthy peers' value or the baseline's figure), above 1 "
@@ -231,10 +312,13 @@ def markdown(runs: list[Run], fits: list[list[dict]], images: list[Path]) -> lis
     lines = ["# distbench report", "", "Runs: " + ", ".join(f"`{r.name}`" for r in runs), ""]
     for run, run_fits in zip(runs, fits, strict=True):
         lines += _run_header(run)
+        lines += _dropped(run)
+        lines += _no_results(run)
         lines += _collective_section(run, run_fits)
         lines += _p2p_section(run)
         lines += _tp_section(run)
         lines += _pp_section(run)
+        lines += _dp_section(run)
         lines += _accept_section(run)
     if images:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
@@ -246,6 +330,7 @@ def write(runs: list[Run], out: Path) -> tuple[list[str], list[Path]]:
     from distbench import plots
     from distbench.results import write_json
 
+    runs = [plausible(r) for r in runs]
     out.mkdir(parents=True, exist_ok=True)
     fits = [models(r) for r in runs]
     images = plots.all_plots(runs, out)
@@ -262,7 +347,7 @@ def write(runs: list[Run], out: Path) -> tuple[list[str], list[Path]]:
 def predict(runs: list[Run], op: str, size: int) -> list[str]:
     """The time and busbw each run's model predicts for `op` at `size`, one line per fit."""
     lines = []
-    for run in runs:
+    for run in map(plausible, runs):
         for f in models(run):
             if f["op"] != op or f.get("alpha_us") is None:
                 continue
@@ -270,6 +355,7 @@ def predict(runs: list[Run], op: str, size: int) -> list[str]:
             place = "in-place" if f["in_place"] else "out-of-place"
             lines.append(f"{run.name}: {op} {f['dtype']} {_redop_root(f)} {place} at "
                          f"{format_size(size)}: "
-                         f"{t_us:.4g} us, busbw {busbw:.4g} GB/s (alpha {f['alpha_us']:.3g} us, "
-                         f"busbw asymptote {f['busbw_gbps']:.4g} GB/s)")
+                         f"{number(t_us)} us, busbw {number(busbw)} GB/s (alpha "
+                         f"{number(f['alpha_us'], 3)} us, busbw asymptote "
+                         f"{number(f['busbw_gbps'])} GB/s)")
     return lines

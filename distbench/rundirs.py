@@ -27,6 +27,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
                "status"),
     "pp.csv": ("schedule", "dtype", "world_size", "micro_batches", "step_us",
                "bubble_measured", "bubble_analytic", "status"),
+    "dp.csv": ("mode", "bucket_cap_mb", "dtype", "world_size", "step_us", "compute_only_us",
+               "comm_alone_us", "exposed_comm_us", "overlap_pct", "state_bytes_per_rank",
+               "status"),
     "accept.csv": ("check", "scope", "target", "metric", "measured", "expected", "ratio",
                    "verdict", "retest"),
 }
@@ -35,7 +38,9 @@ NCCL_TESTS = "nccl-tests"
 NUMERIC = ("root", "in_place", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
            "time_us", "p50_us", "p99_us", "cv_pct", "algbw_gbps", "busbw_gbps", "gbps",
            "src_rank", "dst_rank", "step_us", "compute_only_us", "comm_pct", "micro_batches",
-           "bubble_measured", "bubble_analytic", "measured", "expected", "ratio", "retest")
+           "bubble_measured", "bubble_analytic", "measured", "expected", "ratio", "retest",
+           "bucket_cap_mb", "comm_alone_us", "exposed_comm_us", "overlap_pct",
+           "state_bytes_per_rank", "state_bytes_formula")
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Run:
     topo: dict = field(default_factory=dict)  # topo.json
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> rows
     samples: dict[str, dict[int, samples.Kept]] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)  # cells report left out, and why
 
     def table(self, name: str) -> pd.DataFrame | None:
         return self.tables.get(name)
@@ -78,11 +84,11 @@ def _load_dir(path: Path) -> Run:
     if not tables and meta is None:
         raise ReadError(path, "no run here (expected run.json and a CSV such as "
                         "collective.csv, as distbench writes in results/<run>/)")
-    if not tables:
-        raise ReadError(path, "holds no results (expected one of "
-                        + ", ".join(REQUIRED) + ")")
+    # run.json alone is still a run: topo writes no CSV, and a run that failed before its
+    # first row says how it ended
     meta = meta or {}
-    command = str(meta.get("command") or next(iter(tables)).removesuffix(".csv"))
+    command = str(meta.get("command") or (next(iter(tables)).removesuffix(".csv") if tables
+                                          else UNKNOWN))
     return Run(path, path.resolve().name, command, meta, _json(path / "topo.json") or {}, tables,
                kept)
 
@@ -135,19 +141,29 @@ def _bool_as_int(v):
 
 
 def load_all(paths: list[Path]) -> list[Run]:
-    """Each input once, with labels that tell them apart (the parent's name added where two
-    inputs share a name)."""
+    """Each input once, with labels that tell them apart (docs/report.md)."""
     runs = [load(p) for p in paths]
-    shared = {r.name for r in runs if [x.name for x in runs].count(r.name) > 1}
-    for r in runs:  # all at once: renaming the first must not make the second look unique
-        if r.name in shared:
-            r.name = f"{r.path.resolve().parent.name}/{r.name}"
-    seen: dict[str, int] = {}
-    for r in runs:  # still alike (the same input twice): numbered
-        seen[r.name] = seen.get(r.name, 0) + 1
-        if seen[r.name] > 1:
-            r.name = f"{r.name} ({seen[r.name]})"
+    for run, name in zip(runs, labels(runs), strict=True):
+        run.name = name
     return runs
+
+
+def labels(runs: list[Run]) -> list[str]:
+    """Different inputs of one name get their parent's name in front; inputs still alike (the
+    same one given twice) are numbered, every one of them, so none passes for the only one."""
+    where: dict[str, set[Path]] = {}
+    for r in runs:
+        where.setdefault(r.name, set()).add(r.path.resolve())
+    names = [f"{r.path.resolve().parent.name}/{r.name}" if len(where[r.name]) > 1 else r.name
+             for r in runs]
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        if names.count(name) > 1:
+            seen[name] = seen.get(name, 0) + 1
+            name = f"{name} ({seen[name]})"
+        out.append(name)
+    return out
 
 
 def _mapping(value) -> dict:
@@ -197,6 +213,12 @@ def _setup_figure(run: Run, key: str) -> str:
     found = sorted({int(v) for frame in run.tables.values() if key in frame.columns
                     for v in frame[key].dropna()})
     return ", ".join(map(str, found)) or UNKNOWN
+
+
+def dp_mode(row) -> str:
+    """A dp.csv row as run.json's dp section names it: "ddp 25 MiB", "zero3"."""
+    bucket = row.get("bucket_cap_mb")
+    return str(row["mode"]) + ("" if bucket is None or pd.isna(bucket) else f" {bucket:g} MiB")
 
 
 def measured(frame: pd.DataFrame) -> pd.DataFrame:

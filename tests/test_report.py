@@ -1,5 +1,5 @@
 """distbench report on real small runs made here (collective, p2p with the matrix, tp, pp,
-accept): valid PNGs of a sensible size, report.md naming every op, model.json; several runs and
+dp, accept): valid PNGs of a sensible size, report.md naming every op, model.json; several runs and
 an nccl-tests log overlaid; --predict; bad input. And, on run directories written by hand (no
 worker started): what the accept section and the verdict plot say of failures and retests, and
 how an nccl-tests log's world shows."""
@@ -63,6 +63,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
                "8", "--micro-batch-size", "2", "--layers", "2", "--iters", "3", "--warmup", "1"),
         "pp": ("pp", "--micro-batches", "4", "--micro-batch-size", "2", "--seq-len", "8",
                "--hidden-size", "64", "--layers", "4", "--iters", "3", "--warmup", "1"),
+        "dp": ("dp", "--hidden-size", "32", "--ffn-size", "64", "--heads", "2", "--seq-len", "8",
+               "--micro-batch-size", "2", "--layers", "2", "--iters", "2", "--warmup", "1"),
         "accept": ("accept",),
     }.items():
         (out / name).mkdir()
@@ -95,6 +97,8 @@ def test_report_of_p2p_tp_and_pp_runs(runs):
         ("p2p", ["p2p_busbw.png", "p2p_latency.png"], ["ring", "pingpong", "Link matrix"]),
         ("tp", ["tp_step.png"], ["| mlp |", "| attention |"]),
         ("pp", ["pp_bubble.png"], ["| naive |", "| gpipe |", "| 1f1b |"]),
+        ("dp", ["dp_step.png"], ["### Data parallel", "| ddp 25 MiB | float32 | 2 |",
+                                 "| zero1 25 MiB |", "| zero2 |", "| zero3 |"]),
         ("accept", ["accept_verdicts.png"], ["### Acceptance", "| node all_reduce busbw |"]),
     ):
         res = _report(runs[name])
@@ -259,7 +263,7 @@ def test_the_accept_table_gives_each_figure_in_its_metrics_unit(tmp_path):
     rows = [line for line in lines if line.startswith("| ")]
     assert rows[0] == ("| check | target | pass | metric | measured | fail line | warn line "
                        "| ratio | verdict |")
-    assert ("| node pingpong latency | n3 | first | p50_us | 1.5e+05 us | 4000 us | 2667 us "
+    assert ("| node pingpong latency | n3 | first | p50_us | 150000 us | 4000 us | 2667 us "
             "| 0.0133 | FAIL |") in rows
     assert ("| pair all_reduce busbw | n1+n3 | retest | p50_busbw_gbps | 0.0023 GB/s "
             "| 0.1 GB/s | 0.15 GB/s | 0.0115 | FAIL |") in rows

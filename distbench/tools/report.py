@@ -25,9 +25,12 @@ def command(
     runs: Annotated[list[Path], typer.Argument(
         help="Run directories (results/<run>) or nccl-tests logs (stdout or -J JSON).",
         show_default=False)],
+    # the default as show_default, not as "[default: ...]" in the help: rich reads a bracket
+    # there as markup and drops it, leaving "go ."
     out: Annotated[Path | None, typer.Option(
-        help="Where report.md, model.json and the PNGs go [default: RUN_DIR/report for one "
-        "run directory, else results/<UTC time>-report].", show_default=False)] = None,
+        help="Where report.md, model.json and the PNGs go.",
+        show_default="RUN_DIR/report for one run directory, else results/<UTC time>-report")
+    ] = None,
     predict: Annotated[str | None, typer.Option(
         help="Print the model's time and busbw for OP:SIZE (all_reduce:1G) instead of "
         "writing the report.", show_default=False)] = None,
