@@ -5,6 +5,7 @@ the verdicts, the nodes named and the topology."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 from pathlib import Path
@@ -24,10 +25,12 @@ def read_baseline(run_dir: Path, profile=None) -> Baseline:
     its figure and, where the file has it, its spread; and the noise that run shows, the median
     spread of its measured targets. Wrong data and failed checks are no figure to expect. An
     accept.json from before spreads were written has none: the tolerance alone holds there.
-    Raises ValueError on a file that is no accept.json."""
+    Raises ValueError on a file that is no accept.json, or one with a figure no run measures
+    (NaN, negative)."""
     path = Path(run_dir) / "accept.json"
     try:
         verdicts = json.loads(path.read_text())["verdicts"]
+        _check_figures(path, verdicts)
         same = None if profile is None else {
             c.name: (c.command, c.op, c.dtype, c.metric) for c in profile.checks}
         measured = [v for v in verdicts
@@ -41,9 +44,41 @@ def read_baseline(run_dir: Path, profile=None) -> Baseline:
                      if v.get("spread") is not None},
             typical=noise.typical(float(v["spread"]) for v in measured
                                   if v.get("spread") is not None))
+    except BadFigure:
+        raise
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a distbench accept.json ({type(e).__name__}: {e})") \
             from None
+
+
+class BadFigure(ValueError):
+    """A baseline row whose figure no run measures: its message names the file and the key."""
+
+
+# what a run writes in a row: a figure above 0, and a spread of 0 (repetitions that agree) or
+# more; Python's json reads NaN and Infinity, and a NaN baseline passes every comparison
+_FIGURES = {"measured": "above 0", "spread": "at least 0"}
+
+
+def _check_figures(path: Path, verdicts) -> None:
+    if not isinstance(verdicts, list):
+        raise TypeError(f"'verdicts' is {type(verdicts).__name__}, not a list")
+    for i, v in enumerate(verdicts):
+        if not isinstance(v, dict):
+            raise TypeError(f"verdicts[{i}] is {type(v).__name__}, not an object")
+        for key, bound in _FIGURES.items():
+            value = v.get(key)
+            if value is None or _figure_ok(value, strict=bound == "above 0"):
+                continue
+            raise BadFigure(f"{path}: verdicts[{i}] (check {v.get('check')!r} on "
+                            f"{v.get('target')!r}) key {key!r}: must be a finite number "
+                            f"{bound}, got {json.dumps(value)}")
+
+
+def _figure_ok(value, strict: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and (value > 0 if strict else value >= 0)
 
 
 def _fmt(value) -> str:

@@ -15,12 +15,16 @@ import math
 import os
 import re
 import site
+import stat
 import sys
 import tomllib
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from distbench.accounting import min_bytes
+from distbench.ops.collectives import OPS as COLLECTIVES
 from distbench.ops.collectives import names as collective_names
 from distbench.options import DTYPE_ALIASES, DTYPES, MAX_ITERS, OptionError
 from distbench.sizes import SizeError, parse_size
@@ -268,6 +272,12 @@ class _Reader:
         text = value.strip()
         if not text or "\n" in text:
             raise self.error(where, "must be one non-empty line")
+        bad = _control(text)
+        if bad is not None:
+            # names and descriptions reach accept.csv, accept.md and the console: a NUL or an
+            # escape sequence there corrupts what a person or a tool reads
+            raise self.error(where, f"must be printable text, got {text!r}, with the control "
+                             f"character U+{ord(bad):04X}")
         return text
 
     def choice(self, value, where: str, valid: tuple[str, ...], what: str) -> str:
@@ -296,6 +306,11 @@ class _Reader:
         if not isinstance(value, dict):
             raise self.error(where, f"must be a table, got {_toml(value)}")
         return value
+
+
+def _control(text: str) -> str | None:
+    """The first control character (or line or paragraph separator) in `text`, or None."""
+    return next((c for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
 
 
 def _toml(value) -> str:
@@ -334,7 +349,7 @@ def parse(text: str, path: Path) -> Profile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(f"{_shown(path)}: not valid TOML: {e}") from None
-
+    _is_a_profile(r, data)
     r.keys(data, "", _TOP_KEYS, _TOP_REQUIRED)
     name = r.string(data["name"], "key 'name'")
     if not _NAME_RE.fullmatch(name):
@@ -354,7 +369,8 @@ def parse(text: str, path: Path) -> Profile:
 
     raw_checks = data["check"]
     if not isinstance(raw_checks, list) or not all(isinstance(c, dict) for c in raw_checks):
-        raise r.error("key 'check'", "must be [[check]] tables")
+        raise r.error("key 'check'", f"must be [[check]] tables, one per check (keys: "
+                      f"{', '.join(_CHECK_KEYS)}), got {_toml(raw_checks)}")
     if not raw_checks:
         raise r.error("key 'check'", "no checks: a profile needs at least one [[check]]")
     checks: list[Check] = []
@@ -367,6 +383,30 @@ def parse(text: str, path: Path) -> Profile:
     return Profile(name=name, description=description, path=path, match_gpu=match_gpu,
                    gpus_per_node=per_node, iters=iters, warmup=warmup,
                    baseline_tolerance=tolerance, checks=tuple(checks), match_exclude=exclude)
+
+
+def _is_a_profile(r: _Reader, data: dict) -> None:
+    """Says what a file is when it is no profile at all, before any one key is blamed: an empty
+    file (/dev/null), another TOML file (a --config), or top-level keys written after a table,
+    where TOML puts them in that table."""
+    shown = _shown(r.path)
+    if not data:
+        raise ProfileError(f"{shown}: empty (no TOML key), not a profile: a profile has name, "
+                           "description, [settings] and [[check]] tables (docs/accept.md)")
+    if not any(k in data for k in _TOP_KEYS):
+        raise ProfileError(f"{shown}: not a profile: none of its keys "
+                           f"({', '.join(map(repr, data))}) is a profile's (valid: "
+                           f"{', '.join(_TOP_KEYS)})")
+    for table, known in (("match", _MATCH_KEYS), ("settings", _SETTINGS_KEYS)):
+        inside = data.get(table)
+        if not isinstance(inside, dict):
+            continue
+        for key in inside:
+            if key in _TOP_KEYS and key not in known and key not in data:
+                raise r.error(f"[{table}] key {key!r}", f"not a key of [{table}] (valid: "
+                              f"{', '.join(known)}): a key written after [{table}] belongs to "
+                              f"it; {key!r} goes at the top, before the first table"
+                              + (", and checks are [[check]] tables" if key == "check" else ""))
 
 
 def _match(r: _Reader, match: dict) -> tuple[str | None, tuple[str, ...], int | None]:
@@ -391,7 +431,7 @@ def _check(r: _Reader, raw: dict, index: int) -> Check:
     # named by its name once that is known to be good, else by its place in the file
     where = f"check {index}"
     name = raw.get("name")
-    if isinstance(name, str) and name.strip() and "\n" not in name:
+    if isinstance(name, str) and name.strip() and "\n" not in name and _control(name) is None:
         where = f"check {name.strip()!r}"
     r.keys(raw, where, _CHECK_KEYS, _CHECK_REQUIRED)
     name = r.string(raw["name"], f"{where} key 'name'")
@@ -426,6 +466,7 @@ def _check(r: _Reader, raw: dict, index: int) -> Check:
         size = parse_size(str(size_raw))
     except SizeError as e:
         raise r.error(f"{where} key 'size'", str(e)) from None
+    _whole_elements(r, f"{where} key 'size'", size_raw, size, dtype)
 
     metric = r.choice(raw["metric"], f"{where} key 'metric'", tuple(METRICS), "metric")
     if not _metric_fits(metric, command, op):
@@ -483,6 +524,62 @@ def _floors(r: _Reader, raw: dict, where: str, metric: str, vs: str,
     return fail, warn
 
 
+def element_bytes(dtype: str) -> int:
+    """One element of `dtype` (a name of options.DTYPES), in bytes, without torch."""
+    from distbench.nccltests import ELEMENT_BYTES  # torch-free; imported late: it is heavier
+
+    return ELEMENT_BYTES[dtype]
+
+
+def _whole_elements(r: _Reader, where: str, raw, size: int, dtype: str) -> None:
+    """A size that is no whole number of elements is rounded down when measured: the row would
+    show another size than the profile names, and "3" of float32 measures nothing at all."""
+    elt = element_bytes(dtype)
+    if size % elt:
+        lower, upper = size // elt * elt, (size // elt + 1) * elt
+        fits = f"{lower} or {upper}" if lower else str(upper)
+        raise r.error(where, f"{_toml(raw)} is {size} B, not a whole number of {dtype} "
+                      f"elements ({elt} B each): give a multiple of {elt}, such as {fits}")
+
+
+def smallest_size(check: Check, ranks: int) -> int:
+    """The fewest bytes `check` measures anything with on `ranks` ranks: one element, or for
+    the ops that split their buffer (all_gather, reduce_scatter, ...) one 16-byte aligned block
+    per rank, as nccl-tests rounds it (accounting.layout)."""
+    elt = element_bytes(check.dtype)
+    if check.command != "collective":
+        return elt
+    return min_bytes(COLLECTIVES[check.op].accounting, elt, ranks)
+
+
+def _group_ranks(scope: str, world: int, per_node: int | None) -> int:
+    """The most ranks a check of `scope` runs on where that is known; 2 (the fewest that
+    measure anything) where the ranks per node are not."""
+    if scope == "cluster":
+        return world
+    if per_node is None:
+        return min(world, 2)
+    if scope == "node":
+        return min(world, per_node)
+    return 2 * per_node if world >= 2 * per_node else 0  # one node: no pair runs
+
+
+def check_sizes(profile: Profile, world: int, per_node: int | None, how: str) -> None:
+    """Each check's size against the ranks it will run on, before any worker starts: a size
+    too small for them is skipped at run time, and a check skipped on every target judges
+    nothing. `per_node`: the ranks of each node where every node's is known (None: not known);
+    `how`: where `world` comes from, for the message. Raises ProfileError."""
+    r = _Reader(profile.path)
+    for check in profile.checks:
+        ranks = _group_ranks(check.scope, world, per_node)
+        need = smallest_size(check, ranks)
+        if ranks >= 2 and check.size < need:
+            raise r.error(f"check {check.name!r} key 'size'", f"{check.size} B is too small "
+                          f"for {check.op} of {check.dtype} on {ranks} ranks (a {check.scope} "
+                          f"check on {how}): it splits the buffer into one 16-byte aligned "
+                          f"block per rank, so it needs at least {need} B")
+
+
 def _metric_fits(metric: str, command: str, op: str) -> bool:
     commands = METRICS[metric]["commands"]
     return command in commands and (commands[command] is None or op in commands[command])
@@ -500,16 +597,59 @@ def resolve(spec: str) -> Profile | None:
     if not text:
         raise ProfileError("empty value (give auto, a built-in profile's name or a TOML file)")
     path = Path(text)
-    if path.is_file():
-        return load(path)
     builtin = _builtin_paths()
+    if path.is_file():
+        return _own(load(path), builtin)
     if text in builtin:
         return load(builtin[text])
+    kind = _not_a_file(path)
+    if kind is not None:
+        raise ProfileError(f"{text!r} is {kind}, not a profile file")
     if path.suffix == ".toml" or os.sep in text or "/" in text:
         raise ProfileError(f"no such file {text!r}")
     names = ", ".join(builtin) or "none found"
     raise ProfileError(f"unknown profile {text!r} (available: {names}; or auto, or a TOML "
                        f"file)")
+
+
+def _not_a_file(path: Path) -> str | None:
+    """What is at `path` when it is there but no regular file (/dev/null, a folder, a pipe):
+    "no such file" would send the operator looking for a file that is there."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        return "a broken symbolic link" if not path.exists() else _not_a_file(path.resolve())
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+def _own(profile: Profile, builtin: dict[str, Path]) -> Profile:
+    """A profile file of the user's, refused where its name is a built-in's (or auto): the
+    verdict line, accept.json and accept.md name a profile by its name, and would present this
+    file's checks and floors as the built-in's."""
+    name = profile.name.lower()
+    if name == AUTO:
+        raise ProfileError(f"{_shown(profile.path)}: key 'name': {profile.name!r} is what "
+                           "--profile auto means: give this profile a name of its own")
+    taken = next((b for b in builtin if b.lower() == name), None)
+    if taken is None or _is_builtin_file(profile.path, taken):
+        return profile
+    raise ProfileError(f"{_shown(profile.path)}: key 'name': {profile.name!r} is the name of "
+                       f"a built-in profile ({_shown(builtin[taken])}), and reports would take "
+                       f"this file for it: give it a name of its own (such as "
+                       f"\"{profile.name}-site\")")
+
+
+def _is_builtin_file(path: Path, name: str) -> bool:
+    """`path` is the built-in `name` itself, in any of the folders built-ins are read from."""
+    real = path.resolve()
+    return any((d / f"{name}.toml").resolve() == real for d in profile_dirs())
 
 
 def _gpu_name(gpu: dict) -> str:

@@ -6,6 +6,7 @@ accept.md, and the bad node is named."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,13 +16,20 @@ from distbench.tables import Column, Output
 HELP = "Cluster acceptance: a hardware profile's checks, a verdict, and the bad node named."
 
 
+def _reads_files() -> bool:
+    """Rank 0 (or no launcher) reads --profile and --baseline, and sends the profile's text to
+    every rank (accept_profile.agree): on the other nodes the files need not exist, and a
+    refusal on rank 0 reaches every rank."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _profile(option_name: str, value) -> str:
     """A profile named on the command line is loaded and validated now, before any worker
     starts; auto is decided once the topology is known."""
     from distbench.profiles import resolve
 
     spec = str(value).strip()
-    if spec != "auto":
+    if spec != "auto" and _reads_files():
         resolve(spec)  # raises ProfileError (an OptionError) naming the file and the key
     return spec
 
@@ -35,6 +43,8 @@ def _baseline(option_name: str, value) -> str | None:
     from distbench.accept_files import read_baseline
 
     path = Path(str(value))
+    if not _reads_files():
+        return str(path)
     if not (path / "accept.json").is_file():
         raise OptionError(option_name, f"no accept.json in {str(path)!r} (a previous "
                           "distbench accept run directory)", "--baseline results/<run>")
@@ -86,6 +96,31 @@ class AcceptOptions(RunOptions):
             flag = "--nodes" if self.nodes is not None else "--gpus-per-node"
             raise OptionError(flag, "only plans a cluster, with --dry-run (a real run takes "
                               "its size from the launcher)", example)
+        if self.dry_run:
+            self._check_sizes(self.nodes * self.gpus_per_node, self.gpus_per_node,
+                              f"--nodes {self.nodes} --gpus-per-node {self.gpus_per_node}")
+
+    def check_world(self, world: int) -> None:
+        if self.dry_run:  # it plans for --nodes and --gpus-per-node, which validate() saw to
+            return
+        from distbench.launch import under_launcher
+
+        if under_launcher():
+            # each node's ranks are known to every rank alike only once the group exists: the
+            # node and pair checks are held to the fewest ranks that measure, the cluster's to
+            # the world
+            self._check_sizes(world, None, f"the launch's {world} ranks")
+        else:
+            self._check_sizes(world, world, f"{world} local workers, one machine")
+
+    def _check_sizes(self, world: int, per_node: int | None, how: str) -> None:
+        """A named profile's sizes against the ranks each check will run on: too small, every
+        target would be skipped at run time. auto picks a built-in once the GPUs are known."""
+        from distbench.profiles import check_sizes, resolve
+
+        profile = resolve(self.profile) if _reads_files() else None
+        if profile is not None:
+            check_sizes(profile, world, per_node, how)
 
 
 # One row per check and target (a node, a pair of nodes, the cluster), retests included.
