@@ -24,6 +24,7 @@ from distbench.ops.dtypes import element_size
 from distbench.profiles import Check, Profile
 from distbench.series import SENDRECV
 from distbench.sizes import format_size
+from distbench.tables import plural
 
 # What the estimate assumes where the profile sets no absolute figure (a check judged against
 # its peers): the slow end of a healthy H100 node (NVLink, ~370 GB/s effective, nccl-tests
@@ -240,8 +241,9 @@ def lines(plan: Plan) -> list[str]:
     """The plan as an operator reads it before booking the nodes; the last line sums it up."""
     lay = plan.layout
     per_node = {len(r) for r in lay.node_ranks}
-    out = [f"accept plan: profile {plan.profile.name}, {len(lay.names)} nodes of "
-           f"{'/'.join(map(str, sorted(per_node)))} ranks, {lay.world} ranks"
+    out = [f"accept plan: profile {plan.profile.name}, {plural(len(lay.names), 'node')} of "
+           f"{'/'.join(map(str, sorted(per_node)))} {'rank' if per_node == {1} else 'ranks'}, "
+           f"{plural(lay.world, 'rank')}"
            + (", --quick" if plan.quick else "")]
     for c in plan.checks:
         rounds = c.rounds
@@ -250,8 +252,9 @@ def lines(plan: Plan) -> list[str]:
         groups = ("the default group" if sizes == [lay.world] else
                   f"groups of {'/'.join(map(str, sizes))} ranks")
         reuse = "" if c.creations or c.check.scope == "cluster" else ", reusing the groups above"
-        out.append(f"  {c.check.name} [{c.check.scope}]: {targets} target(s) in {len(rounds)} "
-                   f"round(s), {groups}, {c.creations} group creation(s) per rank{reuse}; "
+        out.append(f"  {c.check.name} [{c.check.scope}]: {plural(targets, 'target')} in "
+                   f"{plural(len(rounds), 'round')}, {groups}, "
+                   f"{plural(c.creations, 'group creation')} per rank{reuse}; "
                    f"about {c.seconds / 60:.1f} min")
         out += [f"      each measuring rank issues {x}" for x in c.issued]
     out.append("  after each measurement: the cross-rank statistics in the target's group, a "
@@ -263,6 +266,7 @@ def lines(plan: Plan) -> list[str]:
                f"{ASSUMED_BUSBW_GBPS['pair']:.0f} between nodes), plus {SETUP_S:.0f} s per "
                f"measurement, {CREATE_S:.0f} s per group creation and {ROUND_S} s per round; "
                "retests add rounds only where a target fails")
-    out.append(f"plan: {len(plan.checks)} checks, {plan.rounds} rounds, {plan.creations} group "
-               f"creations per rank, about {math.ceil(plan.seconds / 60)} min")
+    out.append(f"plan: {plural(len(plan.checks), 'check')}, {plural(plan.rounds, 'round')}, "
+               f"{plural(plan.creations, 'group creation')} per rank, about "
+               f"{math.ceil(plan.seconds / 60)} min")
     return out

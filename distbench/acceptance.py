@@ -30,7 +30,7 @@ from distbench.ops.dtypes import TORCH_DTYPES, element_size
 from distbench.profiles import Check, Profile
 from distbench.runtime import RunFailure, node_names
 from distbench.series import SENDRECV, allocate
-from distbench.tables import format_row, format_table
+from distbench.tables import format_row, format_table, plural
 
 
 def run(s, output) -> int:
@@ -42,7 +42,8 @@ def run(s, output) -> int:
     plan = accept_plan.make(profile, lay, opts.quick)
     groups = Groups(rt.world, _group_maker(rt, opts.timeout), dist.destroy_process_group)
     met = itertools.count(1)
-    s.console.log(f"{len(profile.checks)} checks on {len(names)} node(s), {rt.world} ranks, "
+    s.console.log(f"{plural(len(profile.checks), 'check')} on {plural(len(names), 'node')}, "
+                  f"{plural(rt.world, 'rank')}, "
                   f"backend {rt.backend}; results in {s.run_dir}/")
     view = SimpleNamespace(rt=rt, faults=s.faults, step=s.step, opts=SimpleNamespace(
         timeout=opts.timeout, warmup=profile.warmup, iters=profile.iters, min_time=0.0,

@@ -290,7 +290,8 @@ def _nvls_probe() -> tuple[bool | None, str]:
     without = [str(i) for i, ok in enumerate(support) if not ok]
     if without:
         return False, f"no CUDA multicast on GPU {', '.join(without)}"
-    return True, f"CUDA multicast on all {len(support)} GPUs"
+    return True, ("CUDA multicast on its GPU" if len(support) == 1 else
+                  f"CUDA multicast on all {len(support)} GPUs")
 
 
 def _cpu_model() -> str:

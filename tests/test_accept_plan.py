@@ -87,7 +87,7 @@ def test_the_estimate_follows_the_floors_and_the_sizes():
     assert first.seconds == pytest.approx(expected)
     assert plan.checks[1].creations == 0  # the node groups are kept
     assert accept_plan.lines(plan)[-1] == (
-        f"plan: 8 checks, 8 rounds, 1 group creations per rank, about "
+        f"plan: 8 checks, 8 rounds, 1 group creation per rank, about "
         f"{-(-plan.seconds // 60):.0f} min")
 
 
@@ -220,7 +220,7 @@ def test_a_dry_run_of_128_nodes_prints_the_plan_in_seconds_and_writes_nothing(tm
     last = done.stdout.splitlines()[-1]
     assert last.startswith("plan: 8 checks, 386 rounds, 128 group creations per rank, about ")
     assert last.endswith(" min")
-    assert "pair all_reduce busbw [pair]: 8128 target(s) in 127 round(s)" in done.stdout
+    assert "pair all_reduce busbw [pair]: 8128 targets in 127 rounds" in done.stdout
     assert list(tmp_path.iterdir()) == []  # no run directory, no worker
 
 

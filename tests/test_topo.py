@@ -680,7 +680,7 @@ def test_nvls_off(monkeypatch, multicast, env, why):
 def test_nvls_on_with_nccl_algo_naming_it(monkeypatch):
     monkeypatch.setenv("NCCL_ALGO", "NVLS,Ring")
     monkeypatch.setattr(topo, "_multicast_support", lambda: [True])
-    assert topo._nvls_probe() == (True, "CUDA multicast on all 1 GPUs")
+    assert topo._nvls_probe() == (True, "CUDA multicast on its GPU")
 
 
 def test_nvls_unknown_says_why(monkeypatch):

@@ -18,7 +18,7 @@ from distbench.options import (
     pick,
     require,
 )
-from distbench.tables import Column, Output, fmt_us
+from distbench.tables import Column, Output, fmt_us, plural
 
 REDOPS = ("sum", "prod", "max", "min", "avg")
 PLACEMENTS = ("out", "in", "both")
@@ -43,6 +43,10 @@ class CollectiveOptions(SweepOptions):
         f"(as distbench compare), and exit {EXIT_BELOW} when a row is worse by more than 5% and "
         "beyond the noise the two runs show.", check=option_check("collective.csv"),
         cli_type=str, show_default=False)
+
+    def buffer_multiple(self, world: int) -> int:
+        return max(op.elements(op.in_mult, 1, world) + op.elements(op.out_mult, 1, world)
+                   for op in (OPS[name] for name in self.ops))
 
     def check_world(self, world: int) -> None:
         if self.root >= world:
@@ -128,8 +132,9 @@ def run(s) -> int:
         in_only = sorted({p.op.name for p in all_plans if p.in_place})
         s.console.log(f"{', '.join(in_only)}: in place only in torch.distributed; "
                       "their rows say in_place=1")
-    s.console.log(f"{len(all_plans)} combinations x {len(opts.sizes)} sizes on {rt.world} ranks, "
-                  f"{rt.nnodes} node(s), backend {rt.backend}, results in {s.run_dir}/")
+    s.console.log(f"{plural(len(all_plans), 'combination')} x {plural(len(opts.sizes), 'size')} "
+                  f"on {plural(rt.world, 'rank')}, {plural(rt.nnodes, 'node')}, backend "
+                  f"{rt.backend}, results in {s.run_dir}/")
     fail_if_wrong(engine.run(s, [series.collective(s, plan, OUTPUT) for plan in all_plans]))
     if opts.baseline:
         from distbench.baseline import judge

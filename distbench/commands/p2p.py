@@ -11,7 +11,7 @@ from distbench.baseline import option_check
 from distbench.commands.collective import MEASURED_COLUMNS, SIZE_COLUMNS
 from distbench.exitcodes import EXIT_BELOW, EXIT_OK
 from distbench.options import SweepOptions, at_least_two, fraction, option, pick
-from distbench.tables import Output
+from distbench.tables import Output, percent, plural
 
 PATTERNS = ("ring", "pingpong", "matrix")
 
@@ -96,15 +96,16 @@ def _judge(s, links) -> None:
     failing = find_outliers(links, opts.fail_below, refs) if opts.fail_below else []
     cannot_tell = blind_spots(links)
     if outliers:
-        console.log(f"{len(outliers)} of {len(links)} links below {opts.outlier_below:.0%} of "
+        console.log(f"{len(outliers)} of {plural(len(links), 'link')} below "
+                    f"{percent(opts.outlier_below)} of "
                     "what the healthy links of their class reach:")
         for o in outliers[:20]:
             console.log(f"  slow link {o.describe()}")
         for name in suspects:
             console.log(f"  likely culprit: {name}")
     else:
-        console.log(f"matrix: no link below {opts.outlier_below:.0%} of what the healthy links "
-                    f"of its class reach ({len(links)} links)")
+        console.log(f"matrix: no link below {percent(opts.outlier_below)} of what the healthy "
+                    f"links of its class reach ({plural(len(links), 'link')})")
     for line in cannot_tell:
         console.log(f"matrix: cannot tell: {line}")
     if s.record is not None:
@@ -117,7 +118,8 @@ def _judge(s, links) -> None:
             "cannot_tell": cannot_tell})
     if failing:
         raise RunFailure(
-            f"{len(failing)} links below --fail-below {opts.fail_below:.0%} of what the healthy "
+            f"{plural(len(failing), 'link')} below --fail-below {percent(opts.fail_below)} of "
+            "what the healthy "
             f"links of their class reach, the worst {failing[0].describe()}"
             + (f"; likely culprit {suspects[0]}" if suspects else ""),
             status="slow_links", exit_code=EXIT_BELOW)

@@ -38,7 +38,7 @@ from distbench.strategies import dp as strat
 from distbench.strategies import dp_formulas as formulas
 from distbench.strategies.comms import CommCounter, bus_bytes, replay, replayable
 from distbench.strategies.tp import RTOL
-from distbench.tables import Output, format_table
+from distbench.tables import Output, format_table, plural
 
 SEED = 1234
 # A check on the configured shapes costs this many FLOPs at most (the reference runs the whole
@@ -81,9 +81,10 @@ def run(s: Session, output: Output) -> int:
     psi = formulas.param_count(shapes)
     elt = torch.empty(0, dtype=dtype).element_size()
     check_sh, on_configured = check_shape(opts.block, shape, rt.world)
-    s.console.log(f"dp: {opts.block} x {shape.layers} layers, {psi:,} parameters "
-                  f"({psi * elt / 1e6:.1f} MB in {opts.dtype}), {rt.world} ranks, {rt.nnodes} "
-                  f"node(s), backend {rt.backend}; each rank trains {shape.micro_batch_size} x "
+    s.console.log(f"dp: {opts.block} x {plural(shape.layers, 'layer')}, {psi:,} parameters "
+                  f"({psi * elt / 1e6:.1f} MB in {opts.dtype}), {plural(rt.world, 'rank')}, "
+                  f"{plural(rt.nnodes, 'node')}, backend {rt.backend}; each rank trains "
+                  f"{shape.micro_batch_size} x "
                   f"{shape.seq_len} tokens per step (weak scaling)")
     details: dict = {"seed": SEED, "params": psi, "shape": shape.to_json(), "block": opts.block,
                      "modes": {}, "check": {"enabled": opts.check, "shape": check_sh.to_json(),

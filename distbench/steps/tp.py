@@ -26,7 +26,7 @@ from distbench.steps.common import (
 )
 from distbench.strategies import tp as strat
 from distbench.strategies.comms import CommCounter
-from distbench.tables import Output, format_table
+from distbench.tables import Output, format_table, plural
 
 SEED = 1234
 
@@ -39,8 +39,9 @@ def run(s: Session, output: Output) -> int:
     mesh = strat.device_mesh(rt.device, rt.world)
     check_sh, on_configured = strat.check_shape(shape, rt.world)
     sink = s.sink(output)
-    s.console.log(f"tp: {', '.join(opts.blocks)} x {shape.layers} layers on {rt.world} ranks, "
-                  f"{rt.nnodes} node(s), backend {rt.backend}; t1 = the unsharded stack on rank 0 "
+    s.console.log(f"tp: {', '.join(opts.blocks)} x {plural(shape.layers, 'layer')} on "
+                  f"{plural(rt.world, 'rank')}, {plural(rt.nnodes, 'node')}, backend "
+                  f"{rt.backend}; t1 = the unsharded stack on rank 0 "
                   "alone while the others wait")
     if opts.check:
         s.console.log(f"check: TP vs single-rank reference on {check_sh.describe()}"
