@@ -13,9 +13,9 @@ from typing import Annotated
 
 import typer
 
-from distbench import launchers
+from distbench import faults, launchers, limits
 from distbench.commands import COMMANDS, Command
-from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
 from distbench.options import (
     DEFAULT_TIMEOUT_S,
     OptionError,
@@ -72,12 +72,17 @@ def _add(name: str, command: Command) -> None:
         from distbench import launch
 
         raw.pop("config")
-        if raw.get("workers") is not None and launch.under_launcher():
+        if raw.get("workers") is not None and launch.under_launcher() \
+                and not launch.started_by_us():  # ours: what we started, kept for run.json
             # the launcher decided the world; refusing would fail a run that can go ahead
-            if os.environ.get("RANK") == "0" and not launch.started_by_us():
+            if os.environ.get("RANK") == "0":
                 print(f"distbench: warning: --workers is ignored under a launcher (it started "
                       f"{os.environ.get('WORLD_SIZE')} ranks)", file=sys.stderr, flush=True)
             raw["workers"] = None
+        if isinstance(raw.get("workers"), int) and raw["workers"] >= 1 \
+                and not launch.under_launcher():
+            # first of all, before torch loads: a count past the machine is refused at once
+            limits.check_workers(raw["workers"])
         opts = build(command.options, raw, argv=launch.user_argv())
         raise typer.Exit(launch.dispatch(name, opts))
 
@@ -143,6 +148,21 @@ def _refuse(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def _launcher_lost(parent: int) -> None:
+    """A rank's launcher is gone before the run began: rank 0 says so in run.json (the local
+    launcher made it), and every rank says why it leaves. Once the run has begun, the session
+    says it instead, with the step it was in."""
+    from distbench import results
+
+    rank = os.environ.get("RANK", "?")
+    message = (f"the launcher (pid {parent}) is gone, killed without stopping its workers; "
+               f"stopped in startup on rank {rank}")
+    where = os.environ.get(results.RUN_DIR_ENV)
+    if rank == "0" and where:
+        results.mark_unfinished(where, message, EXIT_TERMINATED, "terminated")
+    print(f"distbench: rank {rank}: error: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     try:
@@ -150,6 +170,12 @@ def main(argv: list[str] | None = None) -> None:
     except OptionError as e:
         print(f"distbench: error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    if argv is None and all(k in os.environ for k in launchers.TORCH_VARS):
+        from distbench import lifeline  # a rank: it must not outlive what started it
+
+        rank = int(os.environ["RANK"]) if os.environ["RANK"].isdigit() else -1
+        lifeline.watch(_launcher_lost if rank == 0 else None)
+        faults.stall_before_join(rank)
     try:
         code = app(args=argv, prog_name="distbench", standalone_mode=False)
     except OptionError as e:

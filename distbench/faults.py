@@ -8,6 +8,8 @@ strategies know nothing of it.
     DISTBENCH_TEST_CORRUPT_RANK=1        rank 1 flips an element of what its check reads
     DISTBENCH_TEST_STALL=1:65536         rank 1 hangs when it reaches that size in bytes
     DISTBENCH_TEST_DIE=1:65536           rank 1 is SIGKILLed when it reaches that size
+    DISTBENCH_TEST_STALL_JOIN=1          rank 1 never joins: it hangs before the process group
+                                         exists, and its peers wait in the rendezvous
     DISTBENCH_TEST_SLOW_SEND=2:0.002     rank 2 waits 2 ms before every op in which it sends
     DISTBENCH_TEST_SLOW_RANK=2:0.002     rank 2 waits 2 ms before every op in which it sends or
                                          receives: slow in both directions, like a bad NIC
@@ -45,6 +47,7 @@ SLOW_SEND = PREFIX + "SLOW_SEND"
 SLOW_RANK = PREFIX + "SLOW_RANK"
 NODE_SIZE = PREFIX + "NODE_SIZE"
 HOST = PREFIX + "HOST"
+STALL_JOIN = PREFIX + "STALL_JOIN"
 
 
 def _rank_and(value: str | None, rank: int, kind: type) -> object | None:
@@ -53,6 +56,14 @@ def _rank_and(value: str | None, rank: int, kind: type) -> object | None:
         return None
     want_ranks, _, rest = value.partition(":")
     return kind(rest) if rank in {int(r) for r in want_ranks.split(",")} else None
+
+
+def stall_before_join(rank: int, env: Mapping[str, str] = os.environ) -> None:
+    """DISTBENCH_TEST_STALL_JOIN: a rank that never joins the run, as a node that hangs while
+    its workers start; only its launcher's death or a signal ends it."""
+    if rank in {int(r) for r in env.get(STALL_JOIN, "").split(",") if r.strip()}:
+        while True:
+            time.sleep(3600)
 
 
 def fake_node(local_rank: int, env: Mapping[str, str] = os.environ) -> str:

@@ -13,10 +13,9 @@ import socket
 import sys
 import uuid
 
-from distbench import results
+from distbench import lifeline, limits, results
 from distbench.commands import COMMANDS
 from distbench.exitcodes import (
-    EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_OK,
     STOP_SIGNALS,
@@ -69,13 +68,15 @@ def start_local(command: str, opts) -> int:
     except RunFailure as e:
         print(f"distbench: error: {e}", file=sys.stderr)
         return e.exit_code
-    nproc = opts.workers or (torch.cuda.device_count() if backend == "nccl" else 2)
-    try:
-        opts.check_backend(backend)  # what auto resolves to is only known now
-        opts.check_world(nproc)  # and so is the default worker count
-    except OptionError as e:
-        print(f"distbench: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    gpus = torch.cuda.device_count() if backend == "nccl" else None
+    nproc = opts.workers or gpus or 2
+    if gpus is not None and nproc > gpus:
+        raise OptionError("--workers", f"{nproc} workers need a GPU each; {gpus} visible",
+                          f"--workers {gpus}")
+    opts.check_backend(backend)  # what auto resolves to is only known now
+    opts.check_world(nproc)  # and so is the default worker count
+    limits.check_workers(nproc, opts.host_bytes(backend, nproc), opts.SIZED_BY)
+    opts.workers = nproc  # what ran, for run.json and the workers' own command line
     # A stop signal must not kill this process before it can say so in run.json, nor land
     # inside an import, where Python swallows what a handler raises: stop signals wait, blocked,
     # until run_local_workers is about to hand over to torch's agent (whose handlers raise
@@ -86,7 +87,12 @@ def start_local(command: str, opts) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     for signum in TERMINATING_SIGNALS:
         signal.signal(signum, stopped)
-    run_dir = results.new_run_dir(opts.out, command)
+    try:
+        run_dir = results.new_run_dir(opts.out, command)
+    except OSError as e:  # validated, then taken away (a race), or a full disk
+        print(f"distbench: error: cannot create a run directory in {opts.out}: "
+              f"{e.strerror or e}", file=sys.stderr)
+        return EXIT_FAILED
     record = results.RunRecord(run_dir, command, opts.to_json(), opts.argv)
     try:
         # run.json exists from the moment its directory does: a run stopped before rank 0
@@ -94,6 +100,7 @@ def start_local(command: str, opts) -> int:
         record.update()
         os.environ[results.RUN_DIR_ENV] = str(run_dir)
         os.environ[ARGV_ENV] = json.dumps(opts.argv)  # what the user typed, for run.json
+        os.environ[lifeline.LAUNCHER_PID_ENV] = str(os.getpid())  # workers end with us
         run_local_workers(nproc, ["-m", "distbench", command, *to_argv(opts)])
         return EXIT_OK
     except OSError as e:

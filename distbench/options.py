@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import tomllib
 import typing
 from collections.abc import Callable
@@ -206,8 +207,21 @@ def check_writable_dir(option: str, path: Path, example: str) -> Path:
     elif not os.access(probe, os.W_OK | os.X_OK):
         why = "Read-only file system" if _read_only(probe) else "Permission denied"
     else:
-        return path
+        why = _cannot_make_in(probe)
+        if why is None:
+            return path
     raise OptionError(option, f"cannot write to {str(path)!r}: {why}", example)
+
+
+def _cannot_make_in(directory: Path) -> str | None:
+    """Why no directory can be made in `directory`, found by making one and removing it at
+    once: root passes every access() test, and /proc or /sys refuse whatever the mode bits
+    say. None when it can."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".distbench-probe-", dir=directory))
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
 
 
 def _read_only(path: Path) -> bool:
@@ -256,6 +270,15 @@ class RunOptions:
         """Options that depend on the backend `--backend auto` resolves to (needs torch): called
         by the local launcher before any worker starts, and by each rank at startup; raises
         OptionError."""
+
+    def host_bytes(self, backend: str, world: int) -> int:
+        """Bytes each local worker holds in host memory beyond a bare worker's (buffers on
+        gloo, a model on CPU): what the local launcher checks against this machine's memory
+        before it starts `world` workers."""
+        return 0
+
+    # The flags host_bytes grows with, and a valid example: what a refusal names.
+    SIZED_BY = ("", "")
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -306,6 +329,18 @@ class SweepOptions(RunOptions):
         False, "Capture each size's timed ops in one CUDA graph and replay it, as nccl-tests -G "
         "does: the host's launch cost leaves the time of small messages. nccl only.")
 
+    def host_bytes(self, backend: str, world: int) -> int:
+        if backend == "nccl":  # on the GPU, where a size that does not fit is a skipped row
+            return 0
+        # the buffers for the largest size, and the check's expected values beside them
+        return max(self.sizes) * (self.buffer_multiple(world) + 1)
+
+    SIZED_BY = ("--sizes", "--sizes 8:128M:x2")
+
+    def buffer_multiple(self, world: int) -> int:
+        """A rank's buffers, in multiples of the per-rank size, at the largest size."""
+        return 2
+
     def validate(self) -> None:
         if self.cuda_graph and self.backend == "gloo":
             self.check_backend("gloo")
@@ -334,6 +369,23 @@ class StepOptions(RunOptions):
     warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
     check: bool = option(True, "Compare outputs and gradients with a single-rank reference on "
                          "the same seed.")
+
+    SIZED_BY = ("--hidden-size", "--hidden-size 1024 --layers 2")
+
+    def host_bytes(self, backend: str, world: int) -> int:
+        """On CPU, a rough bound on one rank's model: weights, gradients and two optimizer
+        states per parameter, and activations kept for the backward pass, for every layer
+        unsharded (the reference replica is whole)."""
+        if backend == "nccl":
+            return 0
+        from distbench.nccltests import ELEMENT_BYTES
+
+        h = self.hidden_size
+        ffn = getattr(self, "ffn_size", 4 * h)
+        params = self.layers * (4 * h * h + 2 * h * ffn)
+        tokens = self.seq_len * self.micro_batch_size * getattr(self, "micro_batches", 1)
+        activations = self.layers * tokens * (4 * h + 2 * ffn)
+        return ELEMENT_BYTES[self.dtype] * (4 * params + 2 * activations)
 
 
 def redefault(options: type, name: str, default) -> Any:
@@ -390,11 +442,11 @@ def build(cls: type, raw: dict[str, Any], argv: list[str]):
 def to_argv(opts) -> list[str]:
     """Flags that make `build` give these options again: what the local launcher hands its
     workers, so they run exactly what was validated here (a --config read from a pipe cannot
-    be read twice). Local-launch settings (--workers) are left out."""
+    be read twice). --workers goes too: the workers record it in run.json."""
     flags: list[str] = []
     for f, spec in option_fields(type(opts)):
         value = getattr(opts, f.name)
-        if value is None or spec.flag == "workers":
+        if value is None:
             continue
         name = flag(spec.flag)
         if isinstance(value, bool):
@@ -440,6 +492,8 @@ def load_config(path: Path, command: str, known: dict[str, Any], commands: set[s
         raise OptionError("--config", f"cannot read {str(path)!r}: {e.strerror}", example) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise OptionError("--config", f"{path} is not valid TOML: {e}", example) from None
+    if not data:  # empty, or comments only: a config that says nothing is a mistake
+        raise OptionError("--config", f"{path} holds no options (an empty file?)", example)
     tables = {k for k, v in data.items() if isinstance(v, dict)}
     unknown = sorted(tables - commands)
     if unknown:

@@ -38,6 +38,11 @@ def _modes(option_name: str, text) -> list[str]:
     return pick((*MODES, FSDP), "--mode ddp,zero3")(option_name, text)
 
 
+# DDP takes the bucket as a 64-bit byte count; past it torch refuses the constructor's
+# arguments in every worker. A bucket larger than the model is one bucket all the same.
+MAX_BUCKET_MB = 2**20
+
+
 def _bucket_sizes(option_name: str, text) -> list[float]:
     example = "--bucket-cap-mb 1,25,100"
     out: list[float] = []
@@ -49,6 +54,10 @@ def _bucket_sizes(option_name: str, text) -> list[float]:
                               example) from None
         if not (value > 0 and math.isfinite(value)):
             raise OptionError(option_name, f"must be above 0 MiB, got {part.strip()}", example)
+        if value > MAX_BUCKET_MB:
+            raise OptionError(option_name, f"must be at most {MAX_BUCKET_MB} MiB (1 TiB: one "
+                              f"bucket holds the whole model long before), got {part.strip()}",
+                              example)
         if f"{value:g}" not in [f"{v:g}" for v in out]:  # rows are named by the :g form
             out.append(value)
     return out
@@ -83,6 +92,13 @@ class DPOptions(StepOptions):
         if self.block == "attention" and self.hidden_size % self.heads:
             raise OptionError("--heads", f"{self.heads} heads do not divide --hidden-size "
                               f"{self.hidden_size}", "--heads 8 --hidden-size 512")
+
+    def host_bytes(self, backend: str, world: int) -> int:
+        if backend == "nccl":
+            return 0
+        from distbench.strategies.dp_formulas import need_per_rank
+
+        return max(need_per_rank(self, m, world) for m in self.modes)
 
     def check_backend(self, backend: str) -> None:
         self._backend = backend  # the fit check needs the world size too: check_world's

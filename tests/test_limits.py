@@ -1,0 +1,200 @@
+"""Resource bounds and the rest of bad input: a run sized past this machine is refused before
+any process, file or directory exists, in one line with the numbers, and quickly (no torch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from helpers import assert_one_line_error, clean_env
+
+from distbench import limits
+from distbench.options import OptionError
+from distbench.sizes import format_size
+
+GiB = 2**30
+
+
+def _distbench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "distbench", *args], cwd=tmp_path,
+                          env=clean_env(), capture_output=True, text=True, timeout=120)
+    return proc, time.perf_counter() - t0
+
+
+def _nothing_created(tmp_path: Path, out: Path) -> None:
+    assert not out.exists(), f"a refused run created {out}"
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# The bound itself, on a machine given by the test
+
+def test_cores_may_be_oversubscribed_up_to_the_stated_bound():
+    limits.check_workers(4, ncores=2, memory=None)  # what the tests run
+    limits.check_workers(limits.WORKERS_PER_CORE * 2, ncores=2, memory=None)
+    with pytest.raises(OptionError) as e:
+        limits.check_workers(limits.WORKERS_PER_CORE * 2 + 1, ncores=2, memory=None)
+    text = str(e.value)
+    assert text.startswith("--workers: 9 workers on 2 cores: at most 8 (4 per core)"), text
+    assert "example: --workers 2" in text
+
+
+def test_memory_bound_gives_the_numbers():
+    memory = 2 * GiB
+    fits = int(memory * limits.MEMORY_SHARE) // limits.WORKER_BYTES
+    limits.check_workers(fits, ncores=64, memory=memory)
+    with pytest.raises(OptionError) as e:
+        limits.check_workers(fits + 1, ncores=64, memory=memory)
+    text = str(e.value)
+    need = format_size((fits + 1) * limits.WORKER_BYTES)
+    assert text.startswith(f"--workers: {fits + 1} workers need about {need} of memory"), text
+    assert f"this machine has {format_size(memory)} available" in text
+    assert f"example: --workers {fits}" in text
+
+
+def test_a_rank_too_large_for_the_machine_names_what_sized_it():
+    """One rank's buffers past the memory: fewer workers would not help, the sizes would."""
+    with pytest.raises(OptionError) as e:
+        limits.check_workers(2, 64 * GiB, ("--sizes", "--sizes 8:128M:x2"), ncores=2,
+                             memory=16 * GiB)
+    text = str(e.value)
+    assert text.startswith("--sizes: 2 workers need about"), text
+    assert "64 GiB for --sizes" in text and "example: --sizes 8:128M:x2" in text
+    # a count that would fit with fewer workers names --workers, with one that fits
+    with pytest.raises(OptionError) as e:
+        limits.check_workers(4, 3 * GiB, ("--sizes", "--sizes 8:128M:x2"), ncores=2,
+                             memory=16 * GiB)
+    assert str(e.value).startswith("--workers: 4 workers need about"), e.value
+    assert "example: --workers 3" in str(e.value)
+
+
+def test_this_machine_is_read():
+    assert limits.cores() >= 1
+    memory = limits.available_memory()
+    assert memory is None or 0 < memory < 2**50
+
+
+def test_a_cgroup_limit_is_what_is_left_of_it(tmp_path, monkeypatch):
+    group = tmp_path / "job"
+    group.mkdir()
+    (group / "memory.max").write_text(f"{4 * GiB}\n")
+    (group / "memory.current").write_text(f"{GiB}\n")
+    cgroup = tmp_path / "self-cgroup"
+    cgroup.write_text("0::/job\n")
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: real(
+        cgroup if str(self) == "/proc/self/cgroup" else self, *a, **k))
+    assert limits._cgroup_left(tmp_path) == 3 * GiB
+    (group / "memory.max").write_text("max\n")
+    assert limits._cgroup_left(tmp_path) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# On the command line: refused within a second, torch never loaded, nothing created
+
+@pytest.mark.parametrize("command", ["accept", "collective", "dp", "p2p", "tp", "pp"])
+def test_workers_past_the_machine_are_refused_at_once(tmp_path, command):
+    out = tmp_path / "results"
+    code = textwrap.dedent(f"""
+        import sys, time
+        t0 = time.perf_counter()
+        import distbench.cli
+        try:
+            distbench.cli.main([{command!r}, "--workers", "99999", "--out", {str(out)!r}])
+        except SystemExit as e:
+            print("exit", e.code, "after", round(time.perf_counter() - t0, 3))
+        print("torch-imported", "torch" in sys.modules)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean_env(),
+                          capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("exit 2 after "), proc.stdout + proc.stderr
+    assert float(lines[0].split()[-1]) < 1.0, lines[0]
+    assert lines[-1] == "torch-imported False", proc.stdout
+    assert proc.stderr.startswith("distbench: error: --workers: 99999 workers on "), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    _nothing_created(tmp_path, out)
+
+
+@pytest.mark.parametrize("args,option", [
+    (["collective", "--workers", "2", "--sizes", "1K,64G"], "--sizes"),
+    (["p2p", "--workers", "2", "--sizes", "64G"], "--sizes"),
+    (["tp", "--workers", "2", "--hidden-size", "200000", "--heads", "2", "--ffn-size", "2"],
+     "--hidden-size"),
+    (["pp", "--workers", "2", "--hidden-size", "100000"], "--hidden-size"),
+    (["dp", "--workers", "2", "--hidden-size", "100000"], "--hidden-size"),
+], ids=["collective-sizes", "p2p-sizes", "tp-model", "pp-model", "dp-model"])
+def test_work_sized_past_the_memory_is_refused_before_workers(tmp_path, args, option):
+    out = tmp_path / "results"
+    proc, secs = _distbench(tmp_path, *args, "--backend", "gloo", "--out", str(out))
+    line = assert_one_line_error(proc, secs, option, ours=True)
+    assert "GiB" in line or "TiB" in line, line
+    _nothing_created(tmp_path, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rest of bad input
+
+COMMANDS = ["collective", "p2p", "tp", "pp", "dp", "accept", "topo"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("where", ["/proc/distbench-x", "/proc/distbench-x/deeper", "/proc",
+                                   "/sys/distbench-x"])
+def test_an_out_nobody_can_create_is_refused(tmp_path, command, where):
+    """Not skipped as root: /proc and /sys refuse new directories whatever access() says."""
+    proc, secs = _distbench(tmp_path, command, "--out", where)
+    line = assert_one_line_error(proc, secs, "--out", ours=True)
+    assert f"cannot write to {where!r}" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_probe_leaves_nothing_behind(tmp_path):
+    from distbench.options import check_writable_dir
+
+    target = tmp_path / "results" / "deeper"
+    assert check_writable_dir("--out", target, "--out results") == target
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["1e30", "1048577", "25,1e30"])
+def test_a_bucket_torch_would_refuse_is_refused_first(tmp_path, value):
+    out = tmp_path / "results"
+    proc, secs = _distbench(tmp_path, "dp", "--bucket-cap-mb", value, "--out", str(out))
+    line = assert_one_line_error(proc, secs, "--bucket-cap-mb", ours=True)
+    assert "at most 1048576 MiB" in line
+    _nothing_created(tmp_path, out)
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", None], ids=["empty", "comments",
+                                                                        "dev-null"])
+@pytest.mark.parametrize("command", ["dp", "collective"])
+def test_a_config_that_says_nothing_is_refused(tmp_path, text, command):
+    cfg = Path("/dev/null") if text is None else tmp_path / "empty.toml"
+    if text is not None:
+        cfg.write_text(text)
+    out = tmp_path / "results"
+    proc, secs = _distbench(tmp_path, command, "--config", str(cfg), "--out", str(out))
+    line = assert_one_line_error(proc, secs, "--config", ours=True)
+    assert f"{cfg} holds no options" in line
+    assert not out.exists()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("given,ran", [(["--workers", "3"], 3), ([], 2)], ids=["three", "default"])
+def test_run_json_records_the_workers_that_ran(tmp_path, given, ran):
+    out = tmp_path / "results"
+    proc, _ = _distbench(tmp_path, "collective", "--sizes", "1K", "--iters", "2", "--warmup",
+                         "0", "--reps", "1", "--backend", "gloo", *given, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = out.iterdir()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["options"]["workers"] == ran == meta["world_size"], meta["options"]
+    assert meta["argv"] == ["collective", "--sizes", "1K", "--iters", "2", "--warmup", "0",
+                            "--reps", "1", "--backend", "gloo", *given, "--out", str(out)]
