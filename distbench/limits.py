@@ -11,10 +11,11 @@ from pathlib import Path
 from distbench.options import OptionError
 from distbench.sizes import format_size
 
-# A worker's peak resident memory before its buffers: Python, torch and a gloo process group.
-# Measured by benchmarks/worker_footprint.py (about 250 MiB on torch 2.13 CPU); rounded up,
-# since a CUDA worker's host side is larger.
-WORKER_BYTES = 320 * 2**20
+# A worker's peak resident memory before its buffers: Python, torch and a gloo process group,
+# and for tp, pp and dp torch's autograd and optimizers. Measured by
+# benchmarks/worker_footprint.py on torch 2.13 CPU: 250 MiB (collective) to 340 MiB (dp); the
+# launcher holds about 235 MiB, and counts as one more worker.
+WORKER_BYTES = 384 * 2**20
 # Workers per core: oversubscribed ranks share cores and time slower (tests run 4 workers on
 # 2 cores), but a run of hundreds of ranks per core measures nothing but the scheduler.
 WORKERS_PER_CORE = 4
@@ -78,14 +79,15 @@ def check_workers(workers: int, per_rank: int = 0, sized_by: tuple[str, str] = (
     if memory is None:
         return
     each = WORKER_BYTES + per_rank
-    need, allowed = workers * each, int(memory * MEMORY_SHARE)
+    need, allowed = workers * each + WORKER_BYTES, int(memory * MEMORY_SHARE)
     if need <= allowed:
         return
-    fit = allowed // each
+    fit = (allowed - WORKER_BYTES) // each
     flags, example = sized_by if fit < min(2, workers) and sized_by[0] else \
         ("--workers", f"--workers {max(fit, 1)}")
-    parts = f" ({format_size(WORKER_BYTES)} a worker, {format_size(per_rank)} for " \
+    parts = f" ({format_size(WORKER_BYTES)} to run, {format_size(per_rank)} for " \
         f"{sized_by[0] or 'its work'})" if per_rank else ""
-    raise OptionError(flags, f"{workers} workers need about {format_size(need)} of memory, "
-                      f"{format_size(each)} each{parts}; this machine has {format_size(memory)} "
+    raise OptionError(flags, f"{workers} workers and their launcher need about "
+                      f"{format_size(need)} of memory, {format_size(each)} a worker{parts}; "
+                      f"this machine has {format_size(memory)} "
                       f"available, and a run may plan on {MEMORY_SHARE:.0%} of it", example)

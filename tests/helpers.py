@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+# The most processes one test may start on the shared test machine (launchers included).
+MAX_PROCESSES = 8
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
                  "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 
@@ -56,6 +58,9 @@ class Run:
 
 def distbench(out: Path, *args: str, timeout: float = 180, **env: str) -> Run:
     """`distbench collective ...` outside torchrun: it starts its own local workers."""
+    if "--workers" in args:
+        workers = int(args[args.index("--workers") + 1])
+        assert workers + 1 <= MAX_PROCESSES, f"{workers} workers and a launcher: too many"
     proc = subprocess.run(
         [sys.executable, "-m", "distbench", *args, "--out", str(out)],
         capture_output=True, text=True, timeout=timeout, env=clean_env(**env), cwd=out,
@@ -66,6 +71,7 @@ def distbench(out: Path, *args: str, timeout: float = 180, **env: str) -> Run:
 def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[str]],
                    timeout: float = 180, **env: str) -> list[subprocess.CompletedProcess]:
     """`nnodes` torchrun agents on 127.0.0.1, as a multi-node job would start them."""
+    assert nnodes * (nproc + 1) <= MAX_PROCESSES, f"{nnodes} agents of {nproc}: too many"
     port = free_port()
     procs = [
         subprocess.Popen(

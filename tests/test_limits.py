@@ -47,13 +47,15 @@ def test_cores_may_be_oversubscribed_up_to_the_stated_bound():
 
 def test_memory_bound_gives_the_numbers():
     memory = 2 * GiB
-    fits = int(memory * limits.MEMORY_SHARE) // limits.WORKER_BYTES
+    # the launcher counts as one more worker
+    fits = int(memory * limits.MEMORY_SHARE) // limits.WORKER_BYTES - 1
     limits.check_workers(fits, ncores=64, memory=memory)
     with pytest.raises(OptionError) as e:
         limits.check_workers(fits + 1, ncores=64, memory=memory)
     text = str(e.value)
-    need = format_size((fits + 1) * limits.WORKER_BYTES)
-    assert text.startswith(f"--workers: {fits + 1} workers need about {need} of memory"), text
+    need = format_size((fits + 2) * limits.WORKER_BYTES)
+    assert text.startswith(f"--workers: {fits + 1} workers and their launcher need about "
+                           f"{need} of memory"), text
     assert f"this machine has {format_size(memory)} available" in text
     assert f"example: --workers {fits}" in text
 
@@ -64,13 +66,13 @@ def test_a_rank_too_large_for_the_machine_names_what_sized_it():
         limits.check_workers(2, 64 * GiB, ("--sizes", "--sizes 8:128M:x2"), ncores=2,
                              memory=16 * GiB)
     text = str(e.value)
-    assert text.startswith("--sizes: 2 workers need about"), text
+    assert text.startswith("--sizes: 2 workers and their launcher need about"), text
     assert "64 GiB for --sizes" in text and "example: --sizes 8:128M:x2" in text
     # a count that would fit with fewer workers names --workers, with one that fits
     with pytest.raises(OptionError) as e:
         limits.check_workers(4, 3 * GiB, ("--sizes", "--sizes 8:128M:x2"), ncores=2,
                              memory=16 * GiB)
-    assert str(e.value).startswith("--workers: 4 workers need about"), e.value
+    assert str(e.value).startswith("--workers: 4 workers and their launcher need"), e.value
     assert "example: --workers 3" in str(e.value)
 
 
