@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/report_speed.py
 	$(PY) benchmarks/false_alarms.py
+	$(PY) benchmarks/worker_footprint.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

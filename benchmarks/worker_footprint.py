@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from procs import children, status_kib
+
 from distbench.limits import WORKER_BYTES
 
 SMALL = {
@@ -31,26 +33,6 @@ SMALL = {
 }
 
 
-def peak_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
 def measure(command: str, workers: int, out: Path) -> tuple[int, int]:
     proc = subprocess.Popen([sys.executable, "-m", "distbench", command, *SMALL[command],
                              "--backend", "gloo", "--workers", str(workers), "--out", str(out)],
@@ -58,9 +40,9 @@ def measure(command: str, workers: int, out: Path) -> tuple[int, int]:
     worker, launcher = 0, 0
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
-        launcher = max(launcher, peak_kib(proc.pid))
+        launcher = max(launcher, status_kib(proc.pid, "VmHWM"))
         for child in children(proc.pid):
-            worker = max(worker, peak_kib(child))
+            worker = max(worker, status_kib(child, "VmHWM"))
         time.sleep(0.05)
     if proc.poll() is None:
         proc.kill()
