@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from distbench import faults, launchers, limits
+from distbench import faults, launchers, lifeline, limits
 from distbench.commands import COMMANDS, Command
 from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
 from distbench.options import (
@@ -171,25 +171,30 @@ def main(argv: list[str] | None = None) -> None:
         print(f"distbench: error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     if argv is None and all(k in os.environ for k in launchers.TORCH_VARS):
-        from distbench import lifeline  # a rank: it must not outlive what started it
-
+        # a rank: it must not outlive what started it
         rank = int(os.environ["RANK"]) if os.environ["RANK"].isdigit() else -1
         lifeline.watch(_launcher_lost if rank == 0 else None)
         faults.stall_before_join(rank)
     try:
-        code = app(args=argv, prog_name="distbench", standalone_mode=False)
+        code = _dispatch(args, argv)
+    finally:  # whatever broke (the store the launcher held, say), a lost launcher is the cause
+        lifeline.leave_if_orphaned()
+    sys.exit(code or 0)
+
+
+def _dispatch(args: list[str], argv: list[str] | None) -> int | None:
+    try:
+        return app(args=argv, prog_name="distbench", standalone_mode=False)
     except OptionError as e:
-        code = _refuse(str(e))
+        return _refuse(str(e))
     except ReadError as e:  # report or compare given something that holds no result
         print(f"distbench: error: {e}", file=sys.stderr)
-        code = EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT
     except typer.Exit as e:
-        code = e.exit_code
+        return e.exit_code
     except typer.Abort:
-        code = EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     except typer.TyperException as e:  # click's usage errors, vendored by typer
         if _one_line(e.format_message()):
-            code = _refuse(_usage_error(e, args))
-        else:  # the help text was shown for a bare `distbench`
-            code = EXIT_BAD_INPUT
-    sys.exit(code or 0)
+            return _refuse(_usage_error(e, args))
+        return EXIT_BAD_INPUT  # the help text was shown for a bare `distbench`

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from distbench.exitcodes import EXIT_TERMINATED
@@ -50,11 +51,19 @@ def watch(handler: Callable[[int], int | None] | None = None) -> None:
     threading.Thread(target=_watch, name="distbench-lifeline", daemon=True).start()
 
 
-def orphaned() -> int | None:
+def orphaned(settle_s: float = 0.0) -> int | None:
     """The pid of this process's launcher when it is gone (orphans are re-parented, to init or
-    a subreaper: a changed parent is a dead one); None while it lives or when not watched."""
-    if _parent is None or os.getppid() == _parent:
+    a subreaper: a changed parent is a dead one); None while it lives or when not watched.
+    `settle_s`: how long to keep looking. A launcher SIGKILLed tears its threads down one by
+    one, and its children are re-parented only when the last is gone, some milliseconds after
+    the ranks it kills with the parent-death signal have closed their connections."""
+    if _parent is None:
         return None
+    deadline = time.monotonic() + settle_s
+    while os.getppid() == _parent:
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
     return _parent
 
 
@@ -69,6 +78,13 @@ def _born_orphan() -> bool:
     except OSError:
         return False
     return not any(name in init for name in LAUNCHERS)
+
+
+def leave_if_orphaned() -> None:
+    """From a rank's own failure path: when the launcher is gone, that is the cause to report
+    (the thread would find it within WATCH_INTERVAL_S, after a misleading error)."""
+    if orphaned():
+        _leave()
 
 
 def _watch() -> None:

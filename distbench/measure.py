@@ -42,6 +42,9 @@ def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None,
             raise Skipped(reason or "another rank could not capture this in a CUDA graph")
     if before_loop is not None:
         before_loop()
+    # The loop's time twice over, past --timeout: what a rank that finished its own loop may
+    # wait on the host for the others'. The loop itself runs as long as it moves, and ends
+    # --timeout after it stops (a peer stopped): the session's watchdog watches timing.LOOP.
     budget = opts.timeout + 2 * iters * per_op
     s.step(what, budget)
     longest = max(noise.rep_lengths(iters, reps)) * per_op

@@ -21,6 +21,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from distbench.tables import plural
+
 
 class StartFailure(Exception):
     """The run cannot start; `refused` when that is bad input (options), not a missing rank."""
@@ -66,6 +68,23 @@ def node_name() -> str:
     return socket.gethostname() + (f" (node rank {group})" if group else "")
 
 
+def node_names(ranks: list[dict]) -> list[str]:
+    """Each node (by index) by its host name, or host#index where hosts repeat (several launcher
+    agents on one host, as the tests run them): what reports name a node by."""
+    hosts: dict[int, str] = {}
+    for r in ranks:
+        hosts.setdefault(r["node"], r["host"])
+    repeated = len(set(hosts.values())) < len(hosts)
+    return [f"{hosts[i]}#{i}" if repeated else hosts[i] for i in sorted(hosts)]
+
+
+def rank_names(ranks: list[dict]) -> list[str]:
+    """Each rank as node:local_rank (host:local_rank on a cluster), the one way every message
+    and report places a rank: a lost rank, a slow link, a node's checks."""
+    nodes = node_names(ranks)
+    return [f"{nodes[r['node']]}:{r['local_rank']}" for r in ranks]
+
+
 @dataclass(frozen=True)
 class Lost:
     """A rank that did not answer the roll call."""
@@ -74,19 +93,24 @@ class Lost:
     host: str
     local_rank: int
     state: str  # "dead", "stopped" (its process is suspended) or "silent" (no answer)
+    name: str = ""  # where it ran, as rank_names says; host:local_rank when not given
+
+    def __post_init__(self):
+        if not self.name:
+            object.__setattr__(self, "name", f"{self.host}:{self.local_rank}")
 
     def describe(self, step: str | None, signum: int | None = None) -> str:
         how = {"dead": "died" + (f" (signal {signum})" if signum else ""),
                "stopped": "was suspended (SIGSTOP or a debugger)",
                "silent": "stopped answering (hung, dead, or its node unreachable)"}
         during = f" during {step}" if step else ""
-        return f"rank {self.rank} ({self.host}:{self.local_rank}) {how[self.state]}{during}"
+        return f"rank {self.rank} ({self.name}) {how[self.state]}{during}"
 
 
 def describe_lost(lost: list[Lost], step: str, signals: dict[int, int] | None = None) -> str:
     signals = signals or {}
     shown = "; ".join(x.describe(step, signals.get(x.rank)) for x in lost[:4])
-    return shown + (f" (+{len(lost) - 4} more ranks)" if len(lost) > 4 else "")
+    return shown + (f" (+{plural(len(lost) - 4, 'more rank')})" if len(lost) > 4 else "")
 
 
 def lost_from_json(items: list[dict]) -> list[Lost]:
@@ -112,7 +136,7 @@ def start_verdict(everyone: list[dict]) -> str | None:
     refused = [e for e in everyone if e.get("refused")]
     if refused:
         nodes = list(dict.fromkeys(e["node_name"] for e in refused))
-        more = f" (and {len(nodes) - 1} more nodes)" if len(nodes) > 1 else ""
+        more = f" (and {plural(len(nodes) - 1, 'more node')})" if len(nodes) > 1 else ""
         return f"node {nodes[0]} refused the options{more}: {refused[0]['refused']}"
     ref = everyone[0]
     odd = [e for e in everyone if e["options"] != ref["options"]]
@@ -160,6 +184,7 @@ class Peers:
         self._own = own if own is not None else self._client()
         self._run = "run/"  # this run's keys; begin_run scopes them by rank 0's nonce
         self.listening = threading.Event()
+        self.names: list[str] = []  # every rank as rank_names places it, once the run is set up
 
     @classmethod
     def connect(cls, timeout_s: float) -> Peers:
@@ -213,8 +238,8 @@ class Peers:
         s.set(f"start/{self.rank}", json.dumps({**mine, "snapshot": snapshot is not None}))
         if not self._arrive(s, "start/posted", timeout_s):
             missing = [r for r in range(self.world) if not s.check([f"start/{r}"])]
-            raise StartFailure(f"ranks {_ranks_text(missing)} did not start within "
-                               f"{timeout_s:.0f} s (did their launcher start them?)", False)
+            raise StartFailure(f"{_ranks_text(missing)} did not start within {timeout_s:.0f} s "
+                               "(did their launcher start them?)", False)
         self.everyone = [json.loads(v) for v in
                          s.multi_get([f"start/{r}" for r in range(self.world)])]
         why = start_verdict(self.everyone)
@@ -323,7 +348,32 @@ class Peers:
         if them["machine"] == machine_key():  # its process can be looked at
             found = process_state(them["pid"])
             state = found if found != "running" else state
-        return Lost(rank, them["host"], them["local_rank"], state)
+        return Lost(rank, them["host"], them["local_rank"], state,
+                    self.names[rank] if self.names else "")
+
+    def timed_out(self, error: str, step: str) -> dict | None:
+        """Say that this rank's watchdog fired, unless another rank's said so first: then what
+        that one said, {"rank", "error", "step"}, which is how the run ended (None: ours is).
+        A rank that timed out leaves, and the others then fail on the connection it closed, or
+        on their launcher's SIGTERM (first_timeout): whichever watchdog fired first, the run
+        ends the same way."""
+        mine = json.dumps({"rank": self.rank, "error": error, "step": step})
+        try:
+            return self._not_ours(self._own.compare_set(self._run + "timeout", "", mine))
+        except dist.DistError:
+            return None
+
+    def first_timeout(self) -> dict | None:
+        """What the first rank to time out said (timed_out), or None: none has."""
+        key = self._run + "timeout"
+        try:
+            return self._not_ours(self._own.get(key)) if self._own.check([key]) else None
+        except dist.DistError:
+            return None
+
+    def _not_ours(self, said: bytes) -> dict | None:
+        first = json.loads(said)
+        return first if first["rank"] != self.rank else None
 
 
 def refuse(message: str, timeout_s: float) -> None:
@@ -338,6 +388,8 @@ def refuse(message: str, timeout_s: float) -> None:
 
 
 def _ranks_text(ranks: list[int]) -> str:
+    """"rank 2", "ranks 2, 3", "ranks 0, 1, ... (+3 more)"."""
     shown = ", ".join(str(r) for r in ranks[:8])
-    return shown + (f" (+{len(ranks) - 8} more)" if len(ranks) > 8 else "")
+    return ("rank " if len(ranks) == 1 else "ranks ") + shown + (
+        f" (+{len(ranks) - 8} more)" if len(ranks) > 8 else "")
 

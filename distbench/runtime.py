@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import socket
 import threading
@@ -20,10 +21,17 @@ import torch.distributed as dist
 from distbench import faults, topo
 from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED
 from distbench.options import OptionError
-from distbench.peers import Peers, StartFailure, machine_key, node_name
+from distbench.peers import READ_WAIT_S, Peers, StartFailure, machine_key, node_name, rank_names
+from distbench.peers import node_names as node_names  # where reports import it from
 
 # Our watchdog ends a stalled run at --timeout; the process group's own timeout only backs it up.
 PG_TIMEOUT_GRACE_S = 30
+# How often the watchdog looks: a part of the margin past --timeout (docs/results.md).
+TICK_S = 0.1
+# Startup waits for every rank with a timeout of its own, whose message names the missing ranks
+# (and a rank that refused its options waits for the others to read why): the watchdog, which
+# only backs that wait up, gives it this long past that.
+START_SLACK_S = 2.0
 # On an NCCL error (a peer lost on another node) or timeout, ProcessGroupNCCL's watchdog thread
 # takes the whole process down in modes 1 (what torchrun and torch's launcher API put in every
 # worker's environment) and 3 (torch's default): no roll call, and run.json left "running". In
@@ -89,22 +97,6 @@ def loaded_library(name: str) -> str | None:
     return found[0] if found else None
 
 
-def node_names(ranks: list[dict]) -> list[str]:
-    """Each node (by index) by its host name, or host#index where hosts repeat (several launcher
-    agents on one host, as the tests run them): what reports name a node by."""
-    hosts: dict[int, str] = {}
-    for r in ranks:
-        hosts.setdefault(r["node"], r["host"])
-    repeated = len(set(hosts.values())) < len(hosts)
-    return [f"{hosts[i]}#{i}" if repeated else hosts[i] for i in sorted(hosts)]
-
-
-def rank_names(ranks: list[dict]) -> list[str]:
-    """Each rank as node:local_rank (host:local_rank on a cluster)."""
-    nodes = node_names(ranks)
-    return [f"{nodes[r['node']]}:{r['local_rank']}" for r in ranks]
-
-
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -148,18 +140,25 @@ def gpu_identity(device: torch.device) -> dict:
 
 
 def start(backend_choice: str, timeout_s: float, identity: dict,
-          check_backend: Callable[[str], None] | None = None) -> Runtime:
+          check_backend: Callable[[str], None] | None = None,
+          step: Callable[[float, str], None] | None = None) -> Runtime:
     """Join the run: agree with every rank that it can start (the same options, none refused),
     then set up the process group. Raises RunFailure, on every rank alike, when it cannot.
-    check_backend: the options' rules for the backend `auto` resolves to (OptionError)."""
+    check_backend: the options' rules for the backend `auto` resolves to (OptionError). step:
+    a watchdog's arm(seconds, what), told each part of the startup and how long it may take."""
+    step = step or (lambda seconds, what: None)
     pg_timeout = timeout_s + PG_TIMEOUT_GRACE_S
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    step(timeout_s, f"startup (reaching the launcher's store at {where})")
     try:
         peers = Peers.connect(pg_timeout)
     except (dist.DistError, ValueError) as e:
-        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         raise RunFailure(f"cannot reach the launcher's store at {where}: "
                          f"{str(e).strip().splitlines()[0]}") from None
+    # Local work, not a wait on peers: no deadline of ours (the others' wait for this rank's
+    # startup post bounds it, and nvidia-smi runs under a timeout of its own).
+    step(math.inf, "startup (devices and topology)")
     mine: dict = {"rank": peers.rank, "node_name": node_name(), "pid": os.getpid()}
     refusal = None
     try:
@@ -190,13 +189,16 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
         refusal = e
         mine["refused"] = str(e)
     snapshot = topo.node_snapshot() if local_rank == 0 and refusal is None else None
+    step(timeout_s + min(timeout_s, READ_WAIT_S) + START_SLACK_S,
+         "startup (waiting for every rank to start)")
     try:
         everyone = peers.agree_to_start(mine, timeout_s, snapshot)
     except StartFailure as e:
         if refusal is not None:  # say it in our own words on the node that refused
             raise refusal from None
-        raise RunFailure(str(e), status="bad_input" if e.refused else "failed",
+        raise RunFailure(str(e), status="bad_input" if e.refused else "timeout",
                          exit_code=EXIT_BAD_INPUT if e.refused else EXIT_FAILED) from None
+    step(timeout_s, "startup (process group setup)")
     kwargs: dict = {"timeout": timedelta(seconds=pg_timeout)}
     if backend == "nccl":
         kwargs["device_id"] = device
@@ -216,39 +218,62 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
                  "local_rank": e["local_rank"], "device": e["device"], "pid": e["pid"],
                  "gpu_uuid": e["gpu_uuid"], "gpu_bus_id": e["gpu_bus_id"]}
                 for e in everyone]
+    peers.names = rank_names(rt.ranks)
     rt.snapshots = topo.dedupe_by_node(peers.snapshots()) if peers.rank == 0 else []
     return rt
 
 
+@dataclass(frozen=True)
+class _Armed:
+    deadline: float
+    seconds: float
+    what: str
+
+
 class Watchdog:
-    """Ends a run whose ranks stop making progress, or whose launcher is gone (SIGKILLed: it
-    could not stop us, and an orphan would run on and report success). Runs beside the main
-    thread, which may be blocked inside a collective (GIL released) at that moment."""
+    """Ends a run whose ranks stop making progress (a lost launcher is the lifeline's to see).
+    Runs beside the main thread, which may be blocked inside a collective (GIL released) at
+    that moment.
+
+    A step ends at its deadline, or, while a timed loop runs (`progress` says how far it got,
+    None when none runs), when the loop has not moved for `stall_s`. Time in a running loop
+    does not count against the deadline: a loop may rightly take far longer than its estimate
+    (a busy machine), and one stopped by a peer must not hold the others until the estimate
+    runs out; the deadline bounds the waits outside it (a rank done with its loop waiting on
+    the host for the others')."""
 
     def __init__(self, on_expire: Callable[[str, float], None],
-                 on_orphaned: Callable[[int], None]):
-        self._on_expire = on_expire
-        self._on_orphaned = on_orphaned
-        self._parent = os.getppid()
-        self._deadline: float | None = None
-        self._what = ""
-        self._seconds = 0.0
+                 progress: Callable[[], object] | None = None, stall_s: float = 0.0):
+        self.on_expire = on_expire  # reassigned when the session takes over from startup
+        self._progress = progress
+        self._stall_s = stall_s
+        self._armed: _Armed | None = None  # replaced whole: the watcher reads it unlocked
         threading.Thread(target=self._watch, name="distbench-watchdog", daemon=True).start()
 
     def arm(self, seconds: float, what: str) -> None:
-        self._what, self._seconds = what, seconds
-        self._deadline = time.monotonic() + seconds
+        self._armed = _Armed(time.monotonic() + seconds, seconds, what)
 
     def disarm(self) -> None:
-        self._deadline = None
+        self._armed = None
 
     def _watch(self) -> None:
+        last, seen, since, looped, tick = None, None, 0.0, 0.0, time.monotonic()
         while True:
-            time.sleep(0.1)
-            if os.getppid() != self._parent:  # reparented: the launcher died
-                self._on_orphaned(self._parent)
+            time.sleep(TICK_S)
+            armed, now = self._armed, time.monotonic()
+            moved = self._progress() if self._progress is not None and self._stall_s else None
+            if armed is not last:
+                last, seen, since, looped = armed, moved, now, 0.0
+            elif moved is not None:  # time in a running loop is the stall rule's to judge
+                looped += now - tick
+            tick = now
+            if armed is None:
+                continue
+            if now > armed.deadline + looped:
+                self.on_expire(armed.what, armed.seconds)
                 return
-            deadline = self._deadline
-            if deadline is not None and time.monotonic() > deadline:
-                self._on_expire(self._what, self._seconds)
+            if moved is None or moved != seen:
+                seen, since = moved, now
+            elif now - since > self._stall_s:
+                self.on_expire(armed.what, self._stall_s)
                 return

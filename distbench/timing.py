@@ -8,6 +8,7 @@ the world size (SUM, MAX, MIN), never Python-object gathers.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import math
 import statistics
@@ -46,6 +47,44 @@ class Timed:
     # them; None on CPU, and when the host waited for the GPU among those launches
     host_share: float | None = None
     rep_lengths: tuple[int, ...] = ()  # iterations in each repetition; () for one loop
+
+
+class Progress:
+    """How far this process's timed loop has got, for the watchdog's thread, which reads it
+    while the loop runs (and stays stuck where a peer stopped): the loop does nothing for it
+    that it did not do anyway. On CPU it reads the stamps the loop writes, in order; on GPU the
+    host's waits every K ops (sync_every) say how far they got. A loop replayed from a CUDA
+    graph queues everything at once and has no such marks: none is watched."""
+
+    def __init__(self):
+        self.running = False
+        self.loops = 0  # loops begun, each a new count
+        self.stamps: list[float] = []  # CPU: the loop's, 0.0 until written
+        self.synced = 0  # GPU: the last iteration the host waited for
+
+    def begin(self) -> None:
+        self.loops += 1
+        self.stamps, self.synced = [], 0
+        self.running = True
+
+    def end(self) -> None:
+        self.running = False
+
+    def __call__(self) -> tuple[int, int, int] | None:
+        """Something that changes whenever the loop advances; None while no loop runs (a wait
+        for the others' loops is not this rank's loop being stuck)."""
+        if not self.running:
+            return None
+        written = bisect.bisect_left(self.stamps, True, key=_unwritten)
+        return self.loops, self.synced, written
+
+
+def _unwritten(stamp: float) -> bool:
+    return stamp == 0.0
+
+
+# One timed loop at a time per process (one rank): the session's watchdog watches this one.
+LOOP = Progress()
 
 
 def sync(device: torch.device) -> None:
@@ -92,12 +131,14 @@ def timed_loop(fn: Callable[[], object], iters: int, device: torch.device) -> li
 
 
 def _launch(fn: Callable[[], object], marks: list, first: int, last: int,
-            every: int | None) -> None:
+            every: int | None, progress: Progress | None = None) -> None:
     for i in range(first, last + 1):
         fn()
         marks[i].record()
         if every and i % every == 0:
             marks[i].synchronize()
+            if progress is not None:  # the host waited for the GPU: the loop got this far
+                progress.synced = i
 
 
 def _share(launched: float, gpu: float, waited: bool) -> float | None:
@@ -105,16 +146,17 @@ def _share(launched: float, gpu: float, waited: bool) -> float | None:
 
 
 def _loop(fn: Callable[[], object], iters: int, device: torch.device, made: list | None = None,
-          every: int | None = None) -> Timed:
+          every: int | None = None, progress: Progress | None = None) -> Timed:
     with _no_gc():
         if device.type == "cuda":
             marks = made or events(iters + 1, device)
             head = min(iters, SHARE_LAUNCHES)
             start = time.perf_counter()
             marks[0].record()
-            _launch(fn, marks, 1, head, every)  # two calls, so no clock read inside the loop
+            # two calls, so no clock read inside the loop
+            _launch(fn, marks, 1, head, every, progress)
             launched = time.perf_counter() - start
-            _launch(fn, marks, head + 1, iters, every)
+            _launch(fn, marks, head + 1, iters, every, progress)
             marks[-1].synchronize()
             samples = [marks[i - 1].elapsed_time(marks[i]) / 1e3 for i in range(1, iters + 1)]
             # a wait among the first launches would be in the host's time
@@ -122,6 +164,8 @@ def _loop(fn: Callable[[], object], iters: int, device: torch.device, made: list
                                          bool(every and every <= head)))
         clock = time.perf_counter
         stamps = [0.0] * (iters + 1)
+        if progress is not None:
+            progress.stamps = stamps
         stamps[0] = clock()
         for i in range(1, iters + 1):
             fn()
@@ -227,25 +271,35 @@ def warmup_and_calibrate(fn: Callable[[], object], warmup: int, iters: int | Non
 
 def measure(fn: Callable[[], object], iters: int, device: torch.device,
             every: int | None = None, graph: Captured | None = None, group=None,
-            reps: int = 1, settle: Callable[[], object] | None = None) -> Timed:
+            reps: int = 1, settle: Callable[[], object] | None = None,
+            progress: Progress | None = LOOP) -> Timed:
     """Events made, then for each of `reps` repetitions a barrier and a timed loop: the least
     possible loop, with a stamp per iteration (a sync every `every` ops on GPU); or, given a
     captured graph, its replays (the first, which uploads the graph, untimed). The barrier lines
     the ranks up again, so a stall in one repetition does not carry into the next. `settle`
-    runs after each repetition, before the collective that follows it (a wait on the host)."""
+    runs after each repetition, before the collective that follows it (a wait on the host).
+    `progress` is told of each repetition's barrier and loop (not of a graph's replays)."""
     lengths = rep_lengths(iters, reps)
     if graph is not None:
+        progress = None
         graph.replay()
         sync(device)
     made = events(max(lengths) + 1, device) if device.type == "cuda" and graph is None else None
     samples: list[float] = []
     shares, ran = [], []
     for length in lengths:
-        dist.barrier(group=group)
-        if graph is not None:
-            one = _replays(graph, length, device)
-        else:
-            one = _loop(fn, length, device, made[:length + 1] if made else None, every)
+        if progress is not None:
+            progress.begin()
+        try:
+            dist.barrier(group=group)
+            if graph is not None:
+                one = _replays(graph, length, device)
+            else:
+                one = _loop(fn, length, device, made[:length + 1] if made else None, every,
+                            progress)
+        finally:
+            if progress is not None:
+                progress.end()
         if settle is not None:
             settle()
         samples += one.samples

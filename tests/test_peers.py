@@ -63,7 +63,7 @@ def test_start_verdict_names_the_refusing_node_first():
     assert start_verdict([ok, _post(1), bad]) == (
         "node gpu7 (node rank 1) refused the options: --dtype: unknown value")
     other = {**bad, "rank": 3, "node_name": "gpu9 (node rank 2)"}
-    assert "(and 1 more nodes)" in start_verdict([ok, bad, other])
+    assert "(and 1 more node)" in start_verdict([ok, bad, other])
 
 
 def test_start_verdict_names_the_options_that_differ():
@@ -117,7 +117,7 @@ def test_a_rank_that_never_starts_is_named_within_the_timeout(store):
     assert time.monotonic() - start < 5
     for got in out[:2]:
         assert isinstance(got, StartFailure) and not got.refused
-        assert str(got) == ("ranks 2 did not start within 1 s (did their launcher start "
+        assert str(got) == ("rank 2 did not start within 1 s (did their launcher start "
                             "them?)")
 
 

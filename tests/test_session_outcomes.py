@@ -133,6 +133,9 @@ class _FakePeers:
     def roll_call(self):
         return [1, 2], [DEAD]
 
+    def first_timeout(self):
+        return None
+
     def run_dir(self):
         return str(self._run_dir)
 
@@ -156,7 +159,7 @@ def test_the_lowest_rank_left_finishes_run_json_when_rank_0_is_gone(tmp_path, mo
         assert (meta["status"], meta["exit_code"]) == ("failed", 3)
         assert meta["error"] == f"rank 0 (h:0) died during {STEP}"
         assert meta["lost_ranks"] == [{"rank": 0, "host": "h", "local_rank": 0,
-                                       "state": "dead"}]
+                                       "state": "dead", "name": "h:0"}]
         assert meta["failed_step"] == STEP
         assert err == f"distbench: rank 1: error: rank 0 (h:0) died during {STEP}\n"
     else:  # one voice: rank 1's
@@ -182,6 +185,9 @@ class _RankOneGone:
     def roll_call(self):
         return [0], [Lost(1, "h", 1, "dead")]
 
+    def first_timeout(self):
+        return None
+
     def run_dir(self):
         return None
 
@@ -195,7 +201,8 @@ def test_the_process_exits_with_the_code_run_json_says(one_rank, rt):
     rt.peers = _RankOneGone()
     code, meta = _run(one_rank, _signal_self(signal.SIGTERM))
     assert (code, meta["status"], meta["exit_code"]) == (3, "failed", 3)
-    assert meta["lost_ranks"] == [{"rank": 1, "host": "h", "local_rank": 1, "state": "dead"}]
+    assert meta["lost_ranks"] == [{"rank": 1, "host": "h", "local_rank": 1, "state": "dead",
+                                   "name": "h:1"}]
 
 
 @pytest.mark.parametrize("error,code", [(session.Terminated(signal.SIGTERM), 143),
