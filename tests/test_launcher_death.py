@@ -1,0 +1,125 @@
+"""A launcher that dies never leaves its workers behind: SIGKILLed (as the OOM killer does) or
+SIGTERMed, while its workers start, while they rendezvous or mid-run, every worker is gone
+within lifeline's bound, none writes `ok`, and run.json says the run was terminated."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import children, clean_env, processes_naming
+
+pytestmark = pytest.mark.multiproc
+
+GONE_WITHIN_S = 15  # the documented bound (docs/results.md, failure modes)
+ARGS = ["collective", "--sizes", "1K,4K", "--iters", "3", "--warmup", "1", "--reps", "1",
+        "--timeout", "120"]
+
+
+def _run_json(out: Path) -> dict | None:
+    found = list(out.glob("*/run.json"))
+    return json.loads(found[0].read_text()) if found else None
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (an orphan's new parent may be slow to reap it, or never)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _rows(out: Path) -> int:
+    found = list(out.glob("*/collective.csv"))
+    return len(found[0].read_text().splitlines()) - 1 if found else 0
+
+
+class Phase:
+    """When to kill the launcher. startup: its workers exist and load torch; rendezvous: rank 1
+    never joins, and the others wait for it in process-group setup; running: a row is written
+    and rank 1 stalls at 4 KiB; "2 s" and "12 s": that long after the command started."""
+
+    ENV = {"rendezvous": {"DISTBENCH_TEST_STALL_JOIN": "1"},
+           "running": {"DISTBENCH_TEST_STALL": "1:4096"}}
+
+    def __init__(self, name: str):
+        self.name = name
+        self.started = time.monotonic()
+        self.workers_seen: float | None = None
+
+    def reached(self, launcher: int, out: Path) -> bool:
+        now = time.monotonic()
+        if self.name.endswith(" s"):
+            return now - self.started >= float(self.name.split()[0])
+        if self.name == "running":
+            return _rows(out) >= 1
+        if len(children(launcher)) < 3:
+            return False
+        self.workers_seen = self.workers_seen or now
+        # ranks 0 and 2 load torch (seconds) before they wait for rank 1
+        return self.name == "startup" or now - self.workers_seen > 10
+
+
+def _start(out: Path, phase: Phase, torchrun: bool) -> subprocess.Popen:
+    args = [*ARGS, "--sizes", "1K:1M:x2", "--iters", "400"] if phase.name.endswith(" s") \
+        else ARGS  # still running at 12 s
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "3", "-m", "distbench", *args, "--out", str(out)]
+    else:
+        cmd = [sys.executable, "-m", "distbench", *args, "--workers", "3", "--out", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=out.parent, env=clean_env(**Phase.ENV.get(phase.name, {})),
+                            start_new_session=True)
+
+
+CASES = [(phase, signal.SIGKILL, False) for phase in ("2 s", "12 s")] + [
+    (phase, signum, False) for phase in ("startup", "rendezvous", "running")
+    for signum in (signal.SIGKILL, signal.SIGTERM)] + [
+    (phase, signal.SIGKILL, True) for phase in ("startup", "rendezvous", "running")]
+
+
+@pytest.mark.parametrize("phase,signum,torchrun", CASES, ids=[
+    f"{'torchrun-agent' if t else 'self-launched'}-{s.name}-at-{p.replace(' ', '')}"
+    for p, s, t in CASES])
+def test_no_worker_outlives_its_launcher(tmp_path, phase, signum, torchrun):
+    out = tmp_path / "out"
+    when = Phase(phase)
+    launcher = _start(out, when, torchrun)
+    try:
+        deadline = time.monotonic() + 90
+        while not when.reached(launcher.pid, out):
+            assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, f"{phase} never came"
+            time.sleep(0.05)
+        workers = children(launcher.pid)
+        launcher.send_signal(signum)
+        killed_at = time.monotonic()
+        launcher.wait(timeout=60)
+        while processes_naming(out) and time.monotonic() - killed_at < 30:
+            time.sleep(0.2)
+        took = time.monotonic() - killed_at
+        left = processes_naming(out)
+        assert left == [], f"{left} still alive 30 s after the launcher's {signum.name}"
+        assert took < GONE_WITHIN_S, f"its workers took {took:.1f} s to go"
+        assert workers or phase.endswith(" s")  # at 2 s, torch may still be loading
+        assert [w for w in workers if _alive(w)] == []
+    finally:
+        for pid in processes_naming(out):  # never leave one behind, whatever failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    meta = _run_json(out)
+    if meta is None:  # under torchrun rank 0 makes the directory: killed before it could
+        assert torchrun and phase in ("startup", "rendezvous")
+        return
+    assert meta["status"] == "terminated", (meta["status"], meta.get("error"))
+    assert meta["exit_code"] == 143, meta
+    if phase == "running":
+        assert _rows(out) == 1  # the row measured before is kept
