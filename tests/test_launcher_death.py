@@ -119,6 +119,10 @@ def test_no_worker_outlives_its_launcher(tmp_path, phase, signum, torchrun):
     if meta is None:  # under torchrun rank 0 makes the directory: killed before it could
         assert torchrun and phase in ("startup", "rendezvous")
         return
+    if not workers and signum == signal.SIGKILL:
+        # killed before it started a worker: no process is left to say how the run ended
+        assert meta["status"] in ("running", "terminated"), meta
+        return
     assert meta["status"] == "terminated", (meta["status"], meta.get("error"))
     assert meta["exit_code"] == 143, meta
     if phase == "running":
