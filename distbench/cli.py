@@ -155,8 +155,7 @@ def _launcher_lost(parent: int) -> None:
     from distbench import results
 
     rank = os.environ.get("RANK", "?")
-    message = (f"the launcher (pid {parent}) is gone, killed without stopping its workers; "
-               f"stopped in startup on rank {rank}")
+    message = lifeline.describe_loss(parent, "startup", rank)
     where = os.environ.get(results.RUN_DIR_ENV)
     if rank == "0" and where:
         results.mark_unfinished(where, message, EXIT_TERMINATED, "terminated")

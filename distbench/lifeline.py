@@ -51,6 +51,12 @@ def watch(handler: Callable[[int], int | None] | None = None) -> None:
     threading.Thread(target=_watch, name="distbench-lifeline", daemon=True).start()
 
 
+def describe_loss(parent: int, step: str, rank: int | str) -> str:
+    """How a lost launcher is told, in run.json and on stderr, whenever it is found."""
+    return (f"the launcher (pid {parent}) is gone, killed without stopping its workers; "
+            f"stopped in {step} on rank {rank}")
+
+
 def orphaned(settle_s: float = 0.0) -> int | None:
     """The pid of this process's launcher when it is gone (orphans are re-parented, to init or
     a subreaper: a changed parent is a dead one); None while it lives or when not watched.

@@ -127,8 +127,7 @@ class Session:
         os._exit(EXIT_TERMINATED)
 
     def _orphan_message(self, parent: int) -> str:
-        return (f"the launcher (pid {parent}) is gone, killed without stopping its workers; "
-                f"stopped in {self.current} on rank {self.rt.rank}")
+        return lifeline.describe_loss(parent, self.current, self.rt.rank)
 
     def _end(self, status: str, code: int, error: str | None, roll_call: bool = True
              ) -> tuple[str, int]:
