@@ -25,9 +25,9 @@ import sys
 import tempfile
 import time
 
-from distbench.launch import run_local_workers, under_launcher
-from distbench.options import BACKENDS
-from distbench.sizes import format_size, parse_sizes
+from distbench.core.options import BACKENDS
+from distbench.core.sizes import format_size, parse_sizes
+from distbench.run.launch import run_local_workers, under_launcher
 
 
 def args_parser() -> argparse.ArgumentParser:
@@ -47,12 +47,13 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from distbench import runtime, series, timing
-    from distbench.accounting import layout
-    from distbench.commands.collective import OUTPUT, CollectiveOptions, plans
-    from distbench.measure import measure_case
-    from distbench.options import build
-    from distbench.session import Session
+    from distbench.bench import series, timing
+    from distbench.bench.measure import measure_case
+    from distbench.cli.commands.collective import OUTPUT, CollectiveOptions, plans
+    from distbench.core.accounting import layout
+    from distbench.core.options import build
+    from distbench.run import runtime
+    from distbench.run.session import Session
 
     sizes = parse_sizes(args.sizes)
     opts = build(CollectiveOptions, {"op": "all_reduce", "sizes": args.sizes, "iters": 1,
@@ -144,7 +145,7 @@ def instrumentation_cost(device, repeats: int = 7) -> float:
     loop count too: an upper bound on what lands inside the timed region."""
     import torch
 
-    from distbench import timing
+    from distbench.bench import timing
 
     cuda = device.type == "cuda"
     # A timed loop never runs more than MAX_ITERS, and on GPU each iteration holds a CUDA event.
@@ -172,7 +173,7 @@ def instrumentation_cost(device, repeats: int = 7) -> float:
 
 def main() -> int:
     args = args_parser().parse_args()
-    from distbench.runtime import RunFailure, resolve_backend
+    from distbench.run.runtime import RunFailure, resolve_backend
 
     try:
         if under_launcher():

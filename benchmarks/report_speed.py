@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from distbench import samples
-from distbench.commands.collective import OUTPUT
+from distbench.cli.commands.collective import OUTPUT
 from distbench.ops.collectives import OPS, names
+from distbench.results import samples
 
 ROWS = 100
 

@@ -1,6 +1,6 @@
-"""What one worker holds in memory: the figure behind distbench.limits.WORKER_BYTES, which the
-local launcher multiplies by --workers before it starts any. Runs small self-launched runs of
-each command and samples the peak resident memory (VmHWM) of every worker and of the
+"""What one worker holds in memory: the figure behind distbench.platform.limits.WORKER_BYTES, which
+the local launcher multiplies by --workers before it starts any. Runs small self-launched runs
+of each command and samples the peak resident memory (VmHWM) of every worker and of the
 launcher, from /proc, until they end.
 
     python benchmarks/worker_footprint.py [--workers 2] [--commands collective,dp]
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from procs import children, status_kib
 
-from distbench.limits import WORKER_BYTES
+from distbench.platform.limits import WORKER_BYTES
 
 SMALL = {
     "collective": ["--sizes", "4K", "--iters", "50"],

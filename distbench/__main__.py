@@ -1,4 +1,4 @@
-from distbench.cli import main
+from distbench.cli.app import main
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, distbench, distbench_lines, torchrun_nodes
 
-from distbench.profiles import load
+from distbench.accept.profiles import load
 
 PROFILES = Path(__file__).parent.parent / "configs" / "profiles"
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, clean_env
 
-from distbench import profiles
-from distbench.accept_files import read_baseline
-from distbench.options import DTYPES
-from distbench.profiles import ProfileError
+from distbench.accept import profiles
+from distbench.accept.files import read_baseline
+from distbench.accept.profiles import ProfileError
+from distbench.core.options import DTYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_DIR = ROOT / "configs" / "profiles"

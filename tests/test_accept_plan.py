@@ -1,4 +1,4 @@
-"""accept's plan (accept_plan.py) and the schedule that runs it: targets in torch's group order
+"""accept's plan (check_plan.py) and the schedule that runs it: targets in torch's group order
 under any placement, a round's groups made in one call with the run's timeout and kept while the
 scope stays, creations that grow with the node count, idle ranks that wait on the host, and the
 dry run that prints the plan. The schedule runs on a fake group of threads (one per rank) of up
@@ -21,9 +21,9 @@ import torch.distributed as dist
 from fake_group import on_threads
 from helpers import clean_env
 
-from distbench import accept_plan, acceptance
-from distbench.accept_plan import Groups, Layout
-from distbench.profiles import resolve
+from distbench.accept import acceptance, check_plan
+from distbench.accept.check_plan import Groups, Layout
+from distbench.accept.profiles import resolve
 
 H100 = resolve("h100-sxm-8")
 CPU = resolve("cpu-gloo")
@@ -41,9 +41,9 @@ def test_a_pair_lists_its_ranks_in_group_order_under_cyclic_placement():
     ring and pingpong peers mismatch (a hang on NCCL)."""
     lay = _cyclic(2, 2)  # node 0 = ranks 0, 2; node 1 = ranks 1, 3
     assert lay.node_ranks == [(0, 2), (1, 3)]
-    (pair,), = accept_plan.rounds_of(CPU.checks[5], lay, quick=False)
+    (pair,), = check_plan.rounds_of(CPU.checks[5], lay, quick=False)
     assert pair.ranks == (0, 1, 2, 3)
-    assert accept_plan.target_of("pair", (0, 1), lay) == pair
+    assert check_plan.target_of("pair", (0, 1), lay) == pair
     ranks = [{"rank": r, "node": r % 2, "host": "h"} for r in range(4)]
     assert Layout.of_ranks(ranks, ["a", "b"]).node_ranks == [(0, 2), (1, 3)]
 
@@ -54,13 +54,13 @@ def test_groups_are_made_once_per_round_and_kept_while_the_scope_stays():
     groups = Groups(8, lambda lists: (made.append(lists), {r: r for r in lists})[1],
                     released.append)
     lay = Layout.uniform(4, 2)
-    pair_rounds = accept_plan.rounds_of(CPU.checks[4], lay, quick=False)
+    pair_rounds = check_plan.rounds_of(CPU.checks[4], lay, quick=False)
     for _ in range(2):  # two pair checks: the second reuses the first's groups
         for targets in pair_rounds:
             groups.for_round(targets)
     assert groups.created == len(pair_rounds) == 3 and len(made) == 3
     assert all(len(lists) == 2 for lists in made)  # a round's disjoint pairs, in one call
-    cluster = accept_plan.rounds_of(CPU.checks[-1], lay, quick=False)[0]
+    cluster = check_plan.rounds_of(CPU.checks[-1], lay, quick=False)[0]
     assert groups.for_round(cluster) == [None]  # the whole world: the default group
     groups.release()
     assert len(released) == 6 and groups.held == {}
@@ -69,7 +69,7 @@ def test_groups_are_made_once_per_round_and_kept_while_the_scope_stays():
 @pytest.mark.parametrize("profile", [H100, CPU], ids=["h100-sxm-8", "cpu-gloo"])
 def test_group_creations_grow_with_the_nodes_not_the_pairs(profile):
     """Issue 19: at most 2.2x from 64 to 128 nodes (the pairs grow 4x)."""
-    at = {n: accept_plan.make(profile, Layout.uniform(n, 8), quick=False) for n in (64, 128)}
+    at = {n: check_plan.make(profile, Layout.uniform(n, 8), quick=False) for n in (64, 128)}
     assert at[64].creations == 1 + 63 and at[128].creations == 1 + 127
     assert at[128].creations / at[64].creations <= 2.2
     pairs = sum(len(r) for c in at[128].checks if c.check.scope == "pair" for r in c.rounds)
@@ -79,14 +79,14 @@ def test_group_creations_grow_with_the_nodes_not_the_pairs(profile):
 def test_the_estimate_follows_the_floors_and_the_sizes():
     """A measurement's time at the profile's warn figure: 16 GiB all_reduce on 8 H100s at
     the warn busbw W is 2 x 7/8 x 16 GiB / W a call (about 66 ms at 455 GB/s), 26 calls."""
-    plan = accept_plan.make(H100, Layout.uniform(2, 8), quick=False)
+    plan = check_plan.make(H100, Layout.uniform(2, 8), quick=False)
     first = plan.checks[0]
     assert first.issued == ["26 x all_reduce of 16 GiB on 8 ranks"]
     call = 2 * 7 / 8 * 16 * 2**30 / (first.check.warn * 1e9)
-    expected = 26 * call + accept_plan.SETUP_S + accept_plan.ROUND_S + accept_plan.CREATE_S
+    expected = 26 * call + check_plan.SETUP_S + check_plan.ROUND_S + check_plan.CREATE_S
     assert first.seconds == pytest.approx(expected)
     assert plan.checks[1].creations == 0  # the node groups are kept
-    assert accept_plan.lines(plan)[-1] == (
+    assert check_plan.lines(plan)[-1] == (
         f"plan: 8 checks, 8 rounds, 1 group creation per rank, about "
         f"{-(-plan.seconds // 60):.0f} min")
 
@@ -145,14 +145,14 @@ class _FakeWorld:
 
 
 def _run_schedule(monkeypatch, profile, lay: Layout, measure_s: float = 0.0,
-                  timeout: float = 7.0) -> tuple[_FakeWorld, accept_plan.Plan, list]:
+                  timeout: float = 7.0) -> tuple[_FakeWorld, check_plan.Plan, list]:
     fake = _FakeWorld(lay.world, measure_s)
     monkeypatch.setattr(dist, "new_subgroups_by_enumeration", fake.subgroups)
     monkeypatch.setattr(dist, "all_gather_object", fake.all_gather_object)
     monkeypatch.setattr(dist, "get_rank", fake.get_rank)
     monkeypatch.setattr(acceptance, "_measure", fake.measure)
     monkeypatch.setattr(acceptance, "release", lambda device: None)
-    plan = accept_plan.make(profile, lay, quick=False)
+    plan = check_plan.make(profile, lay, quick=False)
 
     def rank(r: int) -> list:
         fake.local.rank, fake.local.batch = r, 0

@@ -1,4 +1,4 @@
-"""The profile every rank of `distbench accept` runs (accept_profile.agree, profiles.pick):
+"""The profile every rank of `distbench accept` runs (profile_choice.agree, profiles.pick):
 rank 0 picks it from what the ranks see (their torch devices, how many per node), with NVML's
 snapshot as extra evidence only, and sends every rank the profile's text, not its path. Each
 judgement is tried both ways: the planted fault is caught, a healthy layout stays quiet."""
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from distbench import accept_profile, profiles
-from distbench.exitcodes import EXIT_BAD_INPUT, EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
-from distbench.runtime import RunFailure
-from distbench.verdicts import Result, judge
+from distbench.accept import profile_choice, profiles
+from distbench.accept.verdicts import Result, judge
+from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
+from distbench.run.runtime import RunFailure
 
 H100 = "NVIDIA H100 80GB HBM3"
 NVML_GONE = "nvmlInit failed: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
@@ -61,7 +61,7 @@ def wire(monkeypatch):
         else:
             sent.append(list(objs))
 
-    monkeypatch.setattr(accept_profile.dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(profile_choice.dist, "broadcast_object_list", broadcast)
     return sent
 
 
@@ -88,7 +88,7 @@ def test_nvml_gone_under_nccl_the_ranks_gpus_pick_the_profile(wire):
     """A driver mismatch or a container without libnvidia-ml: NVML lists nothing, yet every
     rank runs on an H100. Today's pick read that as no GPU and chose cpu-gloo."""
     snaps = [snap("n0", nvml_error=NVML_GONE), snap("n1", nvml_error=NVML_GONE)]
-    profile, why = accept_profile.agree(runtime(snaps, ranks(8, 8)), "auto")
+    profile, why = profile_choice.agree(runtime(snaps, ranks(8, 8)), "auto")
     assert profile.name == "h100-sxm-8"
     assert why.startswith(f"every node has 8 x {H100} (counted from its ranks; NVML: "
                           f"{NVML_GONE}): h100-sxm-8")
@@ -100,7 +100,7 @@ def test_nccl_never_gets_cpu_gloo(device):
     """GPUs no profile matches, NVML gone: generic-gpu, saying why; never cpu-gloo's
     millisecond floors for a GPU cluster."""
     snaps = [snap("n0", nvml_error=NVML_GONE), snap("n1", nvml_error=NVML_GONE)]
-    profile, why = accept_profile.pick(snaps, ranks(4, 4, device=device), "nccl")
+    profile, why = profile_choice.pick(snaps, ranks(4, 4, device=device), "nccl")
     assert profile.name == "generic-gpu"
     assert why.startswith(f"every node has 4 x {device} (counted from its ranks; NVML: ")
     assert "which no profile matches: generic-gpu" in why
@@ -108,7 +108,7 @@ def test_nccl_never_gets_cpu_gloo(device):
 
 def test_nvml_and_the_ranks_agreeing_pick_as_before():
     """The healthy case stays as it was: every node's 8 H100s, named the same both ways."""
-    profile, why = accept_profile.pick([snap("n0"), snap("n1")], ranks(8, 8), "nccl")
+    profile, why = profile_choice.pick([snap("n0"), snap("n1")], ranks(8, 8), "nccl")
     assert (profile.name, why) == ("h100-sxm-8", f"every node has 8 x {H100}: h100-sxm-8")
 
 
@@ -116,12 +116,12 @@ def test_cpu_ranks_get_cpu_gloo_whatever_nvml_lists():
     """Under gloo the ranks measure on the CPU: cpu-gloo, even on a GPU node (the H100
     floors would fail a healthy node measured on the CPU), saying what NVML sees."""
     gpu_nodes = [snap("n0"), snap("n1")]
-    profile, why = accept_profile.pick(gpu_nodes, ranks(2, 2, device="cpu"), "gloo")
+    profile, why = profile_choice.pick(gpu_nodes, ranks(2, 2, device="cpu"), "gloo")
     assert profile.name == "cpu-gloo"
     assert why == (f"the ranks run on the CPU (backend gloo; NVML sees 8 x {H100} on n0, n1; "
                    "--backend nccl measures them): cpu-gloo")
     cpu_nodes = [snap("n0", nvml_error=NVML_GONE), snap("n1", nvml_error=NVML_GONE)]
-    profile, why = accept_profile.pick(cpu_nodes, ranks(2, 2, device="cpu"), "gloo")
+    profile, why = profile_choice.pick(cpu_nodes, ranks(2, 2, device="cpu"), "gloo")
     assert (profile.name, why) == ("cpu-gloo", f"no node has a GPU (NVML: {NVML_GONE}): "
                                    "cpu-gloo")
 
@@ -129,7 +129,7 @@ def test_cpu_ranks_get_cpu_gloo_whatever_nvml_lists():
 def test_nodes_sharing_a_host_are_told_apart():
     """Several launcher agents on one host (the tests' layout): one snapshot, several nodes."""
     rank_list = [dict(r, host="vm") for r in ranks(2, 2, device="cpu")]
-    profile, _ = accept_profile.pick([snap("vm", nvml_error=NVML_GONE)], rank_list, "gloo")
+    profile, _ = profile_choice.pick([snap("vm", nvml_error=NVML_GONE)], rank_list, "gloo")
     assert [n.name for n in profile.nodes] == ["vm#0", "vm#1"]
 
 
@@ -142,9 +142,9 @@ def test_the_text_travels_not_the_path(tmp_path, wire):
     mine.write_text(profiles.resolve("h100-sxm-8").path.read_text().replace(
         'name = "h100-sxm-8"', 'name = "mine"'))
     snaps = [snap("n0"), snap("n1")]
-    first, why = accept_profile.agree(runtime(snaps, ranks(8, 8)), str(mine))
+    first, why = profile_choice.agree(runtime(snaps, ranks(8, 8)), str(mine))
     mine.unlink()  # another node: no such file there
-    other, other_why = accept_profile.agree(runtime([], ranks(8, 8), rank=9), str(mine))
+    other, other_why = profile_choice.agree(runtime([], ranks(8, 8), rank=9), str(mine))
     assert first.name == other.name == "mine" and why == other_why == "named on the command line"
     assert other.checks == first.checks and other.nodes == first.nodes
     assert [n.nvls for n in other.nodes] == [True, True]  # rank 0's snapshots, sent along
@@ -154,9 +154,9 @@ def test_a_profile_rank_0_cannot_read_fails_every_rank_alike(tmp_path, wire):
     """No rank waits in a broadcast rank 0 never makes: each raises the same one line."""
     gone = str(tmp_path / "gone.toml")
     with pytest.raises(RunFailure) as first:
-        accept_profile.agree(runtime([snap("n0")], ranks(2)), gone)
+        profile_choice.agree(runtime([snap("n0")], ranks(2)), gone)
     with pytest.raises(RunFailure) as other:
-        accept_profile.agree(runtime([], ranks(2), rank=1), gone)
+        profile_choice.agree(runtime([], ranks(2), rank=1), gone)
     assert str(first.value) == str(other.value) and "no such file" in str(first.value)
     assert first.value.exit_code == other.value.exit_code == EXIT_BAD_INPUT
 
@@ -168,7 +168,7 @@ def test_four_of_eight_gpus_are_not_judged_by_eight_gpu_floors(wire):
     """--nproc-per-node 4 (or CUDA_VISIBLE_DEVICES=0,1,2,3) on 8-GPU nodes: busbw's factor is 1.5
     at 4 ranks and 1.75 at 8, so a healthy node measured at 4 fails the 8-GPU floors. The
     rows are skipped, saying why, and a run judged on nothing of a scope is no pass."""
-    profile, _ = accept_profile.agree(runtime([snap("n0"), snap("n1")], ranks(4, 4)), "auto")
+    profile, _ = profile_choice.agree(runtime([snap("n0"), snap("n1")], ranks(4, 4)), "auto")
     assert profile.name == "h100-sxm-8"  # NVML counts the 8 GPUs the ranks do not use
     judged = _judge_absolute(profile, [4, 4])
     assert {v.verdict for v in judged.verdicts} == {"SKIP"}
@@ -185,7 +185,7 @@ def test_four_of_eight_gpus_are_not_judged_by_eight_gpu_floors(wire):
 
 
 def test_eight_ranks_on_eight_gpus_are_judged():
-    profile, _ = accept_profile.pick([snap("n0"), snap("n1")], ranks(8, 8), "nccl")
+    profile, _ = profile_choice.pick([snap("n0"), snap("n1")], ranks(8, 8), "nccl")
     judged = _judge_absolute(profile, [8, 8])
     assert {v.verdict for v in judged.verdicts} == {"PASS"}
     assert judged.outcome(strict=False)[1] == EXIT_OK
@@ -200,7 +200,7 @@ def test_a_node_that_lost_a_gpu_is_named_and_fails_the_run():
     """8 + 8 + 7: NVML lists 7 GPUs on n2. Today auto fell back to generic-gpu, whose relative
     checks cannot see it (busbw hardly moves from 8 GPUs to 7), and nothing named n2."""
     snaps = [snap("n0"), snap("n1"), snap("n2", gpus=7)]
-    profile, why = accept_profile.pick(snaps, ranks(8, 8, 7), "nccl")
+    profile, why = profile_choice.pick(snaps, ranks(8, 8, 7), "nccl")
     assert profile.name == "h100-sxm-8"
     assert why == f"the nodes have 8 x {H100}, but n2 has 7: h100-sxm-8"
     judged = _judge_absolute(profile, [8, 8, 7])
@@ -215,7 +215,7 @@ def test_a_node_that_lost_a_gpu_is_named_and_fails_the_run():
 
 def test_eight_gpus_everywhere_names_no_one():
     snaps = [snap("n0"), snap("n1"), snap("n2")]
-    profile, _ = accept_profile.pick(snaps, ranks(8, 8, 8), "nccl")
+    profile, _ = profile_choice.pick(snaps, ranks(8, 8, 8), "nccl")
     judged = _judge_absolute(profile, [8, 8, 8])
     assert judged.culprits == [] and judged.notes == []
     assert judged.outcome(strict=False)[1] == EXIT_OK
@@ -226,7 +226,7 @@ def test_with_nvml_gone_a_node_short_of_ranks_is_named_not_failed():
     named in the notes and its absolute rows are not judged, nor the cluster's (23 ranks on 3
     nodes): inconclusive, not a failure."""
     snaps = [snap(f"n{i}", nvml_error=NVML_GONE) for i in range(3)]
-    profile, _ = accept_profile.pick(snaps, ranks(8, 8, 7), "nccl")
+    profile, _ = profile_choice.pick(snaps, ranks(8, 8, 7), "nccl")
     judged = _judge_absolute(profile, [8, 8, 7])
     assert judged.culprits == []
     assert judged.notes[0] == (f"node n2 has 7 x {H100} where its peers have 8 (counted from "

@@ -21,8 +21,9 @@ from types import SimpleNamespace
 import pytest
 from helpers import clean_env, free_port, power_off, processes_naming
 
-from distbench import accept_files, results, verdicts
-from distbench.profiles import load
+from distbench.accept import files, verdicts
+from distbench.accept.profiles import load
+from distbench.results import writer
 
 PROFILE = load(Path(__file__).parent.parent / "configs" / "profiles" / "cpu-gloo.toml")
 CHECKS = [c.name for c in PROFILE.checks]
@@ -32,14 +33,14 @@ AT_64K = CHECKS.index("node all_gather busbw")
 AT_256K = CHECKS.index("pair p2p ring busbw")
 
 
-def _progress(tmp_path: Path) -> tuple[accept_files.Progress, results.RunRecord]:
-    record = results.RunRecord(tmp_path, "accept", {}, ["accept"])
+def _progress(tmp_path: Path) -> tuple[files.Progress, writer.RunRecord]:
+    record = writer.RunRecord(tmp_path, "accept", {}, ["accept"])
     rt = SimpleNamespace(world=2, backend="gloo", snapshots=[])
-    return accept_files.Progress(tmp_path, record, PROFILE, "named", ["a", "b"], rt,
+    return files.Progress(tmp_path, record, PROFILE, "named", ["a", "b"], rt,
                                  strict=False), record
 
 
-def _end(record: results.RunRecord, progress: accept_files.Progress, status: str, code: int,
+def _end(record: writer.RunRecord, progress: files.Progress, status: str, code: int,
          error: str) -> None:
     """As Session._end ends a run: run.json finished, then its on_end hooks (accept's is
     progress.ended)."""
@@ -88,12 +89,12 @@ def test_a_concluded_run_keeps_its_verdict_whatever_ends_it(tmp_path):
     status, code, line = judged.outcome(False)
     acc = _accept_json(tmp_path)
     assert (acc["status"], acc["exit_code"], acc["summary"]) == (status, code, line)
-    assert acc["verdict"] == accept_files.VERDICT_WORDS[code]
+    assert acc["verdict"] == files.VERDICT_WORDS[code]
     assert record.data["accept"]["verdict"] == acc["verdict"]
     _end(record, progress, "failed", 3, "cannot write the comparison")
     acc = _accept_json(tmp_path)
     assert (acc["status"], acc["exit_code"], acc["verdict"]) == ("failed", 3,
-                                                                 accept_files.VERDICT_WORDS[code])
+                                                                 files.VERDICT_WORDS[code])
 
 
 def _accept_json(run_dir: Path) -> dict | None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from distbench import accounting
+from distbench.bench.series import SENDRECV
+from distbench.core import accounting
 from distbench.ops.collectives import OPS
-from distbench.series import SENDRECV
 
 NS = (2, 3, 4, 8)
 ELTS = (1, 2, 4, 8)
@@ -243,9 +243,9 @@ def test_in_place_slices_start_16_byte_aligned(op_name, dtype, n):
     the rounding every such slice starts at a multiple of 16 bytes, whatever the size."""
     import torch
 
+    from distbench.bench.series import allocate
     from distbench.ops.collectives import Ctx
     from distbench.ops.dtypes import TORCH_DTYPES
-    from distbench.series import allocate
 
     op, elt = OPS[op_name], DTYPE_ELT[dtype]
     lays = [lay for size in NCCL_TESTS_SIZES if size <= 4 << 20  # no GiB buffers here

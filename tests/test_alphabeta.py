@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from distbench import alphabeta as ab
+from distbench.results import alphabeta as ab
 
 SIZES = 2.0 ** np.arange(3, 31)  # 8 B .. 1 GiB, x2
 CASES = [(20.0, 150.0), (5.0, 20.0)]  # (alpha us, beta GB/s)
@@ -196,5 +196,5 @@ def test_parse_predict_rejects(text, match):
 
 
 def test_module_stays_torch_free():
-    code = "import distbench.alphabeta, sys; assert 'torch' not in sys.modules"
+    code = "import distbench.results.alphabeta, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

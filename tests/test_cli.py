@@ -14,9 +14,9 @@ import typer.main
 from helpers import assert_one_line_error, clean_env
 from typer.testing import CliRunner
 
-import distbench.cli
-import distbench.launch
-from distbench.commands.collective import CollectiveOptions
+import distbench.cli.app
+import distbench.run.launch
+from distbench.cli.commands.collective import CollectiveOptions
 from distbench.ops.collectives import OPS
 
 
@@ -183,9 +183,9 @@ def test_bad_config_value_fails_like_the_flag(tmp_path):
 def test_no_torch_import(tmp_path, argv):
     code = textwrap.dedent(f"""
         import sys
-        import distbench.cli
+        import distbench.cli.app
         try:
-            distbench.cli.main({argv!r})
+            distbench.cli.app.main({argv!r})
         except SystemExit as e:
             print("exit", e.code)
         print("torch-imported", "torch" in sys.modules)
@@ -220,7 +220,7 @@ def test_help_is_fast(tmp_path, args, needle):
 
 def _distbench_options() -> dict[str, list[tuple[str, bool]]]:
     """command -> [(long option, takes a value)]"""
-    group = typer.main.get_command(distbench.cli.app)
+    group = typer.main.get_command(distbench.cli.app.app)
     found: dict[str, list[tuple[str, bool]]] = {}
     for name, command in group.commands.items():
         found[name] = [(o, not param.is_flag)
@@ -283,7 +283,7 @@ def test_torchrun_trap_check_can_fail():
 # --------------------------------------------------------------------------------------------
 
 def _resolve(captured, *args: str) -> CollectiveOptions:
-    result = CliRunner().invoke(distbench.cli.app, list(args))
+    result = CliRunner().invoke(distbench.cli.app.app, list(args))
     assert result.exit_code == 0, (result.output, result.exception)
     assert len(captured) == 1
     command, opts = captured[0]
@@ -386,7 +386,7 @@ def test_duplicates_and_aliases_collapse(captured):
 
 def _main_error(capsys, *argv: str) -> str:
     with pytest.raises(SystemExit) as exc:
-        distbench.cli.main(list(argv))
+        distbench.cli.app.main(list(argv))
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1, err
@@ -442,8 +442,8 @@ def test_of_several_bad_options_the_shared_one_is_named_first(captured, capsys, 
 
 
 def test_dtype_names_are_torch_dtypes():
+    from distbench.core.options import DTYPES, FLOAT_DTYPES
     from distbench.ops.dtypes import TORCH_DTYPES
-    from distbench.options import DTYPES, FLOAT_DTYPES
 
     assert set(DTYPES) == set(TORCH_DTYPES)
     assert all(TORCH_DTYPES[d].is_floating_point for d in FLOAT_DTYPES)
@@ -464,8 +464,8 @@ def test_every_numeric_option_has_an_example_to_quote():
     number type must have one."""
     import typing
 
-    from distbench.commands import COMMANDS
-    from distbench.options import cli_types, example_of, option_fields
+    from distbench.cli.commands import COMMANDS
+    from distbench.core.options import cli_types, example_of, option_fields
 
     for name, command in COMMANDS.items():
         types = cli_types(command.options)

@@ -15,10 +15,10 @@ from helpers import assert_one_line_error, clean_env
 from test_cli import _distbench_options, _torchrun_parser
 from typer.testing import CliRunner
 
-import distbench.cli
-import distbench.launch
-from distbench.commands.p2p import P2POptions
-from distbench.commands.topo import TopoOptions
+import distbench.cli.app
+import distbench.run.launch
+from distbench.cli.commands.p2p import P2POptions
+from distbench.cli.commands.topo import TopoOptions
 
 
 def _distbench(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
@@ -88,7 +88,7 @@ def test_p2p_needs_two_ranks_under_a_launcher(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 def _resolve(captured, command: str, *args: str):
-    result = CliRunner().invoke(distbench.cli.app, [command, *args])
+    result = CliRunner().invoke(distbench.cli.app.app, [command, *args])
     assert result.exit_code == 0, (result.output, result.exception)
     assert len(captured) == 1
     got, opts = captured.pop()
@@ -161,7 +161,7 @@ def test_p2p_config_bad_value_is_refused(captured, tmp_path, capsys):
     cfg = tmp_path / "bench.toml"
     cfg.write_text('[p2p]\nfail-below = 3\n')
     with pytest.raises(SystemExit) as exc:
-        distbench.cli.main(["p2p", "--config", str(cfg)])
+        distbench.cli.app.main(["p2p", "--config", str(cfg)])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("distbench: error: --fail-below:") and len(err.splitlines()) == 1
@@ -171,7 +171,7 @@ def test_p2p_config_bad_value_is_refused(captured, tmp_path, capsys):
 def test_p2p_world_size_from_the_environment(captured, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(SystemExit) as exc:
-        distbench.cli.main(["p2p"])
+        distbench.cli.app.main(["p2p"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.startswith("distbench: error: --workers:")
     assert captured == []

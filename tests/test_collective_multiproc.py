@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers import clean_env, distbench, torchrun_nodes
 
-from distbench.session import NO_LOST_RANK
+from distbench.run.session import NO_LOST_RANK
 
 pytestmark = pytest.mark.multiproc
 

@@ -18,8 +18,9 @@ import pytest
 from helpers import clean_env, distbench
 from scipy.stats import mannwhitneyu
 
-from distbench import compare, noise, rundirs, samples
-from distbench.commands.collective import OUTPUT
+from distbench.cli.commands.collective import OUTPUT
+from distbench.core import noise
+from distbench.results import compare, reader, samples
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
 
@@ -138,7 +139,7 @@ def test_rows_are_marked_better_worse_same_and_incomparable(tmp_path):
     new_rows.append(_row("broadcast", 1024, 10.0))  # only in NEW
     new = _write_run(tmp_path / "new", new_rows,
                      [_times(new_times[s], seed=s + 1) for s in sizes[:3]] + [[], _times(10.0)])
-    c = compare.compare(rundirs.load(base), rundirs.load(new), "busbw", 0.05)
+    c = compare.compare(reader.load(base), reader.load(new), "busbw", 0.05)
     marks = {(r.group, r.label): r.mark for r in c.rows}
     assert marks == {("all_reduce", "float32 sum in 1024 B"): "~",
                      ("all_reduce", "float32 sum in 4096 B"): "+",
@@ -165,7 +166,7 @@ def test_a_change_within_the_noise_is_noisy_not_worse(tmp_path):
     for factor, note in ((1.3, "within the noise"), (1.02, "noisy: repetitions")):
         new = _write_run(tmp_path / f"new{factor}", [_row("all_reduce", 1024, 100.0)],
                          [[x * factor for x in noisy[::-1]]])
-        (row,) = compare.compare(rundirs.load(base), rundirs.load(new), "time", 0.05).rows
+        (row,) = compare.compare(reader.load(base), reader.load(new), "time", 0.05).rows
         assert row.ratio == pytest.approx(factor, rel=1e-6)
         assert row.mark == "x" and row.note.startswith(note), row
         assert row.noise > 0.3
@@ -174,7 +175,7 @@ def test_a_change_within_the_noise_is_noisy_not_worse(tmp_path):
 def test_without_samples_the_threshold_alone_decides(tmp_path):
     base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [[]])
     new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 120.0)], [[]])
-    c = compare.compare(rundirs.load(base), rundirs.load(new))
+    c = compare.compare(reader.load(base), reader.load(new))
     (row,) = c.rows
     assert (row.mark, row.p_value, row.note) == ("-", None,
                                                   "no repetitions: by the threshold alone")
@@ -191,7 +192,7 @@ def test_a_run_made_before_repetitions_were_kept_splits_its_loop(tmp_path):
         path = run / "collective.samples.jsonl"
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         path.write_text("".join(samples.encode(o["row"], o["us"]) for o in lines))
-    (row,) = compare.compare(rundirs.load(base), rundirs.load(new)).rows
+    (row,) = compare.compare(reader.load(base), reader.load(new)).rows
     assert row.mark == "-" and row.p_value == pytest.approx(0.012185780355344813, abs=1e-6)
 
 
@@ -199,11 +200,11 @@ def test_setup_differences_are_listed(tmp_path):
     base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
     new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 100.0)], [_times(100.0)],
                      versions={"torch": "2.14.0", "nccl": "2.27.3"}, backend="nccl")
-    c = compare.compare(rundirs.load(base), rundirs.load(new))
+    c = compare.compare(reader.load(base), reader.load(new))
     assert ("torch", "2.13.0+cpu", "2.14.0") in c.setup
     assert ("NCCL", "unknown", "2.27.3") in c.setup
     assert ("backend", "gloo", "nccl") in c.setup
-    text = "\n".join(compare.format_text(c, rundirs.load(base), rundirs.load(new)))
+    text = "\n".join(compare.format_text(c, reader.load(base), reader.load(new)))
     assert "#   torch: 2.13.0+cpu -> 2.14.0" in text
 
 
@@ -280,7 +281,7 @@ def test_a_noisy_row_names_a_fine_threshold_as_given(tmp_path):
     base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [us])
     new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 100.2)],
                      [[x * 1.002 for x in us]])
-    (row,) = compare.compare(rundirs.load(base), rundirs.load(new), "time", 0.005).rows
+    (row,) = compare.compare(reader.load(base), reader.load(new), "time", 0.005).rows
     assert (row.mark, row.note) == ("x", "noisy: repetitions 4.6% apart, more than the 0.5% "
                                          "threshold"), row
 
@@ -314,7 +315,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     other = tmp_path / "p2p"
     other.mkdir()
     shutil.copy(tmp_path / "ok" / "run.json", other / "run.json")
-    from distbench.commands.p2p import OUTPUT as P2P
+    from distbench.cli.commands.p2p import OUTPUT as P2P
 
     (other / "p2p.csv").write_text(",".join(P2P.csv) + "\n")
     _one_error_line(_compare(ok, other), "shares no table compare reads")
@@ -355,7 +356,7 @@ def test_a_run_against_itself_is_the_same_everywhere(plain_and_slowed):
     rows = [line for line in res.stdout.splitlines() if line.startswith(" ")
             and ("all_reduce" in line or "all_gather" in line)]
     assert len(rows) == 6
-    c = compare.compare(rundirs.load(plain), rundirs.load(plain))
+    c = compare.compare(reader.load(plain), reader.load(plain))
     # nothing changed: the same, or (where this machine's repetitions are further apart than
     # the threshold) too noisy to tell; never better or worse
     assert all(r.ratio == 1.0 and r.mark in ("~", "x") for r in c.rows), res.stdout
@@ -368,13 +369,13 @@ def test_a_slowed_run_is_worse_and_fails_the_gate(plain_and_slowed):
     plain, slowed = plain_and_slowed
     res = _compare(plain, slowed)
     assert res.returncode == 4, res.stdout + res.stderr
-    c = compare.compare(rundirs.load(plain), rundirs.load(slowed))
+    c = compare.compare(reader.load(plain), reader.load(slowed))
     assert len(c.rows) == 6 and len(c.worse) >= 3
     # worse: every repetition of the slowed run beyond every one of the plain run (5 against 5),
     # by more than the noise allows; a row not called worse is one whose own repetitions (a
     # stall of the plain run) are too far apart to tell: never the same, never better
     assert all(r.ratio < 0.5 and r.p_value < 0.05 for r in c.worse)
-    base, new = rundirs.load(plain), rundirs.load(slowed)
+    base, new = reader.load(plain), reader.load(slowed)
     for i, r in enumerate(c.rows):  # both runs wrote the same rows in the same order
         b, n = compare._reps(base, "collective.csv", i), compare._reps(new, "collective.csv", i)
         # the rule is on the repetitions: their medians' ratio against the noise and margin
@@ -425,7 +426,7 @@ def test_an_nccl_tests_log_compares_with_itself_and_with_a_distbench_run(tmp_pat
          "busbw_gbps": 0.11},
         {**_row("all_reduce", 1048576, 90.5), "world_size": 8, "in_place": 0,
          "busbw_gbps": 20.27}], [_times(15.62), _times(90.5)], world_size=8)
-    c = compare.compare(rundirs.load(log), rundirs.load(ours))
+    c = compare.compare(reader.load(log), reader.load(ours))
     assert [(r.label, r.mark) for r in c.rows] == [("float32 sum out 1024 B", "~"),
                                                    ("float32 sum out 1048576 B", "-")]
     (worse,) = c.worse
@@ -445,7 +446,7 @@ def test_p2p_baseline_compares_the_ring_and_the_matrix(tmp_path):
     res = distbench(tmp_path / "new", *args, "--baseline", str(base.run_dir),
                     DISTBENCH_TEST_SLOW_RANK="1:0.02")
     assert res.code == 4, res.stderr
-    c = compare.compare(rundirs.load(base.run_dir), rundirs.load(res.run_dir))
+    c = compare.compare(reader.load(base.run_dir), reader.load(res.run_dir))
     assert {r.file for r in c.worse} == {"p2p.csv", "p2p_matrix.csv"}
     # ring 4K; matrix: 0->1 and 1->0 one way, 0<->1 both ways (measured once per pair); a row
     # not called worse is one whose repetitions are too far apart to tell, never the same
@@ -467,7 +468,7 @@ def test_a_cell_that_is_no_number_is_one_line_naming_file_column_and_row(tmp_pat
                     "in row 2, not a number")
     nan = _write_run(tmp_path / "nan", [{**_row("all_reduce", 1024, 100.0), "busbw_gbps": "nan"}],
                      [[]])
-    (row,) = compare.compare(rundirs.load(ok), rundirs.load(nan)).rows
+    (row,) = compare.compare(reader.load(ok), reader.load(nan)).rows
     assert row.mark == "x"  # no value: nothing to compare, not a slowdown
 
 
@@ -495,9 +496,9 @@ def test_a_baseline_of_another_world_size_is_refused_before_any_worker(tmp_path)
 def test_time_is_worse_by_its_own_growth_not_by_the_bandwidth_it_implies(tmp_path):
     base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [[]])
     new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 111.0)], [[]])
-    (row,) = compare.compare(rundirs.load(base), rundirs.load(new), "time", 0.10).rows
+    (row,) = compare.compare(reader.load(base), reader.load(new), "time", 0.10).rows
     assert row.mark == "-" and row.ratio == pytest.approx(1.11)
-    (row,) = compare.compare(rundirs.load(base), rundirs.load(new), "time", 0.12).rows
+    (row,) = compare.compare(reader.load(base), reader.load(new), "time", 0.12).rows
     assert row.mark == "~"
 
 
@@ -507,7 +508,7 @@ def test_a_mean_moved_by_outliers_against_most_iterations_is_not_a_slowdown(tmp_
     # 49 iterations 10% faster, one spike: the mean is slower, the iterations are not
     faster = _times(90.0, n=49) + [1500.0]
     new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, sum(faster) / 50)], [faster])
-    (row,) = compare.compare(rundirs.load(base), rundirs.load(new)).rows
+    (row,) = compare.compare(reader.load(base), reader.load(new)).rows
     assert row.ratio < 0.95 and row.p_value < 0.05  # the repetitions are 10% faster
     assert (row.mark, row.note) == ("x", "the row's mean and its repetitions disagree")
 
@@ -516,7 +517,7 @@ def test_rows_that_share_an_identity_pair_up_in_order(tmp_path):
     twice = tmp_path / "twice.log"
     text = (FIXTURES / "bare_table.log").read_text()
     twice.write_text(text + text)
-    c = compare.compare(rundirs.load(twice), rundirs.load(twice))
+    c = compare.compare(reader.load(twice), reader.load(twice))
     assert len(c.rows) == 24 and all(r.ratio in (None, 1.0) for r in c.rows)
 
 
@@ -607,7 +608,7 @@ def test_samples_for_a_row_the_csv_does_not_have_are_refused(tmp_path):
 def test_accept_rows_are_headed_in_their_own_units_and_named_in_full(tmp_path):
     """accept.csv rows are each in their check's unit: no "busbw (GB/s)" over microseconds, and
     check names longer than the op column still line up."""
-    from distbench.commands.accept import OUTPUT as ACCEPT
+    from distbench.cli.commands.accept import OUTPUT as ACCEPT
 
     def accept_run(path: Path, latency: float) -> Path:
         path.mkdir()

@@ -9,7 +9,8 @@ import pytest
 import torch
 from fake_group import run_ranks
 
-from distbench import memory, timing
+from distbench.bench import timing
+from distbench.run import memory
 
 CPU = torch.device("cpu")
 

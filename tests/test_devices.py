@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from distbench.links import Link, Outlier, culprits
-from distbench.peers import start_verdict
-from distbench.runtime import RunFailure, gpu_identity, pick_gpu
+from distbench.results.links import Link, Outlier, culprits
+from distbench.run.peers import start_verdict
+from distbench.run.runtime import RunFailure, gpu_identity, pick_gpu
 
 
 @pytest.mark.parametrize("local_rank,local_world,count,want", [
@@ -73,11 +73,11 @@ def test_a_culprit_gpu_is_named_by_its_bus_id():
 def test_every_rank_is_placed_on_its_gpu_in_topo_json(tmp_path):
     import json
 
-    from distbench import results
+    from distbench.results import writer
 
     ranks = [{"rank": 0, "host": "gpu3", "node": 0, "local_rank": 0, "device": "H100",
               "pid": 7, "gpu_uuid": "GPU-a", "gpu_bus_id": "00000000:18:00.0"}]
-    results.write_topology(tmp_path, [{"host": "gpu3", "gpus": []}], ranks)
+    writer.write_topology(tmp_path, [{"host": "gpu3", "gpus": []}], ranks)
     placed = json.loads((tmp_path / "topo.json").read_text())["ranks"]
     assert placed == [{"rank": 0, "host": "gpu3", "node": 0, "local_rank": 0,
                        "gpu_uuid": "GPU-a", "gpu_bus_id": "00000000:18:00.0"}]

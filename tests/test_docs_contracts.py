@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import distbench.commands
-from distbench.tables import Output
+import distbench.cli.commands
+from distbench.core.tables import Output
 
 RESULTS_MD = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 _CELL = re.compile(r"^`([a-z0-9_]+)`$")
@@ -51,8 +51,8 @@ def documented_columns(csv_name: str, text: str | None = None) -> list[str]:
 def _outputs() -> dict[str, Output]:
     """Every CSV contract the commands declare, by file name."""
     found = {}
-    for info in pkgutil.iter_modules(distbench.commands.__path__):
-        module = importlib.import_module(f"distbench.commands.{info.name}")
+    for info in pkgutil.iter_modules(distbench.cli.commands.__path__):
+        module = importlib.import_module(f"distbench.cli.commands.{info.name}")
         found.update({v.file: v for v in vars(module).values() if isinstance(v, Output)})
     return found
 

@@ -19,14 +19,11 @@ import torch.distributed as dist
 from helpers import LAUNCHER_VARS, assert_one_line_error, clean_env
 from typer.testing import CliRunner
 
-import distbench.cli
-from distbench import reference as refmod
-from distbench.commands import COMMANDS
-from distbench.commands import dp as cmd
-from distbench.commands.dp import DPOptions
-from distbench.faults import SLOW_RANK, SLOW_SEND, Faults
-from distbench.models import StackShape, build_stack
-from distbench.options import (
+import distbench.cli.app
+from distbench.cli.commands import COMMANDS
+from distbench.cli.commands import dp as cmd
+from distbench.cli.commands.dp import DPOptions
+from distbench.core.options import (
     OptionError,
     build,
     cli_types,
@@ -34,9 +31,12 @@ from distbench.options import (
     option_fields,
     to_argv,
 )
-from distbench.strategies import dp as strat
-from distbench.strategies import dp_formulas as f
-from distbench.strategies.comms import Call, CommCounter, bus_bytes, replay, replayable
+from distbench.run.faults import SLOW_RANK, SLOW_SEND, Faults
+from distbench.steps import dp_formulas as f
+from distbench.steps import dp_model as strat
+from distbench.steps import reference as refmod
+from distbench.steps.comms import Call, CommCounter, bus_bytes, replay, replayable
+from distbench.steps.models import StackShape, build_stack
 
 CPU = torch.device("cpu")
 MODES = ("ddp", "zero1", "zero2", "zero3")
@@ -285,7 +285,7 @@ def test_heads_need_not_divide_the_hidden_size_of_an_mlp(no_launcher):
 
 
 def _resolve(captured, *args: str) -> DPOptions:
-    result = CliRunner().invoke(distbench.cli.app, ["dp", *args])
+    result = CliRunner().invoke(distbench.cli.app.app, ["dp", *args])
     assert result.exit_code == 0, (result.output, result.exception)
     assert len(captured) == 1 and captured[0][0] == "dp"
     opts = captured.pop()[1]
@@ -440,9 +440,9 @@ def test_config_bad_value_in_dp_table_fails_like_the_flag(tmp_path):
 def test_dp_bad_input_and_help_never_import_torch(tmp_path, argv):
     code = textwrap.dedent(f"""
         import sys
-        import distbench.cli
+        import distbench.cli.app
         try:
-            distbench.cli.main({argv!r})
+            distbench.cli.app.main({argv!r})
         except SystemExit as e:
             print("exit", e.code)
         print("torch-imported", "torch" in sys.modules)
@@ -686,7 +686,7 @@ def test_one_rank_trainer_holds_the_table_and_matches_the_reference(group, mode,
     """At one rank nothing is sharded: the table's N = 1 column (what storage_bytes finds on
     the trainer's own tensors, less AdamW's float32 step count per weight), DDP's collectives
     as the formula counts them, and one step as the single-rank reference takes it."""
-    from distbench.strategies.tp import RTOL
+    from distbench.steps.tp_model import RTOL
 
     tdtype = getattr(torch, dtype)
     shapes = f.param_shapes("mlp", SMALL.hidden_size, SMALL.ffn_size, SMALL.layers)

@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 from helpers import distbench, free_port
 from test_docs_contracts import documented_columns
 
-from distbench.faults import Faults
-from distbench.models import StackShape
+from distbench.run.faults import Faults
+from distbench.steps.models import StackShape
 
 pytestmark = pytest.mark.multiproc
 
@@ -187,7 +187,7 @@ def _skip_on(rank: int, world: int, port: int, out: str) -> None:
                             world_size=world)
     try:
         from distbench.steps import dp as steps
-        from distbench.strategies import dp as strat
+        from distbench.steps import dp_model as strat
 
         real = strat.build
 

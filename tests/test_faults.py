@@ -8,8 +8,8 @@ import pytest
 import torch
 from helpers import distbench
 
-from distbench.faults import Faults, fake_node
 from distbench.ops.case import Case, idle
+from distbench.run.faults import Faults, fake_node
 
 
 def _case(sends=True, receives=True, output=None, calls=None) -> Case:

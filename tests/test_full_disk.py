@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import distbench
 
-from distbench import samples
+from distbench.results import samples
 
 pytestmark = pytest.mark.multiproc
 

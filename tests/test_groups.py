@@ -14,10 +14,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port
 
-from distbench.faults import Faults
-from distbench.measure import measure_case
+from distbench.bench.measure import measure_case
 from distbench.ops import p2p
 from distbench.ops.collectives import OPS, Ctx
+from distbench.run.faults import Faults
 
 pytestmark = pytest.mark.multiproc
 

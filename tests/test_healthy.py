@@ -1,8 +1,8 @@
-"""distbench.healthy.reach, the healthy-peers rule that node, pair and link checks share, tried for
-both errors on matrices where the bad ends may be the majority: 3, 4 and 5 nodes with 0, 1 and
-2 slow ones, items one per node (node checks) or one per pair of nodes (pair checks), healthy
-values spread at random over up to 10x (healthy gloo on this machine), and counts of false
-alarms on healthy-only inputs (A/A) and of misses on planted faults, both asserted."""
+"""distbench.results.healthy.reach, the healthy-peers rule that node, pair and link checks share,
+tried for both errors on matrices where the bad ends may be the majority: 3, 4 and 5 nodes with
+0, 1 and 2 slow ones, items one per node (node checks) or one per pair of nodes (pair checks),
+healthy values spread at random over up to 10x (healthy gloo on this machine), and counts of
+false alarms on healthy-only inputs (A/A) and of misses on planted faults, both asserted."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from itertools import combinations
 
 import pytest
 
-from distbench import healthy
+from distbench.results import healthy
 
 TRIALS = 300
 

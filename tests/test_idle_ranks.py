@@ -20,10 +20,11 @@ import torch.multiprocessing as mp
 from fake_group import run_ranks
 from helpers import free_port
 
-from distbench import measure, runtime
-from distbench.faults import Faults
+from distbench.bench import measure
 from distbench.ops import p2p
 from distbench.ops.case import Case, idle
+from distbench.run import runtime
+from distbench.run.faults import Faults
 
 CPU = torch.device("cpu")
 
@@ -115,7 +116,7 @@ DELAY_S = 0.4  # before each op of ranks 0 and 1: 10 ops, 4 s, twice the timeout
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
-    from distbench.peers import Peers
+    from distbench.run.peers import Peers
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
                           timeout=timedelta(seconds=30))

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distbench import timing
+from distbench.bench import timing
 
 CUDA = torch.device("cuda", 0)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, distbench_lines, free_port
 
-from distbench.launchers import adopt, expand_nodelist, expand_tasks_per_node
-from distbench.options import OptionError
+from distbench.core.options import OptionError
+from distbench.platform.launchers import adopt, expand_nodelist, expand_tasks_per_node
 
 
 @pytest.mark.parametrize("text,hosts", [

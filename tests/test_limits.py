@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, clean_env
 
-from distbench import limits
-from distbench.options import OptionError
-from distbench.sizes import format_size
+from distbench.core.options import OptionError
+from distbench.core.sizes import format_size
+from distbench.platform import limits
 
 GiB = 2**30
 
@@ -106,9 +106,9 @@ def test_workers_past_the_machine_are_refused_at_once(tmp_path, command):
     code = textwrap.dedent(f"""
         import sys, time
         t0 = time.perf_counter()
-        import distbench.cli
+        import distbench.cli.app
         try:
-            distbench.cli.main([{command!r}, "--workers", "99999", "--out", {str(out)!r}])
+            distbench.cli.app.main([{command!r}, "--workers", "99999", "--out", {str(out)!r}])
         except SystemExit as e:
             print("exit", e.code, "after", round(time.perf_counter() - t0, 3))
         print("torch-imported", "torch" in sys.modules)
@@ -158,7 +158,7 @@ def test_an_out_nobody_can_create_is_refused(tmp_path, command, where):
 
 
 def test_the_probe_leaves_nothing_behind(tmp_path):
-    from distbench.options import check_writable_dir
+    from distbench.core.options import check_writable_dir
 
     target = tmp_path / "results" / "deeper"
     assert check_writable_dir("--out", target, "--out results") == target

@@ -1,4 +1,4 @@
-"""distbench.links: slow links are judged against what the healthy links of their own class
+"""distbench.results.links: slow links are judged against what the healthy links of their own class
 (direction, size, intra|inter) reach, so a rank or host slow in both directions is caught even
 where it sits on most of the links, and the culprit is named only when one rank (or host) is in
 more than half of the slow links."""
@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from distbench import healthy
-from distbench.links import (
+from distbench.results import healthy
+from distbench.results.links import (
     Link,
     Outlier,
     Reference,

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 from helpers import free_port
 
-from distbench import memory
-from distbench.memory import allocate_fitting
+from distbench.run import memory
+from distbench.run.memory import allocate_fitting
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""distbench.nccltests: nccl-tests logs and -J JSON files read as collective.csv rows.
+"""distbench.results.nccltests: nccl-tests logs and -J JSON files read as collective.csv rows.
 
 The fixtures in fixtures/nccl-tests/ were written line by line with nccl-tests' own printf
 formats (src/common.cu, src/util.cu) from chosen times, so algbw and busbw in them are what
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from test_docs_contracts import documented_columns
 
-from distbench.nccltests import looks_like_nccl_tests, read
+from distbench.core.errors import ReadError
 from distbench.ops.collectives import OPS
-from distbench.reading import ReadError
+from distbench.results.nccltests import looks_like_nccl_tests, read
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
 WITH_ROWS = ["bare_table.log", "tag_output.log", "tag_output_every_rank.log", "mixed_multi.log",

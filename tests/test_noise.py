@@ -1,4 +1,4 @@
-"""The noise rule (distbench/noise.py) on its own: a change is called only beyond both the
+"""The noise rule (distbench/core/noise.py) on its own: a change is called only beyond both the
 threshold and the noise the runs show, tried for both errors: quiet on repetitions drawn from
 one machine's modes (A/A), and catching a planted slowdown."""
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from distbench import noise
+from distbench.core import noise
 
 
 def test_spread_is_slowest_over_fastest_less_one():

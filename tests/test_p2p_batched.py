@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distbench.models import PipelineShape
 from distbench.ops import p2p
-from distbench.strategies.pp import NaivePipeline
+from distbench.steps.models import PipelineShape
+from distbench.steps.pp_model import NaivePipeline
 
 
 class _Done:
@@ -79,8 +79,8 @@ def _fake_session(rank: int, world: int):
 def test_the_matrix_probe_uses_every_pair_this_rank_is_in_once(batches, world):
     """NCCL connects a pair the first time it is used, allocating as it does: the probe, run
     before the sizes are decided, must use every link, in one order every rank shares."""
-    from distbench import series
-    from distbench.commands.p2p import MATRIX_OUTPUT
+    from distbench.bench import series
+    from distbench.cli.commands.p2p import MATRIX_OUTPUT
 
     ser = series.matrix(_fake_session(1, world), "float32", MATRIX_OUTPUT, [])
     case = ser.probe()
@@ -99,8 +99,8 @@ def test_the_matrix_probe_uses_every_pair_this_rank_is_in_once(batches, world):
 
 @pytest.mark.parametrize("pattern", ["ring", "pingpong"])
 def test_every_p2p_pattern_is_probed_on_one_element(batches, pattern):
-    from distbench import series
-    from distbench.commands.p2p import OUTPUT
+    from distbench.bench import series
+    from distbench.cli.commands.p2p import OUTPUT
 
     ser = series.p2p_pattern(_fake_session(0, 2), pattern, "float32", OUTPUT)
     case = ser.probe()

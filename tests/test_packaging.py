@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from distbench.runtime import Runtime, loaded_library
+from distbench.run.runtime import Runtime, loaded_library
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ def test_a_wheel_builds_and_carries_the_profiles(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (wheel,) = tmp_path.glob("distbench-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "distbench/cli.py" in names
+    assert "distbench/cli/app.py" in names
     shipped = {Path(n).name for n in names if "/share/distbench/profiles/" in n}
     assert shipped == {p.name for p in (ROOT / "configs" / "profiles").glob("*.toml")}
     assert not [n for n in names if n.startswith(("tests/", "results/"))]

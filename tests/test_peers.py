@@ -19,8 +19,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from distbench import peers
-from distbench.peers import Lost, Peers, StartFailure, describe_lost, start_verdict
+from distbench.run import peers
+from distbench.run.peers import Lost, Peers, StartFailure, describe_lost, start_verdict
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, distbench_lines, free_port
 
-from distbench.faults import fake_host
+from distbench.run.faults import fake_host
 
 FLOORS = Path(__file__).parent / "fixtures" / "profiles" / "two-node-floors.toml"
 PAIR_CHECKS = {"pair all_reduce busbw", "pair p2p ring busbw"}

@@ -9,11 +9,10 @@ from fractions import Fraction
 import pytest
 import torch
 
-import distbench.cli
-from distbench import reference
-from distbench.commands.pp import OUTPUT, PPOptions
-from distbench.models import PipelineShape, make_layer
-from distbench.strategies import pp
+import distbench.cli.app
+from distbench.cli.commands.pp import OUTPUT, PPOptions
+from distbench.steps import pp_model, reference
+from distbench.steps.models import PipelineShape, make_layer
 
 
 @pytest.mark.parametrize(("layers", "stages", "want"), [
@@ -21,25 +20,25 @@ from distbench.strategies import pp
     (7, 6, [2, 1, 1, 1, 1, 1]), (9, 4, [3, 2, 2, 2]),
 ])
 def test_split_is_contiguous_and_as_even_as_possible(layers, stages, want):
-    assert pp.split_layers(layers, stages) == want
-    ranges = pp.stage_ranges(layers, stages)
+    assert pp_model.split_layers(layers, stages) == want
+    ranges = pp_model.stage_ranges(layers, stages)
     assert [len(r) for r in ranges] == want
     assert [i for r in ranges for i in r] == list(range(layers))  # contiguous, in order
-    assert pp.layers_per_stage_text(layers, stages) == "/".join(map(str, want))
+    assert pp_model.layers_per_stage_text(layers, stages) == "/".join(map(str, want))
 
 
 def test_split_refuses_fewer_layers_than_stages():
     with pytest.raises(ValueError, match="cannot fill"):
-        pp.split_layers(3, 4)
+        pp_model.split_layers(3, 4)
 
 
 def test_interleaved_stages_live_on_rank_s_mod_world():
-    assert pp.num_stages("interleaved-1f1b", 3, 2) == 6
-    assert pp.stages_of_rank("interleaved-1f1b", 0, 3, 2) == [0, 3]
-    assert pp.stages_of_rank("interleaved-1f1b", 2, 3, 2) == [2, 5]
+    assert pp_model.num_stages("interleaved-1f1b", 3, 2) == 6
+    assert pp_model.stages_of_rank("interleaved-1f1b", 0, 3, 2) == [0, 3]
+    assert pp_model.stages_of_rank("interleaved-1f1b", 2, 3, 2) == [2, 5]
     for schedule in ("naive", "gpipe", "1f1b"):
-        assert pp.num_stages(schedule, 3, 2) == 3
-        assert pp.stages_of_rank(schedule, 1, 3, 2) == [1]
+        assert pp_model.num_stages(schedule, 3, 2) == 3
+        assert pp_model.stages_of_rank(schedule, 1, 3, 2) == [1]
 
 
 @pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (3, 6, 2), (4, 8, 3), (8, 32, 4), (1, 4, 2)])
@@ -51,24 +50,24 @@ def test_analytic_bubble(p, m, v):
         "interleaved-1f1b": Fraction(p - 1, v * m + p - 1),
     }
     for schedule, want in exact.items():
-        assert pp.analytic_bubble(schedule, p, m, v) == pytest.approx(float(want), abs=1e-15)
+        assert pp_model.analytic_bubble(schedule, p, m, v) == pytest.approx(float(want), abs=1e-15)
 
 
 def test_analytic_bubble_known_values():
-    assert pp.analytic_bubble("gpipe", 2, 4) == pytest.approx(0.2)
-    assert pp.analytic_bubble("1f1b", 4, 8) == pytest.approx(3 / 11)
-    assert pp.analytic_bubble("interleaved-1f1b", 2, 4, 2) == pytest.approx(1 / 9)
-    assert pp.analytic_bubble("naive", 4, 100) == pytest.approx(0.75)  # m does not help naive
+    assert pp_model.analytic_bubble("gpipe", 2, 4) == pytest.approx(0.2)
+    assert pp_model.analytic_bubble("1f1b", 4, 8) == pytest.approx(3 / 11)
+    assert pp_model.analytic_bubble("interleaved-1f1b", 2, 4, 2) == pytest.approx(1 / 9)
+    assert pp_model.analytic_bubble("naive", 4, 100) == pytest.approx(0.75)  # m does not help naive
     with pytest.raises(ValueError):
-        pp.analytic_bubble("zero-bubble", 2, 4)
+        pp_model.analytic_bubble("zero-bubble", 2, 4)
 
 
 def test_p2p_bytes_count_both_directions_over_every_boundary():
     # 2 stages, 8 samples x 32 tokens x 1024 float32: one boundary, activation + gradient
-    assert pp.p2p_bytes_per_step(2, 8, 32, 1024, 4) == 2 * 8 * 32 * 1024 * 4
+    assert pp_model.p2p_bytes_per_step(2, 8, 32, 1024, 4) == 2 * 8 * 32 * 1024 * 4
     # 6 stages (3 ranks x 2 virtual): 5 boundaries
-    assert pp.p2p_bytes_per_step(6, 6, 16, 256, 2) == 5 * 2 * 6 * 16 * 256 * 2
-    assert pp.p2p_bytes_per_step(1, 8, 32, 1024, 4) == 0
+    assert pp_model.p2p_bytes_per_step(6, 6, 16, 256, 2) == 5 * 2 * 6 * 16 * 256 * 2
+    assert pp_model.p2p_bytes_per_step(1, 8, 32, 1024, 4) == 0
 
 
 def _shape(**kw) -> PipelineShape:
@@ -91,10 +90,11 @@ def test_the_shape_takes_the_options_names():
 
 def test_check_runs_on_the_measured_shape_when_small_else_a_small_one():
     small = _shape()
-    assert pp.check_shape(small) is small
+    assert pp_model.check_shape(small) is small
     big = _shape(hidden_size=1024, seq_len=128, micro_batch_size=1, micro_batches=8, layers=8)
-    c = pp.check_shape(big)
-    assert (c.hidden_size, c.seq_len, c.micro_batch_size) == (pp.SMALL_HIDDEN, pp.SMALL_SEQ, 1)
+    c = pp_model.check_shape(big)
+    assert (c.hidden_size, c.seq_len, c.micro_batch_size) == (
+        pp_model.SMALL_HIDDEN, pp_model.SMALL_SEQ, 1)
     assert (c.layers, c.micro_batches, c.dtype) == (8, 8, "float32")
 
 
@@ -118,7 +118,7 @@ class _FakePipe:
 
     def __init__(self, shape, indices, holds_last):
         self.shape = shape
-        full = pp.SingleRank(shape, torch.device("cpu"))
+        full = pp_model.SingleRank(shape, torch.device("cpu"))
         full.step()
         self.layers = {i: full.layer(i) for i in indices}
         self.holds_last = holds_last
@@ -126,41 +126,41 @@ class _FakePipe:
 
 
 def _compare(pipe, ref) -> reference.Comparison:
-    return reference.compare(pp.pp_vs_reference(pipe, ref), pp.RTOL[pipe.shape.dtype])
+    return reference.compare(pp_model.pp_vs_reference(pipe, ref), pp_model.RTOL[pipe.shape.dtype])
 
 
 def test_pairs_hold_the_rank_s_gradients_then_the_loss():
     shape = _shape()
-    ref = pp.SingleRank(shape, torch.device("cpu"))
+    ref = pp_model.SingleRank(shape, torch.device("cpu"))
     ref.step()
-    pairs = pp.pp_vs_reference(_FakePipe(shape, [1, 2], holds_last=True), ref)
+    pairs = pp_model.pp_vs_reference(_FakePipe(shape, [1, 2], holds_last=True), ref)
     assert [name for name, _, _ in pairs] == [
         f"layer {i} {p} grad" for i in (1, 2) for p in ("fc1.weight", "fc1.bias", "fc2.weight",
                                                         "fc2.bias")] + ["loss"]
     assert pairs[0][2] is ref.layer(1).fc1.weight.grad
-    first_rank = pp.pp_vs_reference(_FakePipe(shape, [0], holds_last=False), ref)
+    first_rank = pp_model.pp_vs_reference(_FakePipe(shape, [0], holds_last=False), ref)
     assert [name for name, _, _ in first_rank][-1] == "layer 0 fc2.bias grad"  # no loss here
 
 
 def test_compare_accepts_equal_gradients_and_catches_a_corrupted_one():
     shape = _shape()
-    ref = pp.SingleRank(shape, torch.device("cpu"))
+    ref = pp_model.SingleRank(shape, torch.device("cpu"))
     ref.step()
     pipe = _FakePipe(shape, [1, 2], holds_last=True)
     ok = _compare(pipe, ref)
     assert ok.wrong == 0 and ok.max_abs_err == 0.0
 
     # what the corrupt-rank fault does, on a copy of the first gradient as the check does
-    (name, got, want), *rest = pp.pp_vs_reference(pipe, ref)
+    (name, got, want), *rest = pp_model.pp_vs_reference(pipe, ref)
     got = got.clone()
     got.view(-1)[0] += 1
-    bad = reference.compare([(name, got, want), *rest], pp.RTOL[shape.dtype])
+    bad = reference.compare([(name, got, want), *rest], pp_model.RTOL[shape.dtype])
     assert bad.wrong == 1 and bad.max_abs_err == pytest.approx(1.0, rel=1e-3)
 
 
 def test_compare_catches_a_wrong_loss_and_a_small_relative_error():
     shape = _shape()
-    ref = pp.SingleRank(shape, torch.device("cpu"))
+    ref = pp_model.SingleRank(shape, torch.device("cpu"))
     ref.step()
     pipe = _FakePipe(shape, [0], holds_last=True)
     pipe.loss = pipe.loss * 1.01
@@ -174,8 +174,9 @@ def test_compare_catches_a_wrong_loss_and_a_small_relative_error():
 
 def test_pp_options_reach_the_command(captured):
     with pytest.raises(SystemExit) as e:
-        distbench.cli.main(["pp", "--schedule", "gpipe,interleaved-1f1b", "--micro-batches", "4",
-                            "--layers", "5", "--workers", "2", "--virtual-stages", "2"])
+        distbench.cli.app.main(["pp", "--schedule", "gpipe,interleaved-1f1b",
+                                "--micro-batches", "4", "--layers", "5", "--workers", "2",
+                                "--virtual-stages", "2"])
     assert e.value.code == 0
     ((command, opts),) = captured
     assert command == "pp"
@@ -191,7 +192,7 @@ def test_pp_options_reach_the_command(captured):
 ])
 def test_bad_pp_option_is_one_line_and_exit_2(captured, capsys, args, option):
     with pytest.raises(SystemExit) as e:
-        distbench.cli.main(["pp", *args])
+        distbench.cli.app.main(["pp", *args])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"distbench: error: {option}:") and "\n" not in err

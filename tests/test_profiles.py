@@ -1,6 +1,6 @@
-"""Acceptance profiles (distbench/profiles.py, configs/profiles/*.toml): the built-ins load and
-cite their figures, auto picks the right one from the nodes' snapshots, and every kind of bad
-profile is one ProfileError naming the file and the key."""
+"""Acceptance profiles (distbench/accept/profiles.py, configs/profiles/*.toml): the built-ins load
+and cite their figures, auto picks the right one from the nodes' snapshots, and every kind of
+bad profile is one ProfileError naming the file and the key."""
 
 import re
 import subprocess
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from distbench import profiles
-from distbench.options import DTYPES, OptionError
-from distbench.profiles import METRICS, Check, ProfileError
+from distbench.accept import profiles
+from distbench.accept.profiles import METRICS, Check, ProfileError
+from distbench.core.options import DTYPES, OptionError
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_DIR = ROOT / "configs" / "profiles"
@@ -137,9 +137,9 @@ def test_every_absolute_number_has_its_source_in_a_comment_above(name):
 
 
 def test_metrics_name_real_columns_and_patterns():
-    from distbench.commands.collective import OUTPUT as COLLECTIVE
-    from distbench.commands.p2p import OUTPUT as P2P
-    from distbench.commands.p2p import PATTERNS
+    from distbench.cli.commands.collective import OUTPUT as COLLECTIVE
+    from distbench.cli.commands.p2p import OUTPUT as P2P
+    from distbench.cli.commands.p2p import PATTERNS
 
     assert set(profiles.P2P_PATTERNS) <= set(PATTERNS)
     for metric, spec in METRICS.items():
@@ -153,7 +153,7 @@ def test_metrics_name_real_columns_and_patterns():
 
 
 def test_importing_profiles_loads_no_torch():
-    code = ("import sys, distbench.profiles as p; p.available(); p.resolve('h100-sxm-8'); "
+    code = ("import sys, distbench.accept.profiles as p; p.available(); p.resolve('h100-sxm-8'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

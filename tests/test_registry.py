@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, free_port
 
-from distbench import cli
-from distbench.commands import COMMANDS
+from distbench.cli import app
+from distbench.cli.commands import COMMANDS
+from distbench.core.options import RunOptions, option_fields
 from distbench.ops.collectives import OPS
-from distbench.options import RunOptions, option_fields
 
 HERE = Path(__file__).parent
 
 
 def test_every_command_has_options_and_a_body():
     assert set(COMMANDS) == {"collective", "p2p", "topo", "tp", "pp", "dp", "accept"}
-    registered = {c.name for c in cli.app.registered_commands}
+    registered = {c.name for c in app.app.registered_commands}
     # report and compare read results back: no launcher, so no entry in the command table
     assert registered == set(COMMANDS) | {"report", "compare"}
     for name, command in COMMANDS.items():

@@ -19,8 +19,8 @@ import pytest
 from helpers import clean_env, distbench
 from matplotlib.colors import to_rgba
 
-from distbench import plots, report, rundirs
-from distbench.commands.accept import OUTPUT as ACCEPT
+from distbench.cli.commands.accept import OUTPUT as ACCEPT
+from distbench.results import plots, reader, report
 
 multiproc = pytest.mark.multiproc
 
@@ -132,7 +132,7 @@ def test_predict_prints_the_model_and_writes_nothing(runs):
     (line,) = res.stdout.strip().splitlines()
     assert line.startswith(f"{runs['collective'].name}: all_reduce float32 ")
     assert " at 1 GiB: " in line and " us, busbw " in line
-    (f,) = [f for f in report.models(rundirs.load(runs["collective"]))
+    (f,) = [f for f in report.models(reader.load(runs["collective"]))
             if f["op"] == "all_reduce"]
     t_us = float(line.split(" at 1 GiB: ")[1].split(" us")[0])  # the model: alpha + S / beta
     assert t_us == pytest.approx(f["alpha_us"] + (1 << 30) / (f["beta_gbps"] * 1e3), rel=1e-3)
@@ -247,7 +247,7 @@ def _said(line: str) -> dict[str, int]:
 
 def test_the_accept_section_counts_the_first_pass_as_accept_json_does(tmp_path):
     run = _accept_run(tmp_path / "run", SLOW_N3)
-    lines = report.markdown([rundirs.load(run)], [[]], [])
+    lines = report.markdown([reader.load(run)], [[]], [])
     verdicts = json.loads((run / "accept.json").read_text())["verdicts"]
     (first,) = [line for line in lines if line.startswith("- First pass: ")]
     (again,) = [line for line in lines if line.startswith("- Retests: ")]
@@ -259,7 +259,7 @@ def test_the_accept_section_counts_the_first_pass_as_accept_json_does(tmp_path):
 
 
 def test_the_accept_table_gives_each_figure_in_its_metrics_unit(tmp_path):
-    lines = report.markdown([rundirs.load(_accept_run(tmp_path / "run", SLOW_N3))], [[]], [])
+    lines = report.markdown([reader.load(_accept_run(tmp_path / "run", SLOW_N3))], [[]], [])
     rows = [line for line in lines if line.startswith("| ")]
     assert rows[0] == ("| check | target | pass | metric | measured | fail line | warn line "
                        "| ratio | verdict |")
@@ -277,7 +277,7 @@ def _pixels(path: Path, colour: str) -> int:
 
 
 def test_the_verdict_plot_shows_failures_beside_a_pass_twenty_times_its_line(tmp_path):
-    run = rundirs.load(_accept_run(tmp_path / "run", SLOW_N3))
+    run = reader.load(_accept_run(tmp_path / "run", SLOW_N3))
     (png,) = plots.accept([run], tmp_path)
     _sensible(png)
     fails = sum(r["verdict"] == "FAIL" for r in SLOW_N3)
@@ -288,7 +288,7 @@ def test_the_verdict_plot_shows_failures_beside_a_pass_twenty_times_its_line(tmp
 
 
 def test_the_verdict_plot_draws_measured_against_expected_not_the_ratio(tmp_path):
-    fig = plots.accept_figure([rundirs.load(_accept_run(tmp_path / "run", SLOW_N3))])
+    fig = plots.accept_figure([reader.load(_accept_run(tmp_path / "run", SLOW_N3))])
     (ax,) = fig.axes
     bars = {p.get_gid(): p for p in ax.patches if p.get_gid()}
     for i, row in enumerate(SLOW_N3):
@@ -313,7 +313,7 @@ def test_every_verdict_has_its_colour_and_nothing_is_cut_off(tmp_path):
                      0.12, 0.42, "INCONCLUSIVE", note="too noisy to tell"),
             _verdict("node all_gather busbw", "node", "n2", "p50_busbw_gbps", 0.1, None, None,
                      None, None, "FAIL", wrong=12, note="12 wrong elements")]
-    run = rundirs.load(_accept_run(tmp_path / "a-rather-long-run-directory-name" / "run", rows))
+    run = reader.load(_accept_run(tmp_path / "a-rather-long-run-directory-name" / "run", rows))
     fig = plots.accept_figure([run, run])
     (ax,) = fig.axes
     legend = {t.get_text(): h for t, h in zip(ax.get_legend().get_texts(),
@@ -337,9 +337,9 @@ def test_an_nccl_tests_log_shows_its_world_or_says_unknown(tmp_path):
     text = (FIXTURES / "tag_output.log").read_text()
     bare = tmp_path / "all_gather_perf.log"  # the same log with its device list cut out
     bare.write_text("\n".join(line for line in text.splitlines() if "Rank " not in line))
-    known, unknown = rundirs.load(FIXTURES / "tag_output.log"), rundirs.load(bare)
-    assert (rundirs.world_size(known), rundirs.nnodes(known)) == ("8", "2")
-    assert (rundirs.world_size(unknown), rundirs.nnodes(unknown)) == ("unknown", "unknown")
+    known, unknown = reader.load(FIXTURES / "tag_output.log"), reader.load(bare)
+    assert (reader.world_size(known), reader.nnodes(known)) == ("8", "2")
+    assert (reader.world_size(unknown), reader.nnodes(unknown)) == ("unknown", "unknown")
     lines = report.markdown([known, unknown], [[], []], [])
     assert f"nccl-tests output read from `{known.path}`: 8 ranks on 2 node(s)." in lines
     assert f"nccl-tests output read from `{bare}`: ranks unknown, nodes unknown." in lines
@@ -350,12 +350,12 @@ def test_a_log_of_tests_at_several_world_sizes_names_each(tmp_path):
     both = tmp_path / "sweep.log"  # 8 ranks on one node, then 4
     both.write_text((FIXTURES / "bare_table.log").read_text()
                     + (FIXTURES / "reduce_scatter_per_iter.log").read_text())
-    run = rundirs.load(both)
-    assert (rundirs.world_size(run), rundirs.nnodes(run)) == ("4, 8", "1")
-    json_run = rundirs.load(FIXTURES / "all_reduce.json")
-    assert (rundirs.world_size(json_run), rundirs.nnodes(json_run)) == ("16", "2")
+    run = reader.load(both)
+    assert (reader.world_size(run), reader.nnodes(run)) == ("4, 8", "1")
+    json_run = reader.load(FIXTURES / "all_reduce.json")
+    assert (reader.world_size(json_run), reader.nnodes(json_run)) == ("16", "2")
 
 
 def test_runs_of_one_name_are_each_named_by_their_parent(tmp_path):
     paths = [_accept_run(tmp_path / parent / "run", SLOW_N3) for parent in ("a", "b")]
-    assert [r.name for r in rundirs.load_all(paths)] == ["a/run", "b/run"]
+    assert [r.name for r in reader.load_all(paths)] == ["a/run", "b/run"]

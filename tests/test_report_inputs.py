@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from helpers import clean_env
 
-from distbench import plots, report, rundirs
-from distbench.commands.dp import OUTPUT as DP
-from distbench.rundirs import REQUIRED
+from distbench.cli.commands.dp import OUTPUT as DP
+from distbench.results import plots, reader, report
+from distbench.results.reader import REQUIRED
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
 H100_LOG = FIXTURES / "bare_table.log"  # all_reduce on 8 H100s, up to 312 GB/s
@@ -92,7 +92,7 @@ def _dp_run(path: Path) -> Path:
 
 
 def test_a_dp_run_is_reported_with_its_step_split_and_state(tmp_path):
-    run = rundirs.load(_dp_run(tmp_path / "dp-run"))
+    run = reader.load(_dp_run(tmp_path / "dp-run"))
     lines, files = report.write([run], tmp_path / "out")
     assert "### Data parallel" in lines
     assert ("| ddp 25 MiB | float32 | 2 | 4.13 | 0.89 | 3.24 | 1.12 | 0.0 | 128.02 KiB "
@@ -135,9 +135,9 @@ def test_a_dp_run_in_a_list_does_not_stop_the_report(tmp_path):
 def test_the_same_input_given_twice_is_numbered_each_time(tmp_path):
     a = _gloo_collective(tmp_path / "a" / "run")
     b = _gloo_collective(tmp_path / "b" / "run")
-    assert [r.name for r in rundirs.load_all([a, a])] == ["run (1)", "run (2)"]
-    assert [r.name for r in rundirs.load_all([a, b, a])] == ["a/run (1)", "b/run", "a/run (2)"]
-    assert [r.name for r in rundirs.load_all([H100_LOG, H100_LOG])] == [
+    assert [r.name for r in reader.load_all([a, a])] == ["run (1)", "run (2)"]
+    assert [r.name for r in reader.load_all([a, b, a])] == ["a/run (1)", "b/run", "a/run (2)"]
+    assert [r.name for r in reader.load_all([H100_LOG, H100_LOG])] == [
         "bare_table.log (1)", "bare_table.log (2)"]
 
 
@@ -159,7 +159,7 @@ def _segments_in(box, line) -> bool:
 
 @pytest.mark.parametrize("y, small_only", [("busbw_gbps", False), ("time_us", True)])
 def test_a_gloo_run_beside_an_h100_log_is_drawn_on_a_log_axis(tmp_path, y, small_only):
-    runs = rundirs.load_all([_gloo_collective(tmp_path / "gloo", gbps=0.5), H100_LOG])
+    runs = reader.load_all([_gloo_collective(tmp_path / "gloo", gbps=0.5), H100_LOG])
     fig = plots.curves_figure(runs, "collective.csv", "op", ("dtype", "redop", "in_place"), y,
                               y, small_only=small_only)
     (ax,) = fig.axes
@@ -175,7 +175,7 @@ def test_a_gloo_run_beside_an_h100_log_is_drawn_on_a_log_axis(tmp_path, y, small
 def test_no_legend_covers_a_line(tmp_path):
     # six reruns, each a level line across the latency panel: inside the axes, a legend of six
     # entries crosses one wherever it goes
-    runs = rundirs.load_all([_gloo_collective(tmp_path / f"rerun-{i}", alpha_us=100.0 * i,
+    runs = reader.load_all([_gloo_collective(tmp_path / f"rerun-{i}", alpha_us=100.0 * i,
                                               ops=("all_reduce", "all_gather"))
                              for i in range(1, 7)] + [H100_LOG])
     fig = plots.curves_figure(runs, "collective.csv", "op", ("dtype", "redop", "in_place"),
@@ -208,8 +208,8 @@ def test_figures_are_written_out_in_full_never_in_exponent_form():
 
 
 def test_alpha_is_in_one_format_in_the_model_table(tmp_path):
-    runs = [rundirs.load(_gloo_collective(tmp_path / "slow", alpha_us=1080.0)),
-            rundirs.load(_gloo_collective(tmp_path / "fast", alpha_us=966.0))]
+    runs = [reader.load(_gloo_collective(tmp_path / "slow", alpha_us=1080.0)),
+            reader.load(_gloo_collective(tmp_path / "fast", alpha_us=966.0))]
     lines = report.markdown(runs, [report.models(r) for r in runs], [])
     alphas = [line.split(" | ")[4] for line in lines
               if line.startswith("| all_reduce |") and line.count(" | ") == 9]
@@ -245,7 +245,7 @@ def _matrix_run(path: Path) -> Path:
 
 
 def test_a_two_way_link_is_written_with_a_two_way_arrow(tmp_path):
-    lines = report.markdown([rundirs.load(_matrix_run(tmp_path / "run"))], [[]], [])
+    lines = report.markdown([reader.load(_matrix_run(tmp_path / "run"))], [[]], [])
     slow = [line for line in lines if line.startswith("- float32 ")]
     assert slow == ["- float32 bi 1 MiB: rank 1 <-> rank 3",
                     "- float32 uni 1 MiB: rank 0 -> rank 2"]

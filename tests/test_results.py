@@ -1,4 +1,5 @@
-"""The run directory contract (distbench.results): CSV rows on disk at once, run.json states."""
+"""The run directory contract (distbench.results.writer): CSV rows on disk at once, run.json
+states."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from distbench import results
-from distbench.commands.collective import OUTPUT as COLLECTIVE
+from distbench.cli.commands.collective import OUTPUT as COLLECTIVE
+from distbench.results import writer
 
 DESIGN_COLUMNS = [
     "op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes", "count",
@@ -31,7 +32,7 @@ def test_collective_columns_begin_with_the_design_list():
 def test_csv_sink_rows_on_disk_immediately(tmp_path):
     path = tmp_path / "collective.csv"
     cols = ["op", "in_place", "root", "time_us", "size_bytes", "note"]
-    sink = results.CsvSink(path, cols)
+    sink = writer.CsvSink(path, cols)
     try:
         assert _read(path) == [cols]  # header before any row
         sink.append({"op": "all_reduce", "in_place": True, "root": None, "time_us": 12.5,
@@ -53,14 +54,14 @@ def test_csv_sink_rows_on_disk_immediately(tmp_path):
 ])
 def test_csv_cells(tmp_path, value, cell):
     path = tmp_path / "t.csv"
-    sink = results.CsvSink(path, ["a"])
+    sink = writer.CsvSink(path, ["a"])
     sink.append({"a": value})
     sink.close()
     assert _read(path)[1] == [cell]
 
 
 def test_run_record_lifecycle(tmp_path):
-    rec = results.RunRecord(tmp_path, "collective", {"op": "all_reduce"}, ["collective", "-x"])
+    rec = writer.RunRecord(tmp_path, "collective", {"op": "all_reduce"}, ["collective", "-x"])
     assert not (tmp_path / "run.json").exists()
     rec.update(world_size=2)
     data = json.loads((tmp_path / "run.json").read_text())
@@ -70,7 +71,7 @@ def test_run_record_lifecycle(tmp_path):
     assert data["command"] == "collective"
     assert data["options"] == {"op": "all_reduce"}
     assert data["argv"] == ["collective", "-x"]
-    assert data["schema_version"] == results.SCHEMA_VERSION
+    assert data["schema_version"] == writer.SCHEMA_VERSION
     datetime.fromisoformat(data["start_utc"])
 
     rec.finish("ok", 0)
@@ -82,12 +83,12 @@ def test_run_record_lifecycle(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))  # atomic write left nothing behind
 
     # a finished run is not touched by the launcher's fallback
-    assert results.mark_unfinished(tmp_path, "rank 1 died", 1) is False
+    assert writer.mark_unfinished(tmp_path, "rank 1 died", 1) is False
     assert json.loads((tmp_path / "run.json").read_text())["status"] == "ok"
 
 
 def test_run_record_failure(tmp_path):
-    rec = results.RunRecord(tmp_path, "collective", {}, [])
+    rec = writer.RunRecord(tmp_path, "collective", {}, [])
     rec.update()
     rec.finish("failed", 3, "wrong results: all_reduce 1024 B rank 1")
     data = json.loads((tmp_path / "run.json").read_text())
@@ -96,23 +97,23 @@ def test_run_record_failure(tmp_path):
 
 
 def test_mark_unfinished_flips_running(tmp_path):
-    rec = results.RunRecord(tmp_path, "collective", {}, [])
+    rec = writer.RunRecord(tmp_path, "collective", {}, [])
     rec.update()
-    assert results.mark_unfinished(tmp_path, "worker exited with code -9", 137) is True
+    assert writer.mark_unfinished(tmp_path, "worker exited with code -9", 137) is True
     data = json.loads((tmp_path / "run.json").read_text())
     assert data["status"] == "failed"
     assert data["error"] == "worker exited with code -9"
     assert data["exit_code"] == 137
     assert data["end_utc"] is not None
-    assert results.mark_unfinished(tmp_path, "again", 1) is False  # no longer running
+    assert writer.mark_unfinished(tmp_path, "again", 1) is False  # no longer running
     assert json.loads((tmp_path / "run.json").read_text())["error"] == "worker exited with code -9"
 
 
 def test_mark_unfinished_missing_or_unreadable(tmp_path):
-    assert results.mark_unfinished(tmp_path, "e", 1) is False
-    assert results.mark_unfinished(tmp_path / "nope", "e", 1) is False
+    assert writer.mark_unfinished(tmp_path, "e", 1) is False
+    assert writer.mark_unfinished(tmp_path / "nope", "e", 1) is False
     (tmp_path / "run.json").write_text("{not json")
-    assert results.mark_unfinished(tmp_path, "e", 1) is False
+    assert writer.mark_unfinished(tmp_path, "e", 1) is False
     assert (tmp_path / "run.json").read_text() == "{not json"
 
 
@@ -124,20 +125,20 @@ def test_new_run_dir_unique_in_the_same_second(tmp_path, monkeypatch):
         def now(cls, tz=None):
             return fixed
 
-    monkeypatch.setattr(results, "datetime", FrozenDatetime)
+    monkeypatch.setattr(writer, "datetime", FrozenDatetime)
     parent = tmp_path / "results"  # created on demand
-    a = results.new_run_dir(parent, "collective")
-    b = results.new_run_dir(parent, "collective")
-    c = results.new_run_dir(parent, "collective")
+    a = writer.new_run_dir(parent, "collective")
+    b = writer.new_run_dir(parent, "collective")
+    c = writer.new_run_dir(parent, "collective")
     assert len({a, b, c}) == 3
     assert all(p.is_dir() and p.parent == parent for p in (a, b, c))
     assert a.name == "20240506T070809Z-collective"
     assert all(p.name.startswith(a.name) for p in (b, c))
     # a different command in the same second gets its own name
-    assert results.new_run_dir(parent, "p2p").name == "20240506T070809Z-p2p"
+    assert writer.new_run_dir(parent, "p2p").name == "20240506T070809Z-p2p"
 
 
 def test_new_run_dir_real_clock(tmp_path):
-    a = results.new_run_dir(tmp_path, "collective")
-    b = results.new_run_dir(tmp_path, "collective")
+    a = writer.new_run_dir(tmp_path, "collective")
+    b = writer.new_run_dir(tmp_path, "collective")
     assert a != b and a.is_dir() and b.is_dir()

@@ -9,8 +9,8 @@ import statistics
 import pytest
 from helpers import distbench
 
-from distbench import samples
-from distbench.reading import ReadError
+from distbench.core.errors import ReadError
+from distbench.results import samples
 
 
 def test_thin_keeps_every_value_up_to_the_cap_then_evenly_spaced():

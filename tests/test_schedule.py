@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from distbench.schedule import circle_rounds, quick_round, retest_rounds
+from distbench.accept.schedule import circle_rounds, quick_round, retest_rounds
 
 
 @pytest.mark.parametrize("nodes", range(2, 10))

@@ -13,11 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distbench import results, session
-from distbench.commands.collective import CollectiveOptions
-from distbench.options import build
-from distbench.peers import Lost
-from distbench.runtime import RunFailure, Runtime
+from distbench.cli.commands.collective import CollectiveOptions
+from distbench.core.options import build
+from distbench.results import writer
+from distbench.run import session
+from distbench.run.peers import Lost
+from distbench.run.runtime import RunFailure, Runtime
 
 
 @pytest.fixture
@@ -146,7 +147,7 @@ def test_the_lowest_rank_left_finishes_run_json_when_rank_0_is_gone(tmp_path, mo
     monkeypatch.delenv("DISTBENCH_RUN_DIR", raising=False)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    record = results.RunRecord(run_dir, "collective", {}, [])
+    record = writer.RunRecord(run_dir, "collective", {}, [])
     record.update()  # as rank 0 left it: "running"
     opts = build(CollectiveOptions, {"out": str(tmp_path)}, argv=[])
     rt = Runtime(rank, 3, rank, "gloo", torch.device("cpu"), peers=_FakePeers(run_dir))
@@ -170,7 +171,7 @@ def test_under_our_own_launcher_the_workers_leave_the_telling_to_it(tmp_path, mo
                                                                      capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    results.RunRecord(run_dir, "collective", {}, []).update()
+    writer.RunRecord(run_dir, "collective", {}, []).update()
     monkeypatch.setenv("DISTBENCH_RUN_DIR", str(run_dir))
     opts = build(CollectiveOptions, {"out": str(tmp_path)}, argv=[])
     rt = Runtime(1, 3, 1, "gloo", torch.device("cpu"), peers=_FakePeers(run_dir))
@@ -228,11 +229,11 @@ def test_our_launcher_blames_a_death_seen_first_not_one_it_caused(tmp_path, caps
     end of its grace, seconds later: rank 1's failure is the one to report."""
     from types import SimpleNamespace
 
-    from distbench import launch
+    from distbench.run import launch
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    record = results.RunRecord(run_dir, "collective", {}, [])
+    record = writer.RunRecord(run_dir, "collective", {}, [])
     record.update()
     failures = {1: SimpleNamespace(exitcode=3, timestamp=100),
                 0: SimpleNamespace(exitcode=-9, timestamp=106)}

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from distbench.sizes import (
+from distbench.core.sizes import (
     MAX_SIZE,
     MAX_SIZES,
     SizeError,
@@ -312,7 +312,7 @@ def test_huge_step_range_is_refused_without_building_it(monkeypatch):
     # implementation that built the list first would hang or run out of memory here.
     import builtins
 
-    import distbench.sizes as sizes_mod
+    import distbench.core.sizes as sizes_mod
 
     calls = []
     real_range = builtins.range
@@ -419,7 +419,7 @@ def test_results_are_plain_ints():
 
 def test_module_does_not_import_torch():
     code = (
-        "import sys; import distbench.sizes; "
+        "import sys; import distbench.core.sizes; "
         "bad = [m for m in ('torch', 'numpy') if m in sys.modules]; "
         "print(','.join(bad))"
     )

@@ -24,11 +24,13 @@ import torch
 import torch.distributed as dist
 from helpers import children, clean_env, distbench_lines
 
-from distbench import peers, results, session, timing
-from distbench.commands.collective import CollectiveOptions
-from distbench.options import build
-from distbench.peers import Peers
-from distbench.runtime import Runtime, Watchdog
+from distbench.bench import timing
+from distbench.cli.commands.collective import CollectiveOptions
+from distbench.core.options import build
+from distbench.results import writer
+from distbench.run import peers, session
+from distbench.run.peers import Peers
+from distbench.run.runtime import Runtime, Watchdog
 
 HOST = socket.gethostname()
 MARGIN_S = 15  # past --timeout: the bound docs/results.md gives
@@ -209,7 +211,7 @@ def test_rank_0_ends_the_run_as_the_rank_that_timed_out_first(tmp_path, monkeypa
     """What rank 0 saw after rank 1 timed out and left (the connection it closed, the
     launcher's SIGTERM, or its own watchdog a moment later) is not how the run ended: run.json
     says timeout, in rank 1's words, and rank 0 does not say it a second time."""
-    monkeypatch.delenv(results.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(writer.RUN_DIR_ENV, raising=False)
     opts = build(CollectiveOptions, {"out": str(tmp_path)}, argv=[])
     rt = Runtime(0, 2, 0, "gloo", torch.device("cpu"), peers=_AfterRank1TimedOut())
     s = session.Session("collective", opts, rt)
@@ -223,7 +225,7 @@ def test_rank_0_ends_the_run_as_the_rank_that_timed_out_first(tmp_path, monkeypa
 
 
 def test_a_ctrl_c_stays_one_after_a_timeout_elsewhere(tmp_path, monkeypatch):
-    monkeypatch.delenv(results.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(writer.RUN_DIR_ENV, raising=False)
     opts = build(CollectiveOptions, {"out": str(tmp_path)}, argv=[])
     rt = Runtime(0, 2, 0, "gloo", torch.device("cpu"), peers=_AfterRank1TimedOut())
     s = session.Session("collective", opts, rt)
@@ -312,8 +314,8 @@ def test_a_startup_that_hangs_ends_at_the_timeout_and_says_so(tmp_path, monkeypa
     watchdog ends the process --timeout later, with one line, and run.json says timeout."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    results.RunRecord(run_dir, "collective", {}, []).update()
-    monkeypatch.setenv(results.RUN_DIR_ENV, str(run_dir))
+    writer.RunRecord(run_dir, "collective", {}, []).update()
+    monkeypatch.setenv(writer.RUN_DIR_ENV, str(run_dir))
     monkeypatch.setenv("RANK", "0")
     exited: list[int] = []
     gone = threading.Event()
@@ -347,7 +349,7 @@ def test_a_store_that_stops_answering_cannot_hold_the_ending(tmp_path, monkeypat
     stopped) would hold the rank for as long as its connection's timeout, run.json unwritten:
     ENDING_S later the rank writes it with what it knows."""
     monkeypatch.setattr(session, "ENDING_S", 0.5)
-    monkeypatch.delenv(results.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(writer.RUN_DIR_ENV, raising=False)
     released = threading.Event()
 
     class Hung:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from distbench.commands import accept, collective, dp, p2p, pp, tp
-from distbench.tables import (
+from distbench.cli.commands import accept, collective, dp, p2p, pp, tp
+from distbench.core.tables import (
     Column,
     Output,
     fmt_us,

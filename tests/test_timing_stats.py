@@ -1,4 +1,4 @@
-"""Timing statistics and loops (distbench.timing), without and with a one-rank gloo group."""
+"""Timing statistics and loops (distbench.bench.timing), without and with a one-rank gloo group."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distbench import noise, timing
+from distbench.bench import timing
+from distbench.core import noise
 
 CPU = torch.device("cpu")
 
@@ -237,7 +238,7 @@ def test_a_torch_without_cuda_graphs_gives_a_skip_every_rank_agrees_on(monkeypat
 
     from fake_group import run_ranks
 
-    from distbench.measure import Skipped, timed_samples
+    from distbench.bench.measure import Skipped, timed_samples
 
     def capture(fn, iters, device):  # rank 1's torch cannot capture, rank 0's can
         if dist.get_rank() == 1:
@@ -378,7 +379,7 @@ def test_queued_work_and_the_watchdog_follow_the_typical_warmup_op(monkeypatch):
     real pace were 20 times half the timeout, the stretch NCCL's watchdog allows."""
     from fake_group import run_ranks
 
-    from distbench.measure import timed_samples
+    from distbench.bench.measure import timed_samples
 
     seen = {}
 

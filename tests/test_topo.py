@@ -12,7 +12,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 # Lets `pytest tests/test_topo.py` work from any cwd without an installed package.
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
-topo = importlib.import_module("distbench.topo")
+topo = importlib.import_module("distbench.platform.topo")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NV18_TEXT = (FIXTURES / "topo_dgx_h100_nv18.txt").read_text()

@@ -1,5 +1,5 @@
 """`distbench topo`: standalone it snapshots this machine without starting workers; the summary
-on stdout digests the snapshot; results.write_topology stores topo.txt for people, topo.json for
+on stdout digests the snapshot; writer.write_topology stores topo.txt for people, topo.json for
 tools."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from distbench import results
-from distbench.console import Console
-from distbench.topo import summary_lines
+from distbench.platform.topo import summary_lines
+from distbench.results import writer
+from distbench.run.console import Console
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NV18_TEXT = (FIXTURES / "topo_dgx_h100_nv18.txt").read_text()
@@ -206,12 +206,12 @@ def test_summary_silent_when_console_disabled(capsys):
 
 
 # --------------------------------------------------------------------------------------------
-# results.write_topology
+# writer.write_topology
 # --------------------------------------------------------------------------------------------
 
 def test_write_topology(tmp_path):
     snaps = [_snap("dgx1", NV18_TEXT, FAKE_GPUS), _snap("cpu1", None)]
-    results.write_topology(tmp_path, snaps)
+    writer.write_topology(tmp_path, snaps)
     assert {p.name for p in tmp_path.iterdir()} == {"topo.txt", "topo.json"}
 
     text = (tmp_path / "topo.txt").read_text()
@@ -235,7 +235,7 @@ def test_write_topology(tmp_path):
 
 
 def test_write_topology_pcie(tmp_path):
-    results.write_topology(tmp_path, [_snap("pcie1", PCIE_TEXT, FAKE_GPUS[:1])])
+    writer.write_topology(tmp_path, [_snap("pcie1", PCIE_TEXT, FAKE_GPUS[:1])])
     (node,) = json.loads((tmp_path / "topo.json").read_text())["nodes"]
     links = node["gpu_links"]["links"]
     assert len(links) == 12

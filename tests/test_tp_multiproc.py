@@ -14,10 +14,10 @@ import torch.multiprocessing as mp
 from helpers import distbench, free_port
 from test_docs_contracts import documented_columns
 
-from distbench.models import StackShape
-from distbench.reference import Comparison
+from distbench.steps import tp_model as strat
 from distbench.steps.common import agree_comparison, time_on_rank0_alone
-from distbench.strategies import tp as strat
+from distbench.steps.models import StackShape
+from distbench.steps.reference import Comparison
 
 pytestmark = pytest.mark.multiproc
 

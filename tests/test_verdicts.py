@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from distbench import noise
-from distbench.accept_files import VERDICT_WORDS, read_baseline
-from distbench.exitcodes import EXIT_INCONCLUSIVE
-from distbench.profiles import NodeFacts, load, resolve
-from distbench.verdicts import Baseline, Result, judge
+from distbench.accept.files import VERDICT_WORDS, read_baseline
+from distbench.accept.profiles import NodeFacts, load, resolve
+from distbench.accept.verdicts import Baseline, Result, judge
+from distbench.core import noise
+from distbench.core.exitcodes import EXIT_INCONCLUSIVE
 
 PAIR_BW = """
 [[check]]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from distbench import healthy, noise
-from distbench.tables import percent, plural
+from distbench.core import noise
+from distbench.core.tables import percent, plural
+from distbench.results import healthy
 
 
 @pytest.mark.parametrize("count,want", [(0, "0 rows"), (1, "1 row"), (2, "2 rows")])

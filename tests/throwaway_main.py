@@ -3,6 +3,6 @@ their own ops looks like. Run under torchrun by test_registry.py."""
 
 import throwaway_op  # noqa: F401 - registers the op
 
-from distbench.cli import main
+from distbench.cli.app import main
 
 main()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from distbench.accounting import Accounting, unit_factor
+from distbench.core.accounting import Accounting, unit_factor
 from distbench.ops.collectives import CollectiveOp, register
 
 

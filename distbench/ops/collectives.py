@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from distbench.accounting import Accounting, allreduce_factor, ring_factor, unit_factor
+from distbench.core.accounting import Accounting, allreduce_factor, ring_factor, unit_factor
 
 
 @dataclass(frozen=True)

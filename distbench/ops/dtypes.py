@@ -1,4 +1,4 @@
-"""The dtype names the options accept (distbench.options.DTYPES), as torch dtypes."""
+"""The dtype names the options accept (distbench.core.options.DTYPES), as torch dtypes."""
 
 from __future__ import annotations
 

@@ -9,11 +9,11 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from distbench import timing
-from distbench.measure import timed_samples
-from distbench.memory import agree, release
-from distbench.reference import Comparison, Pair, compare
-from distbench.session import Session
+from distbench.bench import timing
+from distbench.bench.measure import timed_samples
+from distbench.run.memory import agree, release
+from distbench.run.session import Session
+from distbench.steps.reference import Comparison, Pair, compare
 
 # Longest tensor name the agreed verdict carries; longer ones are cut.
 NAME_BYTES = 256

@@ -20,13 +20,15 @@ import sys
 import torch
 import torch.distributed as dist
 
-from distbench import timing
-from distbench.exitcodes import EXIT_OK
-from distbench.measure import fail_if_wrong
-from distbench.memory import release
-from distbench.models import StackShape
+from distbench.bench import timing
+from distbench.bench.measure import fail_if_wrong
+from distbench.core.exitcodes import EXIT_OK
+from distbench.core.tables import Output, format_table, plural
 from distbench.ops.dtypes import TORCH_DTYPES
-from distbench.session import Session
+from distbench.run.memory import release
+from distbench.run.session import Session
+from distbench.steps import dp_formulas as formulas
+from distbench.steps import dp_model as strat
 from distbench.steps.common import (
     NO_T1,
     agree_reason,
@@ -34,11 +36,9 @@ from distbench.steps.common import (
     time_on_rank0_alone,
     timed_step,
 )
-from distbench.strategies import dp as strat
-from distbench.strategies import dp_formulas as formulas
-from distbench.strategies.comms import CommCounter, bus_bytes, replay, replayable
-from distbench.strategies.tp import RTOL
-from distbench.tables import Output, format_table, plural
+from distbench.steps.comms import CommCounter, bus_bytes, replay, replayable
+from distbench.steps.models import StackShape
+from distbench.steps.tp_model import RTOL
 
 SEED = 1234
 # A check on the configured shapes costs this many FLOPs at most (the reference runs the whole

@@ -12,15 +12,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from distbench import timing
-from distbench.exitcodes import EXIT_OK
-from distbench.measure import fail_if_wrong, timed_samples
-from distbench.memory import agree
-from distbench.models import PipelineShape
-from distbench.session import Session
+from distbench.bench import timing
+from distbench.bench.measure import fail_if_wrong, timed_samples
+from distbench.core.exitcodes import EXIT_OK
+from distbench.core.tables import Output, format_table
+from distbench.run.memory import agree
+from distbench.run.session import Session
+from distbench.steps import pp_model
 from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone
-from distbench.strategies import pp
-from distbench.tables import Output, format_table
+from distbench.steps.models import PipelineShape
 
 
 def _agree(reason: str, device) -> str:
@@ -34,7 +34,7 @@ def run(s: Session, output: Output) -> int:
     rt, opts = s.rt, s.opts
     # at least 2 ranks, and layers for every stage: opts.check_world saw to it
     shape = PipelineShape.from_options(opts)
-    cshape = pp.check_shape(shape)
+    cshape = pp_model.check_shape(shape)
     if opts.check and cshape != shape:
         s.console.log(f"check on a small configuration (hidden {cshape.hidden_size}, seq "
                       f"{cshape.seq_len}, micro-batch size {cshape.micro_batch_size}, same "
@@ -56,11 +56,11 @@ def run(s: Session, output: Output) -> int:
         f"micro-batches {shape.micro_batches} x {shape.micro_batch_size}  "
         f"virtual stages {shape.virtual_stages}")))
     t1 = time_on_rank0_alone(s, "pp single-rank run (t1)",
-                             lambda: pp.SingleRank(shape, rt.device).step)
+                             lambda: pp_model.SingleRank(shape, rt.device).step)
     ref = None
     if opts.check:
         s.step("pp single-rank reference (check)", opts.timeout)
-        ref = pp.SingleRank(cshape, rt.device)
+        ref = pp_model.SingleRank(cshape, rt.device)
         ref.step()
         timing.sync(rt.device)
     sink = s.sink(output)
@@ -76,32 +76,32 @@ def run(s: Session, output: Output) -> int:
 def _base_row(s: Session, schedule: str, shape: PipelineShape) -> dict:
     rt = s.rt
     v = shape.virtual_stages if schedule == "interleaved-1f1b" else 1
-    stages = pp.num_stages(schedule, rt.world, v)
+    stages = pp_model.num_stages(schedule, rt.world, v)
     row = {
         "schedule": schedule, "dtype": shape.dtype, "world_size": rt.world, "nnodes": rt.nnodes,
         "stages": stages, "virtual_stages": v, "layers": shape.layers, "layers_per_stage": "",
         "micro_batches": shape.micro_batches, "micro_batch_size": shape.micro_batch_size,
         "hidden_size": shape.hidden_size, "seq_len": shape.seq_len,
-        "bubble_analytic": pp.analytic_bubble(schedule, rt.world, shape.micro_batches, v),
-        "p2p_bytes_per_step": pp.p2p_bytes_per_step(stages, shape.samples, shape.seq_len,
+        "bubble_analytic": pp_model.analytic_bubble(schedule, rt.world, shape.micro_batches, v),
+        "p2p_bytes_per_step": pp_model.p2p_bytes_per_step(stages, shape.samples, shape.seq_len,
                                                     shape.hidden_size, shape.elt_size),
         "backend": rt.backend, "status": "ok", "note": "",
     }
     if shape.layers >= stages:
-        row["layers_per_stage"] = pp.layers_per_stage_text(shape.layers, stages)
+        row["layers_per_stage"] = pp_model.layers_per_stage_text(shape.layers, stages)
     return row
 
 
-def _build(s, schedule: str, shape: PipelineShape) -> tuple[pp.Pipeline | None, str]:
+def _build(s, schedule: str, shape: PipelineShape) -> tuple[pp_model.Pipeline | None, str]:
     rt = s.rt
     v = shape.virtual_stages if schedule == "interleaved-1f1b" else 1
-    stages = pp.num_stages(schedule, rt.world, v)
+    stages = pp_model.num_stages(schedule, rt.world, v)
     reason, pipe = "", None
     if shape.layers < stages:
         reason = f"{shape.layers} layers cannot fill {stages} stages ({rt.world} ranks x {v})"
     else:
         try:
-            pipe = pp.build_pipeline(schedule, shape, rt.rank, rt.world, rt.device)
+            pipe = pp_model.build_pipeline(schedule, shape, rt.rank, rt.world, rt.device)
         except ValueError as e:  # the schedule's own requirements (micro-batch counts)
             reason = f"{schedule} cannot run this: {str(e).strip().splitlines()[0]}"
     reason = _agree(reason, rt.device)
@@ -129,11 +129,11 @@ def _measure_schedule(s: Session, schedule: str, shape: PipelineShape,
         check = pipe
         if cshape != shape:
             del pipe
-            check = pp.build_pipeline(schedule, cshape, rt.rank, rt.world, device)
+            check = pp_model.build_pipeline(schedule, cshape, rt.rank, rt.world, device)
         check.step()
         timing.sync(device)
-        result = check_against_reference(s, pp.pp_vs_reference(check, ref),
-                                          pp.RTOL[cshape.dtype])
+        result = check_against_reference(s, pp_model.pp_vs_reference(check, ref),
+                                          pp_model.RTOL[cshape.dtype])
         err, wrong = result.max_abs_err, result.wrong
         del check
     s.step(f"{what} (statistics)", opts.timeout)

@@ -12,21 +12,16 @@ sharded over every rank with torch.distributed.tensor.parallel. One row per bloc
 
 from __future__ import annotations
 
-from distbench.exitcodes import EXIT_OK
-from distbench.measure import fail_if_wrong
-from distbench.memory import release
-from distbench.models import StackShape, build_stack, make_inputs, make_step
+from distbench.bench.measure import fail_if_wrong
+from distbench.core.exitcodes import EXIT_OK
+from distbench.core.tables import Output, format_table, plural
 from distbench.ops.dtypes import TORCH_DTYPES
-from distbench.session import Session
-from distbench.steps.common import (
-    NO_T1,
-    check_against_reference,
-    time_on_rank0_alone,
-    timed_step,
-)
-from distbench.strategies import tp as strat
-from distbench.strategies.comms import CommCounter
-from distbench.tables import Output, format_table, plural
+from distbench.run.memory import release
+from distbench.run.session import Session
+from distbench.steps import tp_model as strat
+from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone, timed_step
+from distbench.steps.comms import CommCounter
+from distbench.steps.models import StackShape, build_stack, make_inputs, make_step
 
 SEED = 1234
 

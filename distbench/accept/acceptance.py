@@ -1,0 +1,231 @@
+"""`distbench accept` on every rank: agree on the profile (profile_choice.py), then run its
+plan (check_plan.py): for each check measure every target (each node, each pair of nodes, the
+cluster), the targets of a round at the same time in process groups of their own, made once per
+round and kept while the scope stays the same, and hand the results to rank 0, which judges
+them (verdicts.py), has the failures retested, and writes the check's rows before the next
+check starts; once every check is judged, the verdict (files.py)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from distbench.accept import check_plan, files, profile_choice, verdicts
+from distbench.accept.check_plan import Groups, Layout, Target, by_machine, target_of
+from distbench.accept.profiles import Check, Profile
+from distbench.bench.measure import Skipped, measure_case
+from distbench.bench.series import SENDRECV, allocate
+from distbench.core import noise
+from distbench.core.accounting import bandwidth, layout
+from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
+from distbench.core.tables import format_row, format_table, plural
+from distbench.ops import p2p
+from distbench.ops.collectives import OPS, Ctx
+from distbench.ops.dtypes import TORCH_DTYPES, element_size
+from distbench.run.memory import allocate_fitting, release
+from distbench.run.runtime import RunFailure, node_names
+
+
+def run(s, output) -> int:
+    rt, opts = s.rt, s.opts
+    profile, why = profile_choice.agree(rt, opts.profile)
+    s.console.log(f"profile {profile.name}: {why}")
+    names = node_names(rt.ranks)
+    lay = Layout.of_ranks(rt.ranks, names)
+    plan = check_plan.make(profile, lay, opts.quick)
+    groups = Groups(rt.world, _group_maker(rt, opts.timeout), dist.destroy_process_group)
+    met = itertools.count(1)
+    s.console.log(f"{plural(len(profile.checks), 'check')} on {plural(len(names), 'node')}, "
+                  f"{plural(rt.world, 'rank')}, "
+                  f"backend {rt.backend}; results in {s.run_dir}/")
+    view = SimpleNamespace(rt=rt, faults=s.faults, step=s.step, opts=SimpleNamespace(
+        timeout=opts.timeout, warmup=profile.warmup, iters=profile.iters, min_time=0.0,
+        check=True, cuda_graph=False, reps=noise.REPS))
+    chief = rt.rank == 0
+    baseline = (files.read_baseline(Path(opts.baseline), profile)
+                if opts.baseline and chief else None)
+    progress = files.Progress(s.run_dir, s.record, profile, why, names, rt,
+                                     opts.strict) if chief else None
+    if progress is not None:
+        s.on_end.append(progress.ended)
+    sink = s.sink(output)
+    s.console.lines(format_table(output.console, [], title=(
+        f"accept  profile {profile.name}  nodes {len(names)}  ranks {rt.world}  "
+        f"backend {rt.backend}")))
+    results: list[verdicts.Result] = []
+    judged = None
+    # Each check is measured, judged, retested and written before the next starts: a run
+    # stopped halfway keeps every row measured, and accept.json says how far it got.
+    for k, step in enumerate(plan.checks):
+        check = step.check
+        if chief:
+            progress.begin(check.name)
+        so_far = replace(profile, checks=profile.checks[:k + 1])
+        results += measure_check(s, view, step, groups, lay, met)
+        # Retests: a suspect node against a node that passed, any other failure as it was; a
+        # fault fails again, a burst of noise rarely does.
+        retests: list = [None]
+        if chief:
+            judged = verdicts.judge(results, so_far, names, baseline)
+            retests = [[planned for name, planned in judged.retests() if name == check.name]]
+        dist.broadcast_object_list(retests, src=0)
+        for retest_rounds in retests[0]:
+            for r in retest_rounds:
+                targets = [target_of(check.scope, nodes, lay) for nodes in r]
+                results += [replace(x, retest=True)
+                            for x in _round(s, view, check, targets, groups, lay, met)]
+        if chief:
+            if retests[0]:
+                judged = verdicts.judge(results, so_far, names, baseline)
+            for row in judged.rows():
+                if row["check"] == check.name:
+                    sink.append(row)
+                    s.console.lines([format_row(output.console, _shown(row))])
+            progress.finished(check.name, judged)
+    groups.release()
+    outcome = [None]
+    if chief:
+        _conclude(s, profile, judged, progress)
+        outcome = [judged.outcome(opts.strict)]
+    dist.broadcast_object_list(outcome, src=0)
+    status, code, line = outcome[0]
+    if code == EXIT_WRONG:
+        raise RunFailure(line, status="wrong", exit_code=EXIT_WRONG)
+    if code == EXIT_BELOW:
+        raise RunFailure(line, status="below_expectation", exit_code=EXIT_BELOW)
+    if code == EXIT_INCONCLUSIVE:
+        raise RunFailure(line, status="inconclusive", exit_code=EXIT_INCONCLUSIVE)
+    s.console.log(line)  # the other outcomes say theirs as the run's error line
+    return EXIT_OK
+
+
+def _shown(row: dict) -> dict:
+    """The row as the console shows it: a retest's target says so, or it would read as a
+    duplicate of the first measurement (the CSV has its `retest` column)."""
+    return {**row, "target": f"{row['target']} (retest)"} if row["retest"] else row
+
+
+def measure_check(s, view, step: check_plan.CheckPlan, groups: Groups, lay: Layout,
+                  met: Iterator[int]) -> list[verdicts.Result]:
+    """One check of the plan, every round of it, on every rank; rank 0 gets the results."""
+    if step.fresh:  # a new scope: the groups of the last one are not used again
+        groups.release()
+    if not step.rounds:  # a pair check on one node
+        return [verdicts.Result(step.check, "pairs", (), 0,
+                                note="one node: no pair of nodes to measure")]
+    return [r for targets in step.rounds
+            for r in _round(s, view, step.check, targets, groups, lay, met)]
+
+
+def _group_maker(rt, timeout_s: float):
+    """Groups.make for this run: a round's disjoint groups in one call on every rank, with the
+    run's timeout (torch's default would be NCCL's 10 minutes). NCCL splits the default
+    communicator once (non-members get None); elsewhere torch makes the groups one by one.
+    Not new_group(use_local_synchronization=True): torch names such a group by how many groups
+    the rank holds, which differs between ranks that sat different rounds out."""
+    timeout = timedelta(seconds=timeout_s)
+
+    def make(lists: list[tuple[int, ...]]) -> dict:
+        if rt.backend == "nccl" and hasattr(dist, "split_group"):
+            mine = dist.split_group(split_ranks=[list(r) for r in lists], timeout=timeout)
+        else:
+            mine, _ = dist.new_subgroups_by_enumeration([list(r) for r in lists],
+                                                        timeout=timeout)
+        return {r: mine for r in lists if rt.rank in r}
+    return make
+
+
+def _round(s, view, check: Check, targets: list[Target], groups: Groups, lay: Layout,
+           met: Iterator[int]) -> list[verdicts.Result]:
+    """One round: the ranks of each target measure it (in batches that share no machine), the
+    others wait on the host; rank 0 gets every target's result. `met` numbers the host
+    barriers, alike on every rank."""
+    rt = s.rt
+    of = dict(zip(targets, groups.for_round(targets), strict=True))
+    found: list[verdicts.Result] = []
+    for batch in by_machine(targets, lay.hosts):
+        mine = None
+        for target in batch:
+            if rt.rank in target.ranks:
+                mine = _measure(s, view, check, target, of[target])
+        what = f"{check.name}: waiting for the round's other targets"
+        s.step(what, 3 * s.opts.timeout)
+        if rt.peers is not None:
+            # on the host first: a collective queued now would be timed by NCCL's watchdog
+            # from now, and abort an idle rank whose peers measure for longer than the timeout
+            rt.peers.wait_on_host(f"round/{next(met)}", rt.world, 3 * s.opts.timeout)
+        everyone: list = [None] * rt.world
+        dist.all_gather_object(everyone, mine)
+        found += [r for r in everyone if r is not None]
+    release(rt.device)
+    return found
+
+
+def _measure(s, view, check: Check, target: Target, group) -> verdicts.Result | None:
+    """The check on one target's ranks; the result on the target's first rank, None on the
+    others."""
+    rt = s.rt
+    n = len(target.ranks)
+    me = rt.rank if group is None else dist.get_rank(group)
+    if target.ranks[me] != rt.rank:  # peers would mismatch: a hang on NCCL
+        raise RuntimeError(f"group rank {me} of {target.name} is rank {target.ranks[me]}, "
+                           f"not {rt.rank}")
+    base = dict(check=check, target=target.name, nodes=target.nodes, ranks=n)
+    if n < 2:
+        return verdicts.Result(**base, note="one rank: nothing travels") if me == 0 else None
+    what = f"{check.name} on {target.name}"
+    dtype, elt = TORCH_DTYPES[check.dtype], element_size(check.dtype)
+    try:
+        if check.command == "collective":
+            op = OPS[check.op]
+            lay = layout(op.accounting, check.size, elt, n)
+            if lay is None:
+                raise Skipped(f"too small for {n} ranks")
+            ctx = Ctx(me, n, root=0, redop="sum", in_place=op.placements[0], group=group)
+            alloc = functools.partial(allocate, op, ctx, dtype=dtype, device=rt.device)
+            bufs, fitted = allocate_fitting(alloc, [lay.per_rank_count], rt.device, group=group)
+            if bufs is None:
+                raise Skipped("does not fit in device memory")
+            case, acc, scale = op.build(ctx, bufs[0], bufs[1], lay.per_rank_count), \
+                op.accounting, 1.0
+        else:
+            lay = layout(SENDRECV, check.size, elt, n)
+            if lay is None:
+                raise Skipped(f"too small for one {check.dtype} element")
+            send, recv = (torch.empty(lay.count, dtype=dtype, device=rt.device)
+                          for _ in range(2))
+            case = p2p.ring(me, n, send, recv, group) if check.op == "ring" else \
+                p2p.pingpong(me, n, send, group)
+            acc, scale = SENDRECV, 1.0 if check.op == "ring" else 0.5
+        st = measure_case(view, case, what, lay.size_bytes, scale, group=group)
+    except Skipped as e:
+        return verdicts.Result(**base, note=str(e)) if me == 0 else None
+    if me != 0:
+        return None
+    algbw, busbw = bandwidth(acc, lay.size_bytes, st.time_us / 1e6, n)
+    _, typical = bandwidth(acc, lay.size_bytes, st.p50_us / 1e6, n)
+    return verdicts.Result(**base, size_bytes=lay.size_bytes, iters=st.iters,
+                           time_us=st.time_us, p99_us=st.p99_us, algbw_gbps=algbw,
+                           busbw_gbps=busbw, wrong=st.wrong, p50_us=st.p50_us,
+                           p50_busbw_gbps=typical, spread=noise.spread(st.reps_us))
+
+
+def _conclude(s, profile: Profile, judged, progress) -> None:
+    """Rank 0, every check judged: the nodes named and the notes on stderr, the verdict in
+    accept.json, accept.md and run.json, and with --baseline the comparison."""
+    for line in judged.findings():
+        s.console.log(line)
+    progress.conclude(judged)
+    if s.opts.baseline and s.run_dir is not None:
+        # the verdicts above have already judged each check, by the profile's tolerance
+        from distbench.results.baseline import print_comparison
+
+        print_comparison(s, profile.baseline_tolerance)

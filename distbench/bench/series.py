@@ -1,0 +1,179 @@
+"""What the sweep commands measure, as the engine's Series: buffers, cases and row cells for a
+collective plan, a p2p pattern and the pairwise link matrix."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from distbench.bench.engine import Point, Series, bandwidth_point
+from distbench.bench.measure import stats_columns
+from distbench.core.accounting import Accounting, Layout, min_bytes, unit_factor
+from distbench.core.sizes import format_size
+from distbench.core.tables import format_matrix
+from distbench.ops import p2p
+from distbench.ops.case import Case
+from distbench.ops.dtypes import TORCH_DTYPES, element_size
+from distbench.results.links import Link
+from distbench.run.runtime import rank_names
+
+# p2p ring (send to r+1, receive from r-1), nccl-tests' sendrecv
+SENDRECV = Accounting(split=False, factor=unit_factor)
+
+
+def allocate(op, ctx, count: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Buffers for the largest per-rank count, allocated once and sliced for every size. In place,
+    the smaller side is a view into the larger one, so only the larger is allocated."""
+    mults = {"in": op.in_mult, "out": op.out_mult}
+    if ctx.in_place:
+        small = "out" if op.elements(op.in_mult, 1, 2) >= op.elements(op.out_mult, 1, 2) \
+            else "in"
+        mults[small] = "0"
+    if op.root_only and ctx.rank != ctx.root:
+        mults[op.root_only] = "0"
+    return tuple(torch.empty(op.elements(m, count, ctx.n), dtype=dtype, device=device)
+                 for m in (mults["in"], mults["out"]))
+
+
+def describe(op: str, size: int, dtype: str, redop: str, in_place: bool) -> str:
+    """How errors and progress name a collective measurement."""
+    extra = f" {redop}" if redop != "none" else ""
+    return f"{op} {format_size(size)} {dtype}{extra} {'in-place' if in_place else 'out-of-place'}"
+
+
+def collective(s, plan, output) -> Series:
+    rt = s.rt
+    n, op = rt.world, plan.op
+    ctx = plan.ctx(rt.rank, n)
+    elt = element_size(plan.dtype)
+    alloc = functools.partial(allocate, op, ctx, dtype=TORCH_DTYPES[plan.dtype],
+                              device=rt.device)
+
+    def probe():
+        inp, out = alloc(1)
+        return op.build(ctx, inp, out, 1)
+
+    def points(bufs, lay: Layout) -> list[Point]:
+        what = describe(op.name, lay.size_bytes, plan.dtype, plan.redop, plan.in_place)
+        case = op.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
+        return [bandwidth_point(s, what, case, op.accounting, lay)]
+
+    need = min_bytes(op.accounting, elt, n)
+    return Series(
+        name=f"{op.name} {plan.dtype}", output=output,
+        title=f"{op.name}  {plan.dtype}  redop {plan.redop}  root {plan.root}  "
+              f"{'in-place' if plan.in_place else 'out-of-place'}  ranks {n}  "
+              f"nodes {rt.nnodes}  backend {rt.backend}",
+        accounting=op.accounting, elt=elt, alloc=alloc, points=points,
+        row={"op": op.name, "dtype": plan.dtype, "redop": plan.redop, "root": plan.root,
+             "in_place": plan.in_place, "world_size": n, "nnodes": rt.nnodes,
+             "backend": rt.backend, "status": "ok", "note": ""},
+        too_small=f"too small: {n} ranks need at least {need} B of {plan.dtype}",
+        skip=plan.skip, probe=probe)
+
+
+def _send_recv(dtype: str, device):
+    tdtype = TORCH_DTYPES[dtype]
+    return lambda c: (torch.empty(c, dtype=tdtype, device=device),
+                      torch.empty(c, dtype=tdtype, device=device))
+
+
+def p2p_pattern(s, pattern: str, dtype: str, output) -> Series:
+    rt = s.rt
+    n = rt.world
+    elt = element_size(dtype)
+    alloc = _send_recv(dtype, rt.device)
+
+    def case(send, recv) -> Case:
+        return p2p.ring(rt.rank, n, send, recv) if pattern == "ring" else \
+            p2p.pingpong(rt.rank, n, send)
+
+    def points(bufs, lay: Layout) -> list[Point]:
+        send, recv = (b[:lay.count] for b in bufs)
+        what = f"p2p {pattern} {format_size(lay.size_bytes)} {dtype}"
+        return [bandwidth_point(s, what, case(send, recv), SENDRECV, lay,
+                                1.0 if pattern == "ring" else 0.5)]
+
+    return Series(
+        name=f"p2p {pattern} {dtype}", output=output,
+        title=f"p2p {pattern}  {dtype}  ranks {n}  nodes {rt.nnodes}  backend {rt.backend}"
+              + ("  (time = one-way latency, half the round trip)"
+                 if pattern == "pingpong" else ""),
+        accounting=SENDRECV, elt=elt, alloc=alloc, points=points,
+        row={"pattern": pattern, "dtype": dtype, "world_size": n, "nnodes": rt.nnodes,
+             "pairs": n // 2 if pattern == "pingpong" else n, "backend": rt.backend,
+             "status": "ok", "note": ""},
+        too_small=f"too small: needs at least {elt} B of {dtype}",
+        probe=lambda: case(*alloc(1)))
+
+
+def matrix(s, dtype: str, output, links: list[Link]) -> Series:
+    """Every ordered pair measured alone while the others wait, one-way then bidirectional;
+    each measured link is added to `links` for judging."""
+    rt, console = s.rt, s.console
+    n = rt.world
+    who = rank_names(rt.ranks)
+    grids: dict[str, dict[tuple[int, int], float]] = {}
+
+    def point(src: int, dst: int, direction: str, send, recv, lay: Layout) -> Point:
+        arrow = "<->" if direction == "bi" else "->"
+        what = f"p2p matrix {src}{arrow}{dst} {format_size(lay.size_bytes)} {dtype}"
+        case = p2p.one_link(rt.rank, src, dst, direction == "bi", send, recv)
+
+        def columns(st) -> dict:
+            moved = lay.size_bytes * (2 if direction == "bi" else 1)
+            gbps = moved / (st.time_us / 1e6) / 1e9
+            grid = grids.setdefault(direction, {})
+            grid[src, dst] = gbps
+            if direction == "bi":
+                grid[dst, src] = gbps
+            same_node = rt.ranks[src]["node"] == rt.ranks[dst]["node"]
+            link = Link(src, dst, who[src], who[dst], "intra" if same_node else "inter",
+                        direction, lay.size_bytes, gbps)
+            links.append(link)
+            stats = stats_columns(st, s.opts.check)
+            return {"direction": direction, "src_rank": src, "dst_rank": dst,
+                    "src_host": rt.ranks[src]["host"], "dst_host": rt.ranks[dst]["host"],
+                    "src_local_rank": rt.ranks[src]["local_rank"],
+                    "dst_local_rank": rt.ranks[dst]["local_rank"], "link": link.link,
+                    **{k: stats[k] for k in ("iters", "time_us", "p50_us", "p99_us", "cv_pct",
+                                             "reps", "spread_pct")},
+                    "gbps": gbps, "wrong": stats["wrong"]}
+        return Point(what, case, columns, steps=2 if direction == "bi" else 1)
+
+    def points(bufs, lay: Layout) -> list[Point]:
+        grids.clear()
+        send, recv = (b[:lay.count] for b in bufs)
+        return [point(src, dst, direction, send, recv, lay)
+                for direction in ("uni", "bi") for src in range(n) for dst in range(n)
+                if src != dst and not (direction == "bi" and dst < src)]
+
+    def after_size(lay: Layout) -> None:
+        for direction in ("uni", "bi"):
+            console.lines(format_matrix(
+                f"p2p matrix {direction} GB/s, {format_size(lay.size_bytes)} {dtype} "
+                "(row = sender)", who, grids.get(direction, {})))
+
+    def on_skip(size: int, lay: Layout | None, reason: str) -> None:
+        console.log(f"matrix: {size} B of {dtype} skipped: {reason}")
+
+    def probe() -> Case:
+        """Every ordered pair once on one element: NCCL connects each pair the first time it is
+        used, allocating as it does, and that must happen before the sizes are decided."""
+        send, recv = _send_recv(dtype, rt.device)(1)
+        cases = [p2p.one_link(rt.rank, src, dst, False, send, recv)
+                 for src in range(n) for dst in range(n) if src != dst]
+
+        def run_all() -> None:
+            for c in cases:
+                c.prepare()
+                c.run()
+        return Case(run=run_all, prepare=lambda: None, check=lambda: 0, output=None)
+
+    return Series(
+        name=f"p2p matrix {dtype}", output=output, title=None, accounting=SENDRECV,
+        elt=element_size(dtype), alloc=_send_recv(dtype, rt.device), points=points,
+        row={"dtype": dtype, "world_size": n, "nnodes": rt.nnodes, "backend": rt.backend},
+        too_small="too small", steps_per_size=2 * n * (n - 1), on_skip=on_skip,
+        after_size=after_size, probe=probe)

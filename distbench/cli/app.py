@@ -1,0 +1,199 @@
+"""Command line: one Typer command per entry of the command table, its parameters derived from
+the command's options dataclass; parse, validate, hand off. No torch import here, so --help and
+option errors stay fast; the heavy modules load only once the options are known to be good."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import typing
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from distbench.cli.commands import COMMANDS, Command, compare, report
+from distbench.core.errors import ReadError
+from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
+from distbench.core.options import (
+    DEFAULT_TIMEOUT_S,
+    OptionError,
+    build,
+    cli_types,
+    example_of,
+    flag,
+    load_config,
+    option_fields,
+)
+from distbench.platform import launchers, lifeline, limits
+from distbench.run import faults
+
+app = typer.Typer(
+    name="distbench",
+    help="Benchmarks for the communication distributed training runs on.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: Path | None):
+    if value is not None:
+        name = ctx.command.name or ""
+        known = {spec.flag: cli_types(COMMANDS[name].options)[f.name]
+                 for f, spec in option_fields(COMMANDS[name].options)}
+        ctx.default_map = {**(ctx.default_map or {}),
+                           **load_config(value, name, known, set(COMMANDS))}
+    return value
+
+
+CONFIG = inspect.Parameter(
+    "config", inspect.Parameter.KEYWORD_ONLY, default=None,
+    annotation=Annotated[Path | None, typer.Option(
+        help="TOML file of options; flags on the command line win.", is_eager=True,
+        callback=_config_callback)])
+
+
+def _parameters(options: type) -> list[inspect.Parameter]:
+    types = cli_types(options)
+    params = []
+    for f, spec in option_fields(options):
+        text = spec.help() if callable(spec.help) else spec.help
+        params.append(inspect.Parameter(
+            spec.flag, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+            annotation=Annotated[types[f.name], typer.Option(
+                help=text, show_default=spec.show_default)]))
+    return params
+
+
+def _add(name: str, command: Command) -> None:
+    def handler(**raw) -> None:
+        from distbench.run import launch
+
+        raw.pop("config")
+        if raw.get("workers") is not None and launch.under_launcher() \
+                and not launch.started_by_us():  # ours: what we started, kept for run.json
+            # the launcher decided the world; refusing would fail a run that can go ahead
+            if os.environ.get("RANK") == "0":
+                print(f"distbench: warning: --workers is ignored under a launcher (it started "
+                      f"{os.environ.get('WORLD_SIZE')} ranks)", file=sys.stderr, flush=True)
+            raw["workers"] = None
+        if isinstance(raw.get("workers"), int) and raw["workers"] >= 1 \
+                and not launch.under_launcher():
+            # first of all, before torch loads: a count past the machine is refused at once
+            limits.check_workers(raw["workers"])
+        opts = build(command.options, raw, argv=launch.user_argv())
+        raise typer.Exit(launch.dispatch(name, opts))
+
+    params = [*_parameters(command.options), CONFIG]
+    handler.__signature__ = inspect.Signature(params)
+    handler.__annotations__ = {p.name: p.annotation for p in params}
+    handler.__name__ = name
+    app.command(name=name, help=command.help)(handler)
+
+
+@app.callback()
+def _root() -> None:
+    """Run a benchmark under torchrun, or alone (it then starts local workers itself)."""
+
+
+for _name, _command in COMMANDS.items():
+    _add(_name, _command)
+for _tool in (report, compare):  # they read results back: no launcher, no option dataclass
+    app.command(name=_tool.__name__.rsplit(".", 1)[1], help=_tool.HELP)(_tool.command)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _usage_error(e: typer.TyperException, argv: list[str]) -> str:
+    """Click's words for a command line it could not parse; for a value of the wrong type
+    (`--iters 1.5`), the value given and a valid example, as our own checks give."""
+    param, ctx = getattr(e, "param", None), getattr(e, "ctx", None)
+    if isinstance(e, typer.BadParameter) and param is not None and ctx is not None:
+        command = COMMANDS.get(ctx.command.name or "")
+        fields = {spec.flag: (f, spec) for f, spec in option_fields(command.options)
+                  } if command else {}
+        if param.name in fields:
+            f, spec = fields[param.name]
+            kinds = set(typing.get_args(cli_types(command.options)[f.name])) or {
+                cli_types(command.options)[f.name]}
+            need = ("must be a whole number" if int in kinds else
+                    "must be a number" if float in kinds else e.message.rstrip("."))
+            name = flag(param.name)
+            given = next((v for k, v in zip(argv, argv[1:], strict=False) if k == name),
+                         next((a.split("=", 1)[1] for a in argv if a.startswith(name + "=")),
+                              None))
+            got = f", got {given!r}" if given is not None else ""
+            return f"{name}: {need}{got} (example: {example_of(spec)})"
+    return f"{_one_line(e.format_message())} (see distbench --help)"
+
+
+def _refuse(message: str) -> int:
+    """Bad input: one line and exit 2. Under a launcher the other ranks would wait for this
+    one in process-group setup until their timeout: they are told first, and each node says
+    it once (from its local rank 0)."""
+    from distbench.run import launch
+
+    if not launch.under_launcher():
+        print(f"distbench: error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"distbench: error: {message}", file=sys.stderr, flush=True)
+    from distbench.run.peers import refuse
+
+    refuse(message, DEFAULT_TIMEOUT_S)
+    return EXIT_BAD_INPUT
+
+
+def _launcher_lost(parent: int) -> None:
+    """A rank's launcher is gone before the run began: rank 0 says so in run.json (the local
+    launcher made it), and every rank says why it leaves. Once the run has begun, the session
+    says it instead, with the step it was in."""
+    from distbench.results import writer
+
+    rank = os.environ.get("RANK", "?")
+    message = lifeline.describe_loss(parent, "startup", rank)
+    where = os.environ.get(writer.RUN_DIR_ENV)
+    if rank == "0" and where:
+        writer.mark_unfinished(where, message, EXIT_TERMINATED, "terminated")
+    print(f"distbench: rank {rank}: error: {message}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        launchers.adopt()  # srun or mpirun without torchrun: their ranks as env:// ones
+    except OptionError as e:
+        print(f"distbench: error: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    if argv is None and all(k in os.environ for k in launchers.TORCH_VARS):
+        # a rank: it must not outlive what started it
+        rank = int(os.environ["RANK"]) if os.environ["RANK"].isdigit() else -1
+        lifeline.watch(_launcher_lost if rank == 0 else None)
+        faults.stall_before_join(rank)
+    try:
+        code = _dispatch(args, argv)
+    finally:  # whatever broke (the store the launcher held, say), a lost launcher is the cause
+        lifeline.leave_if_orphaned()
+    sys.exit(code or 0)
+
+
+def _dispatch(args: list[str], argv: list[str] | None) -> int | None:
+    try:
+        return app(args=argv, prog_name="distbench", standalone_mode=False)
+    except OptionError as e:
+        return _refuse(str(e))
+    except ReadError as e:  # report or compare given something that holds no result
+        print(f"distbench: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except typer.Exit as e:
+        return e.exit_code
+    except typer.Abort:
+        return EXIT_INTERRUPTED
+    except typer.TyperException as e:  # click's usage errors, vendored by typer
+        if _one_line(e.format_message()):
+            return _refuse(_usage_error(e, args))
+        return EXIT_BAD_INPUT  # the help text was shown for a bare `distbench`

@@ -1,0 +1,34 @@
+"""The commands: one table, statically imported, from a name to its options, its per-rank body
+(run under a launcher, with a Session) and, where it has one, its local body (run on this
+machine without starting workers). Command modules import torch only inside their bodies, so
+the command line can be built and validated from this table without it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from distbench.cli.commands import accept, collective, dp, p2p, pp, topo, tp
+from distbench.core.options import RunOptions
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    options: type[RunOptions]
+    run: Callable[..., int]  # (Session) -> exit code, on every rank
+    run_local: Callable[[RunOptions], int] | None = None  # (options) -> exit code
+    # (options) -> exit code, for --dry-run: what the run would do, with no worker and no file
+    dry_run: Callable[[RunOptions], int] | None = None
+
+
+COMMANDS: dict[str, Command] = {
+    "collective": Command(collective.HELP, collective.CollectiveOptions, collective.run),
+    "p2p": Command(p2p.HELP, p2p.P2POptions, p2p.run),
+    "topo": Command(topo.HELP, topo.TopoOptions, topo.run, topo.run_local),
+    "tp": Command(tp.HELP, tp.TPOptions, tp.run),
+    "pp": Command(pp.HELP, pp.PPOptions, pp.run),
+    "dp": Command(dp.HELP, dp.DPOptions, dp.run),
+    "accept": Command(accept.HELP, accept.AcceptOptions, accept.run,
+                      dry_run=accept.dry_run),
+}

@@ -1,0 +1,169 @@
+"""`distbench accept`: cluster acceptance. A hardware profile's checks run in one launch: node
+checks on every node at once, pair checks on disjoint pairs of nodes at once (round-robin),
+cluster checks on every rank. Each result is judged against the profile's expectation (a floor,
+or what the healthy peers reach) or a baseline run; the verdict is a table, accept.json and
+accept.md, and the bad node is named."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from distbench.core.options import OptionError, RunOptions, at_least, option, with_example
+from distbench.core.tables import Column, Output
+
+HELP = "Cluster acceptance: a hardware profile's checks, a verdict, and the bad node named."
+
+
+def _reads_files() -> bool:
+    """Rank 0 (or no launcher) reads --profile and --baseline, and sends the profile's text to
+    every rank (accept_profile.agree): on the other nodes the files need not exist, and a
+    refusal on rank 0 reaches every rank."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _profile(option_name: str, value) -> str:
+    """A profile named on the command line is loaded and validated now, before any worker
+    starts; auto is decided once the topology is known."""
+    from distbench.accept.profiles import resolve
+
+    spec = str(value).strip()
+    if spec != "auto" and _reads_files():
+        resolve(spec)  # raises ProfileError (an OptionError) naming the file and the key
+    return spec
+
+
+with_example(_profile, "--profile auto")
+
+
+def _baseline(option_name: str, value) -> str | None:
+    if value is None:
+        return None
+    from distbench.accept.files import read_baseline
+
+    path = Path(str(value))
+    if not _reads_files():
+        return str(path)
+    if not (path / "accept.json").is_file():
+        raise OptionError(option_name, f"no accept.json in {str(path)!r} (a previous "
+                          "distbench accept run directory)", "--baseline results/<run>")
+    try:
+        read_baseline(path)  # read whole now: a broken file must not end a finished run
+    except ValueError as e:
+        raise OptionError(option_name, str(e), "--baseline results/<run>") from None
+    return str(path)
+
+
+with_example(_baseline, "--baseline results/<run>")
+
+
+def _profiles_help() -> str:
+    from distbench.accept.profiles import available
+
+    return ("auto (from each node's GPUs), a built-in profile, or a profile file. Built in: "
+            + ", ".join(available()) + ".")
+
+
+@dataclass(kw_only=True)
+class AcceptOptions(RunOptions):
+    profile: str = option("auto", _profiles_help, check=_profile)
+    baseline: str | None = option(
+        None, "A previous accept run directory: its figures are the expectation, and worse by "
+        "more than the profile's tolerance fails.", check=_baseline, cli_type=str,
+        show_default=False)
+    quick: bool = option(False, "Pair checks in one round (even nodes with odd ones) instead "
+                         "of every pair.")
+    strict: bool = option(False, "Exit 4 on a warning too, not only on a failure.")
+    dry_run: bool = option(False, "Print the plan (checks, rounds, process groups, an estimate "
+                           "of the wall time) for --nodes nodes of --gpus-per-node GPUs, and "
+                           "exit: no worker starts, no file is written.")
+    nodes: int | None = option(None, "Nodes to plan for, with --dry-run.",
+                               check=at_least(1, "--nodes 128", optional=True),
+                               show_default=False)
+    gpus_per_node: int | None = option(
+        None, "Ranks (GPUs) per node to plan for, with --dry-run.",
+        check=at_least(1, "--gpus-per-node 8", optional=True), show_default=False)
+
+    def validate(self) -> None:
+        example = "--dry-run --nodes 128 --gpus-per-node 8 --profile h100-sxm-8"
+        if self.dry_run:
+            for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node)):
+                if value is None:
+                    raise OptionError(name, "a dry run plans for a cluster: give its size",
+                                      example)
+        elif self.nodes is not None or self.gpus_per_node is not None:
+            flag = "--nodes" if self.nodes is not None else "--gpus-per-node"
+            raise OptionError(flag, "only plans a cluster, with --dry-run (a real run takes "
+                              "its size from the launcher)", example)
+        if self.dry_run:
+            self._check_sizes(self.nodes * self.gpus_per_node, self.gpus_per_node,
+                              f"--nodes {self.nodes} --gpus-per-node {self.gpus_per_node}")
+
+    def check_world(self, world: int) -> None:
+        if self.dry_run:  # it plans for --nodes and --gpus-per-node, which validate() saw to
+            return
+        from distbench.run.launch import under_launcher
+
+        if under_launcher():
+            # each node's ranks are known to every rank alike only once the group exists: the
+            # node and pair checks are held to the fewest ranks that measure, the cluster's to
+            # the world
+            self._check_sizes(world, None, f"the launch's {world} ranks")
+        else:
+            self._check_sizes(world, world, f"{world} local workers, one machine")
+
+    def _check_sizes(self, world: int, per_node: int | None, how: str) -> None:
+        """A named profile's sizes against the ranks each check will run on: too small, every
+        target would be skipped at run time. auto picks a built-in once the GPUs are known."""
+        from distbench.accept.profiles import check_sizes, resolve
+
+        profile = resolve(self.profile) if _reads_files() else None
+        if profile is not None:
+            check_sizes(profile, world, per_node, how)
+
+
+# One row per check and target (a node, a pair of nodes, the cluster), retests included.
+# Stable contract: add columns at the end, never rename.
+OUTPUT = Output("accept.csv", csv=(
+    "check", "scope", "target", "command", "op", "dtype", "size_bytes", "ranks", "iters",
+    "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "metric", "measured", "expected",
+    "warn_at", "reference", "ratio", "verdict", "retest", "note", "p50_us", "spread",
+), console=(
+    Column("check", "check", "", 28, ident=True),
+    Column("scope", "scope", "", 8, ident=True),
+    Column("target", "target", "", 22, ident=True),
+    Column("measured", "measured", "", 11, ".4g"),
+    Column("expected", "expected", "", 11, ".4g"),
+    Column("ratio", "ratio", "", 8, ".3g"),
+    Column("verdict", "verdict", "", 8),
+))
+
+
+def dry_run(opts: AcceptOptions) -> int:
+    """The plan, on this machine alone: the same planning code the run uses (check_plan.py),
+    on a cluster of the size given."""
+    import os
+
+    from distbench.accept import check_plan
+    from distbench.accept.profiles import resolve
+    from distbench.core.exitcodes import EXIT_OK
+
+    if os.environ.get("RANK", "0") != "0":  # under a launcher: one rank says it
+        return EXIT_OK
+    spec = opts.profile
+    if spec == "auto":
+        spec = "generic-gpu"
+        print("distbench: auto picks a profile from the GPUs it finds, and a dry run has "
+              "none: planning generic-gpu (name one with --profile)")
+    plan = check_plan.make(resolve(spec), check_plan.Layout.uniform(
+        opts.nodes, opts.gpus_per_node), opts.quick)
+    print("\n".join(check_plan.lines(plan)))
+    return EXIT_OK
+
+
+def run(s) -> int:
+    """Per rank, under a launcher."""
+    from distbench.accept import acceptance
+
+    return acceptance.run(s, OUTPUT)

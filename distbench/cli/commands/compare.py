@@ -1,0 +1,42 @@
+"""`distbench compare BASE NEW`: row by row, with significance, and exit 4 when a row got worse
+beyond the threshold: a CI gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
+
+HELP = ("Compare two runs row by row (ratio, Mann-Whitney p-value, + - ~ x); exit 4 when a row "
+        "is worse beyond the threshold and the noise.")
+FORMATS = ("text", "md", "csv")
+
+
+def command(
+    base: Annotated[Path, typer.Argument(help="The reference run directory (or nccl-tests log).",
+                                         show_default=False)],
+    new: Annotated[Path, typer.Argument(help="The run to judge against it.",
+                                        show_default=False)],
+    threshold: Annotated[str, typer.Option(
+        help="The smallest change called better or worse; smaller is ~, or x where the "
+             "noise is larger (5% or 0.05).")] = "5%",
+    metric: Annotated[str, typer.Option(help="busbw, time or p99.")] = "busbw",
+    format: Annotated[str, typer.Option(
+        "--format", help="text, md (for a pull request) or csv.")] = "text",
+) -> None:
+    from distbench.cli.commands.args import threshold as parse_threshold
+    from distbench.core.options import one_of
+    from distbench.results import compare, reader
+
+    limit = parse_threshold(threshold)
+    metric = one_of(tuple(compare.METRICS), "--metric busbw")("--metric", metric)
+    format = one_of(FORMATS, "--format md")("--format", format)
+    b, n = reader.load(base), reader.load(new)
+    c = compare.compare(b, n, metric, limit)
+    lines = (compare.format_markdown(c, b, n) if format == "md" else
+             compare.format_csv(c) if format == "csv" else compare.format_text(c, b, n))
+    print("\n".join(lines))
+    raise typer.Exit(EXIT_BELOW if c.worse else EXIT_OK)

@@ -1,0 +1,162 @@
+"""`distbench dp`: data-parallel training steps through torch's own APIs (DDP, DDP with
+ZeroRedundancyOptimizer, FSDP2 without and with resharding after forward), side by side: step
+time, the same work with the communication removed, the same collectives alone, how much of
+them hid behind compute, bytes per step, the state each rank holds and a check against a
+single-rank reference."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from distbench.cli.commands.tp import BLOCKS
+from distbench.core.options import (
+    OptionError,
+    StepOptions,
+    at_least,
+    one_of,
+    option,
+    pick,
+    redefault,
+    with_example,
+)
+from distbench.core.tables import Column, Output, us_as_ms
+
+# the rows, in the order the ZeRO stages shrink what each rank holds
+MODES = ("ddp", "zero1", "zero2", "zero3")
+# FSDP2 is zero3 when it reshards after forward, zero2 when it keeps the parameters gathered
+FSDP = "fsdp"
+
+HELP = ("Data-parallel step timing: DDP buckets, ZeRO-1, FSDP2 as ZeRO-2/3; exposed "
+        "communication and memory per rank.")
+
+
+def _modes(option_name: str, text) -> list[str]:
+    if str(text).strip().lower() == "all":  # the modes, not the fsdp alias beside them
+        return list(MODES)
+    return pick((*MODES, FSDP), "--mode ddp,zero3")(option_name, text)
+
+
+# DDP takes the bucket as a 64-bit byte count; past it torch refuses the constructor's
+# arguments in every worker. A bucket larger than the model is one bucket all the same.
+MAX_BUCKET_MB = 2**20
+
+
+def _bucket_sizes(option_name: str, text) -> list[float]:
+    example = "--bucket-cap-mb 1,25,100"
+    out: list[float] = []
+    for part in str(text).split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise OptionError(option_name, f"{part.strip()!r} is not a number of MiB",
+                              example) from None
+        if not (value > 0 and math.isfinite(value)):
+            raise OptionError(option_name, f"must be above 0 MiB, got {part.strip()}", example)
+        if value > MAX_BUCKET_MB:
+            raise OptionError(option_name, f"must be at most {MAX_BUCKET_MB} MiB (1 TiB: one "
+                              f"bucket holds the whole model long before), got {part.strip()}",
+                              example)
+        if f"{value:g}" not in [f"{v:g}" for v in out]:  # rows are named by the :g form
+            out.append(value)
+    return out
+
+
+with_example(_modes, "--mode ddp,zero3")
+with_example(_bucket_sizes, "--bucket-cap-mb 1,25,100")
+
+
+@dataclass(kw_only=True)
+class DPOptions(StepOptions):
+    modes: list[str] = option(
+        "all", f"{', '.join(MODES)} or {FSDP} (zero3 or zero2, by --reshard-after-forward); "
+        "comma list or 'all'.", flag="mode", check=_modes, cli_type=str)
+    bucket_cap_mb: list[float] = option(
+        "25", "DDP's gradient bucket size in MiB; a comma list gives one ddp row each (zero1 "
+        "takes the first).", check=_bucket_sizes, cli_type=str)
+    reshard_after_forward: str = option(
+        "true", "What --mode fsdp runs: true (zero3) or false (zero2).",
+        check=one_of(("true", "false"), "--reshard-after-forward false"))
+    block: str = option("mlp", "mlp or attention: what each of the --layers blocks is.",
+                        check=one_of(BLOCKS, "--block attention"))
+    ffn_size: int = option(2048, "MLP inner size.", check=at_least(1, "--ffn-size 2048"))
+    heads: int = option(8, "Attention heads.", check=at_least(1, "--heads 8"))
+    hidden_size: int = redefault(StepOptions, "hidden_size", 512)
+    seq_len: int = redefault(StepOptions, "seq_len", 128)
+    layers: int = redefault(StepOptions, "layers", 4)
+
+    def validate(self) -> None:
+        fsdp = "zero3" if self.reshard_after_forward == "true" else "zero2"
+        self.modes = list(dict.fromkeys(fsdp if m == FSDP else m for m in self.modes))
+        if self.block == "attention" and self.hidden_size % self.heads:
+            raise OptionError("--heads", f"{self.heads} heads do not divide --hidden-size "
+                              f"{self.hidden_size}", "--heads 8 --hidden-size 512")
+
+    def host_bytes(self, backend: str, world: int) -> int:
+        if backend == "nccl":
+            return 0
+        from distbench.steps.dp_formulas import need_per_rank
+
+        return max(need_per_rank(self, m, world) for m in self.modes)
+
+    def check_backend(self, backend: str) -> None:
+        self._backend = backend  # the fit check needs the world size too: check_world's
+
+    def check_world(self, world: int) -> None:
+        """A model that cannot fit is refused before any worker starts: the largest of the
+        modes' state, compute-only replica and replay buffers, plus the activations, against a
+        GPU's memory or this machine's share per local rank. Needs the backend (check_backend
+        runs first wherever both are known)."""
+        backend = getattr(self, "_backend", None)
+        if backend is None:
+            return
+        from distbench.steps.dp_formulas import capacity_per_rank, need_per_rank
+
+        mode, need = max(((m, need_per_rank(self, m, world)) for m in self.modes),
+                         key=lambda item: item[1])
+        have, where = capacity_per_rank(backend, self.workers or _local_ranks())
+        if have is not None and need > have:
+            raise OptionError("--hidden-size", f"{mode} on {world} ranks needs about "
+                              f"{need / 2**30:.1f} GiB per rank for this model (--hidden-size, "
+                              f"--ffn-size, --layers, --micro-batch-size, --seq-len); {where} "
+                              f"has {have / 2**30:.1f} GiB per rank",
+                              "--hidden-size 512 --layers 4")
+
+
+def _local_ranks() -> int | None:
+    value = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(value) if value.isdigit() else None
+
+
+# Stable contract: add columns at the end, never rename.
+OUTPUT = Output("dp.csv", csv=(
+    "mode", "bucket_cap_mb", "dtype", "world_size", "nnodes", "block", "hidden_size",
+    "ffn_size", "heads", "seq_len", "micro_batch_size", "layers", "params", "iters", "step_us",
+    "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
+    "compute_only_us", "comm_alone_us", "exposed_comm_us", "overlap_pct", "bytes_per_step",
+    "bytes_counted", "implied_busbw_gbps", "state_bytes_per_rank", "state_bytes_formula",
+    "peak_mem_bytes",
+    "samples_per_s", "t1_us", "efficiency", "max_abs_err", "backend", "status", "note",
+), console=(
+    Column("mode", "mode", "", 7, ident=True),
+    Column("bucket_cap_mb", "bucket", "(MiB)", 8, "g", ident=True),
+    Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
+    Column("compute_only_us", "compute", "(ms)", 10, us_as_ms(".2f")),
+    Column("comm_alone_us", "comm", "alone(ms)", 10, us_as_ms(".2f")),
+    Column("exposed_comm_us", "exposed", "(ms)", 10, us_as_ms(".2f")),
+    Column("overlap_pct", "overlap", "(%)", 8, ".1f"),
+    Column("bytes_per_step", "bytes", "(/step)", 12),
+    Column("implied_busbw_gbps", "busbw", "(GB/s)", 8, ".3f"),
+    Column("state_bytes_per_rank", "state", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
+    Column("samples_per_s", "samples/s", "", 10, ".1f"),
+    Column("efficiency", "effic", "", 7, ".2f"),
+    Column("max_abs_err", "max_err", "", 10, ".3g"),
+))
+
+
+def run(s) -> int:
+    """Per rank, under a launcher."""
+    from distbench.steps import dp
+
+    return dp.run(s, OUTPUT)

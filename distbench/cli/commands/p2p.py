@@ -1,0 +1,125 @@
+"""`distbench p2p`: ring and ping-pong over the size sweep, and the pairwise link matrix (every
+ordered pair measured alone while the others wait, one-way and bidirectional) with outliers
+judged against their own class of link."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distbench.cli.commands.collective import MEASURED_COLUMNS, SIZE_COLUMNS
+from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
+from distbench.core.options import SweepOptions, at_least_two, fraction, option, pick
+from distbench.core.tables import Output, percent, plural
+from distbench.results.baseline import check_world as baseline_world
+from distbench.results.baseline import option_check
+
+PATTERNS = ("ring", "pingpong", "matrix")
+
+HELP = "Point-to-point: ring, ping-pong latency, and the pairwise link matrix with outliers."
+
+
+@dataclass(kw_only=True)
+class P2POptions(SweepOptions):
+    patterns: list[str] = option(
+        "ring", "ring (send to r+1, receive from r-1), pingpong (pairs i, i+n/2: one-way "
+        "latency), matrix (every ordered pair alone); comma list or 'all'.", flag="pattern",
+        check=pick(PATTERNS, "--pattern ring,pingpong"), cli_type=str)
+    outlier_below: float = option(
+        0.8, "matrix: name links below this fraction of what the healthy links of their class "
+        "reach (intra-node and inter-node links judged apart).",
+        check=fraction("--outlier-below 0.8"))
+    fail_below: float | None = option(
+        None, f"matrix: exit {EXIT_BELOW} when a link is below this fraction of what the "
+        "healthy links of its class reach.",
+        check=fraction("--fail-below 0.8", optional=True), show_default=False)
+    baseline: str | None = option(
+        None, "A previous p2p run directory: print the comparison with it at the end "
+        f"(as distbench compare), and exit {EXIT_BELOW} when a row is worse by more than 5% and "
+        "beyond the noise the two runs show.", check=option_check("p2p.csv", "p2p_matrix.csv"),
+        cli_type=str, show_default=False)
+
+    def check_world(self, world: int) -> None:
+        at_least_two("p2p", world)
+        baseline_world(self.baseline, ("p2p.csv", "p2p_matrix.csv"), world)
+
+
+# Stable contracts: add columns at the end, never rename.
+OUTPUT = Output("p2p.csv", csv=(
+    "pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
+    "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
+    "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound", "reps",
+    "spread_pct",
+), console=(*SIZE_COLUMNS, *MEASURED_COLUMNS))
+
+# Long form: one row per ordered pair, direction and size. On the console: N x N grids.
+MATRIX_OUTPUT = Output("p2p_matrix.csv", csv=(
+    "direction", "src_rank", "dst_rank", "src_host", "dst_host", "src_local_rank",
+    "dst_local_rank", "link", "dtype", "world_size", "nnodes", "size_bytes", "count", "iters",
+    "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend", "reps", "spread_pct",
+))
+
+
+def run(s) -> int:
+    """Per rank, under a launcher."""
+    from distbench.bench import engine, series
+    from distbench.bench.measure import fail_if_wrong
+
+    opts = s.opts
+    todo = [series.p2p_pattern(s, pattern, dtype, OUTPUT)
+            for pattern in ("ring", "pingpong") if pattern in opts.patterns
+            for dtype in opts.dtypes]
+    links: list = []
+    if "matrix" in opts.patterns:
+        todo += [series.matrix(s, dtype, MATRIX_OUTPUT, links) for dtype in opts.dtypes]
+    bad = engine.run(s, todo)
+    if "matrix" in opts.patterns:
+        _judge(s, links)  # slow links fail the run before wrong results do
+    fail_if_wrong(bad)
+    if opts.baseline:
+        from distbench.results.baseline import judge
+
+        judge(s)
+    return EXIT_OK
+
+
+def _judge(s, links) -> None:
+    from distbench.results.links import blind_spots, culprits, find_outliers, references
+    from distbench.run.runtime import RunFailure
+
+    opts, console = s.opts, s.console
+    # one reference per class for both thresholds; a hardware profile's expectation, when there
+    # is one, goes in here in place of the derived one
+    refs = references(links)
+    outliers = find_outliers(links, opts.outlier_below, refs)
+    suspects = culprits(outliers, {r["rank"]: r["gpu_bus_id"] for r in s.rt.ranks
+                                   if r.get("gpu_bus_id")})
+    failing = find_outliers(links, opts.fail_below, refs) if opts.fail_below else []
+    cannot_tell = blind_spots(links)
+    if outliers:
+        console.log(f"{len(outliers)} of {plural(len(links), 'link')} below "
+                    f"{percent(opts.outlier_below)} of "
+                    "what the healthy links of their class reach:")
+        for o in outliers[:20]:
+            console.log(f"  slow link {o.describe()}")
+        for name in suspects:
+            console.log(f"  likely culprit: {name}")
+    else:
+        console.log(f"matrix: no link below {percent(opts.outlier_below)} of what the healthy "
+                    f"links of its class reach ({plural(len(links), 'link')})")
+    for line in cannot_tell:
+        console.log(f"matrix: cannot tell: {line}")
+    if s.record is not None:
+        s.record.update(matrix={
+            "outlier_below": opts.outlier_below, "links": len(links),
+            "outliers": [o.describe() for o in outliers], "culprits": suspects,
+            "fail_below": opts.fail_below, "failing": [o.describe() for o in failing],
+            "references": [{"direction": d, "size_bytes": size, "link": kind, "gbps": ref.gbps,
+                            "basis": ref.basis} for (d, size, kind), ref in refs.items()],
+            "cannot_tell": cannot_tell})
+    if failing:
+        raise RunFailure(
+            f"{plural(len(failing), 'link')} below --fail-below {percent(opts.fail_below)} of "
+            "what the healthy "
+            f"links of their class reach, the worst {failing[0].describe()}"
+            + (f"; likely culprit {suspects[0]}" if suspects else ""),
+            status="slow_links", exit_code=EXIT_BELOW)

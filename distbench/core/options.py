@@ -1,0 +1,523 @@
+"""The option schema: each command's options are one dataclass whose fields carry their default,
+help text and validation (`option()`); the command line, the TOML `--config` keys and run.json's
+`options` all derive from it. No torch import: bad input must fail fast, before any worker."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import tomllib
+import typing
+from collections.abc import Callable
+from dataclasses import Field, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from distbench.core.noise import MAX_REPS, REPS
+from distbench.core.sizes import SizeError, parse_size, parse_sizes
+
+
+class OptionError(Exception):
+    """One bad option: printed as a single line with a valid example, exit code 2."""
+
+    def __init__(self, option: str, message: str, example: str):
+        super().__init__(f"{option}: {message} (example: {example})")
+
+
+Check = Callable[[str, Any], Any]  # (--flag, raw value) -> value; raises OptionError
+
+
+def with_example(check: Check, example: str) -> Check:
+    """The valid example a check quotes, kept on it for errors found before it runs (a value
+    the command line could not even parse)."""
+    check.example = example
+    return check
+
+
+def example_of(spec: Spec) -> str | None:
+    return getattr(spec.check, "example", None)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one option appears on the command line and in a config file."""
+
+    help: str | Callable[[], str]  # a function when the text depends on a registry
+    flag: str  # the command-line and TOML name (underscores; dashes on the command line)
+    check: Check | None
+    cli_type: Any  # what the command line parses into, when the stored field differs
+    show_default: bool
+
+
+def option(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
+           check: Check | None = None, cli_type: Any = None, show_default: bool = True) -> Any:
+    """A dataclass field that is a command-line option. `default` is the value as typed on the
+    command line; `check` validates it and turns it into the stored value."""
+    return field(default=default, metadata={"option": Spec(help, flag or "", check, cli_type,
+                                                           show_default)})
+
+
+def spec_of(f: Field) -> Spec | None:
+    spec = f.metadata.get("option")
+    return None if spec is None else Spec(spec.help, spec.flag or f.name, spec.check,
+                                          spec.cli_type, spec.show_default)
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: each returns the value to store or raises OptionError with a valid example.
+
+def require(test: Callable[[Any], bool], message: str, example: str,
+            convert: Callable[[Any], Any] = lambda v: v, optional: bool = False) -> Check:
+    """`message` may name the value as {value}."""
+    def check(option: str, value):
+        if optional and value is None:
+            return None
+        if not test(value):
+            raise OptionError(option, message.format(value=value), example)
+        return convert(value)
+    return with_example(check, example)
+
+
+def at_least(low: int, example: str, optional: bool = False) -> Check:
+    text = f"must be at least {low}, got {{value}}" if low else "must be 0 or more, got {value}"
+    return require(lambda v: v >= low, text, example, optional=optional)
+
+
+def iterations(example: str, optional: bool = False) -> Check:
+    """At least 1, and at most what a timed loop can keep a sample of."""
+    low = at_least(1, example, optional)
+    high = require(lambda v: v <= MAX_ITERS, f"must be at most {MAX_ITERS} (one sample is kept "
+                   "per iteration), got {value}", example, optional=optional)
+    return with_example(lambda option, value: high(option, low(option, value)), example)
+
+
+def fraction(example: str, optional: bool = False) -> Check:
+    return require(lambda v: 0 < v <= 1, "must be a fraction in (0, 1], got {value}", example,
+                   float, optional)
+
+
+def one_of(valid: tuple[str, ...], example: str) -> Check:
+    def check(option: str, value) -> str:
+        value = str(value).strip().lower()
+        if value not in valid:
+            raise OptionError(option, f"unknown value {value!r} (valid: {', '.join(valid)})",
+                              example)
+        return value
+    return with_example(check, example)
+
+
+def pick(valid: tuple[str, ...] | Callable[[], tuple[str, ...]], example: str,
+         aliases: dict[str, str] | None = None) -> Check:
+    """A comma list of names from `valid` (or 'all'), order kept, duplicates dropped."""
+    def check(option: str, text) -> list[str]:
+        names_ok = valid() if callable(valid) else valid
+        names = [t.strip().lower() for t in str(text).split(",")]
+        if names == ["all"]:
+            return list(names_ok)
+        out: list[str] = []
+        for name in names:
+            canon = (aliases or {}).get(name, name)
+            if canon not in names_ok:
+                raise OptionError(option, f"unknown value {name!r} (valid: "
+                                  f"{', '.join(names_ok)}, all)", example)
+            if canon not in out:
+                out.append(canon)
+        return out
+    return with_example(check, example)
+
+
+def parse_headroom(text: str) -> tuple[int, float]:
+    """--headroom as (bytes, fraction of the device), one of them 0: "512M" or "0.05"; "0" for
+    none. Raises SizeError."""
+    s = str(text).strip()
+    try:
+        value = float(s)
+    except ValueError:
+        return parse_size(s), 0.0
+    if 0 < value < 1:
+        return 0, value
+    if value == 0:
+        return 0, 0.0
+    return parse_size(s), 0.0
+
+
+def headroom(example: str) -> Check:
+    def check(option: str, text) -> str:
+        try:
+            parse_headroom(text)
+        except SizeError as e:
+            raise OptionError(option, f"{e}; or a fraction of the device below 1", example) \
+                from None
+        return str(text).strip()
+    return with_example(check, example)
+
+
+def sizes(example: str) -> Check:
+    def check(option: str, text) -> list[int]:
+        try:
+            return parse_sizes(str(text))
+        except SizeError as e:
+            raise OptionError(option, str(e), example) from None
+    return with_example(check, example)
+
+
+DTYPE_ALIASES = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float64": "float64", "fp64": "float64", "double": "float64",
+    "int32": "int32", "int": "int32",
+    "int64": "int64", "long": "int64",
+    "int8": "int8",
+    "uint8": "uint8",
+}
+DTYPES = tuple(dict.fromkeys(DTYPE_ALIASES.values()))
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+BACKENDS = ("auto", "nccl", "gloo")
+MAX_TIMEOUT_S = 7 * 24 * 3600
+DEFAULT_TIMEOUT_S = 300.0
+# A timed loop keeps one sample per iteration on every rank (and all-reduces them once).
+MAX_ITERS = 10_000_000
+
+
+def _one_float_dtype(option: str, text) -> str:
+    dtypes = pick(FLOAT_DTYPES, "--dtype bfloat16", DTYPE_ALIASES)(option, text)
+    if len(dtypes) != 1:
+        raise OptionError(option, "takes one floating-point dtype", "--dtype bfloat16")
+    return dtypes[0]
+
+
+with_example(_one_float_dtype, "--dtype bfloat16")
+
+
+def check_writable_dir(option: str, path: Path, example: str) -> Path:
+    """Prove the directory could be created and written, before any work starts, without
+    creating anything: a run refused later (a root outside the world) leaves nothing behind."""
+    probe = Path(os.path.abspath(path))
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        why = "Not a directory"
+    elif not os.access(probe, os.W_OK | os.X_OK):
+        why = "Read-only file system" if _read_only(probe) else "Permission denied"
+    else:
+        why = _cannot_make_in(probe)
+        if why is None:
+            return path
+    raise OptionError(option, f"cannot write to {str(path)!r}: {why}", example)
+
+
+def _cannot_make_in(directory: Path) -> str | None:
+    """Why no directory can be made in `directory`, found by making one and removing it at
+    once: root passes every access() test, and /proc or /sys refuse whatever the mode bits
+    say. None when it can."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".distbench-probe-", dir=directory))
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def _read_only(path: Path) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+
+
+# ---------------------------------------------------------------------------------------------
+# The options every command shares
+
+def at_least_two(command: str, world: int) -> None:
+    if world < 2:
+        raise OptionError("--workers", f"{command} needs at least 2 ranks, got {world}",
+                          "--workers 2")
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """What every command that starts workers takes."""
+
+    # read as text: a Path would turn "" into "." and write into the current directory
+    out: Path = option("results", "Parent directory of the run directory.", cli_type=str,
+                       check=require(lambda v: str(v).strip() != "", "must name a directory, "
+                                     "got an empty path", "--out results", Path))
+    backend: str = option("auto", "auto (nccl with CUDA, else gloo), nccl, gloo.",
+                          check=one_of(BACKENDS, "--backend gloo"))
+    # inf would pass `> 0` but cannot become a timedelta (OverflowError in every worker)
+    timeout: float = option(
+        DEFAULT_TIMEOUT_S, "Seconds a rank may wait on its peers before the run is ended.",
+        check=require(lambda v: 0 < v <= MAX_TIMEOUT_S, f"must be above 0 and at most "
+                      f"{MAX_TIMEOUT_S} seconds (one week), got {{value}}", "--timeout 300",
+                      float))
+    workers: int | None = option(
+        None, "Local workers to start when not under torchrun. Default: one per GPU, or 2 on "
+        "CPU.", check=at_least(1, "--workers 2", optional=True), show_default=False)
+    argv: list[str] = field(default_factory=list)  # as typed; run.json records it at top level
+
+    def validate(self) -> None:
+        """Rules between fields, once each field is valid; raises OptionError."""
+
+    def check_world(self, world: int) -> None:
+        """Options that depend on the number of ranks. Called as soon as it is known: from the
+        flags (--workers, or WORLD_SIZE under a launcher), by the local launcher, and once the
+        process group exists; raises OptionError."""
+
+    def check_backend(self, backend: str) -> None:
+        """Options that depend on the backend `--backend auto` resolves to (needs torch): called
+        by the local launcher before any worker starts, and by each rank at startup; raises
+        OptionError."""
+
+    def host_bytes(self, backend: str, world: int) -> int:
+        """Bytes each local worker holds in host memory beyond a bare worker's (buffers on
+        gloo, a model on CPU): what the local launcher checks against this machine's memory
+        before it starts `world` workers."""
+        return 0
+
+    # The flags host_bytes grows with, and a valid example: what a refusal names.
+    SIZED_BY = ("", "")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        d.pop("argv")
+        return d
+
+    def identity(self) -> dict:
+        """What every rank must agree on (out may legitimately differ per node)."""
+        d = self.to_json()
+        for k in ("out", "workers"):
+            d.pop(k)
+        return d
+
+
+@dataclass(kw_only=True)
+class SweepOptions(RunOptions):
+    """A size sweep with checked results: what collective and p2p share."""
+
+    sizes: list[int] = option(
+        "8:128M:x2", "Per-rank buffer sizes: 8:128M:x2 (factor), 1K:64K:+4K (step) or 1K,4K "
+        "(list). Binary suffixes.", check=sizes("--sizes 8:128M:x2"), cli_type=str)
+    dtypes: list[str] = option(
+        "float32", f"{', '.join(DTYPES)}; comma list or 'all'.", flag="dtype",
+        check=pick(DTYPES, "--dtype float32,bfloat16", DTYPE_ALIASES),
+        cli_type=str)
+    iters: int | None = option(None, "Timed iterations per size. Default: calibrated to "
+                               "--min-time.", check=iterations("--iters 20", optional=True),
+                               show_default=False)
+    reps: int = option(
+        REPS, "Separated repetitions of each size's timed iterations, each after a barrier: "
+        "their spread is the noise compare and --baseline must see beyond.",
+        check=require(lambda v: 1 <= v <= MAX_REPS, f"must be 1 to {MAX_REPS}, got {{value}}",
+                      "--reps 5", int))
+    # inf passes `> 0` but cannot become an iteration count; nan fails `> 0` already
+    min_time: float = option(
+        0.1, "Seconds of timed work per size when --iters is not given.",
+        check=require(lambda v: v > 0 and math.isfinite(v), "must be a number of seconds above "
+                      "0, got {value}", "--min-time 0.2", float))
+    warmup: int = option(5, "Untimed iterations before each size.",
+                         check=at_least(0, "--warmup 5"))
+    check: bool = option(True, "Check results against independently computed values.")
+    headroom: str = option(
+        "512M", "Device memory each rank leaves free for what NCCL allocates itself (peer "
+        "buffers, NVLS): a size (512M) or a fraction of the device (0.05). GPU only.",
+        check=headroom("--headroom 1G"))
+    cuda_graph: bool = option(
+        False, "Capture each size's timed ops in one CUDA graph and replay it, as nccl-tests -G "
+        "does: the host's launch cost leaves the time of small messages. nccl only.")
+
+    def host_bytes(self, backend: str, world: int) -> int:
+        if backend == "nccl":  # on the GPU, where a size that does not fit is a skipped row
+            return 0
+        # the buffers for the largest size, and the check's expected values beside them
+        return max(self.sizes) * (self.buffer_multiple(world) + 1)
+
+    SIZED_BY = ("--sizes", "--sizes 8:128M:x2")
+
+    def buffer_multiple(self, world: int) -> int:
+        """A rank's buffers, in multiples of the per-rank size, at the largest size."""
+        return 2
+
+    def validate(self) -> None:
+        if self.cuda_graph and self.backend == "gloo":
+            self.check_backend("gloo")
+
+    def check_backend(self, backend: str) -> None:
+        if self.cuda_graph and backend != "nccl":
+            raise OptionError("--cuda-graph", f"needs CUDA GPUs and the nccl backend; this run "
+                              f"would use {backend}", "--cuda-graph --backend nccl")
+
+
+@dataclass(kw_only=True)
+class StepOptions(RunOptions):
+    """A training-step benchmark (tp, pp): a model shape, a dtype, fixed iteration counts."""
+
+    hidden_size: int = option(1024, "Model hidden size.",
+                              check=at_least(1, "--hidden-size 1024"))
+    seq_len: int = option(512, "Sequence length (tokens per sample).",
+                          check=at_least(1, "--seq-len 512"))
+    micro_batch_size: int = option(1, "Samples per micro-batch.",
+                                   check=at_least(1, "--micro-batch-size 1"))
+    layers: int = option(2, "Transformer layers (blocks) in the stack.",
+                         check=at_least(1, "--layers 2"))
+    dtype: str = option("float32", f"{', '.join(FLOAT_DTYPES[:-1])} or {FLOAT_DTYPES[-1]}.",
+                        check=_one_float_dtype)
+    iters: int = option(10, "Timed training steps.", check=iterations("--iters 10"))
+    warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
+    check: bool = option(True, "Compare outputs and gradients with a single-rank reference on "
+                         "the same seed.")
+
+    SIZED_BY = ("--hidden-size", "--hidden-size 1024 --layers 2")
+
+    def host_bytes(self, backend: str, world: int) -> int:
+        """On CPU, a rough bound on one rank's model: weights, gradients and two optimizer
+        states per parameter, and activations kept for the backward pass, for every layer
+        unsharded (the reference replica is whole)."""
+        if backend == "nccl":
+            return 0
+        from distbench.results.nccltests import ELEMENT_BYTES
+
+        h = self.hidden_size
+        ffn = getattr(self, "ffn_size", 4 * h)
+        params = self.layers * (4 * h * h + 2 * h * ffn)
+        tokens = self.seq_len * self.micro_batch_size * getattr(self, "micro_batches", 1)
+        activations = self.layers * tokens * (4 * h + 2 * ffn)
+        return ELEMENT_BYTES[self.dtype] * (4 * params + 2 * activations)
+
+
+def redefault(options: type, name: str, default) -> Any:
+    """`options`' field `name` (its help and check) with another default, for a command whose
+    sensible size differs from the shared one."""
+    base = options.__dataclass_fields__[name]
+    return field(default=default, metadata=base.metadata)
+
+
+# ---------------------------------------------------------------------------------------------
+# From raw values (command line, config file) to validated options
+
+def option_fields(cls: type) -> list[tuple[Field, Spec]]:
+    """The options of `cls` in the order --help lists them: the command's own first, then those
+    it shares, the most general last."""
+    by_owner: dict[type, list[tuple[Field, Spec]]] = {}
+    order = [k for k in cls.__mro__ if "__dataclass_fields__" in vars(k)]
+    for f in fields(cls):
+        spec = spec_of(f)
+        if spec is None:
+            continue
+        owner = next(k for k in reversed(order) if f.name in vars(k).get("__annotations__", {}))
+        by_owner.setdefault(owner, []).append((f, spec))
+    return [item for k in order for item in by_owner.get(k, [])]
+
+
+def cli_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: spec.cli_type or hints[f.name] for f, spec in option_fields(cls)}
+
+
+def build(cls: type, raw: dict[str, Any], argv: list[str]):
+    """Validated options from raw values keyed by flag name (missing ones take the default).
+    Checked in field order, the options every command shares first, so that of several bad
+    options the same one is named whichever command is run; --out is created last of all, so
+    a run with any other bad option leaves nothing behind."""
+    values = {}
+    for f in fields(cls):
+        spec = spec_of(f)
+        if spec is None:
+            continue
+        value = raw.get(spec.flag, f.default)
+        values[f.name] = spec.check(flag(spec.flag), value) if spec.check else value
+    out = values.pop("out")
+    opts = cls(**values, out=out, argv=argv)
+    opts.validate()
+    world = opts.workers or _env_int("WORLD_SIZE")
+    if world is not None:
+        opts.check_world(world)
+    opts.out = check_writable_dir("--out", out, "--out results")
+    return opts
+
+
+def to_argv(opts) -> list[str]:
+    """Flags that make `build` give these options again: what the local launcher hands its
+    workers, so they run exactly what was validated here (a --config read from a pipe cannot
+    be read twice). --workers goes too: the workers record it in run.json."""
+    flags: list[str] = []
+    for f, spec in option_fields(type(opts)):
+        value = getattr(opts, f.name)
+        if value is None:
+            continue
+        name = flag(spec.flag)
+        if isinstance(value, bool):
+            flags.append(name if value else f"--no-{name[2:]}")
+        else:
+            text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+            flags += [name, text]
+    return flags
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def _toml_type_ok(value, kind) -> bool:
+    """A TOML value fits an option of type `kind`: booleans are not numbers and numbers are not
+    booleans; text (or a list, joined with commas) goes to text options only. A text option
+    takes a number or a boolean too, as its own check reads them (`bucket-cap-mb = 10`,
+    `reshard-after-forward = false`)."""
+    base = {t for t in typing.get_args(kind) if t is not type(None)} or {kind}
+    text = bool(base & {str, Path})
+    if isinstance(value, bool):
+        return bool in base or text
+    if isinstance(value, int | float):
+        return float in base or (int in base and isinstance(value, int)) or text
+    if isinstance(value, str | list):
+        return bool(base & {str, Path})
+    return False
+
+
+def load_config(path: Path, command: str, known: dict[str, Any], commands: set[str]) -> dict:
+    """Options from a TOML file: top-level keys, then the [command] table over them (tables of
+    other commands are skipped: one file may serve several). Keys as on the command line
+    (`min-time` or `min_time`), `known` maps each to its type; list values are joined with
+    commas."""
+    example = "--config configs/smoke-gloo.toml"
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise OptionError("--config", f"no such file {str(path)!r}", example) from None
+    except OSError as e:
+        raise OptionError("--config", f"cannot read {str(path)!r}: {e.strerror}", example) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise OptionError("--config", f"{path} is not valid TOML: {e}", example) from None
+    if not data:  # empty, or comments only: a config that says nothing is a mistake
+        raise OptionError("--config", f"{path} holds no options (an empty file?)", example)
+    tables = {k for k, v in data.items() if isinstance(v, dict)}
+    unknown = sorted(tables - commands)
+    if unknown:
+        raise OptionError("--config", f"unknown table [{unknown[0]}] in {path} (tables: "
+                          f"{', '.join(sorted(commands))})", example)
+    top = {k: v for k, v in data.items() if k not in tables}
+    table = data.get(command, {})
+    if not top and not table and tables:
+        raise OptionError("--config", f"{path} has no [{command}] table and no top-level keys "
+                          f"(it has {', '.join(f'[{t}]' for t in sorted(tables))})", example)
+    out: dict = {}
+    for key, value in {**top, **table}.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            valid = ", ".join(sorted(k.replace("_", "-") for k in known))
+            raise OptionError("--config", f"unknown key {key!r} in {path} (valid: {valid})",
+                              example)
+        if not _toml_type_ok(value, known[name]):
+            raise OptionError("--config", f"{key} = {json.dumps(value)} in {path} is the wrong "
+                              f"type for {flag(name)}", example)
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        elif isinstance(value, bool) and bool not in typing.get_args(known[name]) + (
+                known[name],):
+            value = str(value).lower()
+        out[name] = value
+    return out

@@ -1,0 +1,93 @@
+"""What this machine can hold: the local workers distbench may start, checked before any
+process, file or directory exists. A run sized past the machine would not fail by itself: it
+would take the machine's memory, and the kernel's OOM killer would pick its victims across the
+machine, other people's jobs among them. No torch here: the check answers within a second."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from distbench.core.options import OptionError
+from distbench.core.sizes import format_size
+
+# A worker's peak resident memory before its buffers: Python, torch and a gloo process group,
+# and for tp, pp and dp torch's autograd and optimizers. Measured by
+# benchmarks/worker_footprint.py on torch 2.13 CPU: 250 MiB (collective) to 340 MiB (dp); the
+# launcher holds about 235 MiB, and counts as one more worker.
+WORKER_BYTES = 384 * 2**20
+# Workers per core: oversubscribed ranks share cores and time slower (tests run 4 workers on
+# 2 cores), but a run of hundreds of ranks per core measures nothing but the scheduler.
+WORKERS_PER_CORE = 4
+# Of the memory the kernel says is available, what a run may plan to use: the rest is for
+# the launcher, the page cache and everyone else on the machine.
+MEMORY_SHARE = 0.8
+
+
+def cores() -> int:
+    """Cores this process may run on (a cgroup or taskset may give fewer than the machine has)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def available_memory() -> int | None:
+    """Bytes a new process can still use: the kernel's MemAvailable, or what this cgroup's
+    limit leaves, whichever is less; None when neither can be read."""
+    found = [v for v in (_meminfo_available(), _cgroup_left()) if v is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_left(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """cgroup v2's memory.max less memory.current, for the cgroup this process is in."""
+    try:
+        rel = next(line.split("::", 1)[1] for line in
+                   Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+        where = root / rel.strip().lstrip("/")
+        limit = (where / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((where / "memory.current").read_text()))
+    except (OSError, ValueError, StopIteration):
+        return None
+
+
+def check_workers(workers: int, per_rank: int = 0, sized_by: tuple[str, str] = ("", ""), *,
+                  memory: int | None = -1, ncores: int | None = None) -> None:
+    """Refuse `workers` local workers, each holding WORKER_BYTES plus `per_rank` bytes of its
+    own, past this machine's cores or memory. Raises OptionError with the numbers, naming
+    `sized_by` (the flags that set per_rank, and a valid example) when even one worker's
+    share is too much. `memory` and `ncores` stand in for the machine's (tests); -1: read it."""
+    ncores = cores() if ncores is None else ncores
+    most = WORKERS_PER_CORE * ncores
+    if workers > most:
+        raise OptionError("--workers", f"{workers} workers on {ncores} cores: at most "
+                          f"{most} ({WORKERS_PER_CORE} per core) may run on this machine",
+                          f"--workers {min(2, most)}")
+    memory = available_memory() if memory == -1 else memory
+    if memory is None:
+        return
+    each = WORKER_BYTES + per_rank
+    need, allowed = workers * each + WORKER_BYTES, int(memory * MEMORY_SHARE)
+    if need <= allowed:
+        return
+    fit = (allowed - WORKER_BYTES) // each
+    flags, example = sized_by if fit < min(2, workers) and sized_by[0] else \
+        ("--workers", f"--workers {max(fit, 1)}")
+    parts = f" ({format_size(WORKER_BYTES)} to run, {format_size(per_rank)} for " \
+        f"{sized_by[0] or 'its work'})" if per_rank else ""
+    raise OptionError(flags, f"{workers} workers and their launcher need about "
+                      f"{format_size(need)} of memory, {format_size(each)} a worker{parts}; "
+                      f"this machine has {format_size(memory)} "
+                      f"available, and a run may plan on {MEMORY_SHARE:.0%} of it", example)

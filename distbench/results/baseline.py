@@ -1,0 +1,105 @@
+"""--baseline RUN_DIR for collective and p2p: at the end of the run, the same comparison as
+`distbench compare BASE <this run>`, printed, recorded in run.json, and a slowdown beyond both
+the threshold and the noise the two runs show ends the run with exit 4 on every rank."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from distbench.core.options import OptionError, with_example
+
+EXAMPLE = "--baseline results/<run>"
+
+
+def _reads_files() -> bool:
+    """Rank 0 (or no launcher): the rank that writes results, and so the one that reads the
+    baseline; on other nodes the path need not exist. A refusal on rank 0 reaches every rank."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+@functools.lru_cache(maxsize=4)
+def load(value: str | None, tables: tuple[str, ...]):
+    """The baseline run, with rows in one of `tables`; raises OptionError. Read once per
+    process: the option check and each check_world (flags, local launcher) ask again."""
+    from distbench.core.errors import ReadError
+    from distbench.results import reader
+
+    path = Path(str(value))
+    try:
+        run = reader.load(path)
+    except ReadError as e:
+        raise OptionError("--baseline", str(e), EXAMPLE) from None
+    if not any(t in run.tables and len(run.tables[t]) for t in tables):
+        raise OptionError("--baseline", f"no rows of {' or '.join(tables)} in {str(path)!r} "
+                          "(a previous run of the same command)", EXAMPLE)
+    return run
+
+
+def option_check(*tables: str):
+    """Validates --baseline before any worker starts: a directory with rows in one of
+    `tables`."""
+    def check(option: str, value) -> str | None:
+        if value is None:
+            return None
+        if _reads_files():
+            load(value, tables)
+        return str(value)
+    return with_example(check, EXAMPLE)
+
+
+def check_world(value: str | None, tables: tuple[str, ...], world: int) -> None:
+    """A baseline measured at another world size has no row to compare: refused now, not
+    found out after the whole sweep."""
+    if value is None or not _reads_files():
+        return
+    run = load(value, tables)
+    sizes = sorted({int(w) for t in tables if t in run.tables
+                    for w in run.tables[t]["world_size"].dropna()})
+    if world not in sizes:
+        raise OptionError("--baseline", f"{value!r} was measured on "
+                          f"{', '.join(map(str, sizes)) or 'no'} ranks, this run has {world}: "
+                          "no row to compare", EXAMPLE)
+
+
+def print_comparison(s, threshold: float):
+    """Rank 0 (the rank with a run directory): this run beside --baseline, as distbench compare
+    shows it. The Comparison, or why nothing could be compared (said on the console too)."""
+    from distbench.core.errors import ReadError
+    from distbench.results import compare, reader
+
+    try:
+        base, new = reader.load(Path(s.opts.baseline)), reader.load(s.run_dir)
+        c = compare.compare(base, new, threshold=threshold)
+    except ReadError as e:  # nothing in common: said, not a failure of the run
+        s.console.log(f"warning: --baseline: cannot compare: {e}")
+        return str(e)
+    s.console.lines(compare.format_text(c, base, new))
+    return c
+
+
+def judge(s) -> None:
+    """Every rank, once every row is written."""
+    from distbench.core.exitcodes import EXIT_BELOW
+    from distbench.results import compare
+    from distbench.run.memory import agree
+    from distbench.run.runtime import RunFailure
+
+    worse: list[compare.Row] = []
+    s.step("comparison with --baseline", s.opts.timeout)
+    if s.run_dir is not None:
+        c = print_comparison(s, compare.DEFAULT_THRESHOLD)
+        if isinstance(c, str):
+            s.record.update(baseline={"path": s.opts.baseline, "error": c})
+        else:
+            worse = c.worse
+            s.record.update(baseline={
+                "path": s.opts.baseline, "metric": c.metric.name, "threshold": c.threshold,
+                "rows": len(c.rows), "worse": len(worse),
+                "better": sum(r.mark == "+" for r in c.rows)})
+    if not agree(not worse, s.rt.device):
+        first = f"; the first: {worse[0].group} {worse[0].label}" if worse else ""
+        raise RunFailure(f"{len(worse) or 'some'} rows worse than --baseline by more than "
+                         f"{compare.DEFAULT_THRESHOLD:.0%} and beyond the noise{first}",
+                         status="below_expectation", exit_code=EXIT_BELOW)

@@ -1,0 +1,255 @@
+"""Runs read back for report and compare: a distbench run directory (its CSVs with pandas, each
+row's samples, run.json and topo.json), or an nccl-tests log read into collective.csv's rows.
+Torch-free; bad input is a ReadError naming the file and what was expected."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from distbench.core.errors import ReadError
+from distbench.results import nccltests, samples
+
+# What report and compare need of each CSV; the contracts (distbench/cli/commands/) hold more,
+# and an older run may lack the columns added since.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "collective.csv": ("op", "dtype", "redop", "root", "in_place", "world_size", "nnodes",
+                       "size_bytes", "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "status"),
+    "p2p.csv": ("pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "time_us",
+                "p99_us", "busbw_gbps", "status"),
+    "p2p_matrix.csv": ("direction", "src_rank", "dst_rank", "src_host", "dst_host",
+                       "src_local_rank", "dst_local_rank", "link", "dtype", "world_size",
+                       "nnodes", "size_bytes", "time_us", "p99_us", "gbps"),
+    "tp.csv": ("block", "dtype", "world_size", "step_us", "compute_only_us", "comm_pct",
+               "status"),
+    "pp.csv": ("schedule", "dtype", "world_size", "micro_batches", "step_us",
+               "bubble_measured", "bubble_analytic", "status"),
+    "dp.csv": ("mode", "bucket_cap_mb", "dtype", "world_size", "step_us", "compute_only_us",
+               "comm_alone_us", "exposed_comm_us", "overlap_pct", "state_bytes_per_rank",
+               "status"),
+    "accept.csv": ("check", "scope", "target", "metric", "measured", "expected", "ratio",
+                   "verdict", "retest"),
+}
+NCCL_TESTS = "nccl-tests"
+# Columns read as numbers: a cell that is none is refused, naming the file, column and row.
+NUMERIC = ("root", "in_place", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
+           "time_us", "p50_us", "p99_us", "cv_pct", "algbw_gbps", "busbw_gbps", "gbps",
+           "src_rank", "dst_rank", "step_us", "compute_only_us", "comm_pct", "micro_batches",
+           "bubble_measured", "bubble_analytic", "measured", "expected", "ratio", "retest",
+           "bucket_cap_mb", "comm_alone_us", "exposed_comm_us", "overlap_pct",
+           "state_bytes_per_rank", "state_bytes_formula")
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str  # the short label plots and tables use
+    command: str  # what made it: a distbench command, or "nccl-tests"
+    meta: dict = field(default_factory=dict)  # run.json ({} for an nccl-tests log)
+    topo: dict = field(default_factory=dict)  # topo.json
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> rows
+    samples: dict[str, dict[int, samples.Kept]] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)  # cells report left out, and why
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        return self.tables.get(name)
+
+
+def load(path: Path) -> Run:
+    path = Path(path)
+    if path.is_dir():
+        return _load_dir(path)
+    if not path.exists():
+        raise ReadError(path, "no such file or directory (expected a distbench run directory "
+                        "or an nccl-tests log)")
+    rows = nccltests.read(path)  # raises ReadError when it is no nccl-tests output either
+    frame = pd.DataFrame(rows, columns=list(REQUIRED["collective.csv"]) + [
+        k for k in (rows[0] if rows else {}) if k not in REQUIRED["collective.csv"]])
+    return Run(path, path.name, NCCL_TESTS, tables={"collective.csv": _numbers(path, frame)})
+
+
+def _load_dir(path: Path) -> Run:
+    meta = _json(path / "run.json")
+    tables: dict[str, pd.DataFrame] = {}
+    kept: dict[str, dict[int, list[float]]] = {}
+    for name, required in REQUIRED.items():
+        csv_path = path / name
+        if not csv_path.is_file():
+            continue
+        tables[name] = _csv(csv_path, required)
+        kept[name] = samples.read(samples.path_for(csv_path))
+    if not tables and meta is None:
+        raise ReadError(path, "no run here (expected run.json and a CSV such as "
+                        "collective.csv, as distbench writes in results/<run>/)")
+    # run.json alone is still a run: topo writes no CSV, and a run that failed before its
+    # first row says how it ended
+    meta = meta or {}
+    command = str(meta.get("command") or (next(iter(tables)).removesuffix(".csv") if tables
+                                          else UNKNOWN))
+    return Run(path, path.resolve().name, command, meta, _json(path / "topo.json") or {}, tables,
+               kept)
+
+
+def _json(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ReadError(path, f"not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ReadError(path, "expected a JSON object")
+    return data
+
+
+def _csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ReadError(path, f"not a readable CSV ({' '.join(str(e).split())})") from None
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise ReadError(path, f"missing columns {', '.join(missing)} (expected the "
+                        f"{path.name} columns of docs/results.md)")
+    if "status" in frame.columns:
+        frame["status"] = frame["status"].fillna("ok")
+    return _numbers(path, frame)
+
+
+def _numbers(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
+    """Numeric columns as numbers (an empty cell, or nan, is no value)."""
+    for column in NUMERIC:
+        if column not in frame.columns:
+            continue
+        values = frame[column].map(_bool_as_int)
+        numbers = pd.to_numeric(values, errors="coerce")
+        bad = numbers.isna() & values.notna() & ~values.astype(str).str.strip().str.lower().isin(
+            ["", "nan", "none"])
+        if bad.any():
+            row = int(bad.idxmax())
+            raise ReadError(path, f"column {column} holds {values[row]!r} in row {row + 1}, "
+                            "not a number")
+        frame[column] = numbers
+    return frame
+
+
+def _bool_as_int(v):
+    return int(v) if isinstance(v, bool) else v
+
+
+def load_all(paths: list[Path]) -> list[Run]:
+    """Each input once, with labels that tell them apart (docs/report.md)."""
+    runs = [load(p) for p in paths]
+    for run, name in zip(runs, labels(runs), strict=True):
+        run.name = name
+    return runs
+
+
+def labels(runs: list[Run]) -> list[str]:
+    """Different inputs of one name get their parent's name in front; inputs still alike (the
+    same one given twice) are numbered, every one of them, so none passes for the only one."""
+    where: dict[str, set[Path]] = {}
+    for r in runs:
+        where.setdefault(r.name, set()).add(r.path.resolve())
+    names = [f"{r.path.resolve().parent.name}/{r.name}" if len(where[r.name]) > 1 else r.name
+             for r in runs]
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        if names.count(name) > 1:
+            seen[name] = seen.get(name, 0) + 1
+            name = f"{name} ({seen[name]})"
+        out.append(name)
+    return out
+
+
+def _mapping(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def versions(run: Run) -> dict:
+    return _mapping(run.meta.get("versions"))
+
+
+UNKNOWN = "unknown"
+
+
+def check_metric(metric: str) -> tuple[str, bool]:
+    """(unit, higher is better) of an accept.csv row's metric. A metric this version does not
+    know (a newer run's) is read by its suffix: a time in us is better lower."""
+    from distbench.accept.profiles import METRICS
+
+    known = METRICS.get(str(metric))
+    if known is not None:
+        return known["unit"], known["higher_is_better"]
+    return ("us", False) if str(metric).endswith("_us") else ("GB/s", True)
+
+
+def is_retest(frame: pd.DataFrame) -> pd.Series:
+    """accept.csv's rows measured again, as a mask (the column is 1/0, True/False in JSON)."""
+    return frame["retest"].fillna(0).astype(float) != 0
+
+
+def world_size(run: Run) -> str:
+    """The ranks a run ran on, for people: run.json's figure, else what its rows say (an
+    nccl-tests log's device list); "unknown" where nothing says, as a log printed without its
+    device list."""
+    return _setup_figure(run, "world_size")
+
+
+def nnodes(run: Run) -> str:
+    """The nodes a run ran on, as world_size() tells its ranks."""
+    return _setup_figure(run, "nnodes")
+
+
+def _setup_figure(run: Run, key: str) -> str:
+    value = run.meta.get(key)
+    if value is not None:
+        return str(value)
+    # a log may hold several tests, each of its own world: all of them are the run's
+    found = sorted({int(v) for frame in run.tables.values() if key in frame.columns
+                    for v in frame[key].dropna()})
+    return ", ".join(map(str, found)) or UNKNOWN
+
+
+def dp_mode(row) -> str:
+    """A dp.csv row as run.json's dp section names it: "ddp 25 MiB", "zero3"."""
+    bucket = row.get("bucket_cap_mb")
+    return str(row["mode"]) + ("" if bucket is None or pd.isna(bucket) else f" {bucket:g} MiB")
+
+
+def measured(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows that hold a measurement (not skipped, not failed)."""
+    if "status" not in frame.columns:
+        return frame
+    return frame[frame["status"].isin(["ok", "wrong"])]
+
+
+def _nodes(run: Run) -> list[dict]:
+    nodes = run.topo.get("nodes")
+    return [n for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) else []
+
+
+def gpu_model(run: Run) -> str | None:
+    names = sorted({str(g.get("name")) for node in _nodes(run)
+                    for g in (node.get("gpus") if isinstance(node.get("gpus"), list) else [])
+                    if isinstance(g, dict) and g.get("name")})
+    return ", ".join(names) or None
+
+
+def topology_summary(run: Run) -> str | None:
+    """One line: the GPU-GPU link kinds and the CPU, as topo.json records them."""
+    kinds: dict[str, int] = {}
+    cpus = set()
+    for node in _nodes(run):
+        for kind in _mapping(_mapping(node.get("gpu_links")).get("links")).values():
+            kinds[str(kind)] = kinds.get(str(kind), 0) + 1
+        cpu = _mapping(node.get("cpu"))
+        if cpu.get("model"):
+            cpus.add(f"{cpu.get('model')} x{cpu.get('logical_cores')}")
+    parts = [", ".join(f"{n} x {k}" for k, n in sorted(kinds.items()))] if kinds else []
+    parts += sorted(cpus)
+    return "; ".join(parts) or None

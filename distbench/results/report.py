@@ -1,0 +1,361 @@
+"""`distbench report`: read run directories (and nccl-tests logs) back and write report.md, the
+plots beside it and model.json (the alpha-beta fit per op). Torch-free: it never starts a
+worker, so it stays fast."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from distbench.core.sizes import format_size
+from distbench.results import alphabeta, reader
+from distbench.results.reader import Run, measured
+
+
+def _busbw_factor(op: str, world: int) -> float:
+    from distbench.ops.collectives import OPS
+
+    return OPS[op].accounting.factor(world) if op in OPS and world > 0 else 1.0
+
+
+def models(run: Run) -> list[dict]:
+    """The alpha-beta fit of every op (and dtype, redop, placement) of a run's collective.csv,
+    plus the run's name."""
+    frame = run.table("collective.csv")
+    if frame is None:
+        return []
+    return [{"run": run.name, **m} for m in alphabeta.fit_rows(frame)]
+
+
+def _peaks(frame: pd.DataFrame, group: list[str], rate: str) -> list[dict]:
+    """Per group: the peak rate, the size it is reached at, and the time at the smallest size."""
+    out = []
+    for key, rows in measured(frame).groupby(group, sort=False, dropna=False):
+        rows = rows[rows[rate].notna()].sort_values("size_bytes")
+        if not len(rows):
+            continue
+        best = rows.loc[rows[rate].idxmax()]
+        first = rows.iloc[0]
+        out.append({**dict(zip(group, key if isinstance(key, tuple) else (key,), strict=True)),
+                    "peak": float(best[rate]), "peak_at": int(best["size_bytes"]),
+                    "small": int(first["size_bytes"]), "small_us": float(first["time_us"])})
+    return out
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(r) + " |" for r in rows]
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _fmt(v, spec: str) -> str:
+    """A figure in a fixed format (".1f"); "-" for none."""
+    return "-" if _missing(v) else format(v, spec)
+
+
+def number(v, digits: int = 4) -> str:
+    """`digits` significant digits, always written out in full (1080 beside 966, never 1.08e+03
+    beside 966), trailing zeros dropped; "-" for none."""
+    if _missing(v):
+        return "-"
+    v = float(v)
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    rounded = float(f"{v:.{digits - 1}e}")  # 999.96 to 4 digits is 1000: its own magnitude
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(rounded))))
+    text = f"{rounded:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _size(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format_size(int(v))
+
+
+def _world(run: Run) -> str:
+    ranks, nodes = reader.world_size(run), reader.nnodes(run)
+    if reader.UNKNOWN in (ranks, nodes):  # a log printed without its device list
+        return f"ranks {ranks}, nodes {nodes}"
+    return f"{ranks} ranks on {nodes} node(s)"
+
+
+def _run_header(run: Run) -> list[str]:
+    m = run.meta
+    if not m:
+        return [f"## {run.name}", "", f"{run.command} output read from `{run.path}`: "
+                f"{_world(run)}.", ""]
+    versions = reader.versions(run)
+    bits = [f"`distbench {m.get('command')}`", f"status **{m.get('status')}** "
+            f"(exit {m.get('exit_code')})", _world(run), f"backend {m.get('backend')}",
+            f"torch {versions.get('torch')}"]
+    if versions.get("nccl"):
+        bits.append(f"NCCL {versions['nccl']}")
+    lines = [f"## {run.name}", "", ", ".join(bits) + f"; `{run.path}`.", ""]
+    if m.get("error"):
+        lines += [f"Ended with: {m['error']}", ""]
+    return lines
+
+
+def _collective_section(run: Run, fits: list[dict]) -> list[str]:
+    frame = run.table("collective.csv")
+    if frame is None:
+        return []
+    lines = ["### Collectives", ""]
+    group = ["op", "dtype", "redop", "in_place"]
+    peaks = _peaks(frame, group, "busbw_gbps")
+    lines += _table(["op", "dtype", "redop", "place", "peak busbw (GB/s)", "at size",
+                     "smallest size", "time there (us)"],
+                    [[p["op"], p["dtype"], str(p["redop"]), "in" if p["in_place"] else "out",
+                      number(p["peak"]), _size(p["peak_at"]), _size(p["small"]),
+                      number(p["small_us"])] for p in peaks])
+    lines += [""] + _skipped(frame)
+    lines += ["#### Alpha-beta model", "",
+              "`T(S) = alpha + S / beta`, alpha fitted on the small sizes and beta past the "
+              "knee (docs/report.md).", ""]
+    lines += _table(["op", "dtype", "redop", "place", "alpha (us)", "busbw asymptote (GB/s)",
+                     "fit error (median / max %)", "n_half", "n_90%", "note"],
+                    [[f["op"], f["dtype"], _redop_root(f), "in" if f["in_place"] else "out",
+                      number(f["alpha_us"], 3), number(f["busbw_gbps"]),
+                      f"{_fmt(f['err_pct'], '.1f')} / {_fmt(f['max_err_pct'], '.1f')}",
+                      _size(f["n_half_bytes"]), _size(f["n90_bytes"]), f.get("note") or ""]
+                     for f in fits])
+    return lines + [""]
+
+
+def _redop_root(fit: dict) -> str:
+    root = fit.get("root")
+    return str(fit["redop"]) + (f" root {root}" if root is not None and root >= 0 else "")
+
+
+def _p2p_section(run: Run) -> list[str]:
+    lines = []
+    frame = run.table("p2p.csv")
+    if frame is not None:
+        lines += ["### Point-to-point", ""]
+        lines += _table(["pattern", "dtype", "peak busbw (GB/s)", "at size", "smallest size",
+                         "time there (us)"],
+                        [[p["pattern"], p["dtype"], number(p["peak"]), _size(p["peak_at"]),
+                          _size(p["small"]), number(p["small_us"])]
+                         for p in _peaks(frame, ["pattern", "dtype"], "busbw_gbps")])
+        lines.append("")
+    frame = run.table("p2p_matrix.csv")
+    if frame is not None:
+        from distbench.results.plots import matrix_outliers
+
+        slow = sorted((dtype, *link) for dtype, rows in frame.groupby("dtype", sort=False)
+                      for link in matrix_outliers(run, rows))
+        lines += ["### Link matrix", "",
+                  f"{len(frame)} measurements; {len(slow)} slow links by the run's own rule"
+                  + (":" if slow else "."), ""]
+        lines += [f"- {dtype} {d} {format_size(int(size))}: rank {src} "
+                  f"{'<->' if d == 'bi' else '->'} rank {dst}"
+                  for dtype, d, size, src, dst in slow[:20]]
+        culprits = (run.meta.get("matrix") or {}).get("culprits") or []
+        if culprits:
+            lines += ["", "Likely culprit: " + ", ".join(culprits)]
+        lines.append("")
+    return lines
+
+
+def _tp_section(run: Run) -> list[str]:
+    frame = run.table("tp.csv")
+    if frame is None:
+        return []
+    rows = measured(frame)
+    return ["### Tensor parallel", ""] + _table(
+        ["block", "dtype", "ranks", "step (ms)", "compute only (ms)", "comm %"],
+        [[str(r["block"]), str(r["dtype"]), str(r["world_size"]), number(r["step_us"] / 1e3),
+          number(r["compute_only_us"] / 1e3), _fmt(r["comm_pct"], ".1f")]
+         for _, r in rows.iterrows()]) + [""]
+
+
+def _pp_section(run: Run) -> list[str]:
+    frame = run.table("pp.csv")
+    if frame is None:
+        return []
+    rows = measured(frame)
+    return ["### Pipeline parallel", ""] + _table(
+        ["schedule", "micro-batches", "stages", "step (ms)", "bubble measured",
+         "bubble analytic"],
+        [[str(r["schedule"]), str(r["micro_batches"]), str(r.get("stages")),
+          number(r["step_us"] / 1e3), _fmt(r["bubble_measured"], ".3f"),
+          _fmt(r["bubble_analytic"], ".3f")] for _, r in rows.iterrows()]) + [""]
+
+
+def _dp_section(run: Run) -> list[str]:
+    frame = run.table("dp.csv")
+    if frame is None:
+        return []
+    lines = ["### Data parallel", ""] + _table(
+        ["mode", "dtype", "ranks", "step (ms)", "compute only (ms)", "exposed comm (ms)",
+         "comm alone (ms)", "overlap %", "state per rank", "ZeRO table"],
+        [[reader.dp_mode(r), str(r["dtype"]), str(r["world_size"]),
+          number(r["step_us"] / 1e3), number(r["compute_only_us"] / 1e3),
+          number(r["exposed_comm_us"] / 1e3), number(r["comm_alone_us"] / 1e3),
+          _fmt(r["overlap_pct"], ".1f"), _size(r["state_bytes_per_rank"]),
+          _size(r.get("state_bytes_formula"))] for _, r in measured(frame).iterrows()])
+    return lines + [""] + _skipped(frame)
+
+
+def _skipped(frame: pd.DataFrame) -> list[str]:
+    skipped = frame[frame["status"] == "skipped"]
+    if not len(skipped):
+        return []
+    why = sorted({str(n) for n in skipped.get("note", pd.Series(dtype=str)).dropna()})
+    return [f"{len(skipped)} rows skipped" + (": " + "; ".join(why[:5]) if why else ""), ""]
+
+
+def _no_results(run: Run) -> list[str]:
+    """What a run without a table report reads holds instead (topo writes none)."""
+    if run.tables:
+        return []
+    others = sorted(p.name for p in run.path.glob("*.csv")) if run.path.is_dir() else []
+    if others:
+        return [f"No table report reads: {', '.join(others)} is not one of "
+                f"{', '.join(reader.REQUIRED)}.", ""]
+    return [f"No result rows: `distbench {run.command}` wrote none.", ""]
+
+
+# Beyond any time (us), bandwidth (GB/s), size or ratio a run can record: such a cell is a
+# broken write, and drawn it would squash every real figure into one pixel.
+BEYOND = 1e18
+
+
+def plausible(run: Run) -> Run:
+    """The run with every cell no measurement can take (infinite, or beyond BEYOND) emptied,
+    and each named in `dropped`; a row whose size is such a cell is left out whole."""
+    tables, dropped = {}, []
+    for name, frame in run.tables.items():
+        frame = frame.copy()
+        for column in reader.NUMERIC:
+            if column not in frame.columns:
+                continue
+            values = frame[column]
+            bad = values.notna() & ~(values.abs() < BEYOND)
+            dropped += [f"{name} row {i + 1} {column} {values[i]:g}" for i in values.index[bad]]
+            frame[column] = values.where(~bad)
+            if column == "size_bytes":
+                frame = frame[~bad]
+        tables[name] = frame
+    return replace(run, tables=tables, dropped=run.dropped + dropped)
+
+
+def _dropped(run: Run) -> list[str]:
+    if not run.dropped:
+        return []
+    shown = "; ".join(run.dropped[:5]) + ("; ..." if len(run.dropped) > 5 else "")
+    return [f"Left out {len(run.dropped)} value(s) no measurement can take (not finite, or "
+            f"beyond {BEYOND:g}): {shown}.", ""]
+
+
+# accept's verdicts in the order of how bad; one it does not know (a newer run's) goes last
+VERDICTS = ("FAIL", "INCONCLUSIVE", "WARN", "PASS", "SKIP")
+
+
+def _counts(frame: pd.DataFrame) -> str:
+    counts = frame["verdict"].astype(str).value_counts().to_dict()
+    order = [v for v in VERDICTS if v in counts] + sorted(set(counts) - set(VERDICTS))
+    return ", ".join(f"{v} {counts[v]}" for v in order) or "none"
+
+
+FIGURES = ("measured", "expected", "warn_at")  # in the metric's unit
+
+
+def _measured_cell(row: pd.Series, column: str) -> str:
+    """A figure of an accept row in its metric's unit: a time in us, a bandwidth in GB/s."""
+    value = row.get(column)
+    if value is None or pd.isna(value):
+        return "-"
+    unit, _ = reader.check_metric(row.get("metric"))
+    return f"{number(value)} {unit}"
+
+
+def _accept_section(run: Run) -> list[str]:
+    frame = run.table("accept.csv")
+    if frame is None:
+        return []
+    again = reader.is_retest(frame)
+    first, retests = frame[~again], frame[again]
+    lines = ["### Acceptance", ""]
+    outcome = run.meta.get("accept") if isinstance(run.meta.get("accept"), dict) else {}
+    if outcome.get("verdict"):
+        lines += [f"Verdict **{outcome['verdict']}**: {outcome.get('summary')}.", ""]
+    # the run's verdict and accept.json's summary count the first pass: a retest only confirms
+    # a failure, or clears it as noise (the failure then reads WARN)
+    lines.append(f"- First pass: {_counts(first)} ({len(first)} measurements, what the "
+                 "verdict counts)")
+    if len(retests):
+        lines.append(f"- Retests: {_counts(retests)} ({len(retests)} measurements taken again "
+                     "to confirm or clear a first-pass failure)")
+    lines.append("")
+    culprits = outcome.get("culprits") or []
+    if culprits:
+        lines += ["Named:", "", *[f"- {c}" for c in culprits], ""]
+    lines += _table(["check", "target", "pass", "metric", "measured", "fail line",
+                     "warn line", "ratio", "verdict"],
+                    [[str(r["check"]), str(r["target"]), "retest" if again[i] else "first",
+                      str(r["metric"]), *(_measured_cell(r, c) for c in FIGURES),
+                      number(r["ratio"], 3), str(r["verdict"])]
+                     for i, r in frame.iterrows()])
+    return lines + ["", "ratio: the measurement against what it was judged by (the profile's "
+                    "floor, the healthy peers' value or the baseline's figure), above 1 "
+                    "better, whatever the metric's direction.", ""]
+
+
+def markdown(runs: list[Run], fits: list[list[dict]], images: list[Path]) -> list[str]:
+    """`fits`: each run's models, in the order of `runs`."""
+    lines = ["# distbench report", "", "Runs: " + ", ".join(f"`{r.name}`" for r in runs), ""]
+    for run, run_fits in zip(runs, fits, strict=True):
+        lines += _run_header(run)
+        lines += _dropped(run)
+        lines += _no_results(run)
+        lines += _collective_section(run, run_fits)
+        lines += _p2p_section(run)
+        lines += _tp_section(run)
+        lines += _pp_section(run)
+        lines += _dp_section(run)
+        lines += _accept_section(run)
+    if images:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
+    return lines
+
+
+def write(runs: list[Run], out: Path) -> tuple[list[str], list[Path]]:
+    """report.md, model.json and the plots in `out`; returns report.md's lines and the files."""
+    from distbench.results import plots
+    from distbench.results.writer import write_json
+
+    runs = [plausible(r) for r in runs]
+    out.mkdir(parents=True, exist_ok=True)
+    fits = [models(r) for r in runs]
+    images = plots.all_plots(runs, out)
+    lines = markdown(runs, fits, images)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    files = [out / "report.md", *images]
+    if any(fits):
+        write_json(out / "model.json", {"schema_version": 1, "model": "T(S) = alpha + S / beta",
+                                         "fits": [f for v in fits for f in v]})
+        files.insert(1, out / "model.json")
+    return lines, files
+
+
+def predict(runs: list[Run], op: str, size: int) -> list[str]:
+    """The time and busbw each run's model predicts for `op` at `size`, one line per fit."""
+    lines = []
+    for run in map(plausible, runs):
+        for f in models(run):
+            if f["op"] != op or f.get("alpha_us") is None:
+                continue
+            t_us, busbw = alphabeta.predict_row(f, size)
+            place = "in-place" if f["in_place"] else "out-of-place"
+            lines.append(f"{run.name}: {op} {f['dtype']} {_redop_root(f)} {place} at "
+                         f"{format_size(size)}: "
+                         f"{number(t_us)} us, busbw {number(busbw)} GB/s (alpha "
+                         f"{number(f['alpha_us'], 3)} us, busbw asymptote "
+                         f"{number(f['busbw_gbps'])} GB/s)")
+    return lines

@@ -1,0 +1,217 @@
+"""The run directory: CSV rows flushed one by one, run.json, topo.txt. Presentation lives
+elsewhere (console.py); later tools read these files, so their shape is a contract."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import errno
+import io
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from distbench import __version__
+from distbench.platform import topo
+from distbench.results import samples
+
+SCHEMA_VERSION = 1
+RUN_DIR_ENV = "DISTBENCH_RUN_DIR"
+
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+                "NVIDIA_VISIBLE_DEVICES", "UCX_", "FI_")
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def new_run_dir(parent: Path, command: str) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    for i in range(1000):
+        path = Path(parent) / (f"{stamp}-{command}" + (f"-{i}" if i else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free run directory name under {parent}")
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Atomic: a reader (or a crash) never sees half a file, and a failed write (a full disk)
+    leaves the previous file as it was, with no temporary beside it."""
+    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno != errno.ENOSPC or not path.exists():
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        # A full disk: rewriting in place frees the old file's blocks first, which is the only
+        # way left to say how the run ended.
+        try:
+            path.write_text(text)
+        except OSError:
+            raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+def comm_environment() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
+class _Appender:
+    """A file written a whole record at a time and flushed at once: a crash keeps what was
+    measured, and a failed write (a full disk mid-record) cuts the file back to its last whole
+    record and raises an OSError naming the file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = open(path, "w", newline="")  # noqa: SIM115 - lives as long as the run
+        self._complete = 0  # bytes on disk that end with a whole record
+
+    def write(self, text: str) -> None:
+        try:
+            self._file.write(text)
+            self._file.flush()
+            self._complete = self._file.tell()
+        except OSError as e:
+            self.close()
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, self._complete)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # a failed flush was reported when it failed
+            self._file.close()
+
+
+class CsvSink:
+    """Appends one row per measurement and flushes it at once, and the row's per-iteration
+    samples to the file beside it (samples.py) when it has them."""
+
+    def __init__(self, path: Path, columns: list[str]):
+        self.path = path
+        self.columns = columns
+        self._out = _Appender(path)
+        self._samples: _Appender | None = None
+        self._rows = 0
+        self._out.write(self._line(dict(zip(columns, columns, strict=True))))
+
+    def _line(self, cells: dict) -> str:
+        buf = io.StringIO()
+        csv.DictWriter(buf, fieldnames=self.columns, extrasaction="raise").writerow(cells)
+        return buf.getvalue()
+
+    def append(self, row: dict, samples_us: Sequence[float] = (),
+               reps_us: Sequence[float] = ()) -> None:
+        unknown = set(row) - set(self.columns)
+        if unknown:  # a misspelt key would otherwise leave a silently empty cell
+            raise KeyError(f"not columns of {self.path.name}: {sorted(unknown)}")
+        self._out.write(self._line({k: _cell(row.get(k)) for k in self.columns}))
+        index, self._rows = self._rows, self._rows + 1
+        if samples_us:
+            if self._samples is None:
+                self._samples = _Appender(samples.path_for(self.path))
+            self._samples.write(samples.encode(index, samples_us, reps_us))
+
+    def close(self) -> None:
+        self._out.close()
+        if self._samples is not None:
+            self._samples.close()
+
+
+class NullSink:
+    """What ranks other than 0 write to: nothing."""
+
+    def append(self, row: dict, samples_us: Sequence[float] = (),
+               reps_us: Sequence[float] = ()) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _cell(value):
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e15 else repr(value)
+    return value
+
+
+class RunRecord:
+    """run.json: written when the run starts (status "running") and rewritten when it ends, so an
+    interrupted run still says what it was and how far it got."""
+
+    def __init__(self, run_dir: Path, command: str, options: dict, argv: list[str]):
+        self.path = Path(run_dir) / "run.json"
+        self.data: dict = {
+            "schema_version": SCHEMA_VERSION,
+            "distbench_version": __version__,
+            "command": command,
+            "argv": argv,
+            "options": options,
+            "status": "running",
+            "exit_code": None,
+            "error": None,
+            "start_utc": utc_now(),
+            "end_utc": None,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "env": comm_environment(),
+        }
+
+    def update(self, **fields) -> None:
+        self.data.update(fields)
+        write_json(self.path, self.data)
+
+    def finish(self, status: str, exit_code: int, error: str | None = None, **fields) -> None:
+        """`fields`: what the ending adds (lost_ranks and failed_step when ranks were lost)."""
+        self.update(status=status, exit_code=exit_code, error=error, end_utc=utc_now(), **fields)
+
+
+def read_run_json(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(run_dir) / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def mark_unfinished(run_dir: Path, error: str, exit_code: int, status: str = "failed",
+                    **fields) -> bool:
+    """For a run whose rank 0 died (or was stopped) before it could say how the run ended: the
+    local launcher after its workers ended, or the lowest rank left. Only a run.json still
+    saying "running" is changed."""
+    path = Path(run_dir) / "run.json"
+    data = read_run_json(run_dir)
+    if data is None or data.get("status") != "running":
+        return False
+    data.update(status=status, exit_code=exit_code, error=error, end_utc=utc_now(), **fields)
+    try:
+        write_json(path, data)
+    except OSError as e:
+        print(f"distbench: error: cannot finish {path}: {e.strerror}; it may still say "
+              "\"running\"", file=sys.stderr)
+    return True
+
+
+def write_topology(run_dir: Path, snapshots: list[dict], ranks: list[dict] | None = None
+                   ) -> None:
+    """topo.txt for people, topo.json for tools: the same snapshot in every run directory, and
+    in topo.json which physical GPU each rank ran on."""
+    (run_dir / "topo.txt").write_text(topo.render_text(snapshots))
+    nodes = [{**snap, "gpu_links": topo.parse_topo_matrix(snap.get("nvidia_smi_topo") or "")}
+             for snap in snapshots]
+    placed = [{k: r.get(k) for k in ("rank", "host", "node", "local_rank", "gpu_uuid",
+                                     "gpu_bus_id")} for r in ranks or []]
+    write_json(run_dir / "topo.json", {"schema_version": SCHEMA_VERSION, "nodes": nodes,
+                                       "ranks": placed})
