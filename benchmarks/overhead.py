@@ -27,7 +27,8 @@ import time
 
 from distbench.core.options import BACKENDS
 from distbench.core.sizes import format_size, parse_sizes
-from distbench.run.launch import run_local_workers, under_launcher
+from distbench.platform.env import under_launcher
+from distbench.run.launch import run_local_workers
 
 
 def args_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@ import time
 import pytest
 from helpers import LAUNCHER_VARS, free_port, processes_naming
 
-import distbench.run.launch
+import distbench.cli.app
 
 # A suite started in the background by a shell without job control (a CI script's `cmd &`)
 # inherits SIGINT ignored, and so would every process it starts, since an ignored signal
@@ -40,7 +40,7 @@ def captured(monkeypatch, tmp_path):
         seen.append((command, opts))
         return 0
 
-    monkeypatch.setattr(distbench.run.launch, "dispatch", fake_dispatch)
+    monkeypatch.setattr(distbench.cli.app, "dispatch", fake_dispatch)
     return seen
 
 

@@ -163,10 +163,12 @@ def nccl_tests_row(op: str, size: int, elt: int, nranks: int) -> tuple[int, int]
 
 
 def test_dtype_table_matches_distbench():
-    from distbench.ops.dtypes import TORCH_DTYPES, element_size
+    from distbench.core.dtypes import NAMES, element_bytes
+    from distbench.ops.dtypes import TORCH_DTYPES
 
-    assert set(DTYPE_ELT) == set(TORCH_DTYPES)
-    assert {name: element_size(name) for name in TORCH_DTYPES} == DTYPE_ELT
+    assert set(DTYPE_ELT) == set(TORCH_DTYPES) == set(NAMES)
+    assert {name: element_bytes(name) for name in NAMES} == DTYPE_ELT
+    assert {name: TORCH_DTYPES[name].itemsize for name in NAMES} == DTYPE_ELT
 
 
 def test_every_split_op_is_one_nccl_tests_transcribed():

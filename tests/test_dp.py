@@ -23,6 +23,7 @@ import distbench.cli.app
 from distbench.cli.commands import COMMANDS
 from distbench.cli.commands import dp as cmd
 from distbench.cli.commands.dp import DPOptions
+from distbench.core.dtypes import ELEMENT_BYTES
 from distbench.core.options import (
     OptionError,
     build,
@@ -162,7 +163,7 @@ def test_state_falls_with_each_stage_and_zero1_ties_zero2_at_two_ranks(dtype, sh
     ddp, z1, z2, z3 = (f.state_bytes(m, shapes, dtype, 2) for m in MODES)
     psi = f.param_count(shapes)
     assert z1 == z2 == (10 * psi if dtype in ("bfloat16", "float16") else
-                        3 * f.ELEMENT_BYTES[dtype] * psi)
+                        3 * ELEMENT_BYTES[dtype] * psi)
     assert ddp > z1 and z2 > z3
 
 

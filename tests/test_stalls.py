@@ -27,6 +27,7 @@ from helpers import children, clean_env, distbench_lines
 from distbench.bench import timing
 from distbench.cli.commands.collective import CollectiveOptions
 from distbench.core.options import build
+from distbench.platform import env
 from distbench.results import writer
 from distbench.run import peers, session
 from distbench.run.peers import Peers
@@ -211,7 +212,7 @@ def test_rank_0_ends_the_run_as_the_rank_that_timed_out_first(tmp_path, monkeypa
     """What rank 0 saw after rank 1 timed out and left (the connection it closed, the
     launcher's SIGTERM, or its own watchdog a moment later) is not how the run ended: run.json
     says timeout, in rank 1's words, and rank 0 does not say it a second time."""
-    monkeypatch.delenv(writer.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(env.RUN_DIR_ENV, raising=False)
     opts = build(CollectiveOptions, {"out": str(tmp_path)}, argv=[])
     rt = Runtime(0, 2, 0, "gloo", torch.device("cpu"), peers=_AfterRank1TimedOut())
     s = session.Session("collective", opts, rt)
@@ -225,7 +226,7 @@ def test_rank_0_ends_the_run_as_the_rank_that_timed_out_first(tmp_path, monkeypa
 
 
 def test_a_ctrl_c_stays_one_after_a_timeout_elsewhere(tmp_path, monkeypatch):
-    monkeypatch.delenv(writer.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(env.RUN_DIR_ENV, raising=False)
     opts = build(CollectiveOptions, {"out": str(tmp_path)}, argv=[])
     rt = Runtime(0, 2, 0, "gloo", torch.device("cpu"), peers=_AfterRank1TimedOut())
     s = session.Session("collective", opts, rt)
@@ -315,7 +316,7 @@ def test_a_startup_that_hangs_ends_at_the_timeout_and_says_so(tmp_path, monkeypa
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     writer.RunRecord(run_dir, "collective", {}, []).update()
-    monkeypatch.setenv(writer.RUN_DIR_ENV, str(run_dir))
+    monkeypatch.setenv(env.RUN_DIR_ENV, str(run_dir))
     monkeypatch.setenv("RANK", "0")
     exited: list[int] = []
     gone = threading.Event()
@@ -349,7 +350,7 @@ def test_a_store_that_stops_answering_cannot_hold_the_ending(tmp_path, monkeypat
     stopped) would hold the rank for as long as its connection's timeout, run.json unwritten:
     ENDING_S later the rank writes it with what it knows."""
     monkeypatch.setattr(session, "ENDING_S", 0.5)
-    monkeypatch.delenv(writer.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(env.RUN_DIR_ENV, raising=False)
     released = threading.Event()
 
     class Hung:

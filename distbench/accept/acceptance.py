@@ -25,11 +25,12 @@ from distbench.bench.measure import Skipped, measure_case
 from distbench.bench.series import SENDRECV, allocate
 from distbench.core import noise
 from distbench.core.accounting import bandwidth, layout
+from distbench.core.dtypes import element_bytes
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.core.tables import format_row, format_table, plural
 from distbench.ops import p2p
 from distbench.ops.collectives import OPS, Ctx
-from distbench.ops.dtypes import TORCH_DTYPES, element_size
+from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.run.memory import allocate_fitting, release
 from distbench.run.runtime import RunFailure, node_names
 
@@ -182,7 +183,7 @@ def _measure(s, view, check: Check, target: Target, group) -> verdicts.Result | 
     if n < 2:
         return verdicts.Result(**base, note="one rank: nothing travels") if me == 0 else None
     what = f"{check.name} on {target.name}"
-    dtype, elt = TORCH_DTYPES[check.dtype], element_size(check.dtype)
+    dtype, elt = TORCH_DTYPES[check.dtype], element_bytes(check.dtype)
     try:
         if check.command == "collective":
             op = OPS[check.op]

@@ -21,10 +21,10 @@ from distbench.accept import schedule
 from distbench.accept.profiles import Check, Profile
 from distbench.bench.series import SENDRECV
 from distbench.core.accounting import bandwidth, layout
+from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
 from distbench.core.tables import plural
 from distbench.ops.collectives import OPS
-from distbench.ops.dtypes import element_size
 
 # What the estimate assumes where the profile sets no absolute figure (a check judged against
 # its peers): the slow end of a healthy H100 node (NVLink, ~370 GB/s effective, nccl-tests
@@ -217,7 +217,7 @@ def _issued(check: Check, profile: Profile, rounds: list[list[Target]]
     n = len(rounds[0][0].ranks) if rounds and rounds[0] else 0
     if n < 2:
         return ["nothing: one rank per target"], 0.0
-    elt = element_size(check.dtype)
+    elt = element_bytes(check.dtype)
     acc = OPS[check.op].accounting if check.command == "collective" else SENDRECV
     lay = layout(acc, check.size, elt, n)
     if lay is None:

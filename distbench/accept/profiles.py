@@ -23,8 +23,11 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from distbench.core import dtypes
 from distbench.core.accounting import min_bytes
-from distbench.core.options import DTYPE_ALIASES, DTYPES, MAX_ITERS, OptionError
+from distbench.core.contracts import MEASURES
+from distbench.core.dtypes import element_bytes
+from distbench.core.options import MAX_ITERS, OptionError
 from distbench.core.sizes import SizeError, parse_size
 from distbench.ops.collectives import OPS as COLLECTIVES
 from distbench.ops.collectives import names as collective_names
@@ -42,27 +45,26 @@ COMMANDS = ("collective", "p2p")
 P2P_PATTERNS = ("ring", "pingpong")
 VS = ("absolute", "peers")
 
-# metric -> its unit, its direction and the commands (and ops or patterns) that report it; None
-# for a command: every op it has. The names are the columns of collective.csv and p2p.csv.
-METRICS: dict[str, dict] = {
-    "busbw_gbps": {"unit": "GB/s", "higher_is_better": True,
-                   "commands": {"collective": None, "p2p": ("ring",)}},
-    "algbw_gbps": {"unit": "GB/s", "higher_is_better": True,
-                   "commands": {"collective": None, "p2p": ("ring",)}},
+# metric -> the commands (and ops or patterns) that report it; None for a command: every op it
+# has. The names are the columns of collective.csv and p2p.csv (core.contracts.MEASURES gives
+# each one's unit and direction).
+_REPORTED_BY = {
+    "busbw_gbps": {"collective": None, "p2p": ("ring",)},
+    "algbw_gbps": {"collective": None, "p2p": ("ring",)},
     # pingpong's time is one-way latency, half the round trip
-    "time_us": {"unit": "us", "higher_is_better": False,
-                "commands": {"collective": None, "p2p": ("ring", "pingpong")}},
-    "p99_us": {"unit": "us", "higher_is_better": False,
-               "commands": {"collective": None, "p2p": ("ring", "pingpong")}},
+    "time_us": {"collective": None, "p2p": ("ring", "pingpong")},
+    "p99_us": {"collective": None, "p2p": ("ring", "pingpong")},
     # The median iteration: a burst of load from a neighbour slows some iterations, a fault
     # slows every one. For judging nodes against each other on shared machines (cpu-gloo);
     # blind to a link that stalls now and then, which the mean and p99 see.
-    "p50_us": {"unit": "us", "higher_is_better": False,
-               "commands": {"collective": None, "p2p": ("ring", "pingpong")}},
+    "p50_us": {"collective": None, "p2p": ("ring", "pingpong")},
     # busbw at the median iteration's time (not a CSV column: derived from p50_us)
-    "p50_busbw_gbps": {"unit": "GB/s", "higher_is_better": True,
-                       "commands": {"collective": None, "p2p": ("ring",)}},
+    "p50_busbw_gbps": {"collective": None, "p2p": ("ring",)},
 }
+METRICS: dict[str, dict] = {
+    name: {"unit": MEASURES[name].unit, "higher_is_better": MEASURES[name].higher_is_better,
+           "commands": commands}
+    for name, commands in _REPORTED_BY.items()}
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOP_KEYS = ("name", "description", "match", "settings", "check")
@@ -453,10 +455,10 @@ def _check(r: _Reader, raw: dict, index: int) -> Check:
     dtype = DEFAULT_DTYPE
     if "dtype" in raw:
         text = r.string(raw["dtype"], f"{where} key 'dtype'").lower()
-        if text not in DTYPE_ALIASES:
+        if text not in dtypes.ALIASES:
             raise r.error(f"{where} key 'dtype'",
-                          f"unknown dtype {text!r} (valid: {', '.join(DTYPES)})")
-        dtype = DTYPE_ALIASES[text]
+                          f"unknown dtype {text!r} (valid: {', '.join(dtypes.NAMES)})")
+        dtype = dtypes.ALIASES[text]
 
     size_raw = raw["size"]
     if isinstance(size_raw, bool) or not isinstance(size_raw, str | int):
@@ -522,15 +524,6 @@ def _floors(r: _Reader, raw: dict, where: str, metric: str, vs: str,
                           f"{fail:g}: for {metric} lower is better, so warn{suffix} must be at "
                           f"most fail{suffix}")
     return fail, warn
-
-
-def element_bytes(dtype: str) -> int:
-    """One element of `dtype` (a name of options.DTYPES), in bytes, without torch."""
-    from distbench.results.nccltests import (
-        ELEMENT_BYTES,
-    )  # torch-free; imported late: it is heavier
-
-    return ELEMENT_BYTES[dtype]
 
 
 def _whole_elements(r: _Reader, where: str, raw, size: int, dtype: str) -> None:

@@ -17,7 +17,8 @@ from distbench.bench.measure import Skipped, measure_case, stats_columns
 from distbench.core.accounting import Accounting, Layout, bandwidth, layout
 from distbench.core.tables import Output, format_row, format_table
 from distbench.ops.case import Case
-from distbench.run.memory import agree, allocate_fitting, release
+from distbench.run.memory import allocate_fitting, release
+from distbench.run.peers import agree
 
 NO_FIT = "does not fit in device memory"
 

@@ -23,7 +23,7 @@ def timed_samples(s, fn, what: str, min_time: float = 0.0, before_loop=None,
     `graph`, the loop's ops are captured in one CUDA graph and replayed (raises Skipped when
     some rank cannot capture them). `group`: the ranks taking part (None: every rank). `reps`:
     the timed iterations split into that many separated repetitions (timing.measure)."""
-    from distbench.run.memory import agree
+    from distbench.run.peers import agree
 
     opts, device = s.opts, s.rt.device
     s.step(f"{what} (warmup)", opts.timeout)

@@ -10,11 +10,12 @@ import torch
 from distbench.bench.engine import Point, Series, bandwidth_point
 from distbench.bench.measure import stats_columns
 from distbench.core.accounting import Accounting, Layout, min_bytes, unit_factor
+from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
 from distbench.core.tables import format_matrix
 from distbench.ops import p2p
 from distbench.ops.case import Case
-from distbench.ops.dtypes import TORCH_DTYPES, element_size
+from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.results.links import Link
 from distbench.run.runtime import rank_names
 
@@ -46,7 +47,7 @@ def collective(s, plan, output) -> Series:
     rt = s.rt
     n, op = rt.world, plan.op
     ctx = plan.ctx(rt.rank, n)
-    elt = element_size(plan.dtype)
+    elt = element_bytes(plan.dtype)
     alloc = functools.partial(allocate, op, ctx, dtype=TORCH_DTYPES[plan.dtype],
                               device=rt.device)
 
@@ -82,7 +83,7 @@ def _send_recv(dtype: str, device):
 def p2p_pattern(s, pattern: str, dtype: str, output) -> Series:
     rt = s.rt
     n = rt.world
-    elt = element_size(dtype)
+    elt = element_bytes(dtype)
     alloc = _send_recv(dtype, rt.device)
 
     def case(send, recv) -> Case:
@@ -173,7 +174,7 @@ def matrix(s, dtype: str, output, links: list[Link]) -> Series:
 
     return Series(
         name=f"p2p matrix {dtype}", output=output, title=None, accounting=SENDRECV,
-        elt=element_size(dtype), alloc=_send_recv(dtype, rt.device), points=points,
+        elt=element_bytes(dtype), alloc=_send_recv(dtype, rt.device), points=points,
         row={"dtype": dtype, "world_size": n, "nnodes": rt.nnodes, "backend": rt.backend},
         too_small="too small", steps_per_size=2 * n * (n - 1), on_skip=on_skip,
         after_size=after_size, probe=probe)

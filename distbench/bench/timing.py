@@ -8,7 +8,6 @@ the world size (SUM, MAX, MIN), never Python-object gathers.
 
 from __future__ import annotations
 
-import bisect
 import gc
 import math
 import statistics
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from distbench.core.noise import rep_lengths
+from distbench.run.runtime import LOOP, Progress
 
 MIN_ITERS = 5
 MAX_ITERS = 10_000
@@ -47,44 +47,6 @@ class Timed:
     # them; None on CPU, and when the host waited for the GPU among those launches
     host_share: float | None = None
     rep_lengths: tuple[int, ...] = ()  # iterations in each repetition; () for one loop
-
-
-class Progress:
-    """How far this process's timed loop has got, for the watchdog's thread, which reads it
-    while the loop runs (and stays stuck where a peer stopped): the loop does nothing for it
-    that it did not do anyway. On CPU it reads the stamps the loop writes, in order; on GPU the
-    host's waits every K ops (sync_every) say how far they got. A loop replayed from a CUDA
-    graph queues everything at once and has no such marks: none is watched."""
-
-    def __init__(self):
-        self.running = False
-        self.loops = 0  # loops begun, each a new count
-        self.stamps: list[float] = []  # CPU: the loop's, 0.0 until written
-        self.synced = 0  # GPU: the last iteration the host waited for
-
-    def begin(self) -> None:
-        self.loops += 1
-        self.stamps, self.synced = [], 0
-        self.running = True
-
-    def end(self) -> None:
-        self.running = False
-
-    def __call__(self) -> tuple[int, int, int] | None:
-        """Something that changes whenever the loop advances; None while no loop runs (a wait
-        for the others' loops is not this rank's loop being stuck)."""
-        if not self.running:
-            return None
-        written = bisect.bisect_left(self.stamps, True, key=_unwritten)
-        return self.loops, self.synced, written
-
-
-def _unwritten(stamp: float) -> bool:
-    return stamp == 0.0
-
-
-# One timed loop at a time per process (one rank): the session's watchdog watches this one.
-LOOP = Progress()
 
 
 def sync(device: torch.device) -> None:

@@ -5,7 +5,6 @@ option errors stay fast; the heavy modules load only once the options are known 
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 import typing
 from pathlib import Path
@@ -26,7 +25,7 @@ from distbench.core.options import (
     load_config,
     option_fields,
 )
-from distbench.platform import launchers, lifeline, limits
+from distbench.platform import env, launchers, lifeline, limits
 from distbench.run import faults
 
 app = typer.Typer(
@@ -37,6 +36,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+def dispatch(name: str, opts) -> int:
+    """Where a command runs: under a launcher, as one rank of a session; with --dry-run, or
+    for a command that needs no workers, here; else on local workers we start."""
+    entry = COMMANDS[name]
+    if entry.dry_run is not None and getattr(opts, "dry_run", False):
+        return entry.dry_run(opts)
+    if env.under_launcher():
+        from distbench.run import session
+
+        return session.run(name, opts, entry.run)
+    if entry.run_local is not None:
+        return entry.run_local(opts)
+    from distbench.run import launch
+
+    return launch.start_local(name, opts)
 
 def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: Path | None):
     if value is not None:
@@ -69,22 +85,20 @@ def _parameters(options: type) -> list[inspect.Parameter]:
 
 def _add(name: str, command: Command) -> None:
     def handler(**raw) -> None:
-        from distbench.run import launch
-
         raw.pop("config")
-        if raw.get("workers") is not None and launch.under_launcher() \
-                and not launch.started_by_us():  # ours: what we started, kept for run.json
+        if raw.get("workers") is not None and env.under_launcher() \
+                and not env.started_by_us():  # ours: what we started, kept for run.json
             # the launcher decided the world; refusing would fail a run that can go ahead
-            if os.environ.get("RANK") == "0":
+            if env.rank_text() == "0":
                 print(f"distbench: warning: --workers is ignored under a launcher (it started "
-                      f"{os.environ.get('WORLD_SIZE')} ranks)", file=sys.stderr, flush=True)
+                      f"{env.world_size_text()} ranks)", file=sys.stderr, flush=True)
             raw["workers"] = None
         if isinstance(raw.get("workers"), int) and raw["workers"] >= 1 \
-                and not launch.under_launcher():
+                and not env.under_launcher():
             # first of all, before torch loads: a count past the machine is refused at once
             limits.check_workers(raw["workers"])
-        opts = build(command.options, raw, argv=launch.user_argv())
-        raise typer.Exit(launch.dispatch(name, opts))
+        opts = build(command.options, raw, argv=env.user_argv())
+        raise typer.Exit(dispatch(name, opts))
 
     params = [*_parameters(command.options), CONFIG]
     handler.__signature__ = inspect.Signature(params)
@@ -135,12 +149,10 @@ def _refuse(message: str) -> int:
     """Bad input: one line and exit 2. Under a launcher the other ranks would wait for this
     one in process-group setup until their timeout: they are told first, and each node says
     it once (from its local rank 0)."""
-    from distbench.run import launch
-
-    if not launch.under_launcher():
+    if not env.under_launcher():
         print(f"distbench: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if os.environ.get("LOCAL_RANK", "0") == "0":
+    if env.local_rank() == 0:
         print(f"distbench: error: {message}", file=sys.stderr, flush=True)
     from distbench.run.peers import refuse
 
@@ -154,9 +166,9 @@ def _launcher_lost(parent: int) -> None:
     says it instead, with the step it was in."""
     from distbench.results import writer
 
-    rank = os.environ.get("RANK", "?")
+    rank = env.rank_text()
     message = lifeline.describe_loss(parent, "startup", rank)
-    where = os.environ.get(writer.RUN_DIR_ENV)
+    where = env.given_run_dir()
     if rank == "0" and where:
         writer.mark_unfinished(where, message, EXIT_TERMINATED, "terminated")
     print(f"distbench: rank {rank}: error: {message}", file=sys.stderr)
@@ -169,9 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     except OptionError as e:
         print(f"distbench: error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    if argv is None and all(k in os.environ for k in launchers.TORCH_VARS):
+    if argv is None and env.under_launcher():
         # a rank: it must not outlive what started it
-        rank = int(os.environ["RANK"]) if os.environ["RANK"].isdigit() else -1
+        rank = env.rank()
         lifeline.watch(_launcher_lost if rank == 0 else None)
         faults.stall_before_join(rank)
     try:

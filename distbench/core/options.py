@@ -15,6 +15,10 @@ from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from distbench.core.dtypes import ALIASES as DTYPE_ALIASES
+from distbench.core.dtypes import FLOATS as FLOAT_DTYPES
+from distbench.core.dtypes import NAMES as DTYPES
+from distbench.core.dtypes import element_bytes
 from distbench.core.noise import MAX_REPS, REPS
 from distbench.core.sizes import SizeError, parse_size, parse_sizes
 
@@ -167,18 +171,6 @@ def sizes(example: str) -> Check:
     return with_example(check, example)
 
 
-DTYPE_ALIASES = {
-    "float32": "float32", "fp32": "float32", "float": "float32",
-    "float16": "float16", "fp16": "float16", "half": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float64": "float64", "fp64": "float64", "double": "float64",
-    "int32": "int32", "int": "int32",
-    "int64": "int64", "long": "int64",
-    "int8": "int8",
-    "uint8": "uint8",
-}
-DTYPES = tuple(dict.fromkeys(DTYPE_ALIASES.values()))
-FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 BACKENDS = ("auto", "nccl", "gloo")
 MAX_TIMEOUT_S = 7 * 24 * 3600
 DEFAULT_TIMEOUT_S = 300.0
@@ -378,14 +370,12 @@ class StepOptions(RunOptions):
         unsharded (the reference replica is whole)."""
         if backend == "nccl":
             return 0
-        from distbench.results.nccltests import ELEMENT_BYTES
-
         h = self.hidden_size
         ffn = getattr(self, "ffn_size", 4 * h)
         params = self.layers * (4 * h * h + 2 * h * ffn)
         tokens = self.seq_len * self.micro_batch_size * getattr(self, "micro_batches", 1)
         activations = self.layers * tokens * (4 * h + 2 * ffn)
-        return ELEMENT_BYTES[self.dtype] * (4 * params + 2 * activations)
+        return element_bytes(self.dtype) * (4 * params + 2 * activations)
 
 
 def redefault(options: type, name: str, default) -> Any:

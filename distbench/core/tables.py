@@ -3,6 +3,7 @@ contract) and these pure formatters turn rows into lines; the caller prints them
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -105,3 +106,17 @@ def format_matrix(title: str, names: list[str], grid: dict[tuple[int, int], floa
                  for j in range(n)]
         lines.append(f"{i:>6}" + "".join(c.rjust(width) for c in cells) + f"   {names[i]}")
     return lines
+
+
+def number(v, digits: int = 4) -> str:
+    """`digits` significant digits, always written out in full (1080 beside 966, never 1.08e+03
+    beside 966), trailing zeros dropped; "-" for none."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    v = float(v)
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    rounded = float(f"{v:.{digits - 1}e}")  # 999.96 to 4 digits is 1000: its own magnitude
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(rounded))))
+    text = f"{rounded:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text

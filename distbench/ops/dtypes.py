@@ -1,4 +1,5 @@
-"""The dtype names the options accept (distbench.core.options.DTYPES), as torch dtypes."""
+"""The dtype names the options accept (distbench.core.dtypes.NAMES), as torch dtypes. Their
+sizes are core.dtypes.element_bytes: one table, no torch needed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,3 @@ TORCH_DTYPES = {
     "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "int8": torch.int8,
     "uint8": torch.uint8,
 }
-
-
-def element_size(name: str) -> int:
-    return torch.empty(0, dtype=TORCH_DTYPES[name]).element_size()

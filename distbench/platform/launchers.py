@@ -13,8 +13,8 @@ import re
 from collections.abc import MutableMapping
 
 from distbench.core.options import OptionError
+from distbench.platform.env import TORCH_VARS
 
-TORCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_PORT = 29500
 
 

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 
 from distbench.core.exitcodes import EXIT_TERMINATED
+from distbench.platform import env
 
-LAUNCHER_PID_ENV = "DISTBENCH_LAUNCHER_PID"  # set by the local launcher for its workers
 WATCH_INTERVAL_S = 0.5
 # What a launcher that is a container's first process looks like on its command line.
 LAUNCHERS = ("torchrun", "torch.distributed.run", "distbench", "srun", "slurmstepd", "mpirun",
@@ -42,7 +42,7 @@ def watch(handler: Callable[[int], int | None] | None = None) -> None:
     the moment its parent dies. A parent already gone (the launcher killed while this process
     started) ends it at once."""
     global _parent, on_loss
-    _parent = int(os.environ.get(LAUNCHER_PID_ENV, "0")) or os.getppid()
+    _parent = env.launcher_pid() or os.getppid()
     on_loss = handler
     if handler is None:
         _set_parent_death_signal(signal.SIGKILL)
@@ -77,7 +77,7 @@ def _born_orphan() -> bool:
     """A launcher that is not ours (torchrun) may die between starting this process and this
     check: then init is already the parent. Unless init is the launcher itself (torchrun as a
     container's first process), a rank started by init has lost its launcher."""
-    if LAUNCHER_PID_ENV in os.environ or os.getppid() != 1:
+    if env.launcher_pid() or os.getppid() != 1:
         return False
     try:
         init = open("/proc/1/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")

@@ -1,22 +1,17 @@
 """--baseline RUN_DIR for collective and p2p: at the end of the run, the same comparison as
 `distbench compare BASE <this run>`, printed, recorded in run.json, and a slowdown beyond both
-the threshold and the noise the two runs show ends the run with exit 4 on every rank."""
+the threshold and the noise the two runs show ends the run with exit 4 on every rank (that
+gate, which needs the ranks, is bench.baseline_gate)."""
 
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 from distbench.core.options import OptionError, with_example
+from distbench.platform import env
 
 EXAMPLE = "--baseline results/<run>"
-
-
-def _reads_files() -> bool:
-    """Rank 0 (or no launcher): the rank that writes results, and so the one that reads the
-    baseline; on other nodes the path need not exist. A refusal on rank 0 reaches every rank."""
-    return os.environ.get("RANK", "0") == "0"
 
 
 @functools.lru_cache(maxsize=4)
@@ -43,7 +38,7 @@ def option_check(*tables: str):
     def check(option: str, value) -> str | None:
         if value is None:
             return None
-        if _reads_files():
+        if env.reads_files():
             load(value, tables)
         return str(value)
     return with_example(check, EXAMPLE)
@@ -52,7 +47,7 @@ def option_check(*tables: str):
 def check_world(value: str | None, tables: tuple[str, ...], world: int) -> None:
     """A baseline measured at another world size has no row to compare: refused now, not
     found out after the whole sweep."""
-    if value is None or not _reads_files():
+    if value is None or not env.reads_files():
         return
     run = load(value, tables)
     sizes = sorted({int(w) for t in tables if t in run.tables
@@ -77,29 +72,3 @@ def print_comparison(s, threshold: float):
         return str(e)
     s.console.lines(compare.format_text(c, base, new))
     return c
-
-
-def judge(s) -> None:
-    """Every rank, once every row is written."""
-    from distbench.core.exitcodes import EXIT_BELOW
-    from distbench.results import compare
-    from distbench.run.memory import agree
-    from distbench.run.runtime import RunFailure
-
-    worse: list[compare.Row] = []
-    s.step("comparison with --baseline", s.opts.timeout)
-    if s.run_dir is not None:
-        c = print_comparison(s, compare.DEFAULT_THRESHOLD)
-        if isinstance(c, str):
-            s.record.update(baseline={"path": s.opts.baseline, "error": c})
-        else:
-            worse = c.worse
-            s.record.update(baseline={
-                "path": s.opts.baseline, "metric": c.metric.name, "threshold": c.threshold,
-                "rows": len(c.rows), "worse": len(worse),
-                "better": sum(r.mark == "+" for r in c.rows)})
-    if not agree(not worse, s.rt.device):
-        first = f"; the first: {worse[0].group} {worse[0].label}" if worse else ""
-        raise RunFailure(f"{len(worse) or 'some'} rows worse than --baseline by more than "
-                         f"{compare.DEFAULT_THRESHOLD:.0%} and beyond the noise{first}",
-                         status="below_expectation", exit_code=EXIT_BELOW)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from distbench.core import noise
+from distbench.core.contracts import MEASURES
 from distbench.core.errors import ReadError
 from distbench.core.tables import Column, format_row, format_table, percent, plural
 from distbench.results import samples
@@ -50,11 +51,12 @@ class Metric:
 
 METRICS = {
     "busbw": Metric("busbw", {"collective.csv": "busbw_gbps", "p2p.csv": "busbw_gbps",
-                              "p2p_matrix.csv": "gbps", "accept.csv": "measured"}, True),
+                              "p2p_matrix.csv": "gbps", "accept.csv": "measured"},
+                    MEASURES["busbw_gbps"].higher_is_better),
     "time": Metric("time", {**dict.fromkeys(IDENTITY, "time_us"), "accept.csv": "measured"},
-                   False),
+                   MEASURES["time_us"].higher_is_better),
     "p99": Metric("p99", {**dict.fromkeys(IDENTITY, "p99_us"), "accept.csv": "measured"},
-                  False),
+                  MEASURES["p99_us"].higher_is_better),
 }
 MARKS = {"better": "+", "worse": "-", "same": "~", "incomparable": "x"}
 

@@ -49,11 +49,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distbench.cli.commands.collective import OUTPUT
+from distbench.core.contracts import COLLECTIVE
+from distbench.core.dtypes import ELEMENT_BYTES
 from distbench.core.errors import ReadError
 from distbench.ops.collectives import OPS
 
-COLUMNS = OUTPUT.csv
+COLUMNS = COLLECTIVE.csv
 
 # An nccl-tests binary, less its "_perf", as distbench names the collective. File names get
 # the spellings people use too.
@@ -79,10 +80,6 @@ DTYPES = {
     "float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64",
     "int8": "int8", "char": "int8", "uint8": "uint8", "int32": "int32", "int": "int32",
     "int64": "int64",
-}
-ELEMENT_BYTES = {
-    "int8": 1, "uint8": 1, "f8e4m3": 1, "f8e5m2": 1, "float16": 2, "bfloat16": 2,
-    "float32": 4, "int32": 4, "uint32": 4, "float64": 8, "int64": 8, "uint64": 8,
 }
 
 EXPECTED = "an nccl-tests log or the JSON file nccl-tests writes with -J"

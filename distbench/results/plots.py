@@ -369,7 +369,7 @@ def _verdict_note(row: pd.Series, line_name: str) -> str:
     measured = _number(row.get("measured"))
     line = _number(row.get("expected" if line_name == "fail line" else "warn_at"))
     if measured is not None and line is not None:
-        from distbench.results.report import number  # the report's own format: 150000, not 1.5e+05
+        from distbench.core.tables import number  # the report's own format: 150000, not 1.5e+05
 
         return f"{number(measured)} {unit}, {line_name} {number(line)}"
     wrong = _number(row.get("wrong"))

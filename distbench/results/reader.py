@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from distbench.core.contracts import measure_of
 from distbench.core.errors import ReadError
 from distbench.results import nccltests, samples
 
@@ -180,12 +181,8 @@ UNKNOWN = "unknown"
 def check_metric(metric: str) -> tuple[str, bool]:
     """(unit, higher is better) of an accept.csv row's metric. A metric this version does not
     know (a newer run's) is read by its suffix: a time in us is better lower."""
-    from distbench.accept.profiles import METRICS
-
-    known = METRICS.get(str(metric))
-    if known is not None:
-        return known["unit"], known["higher_is_better"]
-    return ("us", False) if str(metric).endswith("_us") else ("GB/s", True)
+    measure = measure_of(metric)
+    return measure.unit, measure.higher_is_better
 
 
 def is_retest(frame: pd.DataFrame) -> pd.Series:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from distbench.core.sizes import format_size
+from distbench.core.tables import number
 from distbench.results import alphabeta, reader
 from distbench.results.reader import Run, measured
 
@@ -57,20 +58,6 @@ def _missing(v) -> bool:
 def _fmt(v, spec: str) -> str:
     """A figure in a fixed format (".1f"); "-" for none."""
     return "-" if _missing(v) else format(v, spec)
-
-
-def number(v, digits: int = 4) -> str:
-    """`digits` significant digits, always written out in full (1080 beside 966, never 1.08e+03
-    beside 966), trailing zeros dropped; "-" for none."""
-    if _missing(v):
-        return "-"
-    v = float(v)
-    if v == 0 or not math.isfinite(v):
-        return f"{v:g}"
-    rounded = float(f"{v:.{digits - 1}e}")  # 999.96 to 4 digits is 1000: its own magnitude
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(rounded))))
-    text = f"{rounded:.{decimals}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _size(v) -> str:

@@ -20,7 +20,6 @@ from distbench.platform import topo
 from distbench.results import samples
 
 SCHEMA_VERSION = 1
-RUN_DIR_ENV = "DISTBENCH_RUN_DIR"
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                 "NVIDIA_VISIBLE_DEVICES", "UCX_", "FI_")

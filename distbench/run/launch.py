@@ -13,7 +13,6 @@ import socket
 import sys
 import uuid
 
-from distbench.cli.commands import COMMANDS
 from distbench.core.exitcodes import (
     EXIT_FAILED,
     EXIT_OK,
@@ -22,41 +21,10 @@ from distbench.core.exitcodes import (
     for_signal,
 )
 from distbench.core.options import OptionError, to_argv
-from distbench.platform import lifeline, limits
+from distbench.platform import env, limits
 from distbench.results import writer
 
 SHUTDOWN_GRACE_S = 5
-ARGV_ENV = "DISTBENCH_ARGV"
-
-
-def under_launcher() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
-def started_by_us() -> bool:
-    """A worker distbench started itself (start_local hands its workers the run directory)."""
-    return writer.RUN_DIR_ENV in os.environ
-
-
-def user_argv() -> list[str]:
-    """The command line as the user typed it: a worker we started runs resolved flags instead."""
-    given = os.environ.get(ARGV_ENV)
-    return json.loads(given) if given and started_by_us() else sys.argv[1:]
-
-
-def dispatch(command: str, opts) -> int:
-    entry = COMMANDS[command]
-    if entry.dry_run is not None and getattr(opts, "dry_run", False):
-        return entry.dry_run(opts)
-    if under_launcher():
-        from distbench.run import session
-
-        return session.run(command, opts, entry.run)
-    if entry.run_local is not None:  # a command that needs no workers on one machine
-        return entry.run_local(opts)
-    return start_local(command, opts)
-
-
 def start_local(command: str, opts) -> int:
     import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -99,9 +67,9 @@ def start_local(command: str, opts) -> int:
         # run.json exists from the moment its directory does: a run stopped before rank 0
         # starts still says what it was and how it ended (rank 0 rewrites it once it runs).
         record.update()
-        os.environ[writer.RUN_DIR_ENV] = str(run_dir)
-        os.environ[ARGV_ENV] = json.dumps(opts.argv)  # what the user typed, for run.json
-        os.environ[lifeline.LAUNCHER_PID_ENV] = str(os.getpid())  # workers end with us
+        os.environ[env.RUN_DIR_ENV] = str(run_dir)
+        os.environ[env.ARGV_ENV] = json.dumps(opts.argv)  # what the user typed, for run.json
+        os.environ[env.LAUNCHER_PID_ENV] = str(os.getpid())  # workers end with us
         run_local_workers(nproc, ["-m", "distbench", command, *to_argv(opts)])
         return EXIT_OK
     except OSError as e:

@@ -7,18 +7,11 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import torch
-import torch.distributed as dist
 
 from distbench.core.options import parse_headroom
+from distbench.run.peers import agree
 
 T = TypeVar("T")
-
-
-def agree(ok: bool, device: torch.device, group=None) -> bool:
-    """True on every rank (of `group`) when it is true on every one of them."""
-    flag = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-    return flag.item() == 0
 
 
 def available_bytes(device: torch.device) -> int:

@@ -19,9 +19,11 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from distbench.core.tables import plural
+from distbench.platform import env
 
 
 class StartFailure(Exception):
@@ -43,10 +45,17 @@ POLL_S = 0.005  # store polls start this often and back off to MAX_POLL_S
 MAX_POLL_S = 0.1
 
 
+
+def agree(ok: bool, device: torch.device, group=None) -> bool:
+    """True on every rank (of `group`) when it is true on every one of them."""
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return flag.item() == 0
+
 def _prefix(world: int) -> str:
     # A launcher that restarts workers keeps its store: an attempt's startup keys are its own
     # (restart count and world size; a run's later keys carry rank 0's nonce too).
-    return f"distbench/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{world}"
+    return f"distbench/{env.restart_count()}/{world}"
 
 
 def machine_key() -> str:
@@ -64,7 +73,7 @@ def machine_key() -> str:
 
 def node_name() -> str:
     """A node as a person reads it in one line: the host, and the launcher's node rank."""
-    group = os.environ.get("GROUP_RANK")
+    group = env.node_rank()
     return socket.gethostname() + (f" (node rank {group})" if group else "")
 
 
@@ -321,7 +330,7 @@ class Peers:
         under it makes torch print a C++ backtrace."""
         s = self._own
         s.compare_set(self._run + "rollcall", "", "end")
-        if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        if self.rank == 0 and not env.agent_store():
             self._count_reaches(s, self._run + "ended", ROLL_CALL_GRACE_S)
 
     def roll_call(self, grace_s: float = ROLL_CALL_GRACE_S) -> tuple[list[int], list[Lost]] | None:

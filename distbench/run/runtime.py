@@ -3,6 +3,7 @@ which ranks share a node, and that all ranks were started with the same options.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -20,7 +21,7 @@ import torch.distributed as dist
 
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED
 from distbench.core.options import OptionError
-from distbench.platform import topo
+from distbench.platform import env, topo
 from distbench.run import faults
 from distbench.run.peers import READ_WAIT_S, Peers, StartFailure, machine_key, node_name, rank_names
 from distbench.run.peers import node_names as node_names  # where reports import it from
@@ -120,7 +121,7 @@ def pick_gpu(local_rank: int, local_world: int, count: int, visible: str | None)
 def _device(backend: str, local_rank: int) -> torch.device:
     if backend != "nccl":
         return torch.device("cpu")
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    local_world = env.local_world_size() or local_rank + 1
     index = pick_gpu(local_rank, local_world, torch.cuda.device_count(),
                      os.environ.get("CUDA_VISIBLE_DEVICES"))
     device = torch.device("cuda", index)
@@ -149,8 +150,8 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
     a watchdog's arm(seconds, what), told each part of the startup and how long it may take."""
     step = step or (lambda seconds, what: None)
     pg_timeout = timeout_s + PG_TIMEOUT_GRACE_S
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    local_rank = env.local_rank()
+    where = env.store_address()
     step(timeout_s, f"startup (reaching the launcher's store at {where})")
     try:
         peers = Peers.connect(pg_timeout)
@@ -176,7 +177,7 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
             # two torchrun agents on one host (a test of multi-node runs) count as two nodes,
             # and so do a launcher's groups of local ranks under the test suite's fake nodes,
             # and ranks the test suite places on fake hosts (host and machine stay real)
-            "node_key": f"{machine_key()}|{os.environ.get('GROUP_RANK', '')}"
+            "node_key": f"{machine_key()}|{env.node_rank()}"
                         + faults.fake_node(local_rank) + faults.fake_host(),
             "local_rank": local_rank,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -229,6 +230,44 @@ class _Armed:
     deadline: float
     seconds: float
     what: str
+
+
+class Progress:
+    """How far this process's timed loop has got, for the watchdog's thread, which reads it
+    while the loop runs (and stays stuck where a peer stopped): the loop does nothing for it
+    that it did not do anyway. On CPU it reads the stamps the loop writes, in order; on GPU the
+    host's waits every K ops (sync_every) say how far they got. A loop replayed from a CUDA
+    graph queues everything at once and has no such marks: none is watched."""
+
+    def __init__(self):
+        self.running = False
+        self.loops = 0  # loops begun, each a new count
+        self.stamps: list[float] = []  # CPU: the loop's, 0.0 until written
+        self.synced = 0  # GPU: the last iteration the host waited for
+
+    def begin(self) -> None:
+        self.loops += 1
+        self.stamps, self.synced = [], 0
+        self.running = True
+
+    def end(self) -> None:
+        self.running = False
+
+    def __call__(self) -> tuple[int, int, int] | None:
+        """Something that changes whenever the loop advances; None while no loop runs (a wait
+        for the others' loops is not this rank's loop being stuck)."""
+        if not self.running:
+            return None
+        written = bisect.bisect_left(self.stamps, True, key=_unwritten)
+        return self.loops, self.synced, written
+
+
+def _unwritten(stamp: float) -> bool:
+    return stamp == 0.0
+
+
+# One timed loop at a time per process (one rank): the session's watchdog watches this one.
+LOOP = Progress()
 
 
 class Watchdog:

@@ -14,7 +14,6 @@ from typing import TypeVar
 
 import torch.distributed as dist
 
-from distbench.bench import timing
 from distbench.core.exitcodes import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -26,13 +25,12 @@ from distbench.core.exitcodes import (
 )
 from distbench.core.options import OptionError
 from distbench.core.tables import Output
-from distbench.platform import lifeline
+from distbench.platform import env, lifeline
 from distbench.results import writer
 from distbench.run.console import Console
 from distbench.run.faults import Faults
-from distbench.run.launch import started_by_us
 from distbench.run.peers import ROLL_CALL_GRACE_S, Lost, describe_lost, lost_to_json
-from distbench.run.runtime import RunFailure, Runtime, Watchdog, start
+from distbench.run.runtime import LOOP, RunFailure, Runtime, Watchdog, start
 
 # Outcomes every rank of a run reaches together (the verdict is agreed by collectives): rank 0
 # speaks for all, and all ranks are alive to leave together. A refused option is agreed too,
@@ -90,7 +88,7 @@ class Session:
         if every worker dies; under torchrun rank 0 picks it."""
         if self.rt.rank != 0:
             return
-        given = os.environ.get(writer.RUN_DIR_ENV)
+        given = env.given_run_dir()
         self.run_dir = Path(given) if given else writer.new_run_dir(self.opts.out, self.command)
         rt = self.rt
         self.record = writer.RunRecord(self.run_dir, self.command, self.opts.to_json(),
@@ -169,7 +167,7 @@ class Session:
         timed out first said it already."""
         fields = {"lost_ranks": lost_to_json(lost), "failed_step": step} if lost else {}
         if lost:  # one voice: the lowest rank left, or our own launcher, which knows the signals
-            speaks = self.rt.rank == answered[0] and not started_by_us()
+            speaks = self.rt.rank == answered[0] and not env.started_by_us()
         else:  # other failures are local, and the rank that saw one may be the only one to tell
             speaks = not told and (self.rt.rank == 0 or status not in (*AGREED, "bad_input"))
         if error and speaks:
@@ -250,18 +248,14 @@ def _watchdog(opts) -> Watchdog:
     """One watchdog for the process, from its startup on; the session takes it over. A timed
     loop that stops moving is ended after --timeout, however long the loop was to take. A
     lost launcher is the lifeline's to see: its startup handler (cli.main), then the session's."""
-    return Watchdog(_startup_timed_out, timing.LOOP, opts.timeout)
-
-
-def _rank() -> str:
-    return os.environ.get("RANK", "?")
+    return Watchdog(_startup_timed_out, LOOP, opts.timeout)
 
 
 def _startup_timed_out(what: str, seconds: float) -> None:
     """Startup took longer than --timeout: no roll call (the process group may not exist), one
     line from this rank, and run.json (where our own launcher made it) says so."""
-    message = f"timed out after {seconds:.0f} s in {what} on rank {_rank()}"
-    print(f"distbench: rank {_rank()}: error: {message}", file=sys.stderr, flush=True)
+    message = f"timed out after {seconds:.0f} s in {what} on rank {env.rank_text()}"
+    print(f"distbench: rank {env.rank_text()}: error: {message}", file=sys.stderr, flush=True)
     _mark_run_json(message, EXIT_FAILED, "timeout")
     os._exit(EXIT_FAILED)
 
@@ -270,8 +264,8 @@ def _mark_run_json(error: str, code: int, status: str) -> None:
     """Before rank 0 has opened the run directory, only our own launcher's exists. A lost
     launcher is the cause of whatever failed (its store went with it): the lifeline says so."""
     lifeline.leave_if_orphaned()
-    given = os.environ.get(writer.RUN_DIR_ENV)
-    if given and started_by_us():
+    given = env.given_run_dir()
+    if given:
         writer.mark_unfinished(Path(given), error, code, status)
 
 
@@ -288,9 +282,9 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     except RunFailure as e:
         watchdog.disarm()
         # every rank ends alike: one line per node, so each node's log says why
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        if env.local_rank() == 0:
             print(f"distbench: error: {e}", file=sys.stderr, flush=True)
-        if _rank() == "0":
+        if env.rank_text() == "0":
             _mark_run_json(str(e), e.exit_code, e.status)
         return e.exit_code
     except Terminated as e:  # stopped before the run began: nothing measured, nothing to say

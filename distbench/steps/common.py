@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 from distbench.bench import timing
 from distbench.bench.measure import timed_samples
-from distbench.run.memory import agree, release
+from distbench.run.memory import release
+from distbench.run.peers import agree
 from distbench.run.session import Session
 from distbench.steps.reference import Comparison, Pair, compare
 

@@ -134,7 +134,7 @@ def replay(calls: list[Call], device: torch.device, before: Callable[[], None] |
 
     steps: list[Callable[[], object]] = []
     for c in calls:
-        elt = torch.empty(0, dtype=c.dtype).element_size()
+        elt = c.dtype.itemsize
         count = c.size_bytes // elt
         if c.op == "all_reduce":
             buf = zeros(count, c.dtype)

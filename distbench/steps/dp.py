@@ -79,7 +79,7 @@ def run(s: Session, output: Output) -> int:
     dtype = TORCH_DTYPES[opts.dtype]
     shapes = formulas.param_shapes(opts.block, shape.hidden_size, shape.ffn_size, shape.layers)
     psi = formulas.param_count(shapes)
-    elt = torch.empty(0, dtype=dtype).element_size()
+    elt = dtype.itemsize
     check_sh, on_configured = check_shape(opts.block, shape, rt.world)
     s.console.log(f"dp: {opts.block} x {plural(shape.layers, 'layer')}, {psi:,} parameters "
                   f"({psi * elt / 1e6:.1f} MB in {opts.dtype}), {plural(rt.world, 'rank')}, "
@@ -177,7 +177,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     n, device, label = rt.world, rt.device, _label(mode, bucket)
     shapes = formulas.param_shapes(opts.block, shape.hidden_size, shape.ffn_size, shape.layers)
     psi = formulas.param_count(shapes)
-    elt = torch.empty(0, dtype=dtype).element_size()
+    elt = dtype.itemsize
     row = _base_row(s, mode, bucket, shape, psi)
     slow = s.faults.before_collective()
 

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import os
 
-from distbench.results.nccltests import ELEMENT_BYTES
-
-MODES = ("ddp", "zero1", "zero2", "zero3")
+from distbench.core import dtypes
 
 
 def param_shapes(block: str, hidden: int, ffn: int, layers: int) -> list[tuple[int, int]]:
@@ -60,7 +58,7 @@ HALF = ("float16", "bfloat16")
 def element_bytes(dtype: str) -> tuple[int, int, int]:
     """(e, K, s): bytes of a parameter (and of its gradient), of its optimizer state, and of an
     element of FSDP's shards."""
-    elt = ELEMENT_BYTES[dtype]
+    elt = dtypes.element_bytes(dtype)
     return (elt, 12, 4) if dtype in HALF else (elt, 2 * elt, elt)
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distbench.cli.commands.tp import BLOCKS  # noqa: F401 - the --block names, kept torch-free
+from distbench.core.dtypes import element_bytes
 from distbench.ops.dtypes import TORCH_DTYPES
 
 # ---------------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ class PipelineShape(Shape):
 
     @property
     def elt_size(self) -> int:
-        return torch.empty(0, dtype=self.torch_dtype).element_size()
+        return element_bytes(self.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from distbench.bench import timing
 from distbench.bench.measure import fail_if_wrong, timed_samples
 from distbench.core.exitcodes import EXIT_OK
 from distbench.core.tables import Output, format_table
-from distbench.run.memory import agree
+from distbench.run.peers import agree
 from distbench.run.session import Session
 from distbench.steps import pp_model
 from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone

@@ -25,7 +25,6 @@ import math
 import torch
 
 from distbench.steps.models import (
-    BLOCKS,
     Stack,
     StackShape,
     build_stack,
@@ -33,6 +32,7 @@ from distbench.steps.models import (
     make_stack,
     make_step,
 )
+from distbench.steps.plan import BLOCKS
 from distbench.steps.reference import Pair
 
 # Relative tolerance of the correctness check: |tp - reference| <= rtol * max|reference|, per

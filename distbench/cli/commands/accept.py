@@ -6,21 +6,14 @@ accept.md, and the bad node is named."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from distbench.core import contracts
 from distbench.core.options import OptionError, RunOptions, at_least, option, with_example
-from distbench.core.tables import Column, Output
+from distbench.platform import env
 
 HELP = "Cluster acceptance: a hardware profile's checks, a verdict, and the bad node named."
-
-
-def _reads_files() -> bool:
-    """Rank 0 (or no launcher) reads --profile and --baseline, and sends the profile's text to
-    every rank (accept_profile.agree): on the other nodes the files need not exist, and a
-    refusal on rank 0 reaches every rank."""
-    return os.environ.get("RANK", "0") == "0"
 
 
 def _profile(option_name: str, value) -> str:
@@ -29,7 +22,7 @@ def _profile(option_name: str, value) -> str:
     from distbench.accept.profiles import resolve
 
     spec = str(value).strip()
-    if spec != "auto" and _reads_files():
+    if spec != "auto" and env.reads_files():
         resolve(spec)  # raises ProfileError (an OptionError) naming the file and the key
     return spec
 
@@ -43,7 +36,7 @@ def _baseline(option_name: str, value) -> str | None:
     from distbench.accept.files import read_baseline
 
     path = Path(str(value))
-    if not _reads_files():
+    if not env.reads_files():
         return str(path)
     if not (path / "accept.json").is_file():
         raise OptionError(option_name, f"no accept.json in {str(path)!r} (a previous "
@@ -103,9 +96,7 @@ class AcceptOptions(RunOptions):
     def check_world(self, world: int) -> None:
         if self.dry_run:  # it plans for --nodes and --gpus-per-node, which validate() saw to
             return
-        from distbench.run.launch import under_launcher
-
-        if under_launcher():
+        if env.under_launcher():
             # each node's ranks are known to every rank alike only once the group exists: the
             # node and pair checks are held to the fewest ranks that measure, the cluster's to
             # the world
@@ -118,38 +109,23 @@ class AcceptOptions(RunOptions):
         target would be skipped at run time. auto picks a built-in once the GPUs are known."""
         from distbench.accept.profiles import check_sizes, resolve
 
-        profile = resolve(self.profile) if _reads_files() else None
+        profile = resolve(self.profile) if env.reads_files() else None
         if profile is not None:
             check_sizes(profile, world, per_node, how)
 
 
-# One row per check and target (a node, a pair of nodes, the cluster), retests included.
-# Stable contract: add columns at the end, never rename.
-OUTPUT = Output("accept.csv", csv=(
-    "check", "scope", "target", "command", "op", "dtype", "size_bytes", "ranks", "iters",
-    "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "metric", "measured", "expected",
-    "warn_at", "reference", "ratio", "verdict", "retest", "note", "p50_us", "spread",
-), console=(
-    Column("check", "check", "", 28, ident=True),
-    Column("scope", "scope", "", 8, ident=True),
-    Column("target", "target", "", 22, ident=True),
-    Column("measured", "measured", "", 11, ".4g"),
-    Column("expected", "expected", "", 11, ".4g"),
-    Column("ratio", "ratio", "", 8, ".3g"),
-    Column("verdict", "verdict", "", 8),
-))
+OUTPUT = contracts.ACCEPT
 
 
 def dry_run(opts: AcceptOptions) -> int:
     """The plan, on this machine alone: the same planning code the run uses (check_plan.py),
     on a cluster of the size given."""
-    import os
 
     from distbench.accept import check_plan
     from distbench.accept.profiles import resolve
     from distbench.core.exitcodes import EXIT_OK
 
-    if os.environ.get("RANK", "0") != "0":  # under a launcher: one rank says it
+    if not env.reads_files():  # under a launcher: one rank says it
         return EXIT_OK
     spec = opts.profile
     if spec == "auto":

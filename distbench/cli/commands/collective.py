@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distbench.core import contracts, dtypes
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
 from distbench.core.options import (
-    FLOAT_DTYPES,
     OptionError,
     SweepOptions,
     one_of,
@@ -15,7 +15,7 @@ from distbench.core.options import (
     pick,
     require,
 )
-from distbench.core.tables import Column, Output, fmt_us, plural
+from distbench.core.tables import plural
 from distbench.ops.collectives import OPS, CollectiveOp, Ctx, names
 from distbench.results.baseline import check_world as baseline_world
 from distbench.results.baseline import option_check
@@ -55,34 +55,7 @@ class CollectiveOptions(SweepOptions):
         baseline_world(self.baseline, ("collective.csv",), world)
 
 
-# What a sized measurement is, and what was measured, as nccl-tests prints them (p2p too).
-SIZE_COLUMNS = (
-    Column("size_bytes", "size", "(B)", 12, ident=True),
-    Column("count", "count", "(elements)", 13, ident=True),
-    Column("dtype", "type", "", 9, ident=True),
-)
-MEASURED_COLUMNS = (
-    Column("time_us", "time", "(us)", 11, fmt=fmt_us),
-    Column("algbw_gbps", "algbw", "(GB/s)", 9, ".2f"),
-    Column("busbw_gbps", "busbw", "(GB/s)", 9, ".2f"),
-    Column("wrong", "#wrong", "", 7),
-    Column("p99_us", "p99", "(us)", 11, fmt=fmt_us),
-    Column("slowest_rank", "slowest", "(rank)", 8),
-)
-
-# Stable contract: add columns at the end, never rename.
-OUTPUT = Output("collective.csv", csv=(
-    "op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes", "count",
-    "iters", "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us",
-    "cv_pct", "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound",
-    "reps", "spread_pct",
-), console=(
-    *SIZE_COLUMNS,
-    Column("redop", "redop", "", 6, ident=True),
-    Column("root", "root", "", 5, ident=True),
-    Column("in_place", "place", "", 6, fmt=lambda v: "in" if v else "out", ident=True),
-    *MEASURED_COLUMNS,
-))
+OUTPUT = contracts.COLLECTIVE
 
 
 @dataclass(frozen=True)
@@ -108,7 +81,7 @@ def plans(opts: CollectiveOptions) -> list[Plan]:
         for dtype in opts.dtypes:
             for redop in opts.redops if op.uses_redop else ["none"]:
                 skip = ""
-                if redop == "avg" and dtype not in FLOAT_DTYPES:
+                if redop == "avg" and dtype not in dtypes.FLOATS:
                     skip = "avg needs a floating-point dtype"
                 places = [p for p in wanted if p in op.placements]
                 if not places:
@@ -137,7 +110,7 @@ def run(s) -> int:
                   f"{rt.backend}, results in {s.run_dir}/")
     fail_if_wrong(engine.run(s, [series.collective(s, plan, OUTPUT) for plan in all_plans]))
     if opts.baseline:
-        from distbench.results.baseline import judge
+        from distbench.bench.baseline_gate import judge
 
         judge(s)
     return EXIT_OK

@@ -7,10 +7,9 @@ single-rank reference."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
-from distbench.cli.commands.tp import BLOCKS
+from distbench.core import contracts
 from distbench.core.options import (
     OptionError,
     StepOptions,
@@ -21,12 +20,8 @@ from distbench.core.options import (
     redefault,
     with_example,
 )
-from distbench.core.tables import Column, Output, us_as_ms
-
-# the rows, in the order the ZeRO stages shrink what each rank holds
-MODES = ("ddp", "zero1", "zero2", "zero3")
-# FSDP2 is zero3 when it reshards after forward, zero2 when it keeps the parameters gathered
-FSDP = "fsdp"
+from distbench.platform import env
+from distbench.steps.plan import BLOCKS, FSDP, MODES
 
 HELP = ("Data-parallel step timing: DDP buckets, ZeRO-1, FSDP2 as ZeRO-2/3; exposed "
         "communication and memory per rank.")
@@ -115,7 +110,7 @@ class DPOptions(StepOptions):
 
         mode, need = max(((m, need_per_rank(self, m, world)) for m in self.modes),
                          key=lambda item: item[1])
-        have, where = capacity_per_rank(backend, self.workers or _local_ranks())
+        have, where = capacity_per_rank(backend, self.workers or env.local_world_size())
         if have is not None and need > have:
             raise OptionError("--hidden-size", f"{mode} on {world} ranks needs about "
                               f"{need / 2**30:.1f} GiB per rank for this model (--hidden-size, "
@@ -124,35 +119,7 @@ class DPOptions(StepOptions):
                               "--hidden-size 512 --layers 4")
 
 
-def _local_ranks() -> int | None:
-    value = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return int(value) if value.isdigit() else None
-
-
-# Stable contract: add columns at the end, never rename.
-OUTPUT = Output("dp.csv", csv=(
-    "mode", "bucket_cap_mb", "dtype", "world_size", "nnodes", "block", "hidden_size",
-    "ffn_size", "heads", "seq_len", "micro_batch_size", "layers", "params", "iters", "step_us",
-    "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
-    "compute_only_us", "comm_alone_us", "exposed_comm_us", "overlap_pct", "bytes_per_step",
-    "bytes_counted", "implied_busbw_gbps", "state_bytes_per_rank", "state_bytes_formula",
-    "peak_mem_bytes",
-    "samples_per_s", "t1_us", "efficiency", "max_abs_err", "backend", "status", "note",
-), console=(
-    Column("mode", "mode", "", 7, ident=True),
-    Column("bucket_cap_mb", "bucket", "(MiB)", 8, "g", ident=True),
-    Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
-    Column("compute_only_us", "compute", "(ms)", 10, us_as_ms(".2f")),
-    Column("comm_alone_us", "comm", "alone(ms)", 10, us_as_ms(".2f")),
-    Column("exposed_comm_us", "exposed", "(ms)", 10, us_as_ms(".2f")),
-    Column("overlap_pct", "overlap", "(%)", 8, ".1f"),
-    Column("bytes_per_step", "bytes", "(/step)", 12),
-    Column("implied_busbw_gbps", "busbw", "(GB/s)", 8, ".3f"),
-    Column("state_bytes_per_rank", "state", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
-    Column("samples_per_s", "samples/s", "", 10, ".1f"),
-    Column("efficiency", "effic", "", 7, ".2f"),
-    Column("max_abs_err", "max_err", "", 10, ".3g"),
-))
+OUTPUT = contracts.DP
 
 
 def run(s) -> int:

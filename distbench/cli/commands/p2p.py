@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distbench.cli.commands.collective import MEASURED_COLUMNS, SIZE_COLUMNS
+from distbench.core import contracts
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
 from distbench.core.options import SweepOptions, at_least_two, fraction, option, pick
-from distbench.core.tables import Output, percent, plural
+from distbench.core.tables import percent, plural
 from distbench.results.baseline import check_world as baseline_world
 from distbench.results.baseline import option_check
 
@@ -43,20 +43,9 @@ class P2POptions(SweepOptions):
         baseline_world(self.baseline, ("p2p.csv", "p2p_matrix.csv"), world)
 
 
-# Stable contracts: add columns at the end, never rename.
-OUTPUT = Output("p2p.csv", csv=(
-    "pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
-    "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
-    "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound", "reps",
-    "spread_pct",
-), console=(*SIZE_COLUMNS, *MEASURED_COLUMNS))
+OUTPUT = contracts.P2P
 
-# Long form: one row per ordered pair, direction and size. On the console: N x N grids.
-MATRIX_OUTPUT = Output("p2p_matrix.csv", csv=(
-    "direction", "src_rank", "dst_rank", "src_host", "dst_host", "src_local_rank",
-    "dst_local_rank", "link", "dtype", "world_size", "nnodes", "size_bytes", "count", "iters",
-    "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend", "reps", "spread_pct",
-))
+MATRIX_OUTPUT = contracts.P2P_MATRIX
 
 
 def run(s) -> int:
@@ -76,7 +65,7 @@ def run(s) -> int:
         _judge(s, links)  # slow links fail the run before wrong results do
     fail_if_wrong(bad)
     if opts.baseline:
-        from distbench.results.baseline import judge
+        from distbench.bench.baseline_gate import judge
 
         judge(s)
     return EXIT_OK

@@ -1,0 +1,182 @@
+"""The output contracts: every CSV distbench writes, its columns in order and what the
+console shows of it, declared once. Commands write them, report and compare read them, and
+nccl-tests logs are read into them, so a column is named here and nowhere else. Stable: add
+columns at the end, never rename."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distbench.core.tables import Column, Output, fmt_us, us_as_ms
+
+# collective
+# What a sized measurement is, and what was measured, as nccl-tests prints them (p2p too).
+SIZE_COLUMNS = (
+    Column("size_bytes", "size", "(B)", 12, ident=True),
+    Column("count", "count", "(elements)", 13, ident=True),
+    Column("dtype", "type", "", 9, ident=True),
+)
+
+MEASURED_COLUMNS = (
+    Column("time_us", "time", "(us)", 11, fmt=fmt_us),
+    Column("algbw_gbps", "algbw", "(GB/s)", 9, ".2f"),
+    Column("busbw_gbps", "busbw", "(GB/s)", 9, ".2f"),
+    Column("wrong", "#wrong", "", 7),
+    Column("p99_us", "p99", "(us)", 11, fmt=fmt_us),
+    Column("slowest_rank", "slowest", "(rank)", 8),
+)
+
+# Stable contract: add columns at the end, never rename.
+COLLECTIVE = Output("collective.csv", csv=(
+    "op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes", "count",
+    "iters", "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us",
+    "cv_pct", "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound",
+    "reps", "spread_pct",
+), console=(
+    *SIZE_COLUMNS,
+    Column("redop", "redop", "", 6, ident=True),
+    Column("root", "root", "", 5, ident=True),
+    Column("in_place", "place", "", 6, fmt=lambda v: "in" if v else "out", ident=True),
+    *MEASURED_COLUMNS,
+))
+
+
+# p2p
+# Stable contracts: add columns at the end, never rename.
+P2P = Output("p2p.csv", csv=(
+    "pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
+    "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
+    "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound", "reps",
+    "spread_pct",
+), console=(*SIZE_COLUMNS, *MEASURED_COLUMNS))
+
+# Long form: one row per ordered pair, direction and size. On the console: N x N grids.
+P2P_MATRIX = Output("p2p_matrix.csv", csv=(
+    "direction", "src_rank", "dst_rank", "src_host", "dst_host", "src_local_rank",
+    "dst_local_rank", "link", "dtype", "world_size", "nnodes", "size_bytes", "count", "iters",
+    "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend", "reps", "spread_pct",
+))
+
+
+# tp
+# Stable contract: add columns at the end, never rename.
+TP = Output("tp.csv", csv=(
+    "block", "dtype", "world_size", "nnodes", "hidden_size", "ffn_size", "heads", "seq_len",
+    "micro_batch_size", "layers", "iters", "step_us", "rank_min_us", "rank_max_us",
+    "slowest_rank", "p50_us", "p99_us", "cv_pct", "compute_only_us", "comm_pct",
+    "tflops_per_rank", "tokens_per_s", "allreduce_bytes_per_step", "implied_busbw_gbps",
+    "t1_us", "speedup", "efficiency", "max_abs_err", "backend", "status", "note",
+), console=(
+    Column("block", "block", "", 10, ident=True),
+    Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
+    Column("compute_only_us", "compute", "(ms)", 10, us_as_ms(".2f")),
+    Column("comm_pct", "comm", "(%)", 7, ".1f"),
+    # model FLOPs, counted in closed form; the kernels execute more (docs/methodology.md)
+    Column("tflops_per_rank", "mTFLOP/s", "(/rank)", 10, ".4f"),
+    Column("tokens_per_s", "tokens/s", "", 11, ".1f"),
+    Column("allreduce_bytes_per_step", "AR bytes", "(/step)", 12),
+    Column("implied_busbw_gbps", "busbw", "(GB/s)", 9, ".3f"),
+    Column("t1_us", "t1", "(ms)", 10, us_as_ms(".2f")),
+    Column("speedup", "speedup", "", 9, ".2f"),
+    Column("efficiency", "effic", "", 7, ".2f"),
+    Column("max_abs_err", "max_err", "", 10, ".3g"),
+))
+
+
+# pp
+# Stable contract: add columns at the end, never rename.
+PP = Output("pp.csv", csv=(
+    "schedule", "dtype", "world_size", "nnodes", "stages", "virtual_stages", "layers",
+    "layers_per_stage", "micro_batches", "micro_batch_size", "hidden_size", "seq_len", "iters",
+    "step_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
+    "samples_per_s", "bubble_measured", "bubble_measured_per_stage", "bubble_analytic",
+    "p2p_bytes_per_step", "t1_us", "speedup", "efficiency", "max_abs_err", "backend", "status",
+    "note",
+), console=(
+    Column("schedule", "schedule", "", 17, ident=True),
+    Column("stages", "stages", "", 7, ident=True),
+    Column("layers_per_stage", "layers", "/stage", 14, ident=True),
+    Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
+    Column("samples_per_s", "samples/s", "", 11, ".1f"),
+    Column("bubble_measured", "bubble", "meas.", 8, ".3f"),
+    Column("bubble_analytic", "bubble", "analytic", 9, ".3f"),
+    Column("p2p_bytes_per_step", "p2p bytes", "per step", 13),
+    Column("t1_us", "t1", "(ms)", 10, us_as_ms(".2f")),
+    Column("speedup", "speedup", "", 8, ".2f"),
+    Column("efficiency", "effic.", "", 7, ".2f"),
+    Column("max_abs_err", "max err", "", 10, ".2e"),
+    Column("bubble_measured_per_stage", "bubble per stage", "(per rank)", 20),
+))
+
+
+# dp
+# Stable contract: add columns at the end, never rename.
+DP = Output("dp.csv", csv=(
+    "mode", "bucket_cap_mb", "dtype", "world_size", "nnodes", "block", "hidden_size",
+    "ffn_size", "heads", "seq_len", "micro_batch_size", "layers", "params", "iters", "step_us",
+    "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
+    "compute_only_us", "comm_alone_us", "exposed_comm_us", "overlap_pct", "bytes_per_step",
+    "bytes_counted", "implied_busbw_gbps", "state_bytes_per_rank", "state_bytes_formula",
+    "peak_mem_bytes",
+    "samples_per_s", "t1_us", "efficiency", "max_abs_err", "backend", "status", "note",
+), console=(
+    Column("mode", "mode", "", 7, ident=True),
+    Column("bucket_cap_mb", "bucket", "(MiB)", 8, "g", ident=True),
+    Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
+    Column("compute_only_us", "compute", "(ms)", 10, us_as_ms(".2f")),
+    Column("comm_alone_us", "comm", "alone(ms)", 10, us_as_ms(".2f")),
+    Column("exposed_comm_us", "exposed", "(ms)", 10, us_as_ms(".2f")),
+    Column("overlap_pct", "overlap", "(%)", 8, ".1f"),
+    Column("bytes_per_step", "bytes", "(/step)", 12),
+    Column("implied_busbw_gbps", "busbw", "(GB/s)", 8, ".3f"),
+    Column("state_bytes_per_rank", "state", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
+    Column("samples_per_s", "samples/s", "", 10, ".1f"),
+    Column("efficiency", "effic", "", 7, ".2f"),
+    Column("max_abs_err", "max_err", "", 10, ".3g"),
+))
+
+
+# accept
+# One row per check and target (a node, a pair of nodes, the cluster), retests included.
+# Stable contract: add columns at the end, never rename.
+ACCEPT = Output("accept.csv", csv=(
+    "check", "scope", "target", "command", "op", "dtype", "size_bytes", "ranks", "iters",
+    "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "metric", "measured", "expected",
+    "warn_at", "reference", "ratio", "verdict", "retest", "note", "p50_us", "spread",
+), console=(
+    Column("check", "check", "", 28, ident=True),
+    Column("scope", "scope", "", 8, ident=True),
+    Column("target", "target", "", 22, ident=True),
+    Column("measured", "measured", "", 11, ".4g"),
+    Column("expected", "expected", "", 11, ".4g"),
+    Column("ratio", "ratio", "", 8, ".3g"),
+    Column("verdict", "verdict", "", 8),
+))
+
+
+@dataclass(frozen=True)
+class Measure:
+    unit: str
+    higher_is_better: bool
+
+
+# Each measured column's unit and direction: compare, --baseline and accept's verdicts all judge
+# a change by it. p50_busbw_gbps is no column: accept derives it from p50_us.
+MEASURES = {
+    "busbw_gbps": Measure("GB/s", True),
+    "algbw_gbps": Measure("GB/s", True),
+    "gbps": Measure("GB/s", True),
+    "p50_busbw_gbps": Measure("GB/s", True),
+    "time_us": Measure("us", False),
+    "p50_us": Measure("us", False),
+    "p99_us": Measure("us", False),
+}
+
+
+def measure_of(column: str) -> Measure:
+    """A column's unit and direction; one this version does not know (a newer run's) by its
+    suffix: a time in us is better lower, anything else is a bandwidth."""
+    known = MEASURES.get(str(column))
+    if known is not None:
+        return known
+    return Measure("us", False) if str(column).endswith("_us") else Measure("GB/s", True)

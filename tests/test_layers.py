@@ -1,0 +1,197 @@
+"""The package's layout holds: every import (at the top of a module or inside a function) goes
+down the layers docs/architecture.md draws, and no chain of imports comes back to where it
+started. Read from the source with ast, so an import hidden in a function counts too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "distbench"
+
+# A box may import the boxes below it. Boxes on one level don't import each other.
+LEVELS = {
+    "core": 0,
+    "platform": 1, "ops": 1,
+    "results": 2,
+    "run": 3,
+    "bench": 4,
+    "steps": 5, "accept": 5,
+    "cli": 6,
+    "__main__": 7,
+}
+# What the lowest boxes must never pull in, even through another module of ours: the command
+# line is built and validated, and report and compare run, without them.
+BANNED = {
+    "core": {"torch", "pandas", "typer", "rich", "matplotlib", "numpy"},
+    "results": {"torch"},
+}
+TOP_LEVEL = {"__init__", "__main__"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+class Imports(tuple):
+    """(ours, theirs, ours_at_load, theirs_at_load): our modules and other top-level packages a
+    module imports anywhere in its body, and those it imports when it is loaded (outside any
+    function)."""
+
+
+def imports_of(name: str) -> Imports:
+    """`from distbench.x import y` counts as importing distbench.x.y when that is a module."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, bool]] = []  # (target, imported at load)
+
+    def visit(node: ast.AST, at_load: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend((a.name, at_load) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            found.extend((f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base, at_load)
+                         for a in node.names)
+        inner = at_load and not isinstance(
+            node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), True)
+    sets: tuple[set[str], set[str], set[str], set[str]] = (set(), set(), set(), set())
+    for target, at_load in found:
+        if target.split(".")[0] == "distbench":
+            while target not in MODULES:  # distbench.x.attr -> distbench.x
+                target = target.rpartition(".")[0]
+            if target == name:
+                continue
+            kinds = (0, 2)
+        else:
+            target, kinds = target.split(".")[0], (1, 3)
+        sets[kinds[0]].add(target)
+        if at_load:
+            sets[kinds[1]].add(target)
+    return Imports(sets)
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def box(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def loaded_with(start: str) -> set[str]:
+    """Our modules that loading `start`'s imports loads in turn."""
+    seen: set[str] = set(GRAPH[start][0])
+    todo = list(seen)
+    while todo:
+        for dep in GRAPH[todo.pop()][2]:
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_every_module_sits_in_a_box():
+    loose = [n for n in MODULES if box(n) not in LEVELS and n != "distbench"]
+    assert not loose, f"modules outside the boxes: {loose}"
+    top = [p.stem for p in PACKAGE.glob("*.py")]
+    assert set(top) <= TOP_LEVEL and len(top) <= 4, top
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_go_down(name):
+    if name == "distbench":
+        assert not GRAPH[name][0], "the package's __init__ imports nothing of ours"
+        return
+    mine = box(name)
+    wrong = []
+    for dep in sorted(GRAPH[name][0]):
+        theirs = box(dep)
+        if dep == "distbench" or theirs == mine:
+            continue
+        if theirs == "cli" and mine != "__main__":
+            wrong.append(f"{dep} (only __main__ imports cli)")
+        elif LEVELS[theirs] >= LEVELS[mine]:
+            wrong.append(f"{dep} ({theirs} is not below {mine})")
+    assert not wrong, f"{name} imports " + "; ".join(wrong)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if box(n) in BANNED))
+def test_light_boxes_stay_light(name):
+    """Neither the module nor what loading its imports loads brings in a banned package. A
+    function-level import of ours that imports torch only inside its own functions (the op
+    registry's builders) is fine: results never call those."""
+    pulled = set(GRAPH[name][1])
+    for dep in loaded_with(name):
+        pulled |= GRAPH[dep][3]
+    heavy = sorted(pulled & BANNED[box(name)])
+    assert not heavy, f"{name} imports {heavy}, directly or through our modules"
+
+
+def test_no_import_cycle():
+    # Tarjan's strongly connected components over the module graph: any component of more
+    # than one module is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v][0]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in MODULES:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_rules_catch_what_they_forbid(monkeypatch):
+    """The checks above fail on a planted upward import, a planted heavy import and a planted
+    cycle."""
+    planted = {
+        "distbench.core.x": ({"distbench.run.session"}, set(), set(), set()),
+        "distbench.run.session": ({"distbench.core.x"}, set(), set(), set()),
+        "distbench.results.y": ({"distbench.ops.data"}, set(), set(), set()),
+        "distbench.ops.data": (set(), {"torch"}, set(), {"torch"}),
+    }
+    monkeypatch.setitem(globals(), "GRAPH", planted)
+    monkeypatch.setitem(globals(), "MODULES", dict.fromkeys(planted))
+    with pytest.raises(AssertionError, match="run is not below core"):
+        test_imports_go_down("distbench.core.x")
+    with pytest.raises(AssertionError, match="torch"):
+        test_light_boxes_stay_light("distbench.results.y")
+    with pytest.raises(AssertionError, match="cycles"):
+        test_no_import_cycle()
