@@ -20,6 +20,7 @@ from scipy.stats import mannwhitneyu
 
 from distbench.cli.commands.collective import OUTPUT
 from distbench.core import noise
+from distbench.core.tables import markdown_row
 from distbench.results import compare, reader, samples
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
@@ -254,7 +255,7 @@ def test_markdown_blocks_stand_apart_so_github_renders_the_tables(tmp_path):
 
 
 def test_a_pipe_in_a_markdown_cell_is_escaped():
-    assert compare._md_row(["node a|b", "1.000"]) == "| node a\\|b | 1.000 |"
+    assert markdown_row(["node a|b", "1.000"]) == "| node a\\|b | 1.000 |"
 
 
 def test_a_threshold_under_one_percent_is_echoed_as_given_and_one_row_is_one_row(tmp_path):

@@ -13,7 +13,7 @@ from test_docs_contracts import documented_columns
 
 from distbench.core.errors import ReadError
 from distbench.ops.collectives import OPS
-from distbench.results.nccltests import looks_like_nccl_tests, read
+from distbench.results.nccltests import read
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
 WITH_ROWS = ["bare_table.log", "tag_output.log", "tag_output_every_rank.log", "mixed_multi.log",
@@ -299,20 +299,3 @@ def test_unreadable_content(tmp_path, content, expected):
 def test_a_directory_or_a_missing_file(tmp_path):
     assert "a directory" in read_error(tmp_path)
     assert "cannot be read" in read_error(tmp_path / "missing.log")
-
-
-@pytest.mark.parametrize("fixture", [*WITH_ROWS, "no_table.log"])
-def test_looks_like_nccl_tests(fixture):
-    assert looks_like_nccl_tests(FIXTURES / fixture)
-
-
-def test_looks_like_nothing_else(tmp_path):
-    golden = Path(__file__).parent / "golden" / "collective.csv"
-    others = [write(tmp_path, "notes.txt", "size count type\nnothing here\n"),
-              write(tmp_path, "other.json", '{"results": [], "rows": 3}'),
-              write(tmp_path, "empty.log", ""), tmp_path / "missing.log", golden]
-    (tmp_path / "bin").write_bytes(b"\0\1\2" * 100)
-    assert not looks_like_nccl_tests(tmp_path)  # a run directory
-    assert not looks_like_nccl_tests(tmp_path / "bin")
-    for path in others:
-        assert not looks_like_nccl_tests(path), path

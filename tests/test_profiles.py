@@ -169,35 +169,36 @@ def test_importing_profiles_loads_no_torch():
     ("NVIDIA H200", "h200-sxm-8"),
 ])
 def test_auto_picks_the_profile_of_every_nodes_gpus(gpu, expected):
-    profile, why = profiles.pick([node("a", gpu), node("b", gpu)])
+    profile, why = profiles.pick_for_nodes([node("a", gpu), node("b", gpu)])
     assert profile.name == expected
     assert why == f"every node has 8 x {gpu}: {expected}"
 
 
 def test_auto_on_one_node_says_the_node():
-    profile, why = profiles.pick([node("a", H100)])
+    profile, why = profiles.pick_for_nodes([node("a", H100)])
     assert (profile.name, why) == ("h100-sxm-8", f"the node has 8 x {H100}: h100-sxm-8")
 
 
 def test_auto_on_cpu_nodes_picks_cpu_gloo():
     error = "nvmlInit failed: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
-    profile, why = profiles.pick([node("a", nvml_error=error), node("b", nvml_error=error)])
+    profile, why = profiles.pick_for_nodes([node("a", nvml_error=error),
+                                            node("b", nvml_error=error)])
     assert profile.name == "cpu-gloo"
     assert why == f"no node has a GPU (NVML: {error}): cpu-gloo"
-    profile, why = profiles.pick([node("a")])
+    profile, why = profiles.pick_for_nodes([node("a")])
     assert (profile.name, why) == ("cpu-gloo", "the node has no GPU: cpu-gloo")
 
 
 @pytest.mark.parametrize("gpu", ["NVIDIA L4", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
                                  "NVIDIA H200 NVL", "NVIDIA GH200 480GB", "NVIDIA A100-PCIE-40GB"])
 def test_auto_on_gpus_no_profile_matches_picks_generic(gpu):
-    profile, why = profiles.pick([node("a", gpu), node("b", gpu)])
+    profile, why = profiles.pick_for_nodes([node("a", gpu), node("b", gpu)])
     assert profile.name == "generic-gpu"
     assert why.startswith(f"every node has 8 x {gpu}, which no profile matches: generic-gpu")
 
 
 def test_auto_with_the_wrong_gpu_count_says_what_the_profile_wants():
-    profile, why = profiles.pick([node("a", H100, 4), node("b", H100, 4)])
+    profile, why = profiles.pick_for_nodes([node("a", H100, 4), node("b", H100, 4)])
     assert profile.name == "generic-gpu"
     assert why.startswith(f"every node has 4 x {H100} (h100-sxm-8 is for 8 per node): "
                           "generic-gpu")
@@ -205,13 +206,13 @@ def test_auto_with_the_wrong_gpu_count_says_what_the_profile_wants():
 
 def test_auto_on_nodes_that_differ_names_them_and_picks_generic():
     snaps = [node("a", H100), node("b", H100), node("c", "NVIDIA A100-SXM4-80GB"), node("d")]
-    profile, why = profiles.pick(snaps)
+    profile, why = profiles.pick_for_nodes(snaps)
     assert profile.name == "generic-gpu"
     assert why.startswith(f"nodes differ (8 x {H100} on a, b; 8 x NVIDIA A100-SXM4-80GB on c; "
                           "no GPU on d): generic-gpu")
     # one GPU missing on one node is not another kind of node: the profile of the others,
     # which names the short node (the verdicts fail it: tests/test_accept_profile.py)
-    profile, why = profiles.pick([node("a", H100), node("b", H100, 7)])
+    profile, why = profiles.pick_for_nodes([node("a", H100), node("b", H100, 7)])
     assert (profile.name, why) == ("h100-sxm-8", f"the nodes have 8 x {H100}, but b has 7: "
                                    "h100-sxm-8")
 
@@ -219,14 +220,14 @@ def test_auto_on_nodes_that_differ_names_them_and_picks_generic():
 def test_auto_with_a_gpu_nvml_cannot_name_or_two_models_in_a_node():
     snap = node("a", H100)
     snap["gpus"][3] = {"index": 3, "error": "NVMLError_Unknown: Unknown Error"}
-    profile, why = profiles.pick([snap])
+    profile, why = profiles.pick_for_nodes([snap])
     assert profile.name == "generic-gpu"
     assert why.startswith(f"the node has 7 x {H100}, 1 x unknown GPU: more than one GPU model")
 
 
 def test_auto_needs_a_snapshot():
     with pytest.raises(ProfileError, match="no node's topology snapshot"):
-        profiles.pick([])
+        profiles.pick_for_nodes([])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from distbench.core.tables import (
     format_matrix,
     format_row,
     format_table,
+    markdown_table,
     us_as_ms,
 )
 
@@ -75,6 +76,21 @@ def test_matrix_grid():
 def test_console_columns_must_be_csv_columns():
     with pytest.raises(ValueError, match="nope"):
         Output("x.csv", csv=("a",), console=(Column("nope", "n"),))
+
+
+def test_identity_and_read_columns_must_be_csv_columns_and_are_required_in_csv_order():
+    with pytest.raises(ValueError, match=r"identity columns not in the CSV: \['nope'\]"):
+        Output("x.csv", csv=("a",), identity=("nope",))
+    with pytest.raises(ValueError, match=r"read columns not in the CSV: \['nope'\]"):
+        Output("x.csv", csv=("a",), read=("nope",))
+    out = Output("x.csv", csv=("a", "b", "c", "d"), identity=("c", "a"), read=("d",))
+    assert out.identity == ("c", "a")  # compare matches and labels rows in this order
+    assert out.required == ("a", "c", "d")
+
+
+def test_markdown_table_aligns_escapes_and_leaves_a_nameless_header_cell_blank():
+    assert markdown_table(["op", "n", ""], [["a|b", 3, "+ note"], ["c", "", ""]], align="lr") == [
+        "| op | n | |", "|---|---:|---|", "| a\\|b | 3 | + note |", "| c |  |  |"]
 
 
 @pytest.mark.parametrize("output", OUTPUTS, ids=[o.file for o in OUTPUTS])

@@ -13,6 +13,7 @@ from pathlib import Path
 from distbench.accept.verdicts import Baseline, Judged
 from distbench.core import noise
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
+from distbench.core.tables import markdown_table
 from distbench.platform import topo
 from distbench.results import writer
 
@@ -174,6 +175,13 @@ class Progress:
         return f"{self.status}: {far}" + (f" ({self.error})" if self.error else "")
 
 
+def _verdict_cells(v: dict) -> list[str]:
+    retest = " (retest)" if v["retest"] else ""
+    unit = f" {v['metric']}" if v["measured"] is not None else ""
+    return [f"{v['check']}{retest}", v["scope"], v["target"], f"{_fmt(v['measured'])}{unit}",
+            _fmt(v["expected"]), _fmt(v["ratio"]), f"**{v['verdict']}**", v["note"]]
+
+
 def render_md(summary: dict, record, rt) -> str:
     """The report: a person reads it without distbench at hand."""
     meta = record.data if record is not None else {}
@@ -196,15 +204,9 @@ def render_md(summary: dict, record, rt) -> str:
         "",
         "## Verdicts",
         "",
-        "| check | scope | target | measured | expected | ratio | verdict | why |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for v in summary["verdicts"]:
-        retest = " (retest)" if v["retest"] else ""
-        unit = f" {v['metric']}" if v["measured"] is not None else ""
-        lines.append(f"| {v['check']}{retest} | {v['scope']} | {v['target']} | "
-                     f"{_fmt(v['measured'])}{unit} | {_fmt(v['expected'])} | "
-                     f"{_fmt(v['ratio'])} | **{v['verdict']}** | {v['note']} |")
+    lines += markdown_table(["check", "scope", "target", "measured", "expected", "ratio",
+                             "verdict", "why"], map(_verdict_cells, summary["verdicts"]))
     lines += ["", "## Named", ""]
     lines += [f"- {c}" for c in summary["culprits"]] or ["- nothing: no check points at a "
                                                          "node"]

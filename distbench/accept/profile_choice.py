@@ -1,10 +1,10 @@
 """The profile every rank of `distbench accept` runs. Rank 0 resolves it: `--profile auto` picks
 from what the ranks see (their GPUs, as torch names them, and how many per node), NVML's
-snapshot counting them (profiles.pick); a name or a file is read there. Rank 0 then sends its
-text, not its path, with what it knows of every node (profiles.NodeFacts: GPUs, NVLS), and
-every rank parses that same text: a path resolved on each node reads another file, or none,
-where the nodes differ. Apart from profiles.py so that the options are validated without
-torch."""
+snapshot counting them (profiles.pick_for_nodes); a name or a file is read there. Rank 0 then
+sends its text, not its path, with what it knows of every node (profiles.NodeFacts: GPUs,
+NVLS), and every rank parses that same text: a path resolved on each node reads another file,
+or none, where the nodes differ. Apart from profiles.py so that the options are validated
+without torch."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from distbench.accept.profiles import Profile, ProfileError, node_facts, parse, pick, resolve
+from distbench.accept.profiles import (
+    Profile,
+    ProfileError,
+    node_facts,
+    parse,
+    pick_for_nodes,
+    resolve,
+)
 from distbench.core.exitcodes import EXIT_BAD_INPUT
 from distbench.run.runtime import RunFailure
 
@@ -28,7 +35,7 @@ def agree(rt, spec: str) -> tuple[Profile, str]:
     if rt.rank == 0:
         try:
             named = resolve(spec)
-            profile, why = (pick(rt.snapshots, rt.ranks, rt.backend) if named is None
+            profile, why = (pick_for_nodes(rt.snapshots, rt.ranks, rt.backend) if named is None
                             else (named, NAMED))
             nodes = profile.nodes or node_facts(rt.snapshots, rt.ranks)
             sent = [(str(profile.path), profile.path.read_text(encoding="utf-8"), why, nodes)]

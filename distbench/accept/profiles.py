@@ -156,7 +156,7 @@ class NodeFacts:
     name: str  # as reports name the node (runtime.node_names)
     # (model, count), sorted: the GPUs of the models its ranks run on, as many as NVML lists
     # (it also sees those hidden from the run) or, where NVML lists fewer, as its ranks use;
-    # without ranks to go by (profiles.pick on snapshots alone), NVML's list
+    # without ranks to go by (profiles.pick_for_nodes on snapshots alone), NVML's list
     gpus: tuple[tuple[str, int], ...]
     # the counts are NVML's; False: NVML did not list them, so they are the ranks' (at least)
     counted: bool = True
@@ -584,8 +584,8 @@ def _metric_fits(metric: str, command: str, op: str) -> bool:
 # Choosing a profile
 
 def resolve(spec: str) -> Profile | None:
-    """--profile's value: "auto" -> None (pick() decides once the topology is known); a file
-    that exists -> that file; a built-in's name -> the built-in. Raises ProfileError."""
+    """--profile's value: "auto" -> None (pick_for_nodes() decides once the topology is known);
+    a file that exists -> that file; a built-in's name -> the built-in. Raises ProfileError."""
     text = str(spec).strip()
     if text.lower() == AUTO:
         return None
@@ -707,8 +707,8 @@ def _builtin(name: str) -> Profile:
     return load(path)
 
 
-def pick(snapshots: list[dict], ranks: list[dict] | None = None,
-         backend: str | None = None) -> tuple[Profile, str]:
+def pick_for_nodes(snapshots: list[dict], ranks: list[dict] | None = None,
+                   backend: str | None = None) -> tuple[Profile, str]:
     """--profile auto: the built-in profile for the GPUs the ranks run on and how many each
     node has (node_facts), and one line saying why; the nodes' facts come with it. Backend
     nccl never gets cpu-gloo, whose millisecond floors any GPU passes."""

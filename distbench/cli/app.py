@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from distbench.cli.commands import COMMANDS, Command, compare, report
-from distbench.core.errors import ReadError
+from distbench.core.errors import ReadError, one_line
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
 from distbench.core.options import (
     DEFAULT_TIMEOUT_S,
@@ -118,10 +118,6 @@ for _tool in (report, compare):  # they read results back: no launcher, no optio
     app.command(name=_tool.__name__.rsplit(".", 1)[1], help=_tool.HELP)(_tool.command)
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _usage_error(e: typer.TyperException, argv: list[str]) -> str:
     """Click's words for a command line it could not parse; for a value of the wrong type
     (`--iters 1.5`), the value given and a valid example, as our own checks give."""
@@ -142,7 +138,7 @@ def _usage_error(e: typer.TyperException, argv: list[str]) -> str:
                               None))
             got = f", got {given!r}" if given is not None else ""
             return f"{name}: {need}{got} (example: {example_of(spec)})"
-    return f"{_one_line(e.format_message())} (see distbench --help)"
+    return f"{one_line(e.format_message(), whole=True)} (see distbench --help)"
 
 
 def _refuse(message: str) -> int:
@@ -206,6 +202,6 @@ def _dispatch(args: list[str], argv: list[str] | None) -> int | None:
     except typer.Abort:
         return EXIT_INTERRUPTED
     except typer.TyperException as e:  # click's usage errors, vendored by typer
-        if _one_line(e.format_message()):
+        if one_line(e.format_message(), whole=True):
             return _refuse(_usage_error(e, args))
         return EXIT_BAD_INPUT  # the help text was shown for a bare `distbench`

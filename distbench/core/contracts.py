@@ -1,7 +1,8 @@
-"""The output contracts: every CSV distbench writes, its columns in order and what the
-console shows of it, declared once. Commands write them, report and compare read them, and
-nccl-tests logs are read into them, so a column is named here and nowhere else. Stable: add
-columns at the end, never rename."""
+"""The output contracts: every CSV distbench writes, its columns in order, what the console
+shows of it and what reading it back relies on (the columns that identify a row, those that
+must be there, those read as numbers), declared once. Commands write them, report and compare
+read them, and nccl-tests logs are read into them, so a column is named here and nowhere else.
+Stable: add columns at the end, never rename."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ COLLECTIVE = Output("collective.csv", csv=(
     Column("root", "root", "", 5, ident=True),
     Column("in_place", "place", "", 6, fmt=lambda v: "in" if v else "out", ident=True),
     *MEASURED_COLUMNS,
-))
+), identity=("op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes"),
+    read=("time_us", "p99_us", "algbw_gbps", "busbw_gbps", "status"))
 
 
 # p2p
@@ -48,14 +50,18 @@ P2P = Output("p2p.csv", csv=(
     "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
     "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound", "reps",
     "spread_pct",
-), console=(*SIZE_COLUMNS, *MEASURED_COLUMNS))
+), console=(*SIZE_COLUMNS, *MEASURED_COLUMNS),
+    identity=("pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes"),
+    read=("time_us", "p99_us", "busbw_gbps", "status"))
 
 # Long form: one row per ordered pair, direction and size. On the console: N x N grids.
 P2P_MATRIX = Output("p2p_matrix.csv", csv=(
     "direction", "src_rank", "dst_rank", "src_host", "dst_host", "src_local_rank",
     "dst_local_rank", "link", "dtype", "world_size", "nnodes", "size_bytes", "count", "iters",
     "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend", "reps", "spread_pct",
-))
+), identity=("direction", "src_rank", "dst_rank", "dtype", "world_size", "nnodes", "size_bytes"),
+    read=("src_host", "dst_host", "src_local_rank", "dst_local_rank", "link", "time_us", "p99_us",
+          "gbps"))
 
 
 # tp
@@ -80,7 +86,7 @@ TP = Output("tp.csv", csv=(
     Column("speedup", "speedup", "", 9, ".2f"),
     Column("efficiency", "effic", "", 7, ".2f"),
     Column("max_abs_err", "max_err", "", 10, ".3g"),
-))
+), read=("block", "dtype", "world_size", "step_us", "compute_only_us", "comm_pct", "status"))
 
 
 # pp
@@ -106,7 +112,8 @@ PP = Output("pp.csv", csv=(
     Column("efficiency", "effic.", "", 7, ".2f"),
     Column("max_abs_err", "max err", "", 10, ".2e"),
     Column("bubble_measured_per_stage", "bubble per stage", "(per rank)", 20),
-))
+), read=("schedule", "dtype", "world_size", "micro_batches", "step_us", "bubble_measured",
+         "bubble_analytic", "status"))
 
 
 # dp
@@ -133,11 +140,13 @@ DP = Output("dp.csv", csv=(
     Column("samples_per_s", "samples/s", "", 10, ".1f"),
     Column("efficiency", "effic", "", 7, ".2f"),
     Column("max_abs_err", "max_err", "", 10, ".3g"),
-))
+), read=("mode", "bucket_cap_mb", "dtype", "world_size", "step_us", "compute_only_us",
+         "comm_alone_us", "exposed_comm_us", "overlap_pct", "state_bytes_per_rank", "status"))
 
 
 # accept
-# One row per check and target (a node, a pair of nodes, the cluster), retests included.
+# One row per check and target (a node, a pair of nodes, the cluster), retests included; its
+# metric (a profile's choice) says which way is better, so it is part of the row's identity.
 # Stable contract: add columns at the end, never rename.
 ACCEPT = Output("accept.csv", csv=(
     "check", "scope", "target", "command", "op", "dtype", "size_bytes", "ranks", "iters",
@@ -151,7 +160,23 @@ ACCEPT = Output("accept.csv", csv=(
     Column("expected", "expected", "", 11, ".4g"),
     Column("ratio", "ratio", "", 8, ".3g"),
     Column("verdict", "verdict", "", 8),
-))
+), identity=("check", "scope", "target", "metric", "retest"),
+    read=("measured", "expected", "ratio", "verdict"))
+
+# Every CSV, in the order report shows a run's tables and compare compares them.
+OUTPUTS = (COLLECTIVE, P2P, P2P_MATRIX, TP, PP, DP, ACCEPT)
+
+# The columns report and compare read as numbers, in whichever CSV: a cell that is none is
+# refused, naming the file, column and row. Checked in this order (the first bad cell is named).
+NUMBERS = ("root", "in_place", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
+           "time_us", "p50_us", "p99_us", "cv_pct", "algbw_gbps", "busbw_gbps", "gbps",
+           "src_rank", "dst_rank", "step_us", "compute_only_us", "comm_pct", "micro_batches",
+           "bubble_measured", "bubble_analytic", "measured", "expected", "ratio", "retest",
+           "bucket_cap_mb", "comm_alone_us", "exposed_comm_us", "overlap_pct",
+           "state_bytes_per_rank", "state_bytes_formula")
+_unknown = [c for c in NUMBERS if not any(c in o.csv for o in OUTPUTS)]
+if _unknown:
+    raise ValueError(f"NUMBERS names no CSV's column: {_unknown}")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Reading result files back (report, compare): the one error for input that cannot be read.
-No torch here: report and compare never start a worker."""
+"""Errors as people read them: the one error for result files that cannot be read back (report,
+compare), and an exception cut to one line for a message. No torch here: report and compare
+never start a worker."""
 
 from __future__ import annotations
 
@@ -13,3 +14,21 @@ class ReadError(Exception):
     def __init__(self, path: str | Path, expected: str):
         super().__init__(f"{path}: {expected}")
         self.path = str(path)
+
+
+def one_line(what: BaseException | str, limit: int | None = None, *, whole: bool = False,
+             named: bool = False, mark: str = "...") -> str:
+    """What an error says, as one line of a message (run.json, a skip reason, stderr): its first
+    line, or with `whole` all of it, each run of whitespace one space; "Type: " in front when
+    `named`; an exception that says nothing, by its type's name. Past `limit` characters it is
+    cut to end in `mark` ("" cuts it short without one)."""
+    text = str(what)
+    if named and isinstance(what, BaseException):
+        text = f"{type(what).__name__}: {text}"
+    lines = [" ".join(text.split())] if whole else text.strip().splitlines()
+    line = lines[0] if lines else ""
+    if not line and isinstance(what, BaseException):
+        line = type(what).__name__
+    if limit is not None and len(line) > limit:
+        line = line[:limit - len(mark)] + mark
+    return line

@@ -55,17 +55,29 @@ class Column:
 
 @dataclass(frozen=True)
 class Output:
-    """A CSV contract (columns are added at the end, never renamed) and how its rows show on
-    the console."""
+    """A CSV contract (columns are added at the end, never renamed), how its rows show on the
+    console, and what reading it back (report, compare) relies on."""
 
     file: str
     csv: tuple[str, ...]
     console: tuple[Column, ...] = ()
+    # what tells two rows apart: compare pairs two runs' rows on these
+    identity: tuple[str, ...] = ()
+    # what report and compare read besides the identity; a run without one is refused
+    read: tuple[str, ...] = ()
 
     def __post_init__(self):
-        unknown = [c.key for c in self.console if c.key not in self.csv]
-        if unknown:
-            raise ValueError(f"{self.file}: console columns not in the CSV: {unknown}")
+        for what, keys in (("console", [c.key for c in self.console]),
+                           ("identity", self.identity), ("read", self.read)):
+            unknown = [k for k in keys if k not in self.csv]
+            if unknown:
+                raise ValueError(f"{self.file}: {what} columns not in the CSV: {unknown}")
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The columns a run read back must have (its identity and what is read), in CSV
+        order; a run's other columns may be missing (an older run lacks those added since)."""
+        return tuple(c for c in self.csv if c in self.identity or c in self.read)
 
 
 def _line(columns: Sequence[Column], cells: Iterable[str]) -> str:
@@ -94,6 +106,22 @@ def format_table(columns: Sequence[Column], rows: Iterable[dict],
     """The header block (when a title is given) and one line per row."""
     lines = format_header(columns, title) if title is not None else []
     return lines + [format_row(columns, r) for r in rows]
+
+
+def markdown_row(cells: Iterable[object]) -> str:
+    """A Markdown table row; a | in a cell (a check's name comes from a profile file) is
+    escaped, or it would split the cell."""
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Iterable[object]],
+                   align: str = "") -> list[str]:
+    """A Markdown table, one line per row. `align`: "r" per column to right-align (figures),
+    anything else left; an empty header cell (a column its cells explain) is one space."""
+    head = "|" + "|".join(f" {h} " if h else " " for h in header) + "|"
+    rule = "|" + "".join("---:|" if a == "r" else "---|"
+                         for a in align.ljust(len(header)))
+    return [head, rule] + [markdown_row(r) for r in rows]
 
 
 def format_matrix(title: str, names: list[str], grid: dict[tuple[int, int], float]) -> list[str]:

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from distbench.core.errors import one_line
+
 # Module-level so tests can point them at fake sysfs/procfs trees.
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 _CPUINFO_PATH = Path("/proc/cpuinfo")
@@ -37,15 +39,10 @@ _DEVICE_RE = re.compile(r"^(?!NV\d+$)[A-Za-z][\w.:\-]*\d$")
 _GPU_RE = re.compile(r"^GPU\d+$")
 
 
-def _one_line(msg: object) -> str:
-    text = " ".join(str(msg).split())
-    if len(text) > _ERR_MAX_CHARS:
-        text = text[: _ERR_MAX_CHARS - 3] + "..."
-    return text or "unknown error"
-
-
-def _exc_line(exc: BaseException) -> str:
-    return _one_line(f"{type(exc).__name__}: {exc}")
+def _error(what: BaseException | str) -> str:
+    """An error as the snapshot records it: all it says on one bounded line (a tool's output
+    may span lines), an exception named by its type."""
+    return one_line(what, _ERR_MAX_CHARS, whole=True, named=True)
 
 
 def _text(value: Any) -> str:
@@ -83,7 +80,7 @@ def _nvidia_smi_topo() -> tuple[str | None, str | None]:
     try:
         exe = shutil.which("nvidia-smi")
     except Exception as exc:
-        return None, _exc_line(exc)
+        return None, _error(exc)
     if not exe:
         return None, "nvidia-smi not found on PATH"
     try:
@@ -97,12 +94,12 @@ def _nvidia_smi_topo() -> tuple[str | None, str | None]:
     except subprocess.TimeoutExpired:
         return None, f"nvidia-smi topo -m timed out after {_NVIDIA_SMI_TIMEOUT_S} s"
     except Exception as exc:
-        return None, _exc_line(exc)
+        return None, _error(exc)
     stdout = proc.stdout or ""
     if proc.returncode != 0:
         detail = (proc.stderr or "").strip() or stdout.strip()
         detail_line = detail.splitlines()[0] if detail else "no output"
-        return None, _one_line(f"nvidia-smi topo -m exited {proc.returncode}: {detail_line}")
+        return None, _error(f"nvidia-smi topo -m exited {proc.returncode}: {detail_line}")
     if not stdout.strip():
         return None, "nvidia-smi topo -m produced no output"
     return stdout, None
@@ -133,7 +130,7 @@ def _field(errors: dict[str, str], name: str, getter: Any, *args: Any) -> Any:
     try:
         return getter(*args)
     except Exception as exc:
-        errors[name] = _exc_line(exc)
+        errors[name] = _error(exc)
         return None
 
 
@@ -169,7 +166,7 @@ def _nvlink_links(nvml: Any, handle: Any) -> tuple[list[int], str | None]:
         try:
             state = nvml.nvmlDeviceGetNvLinkState(handle, link)
         except Exception as exc:
-            failed.append((link, f"link {link}: {_exc_line(exc)}"))
+            failed.append((link, f"link {link}: {_error(exc)}"))
             continue
         if state == enabled:
             up.append(link)
@@ -213,7 +210,7 @@ def _gpu_entry(nvml: Any, index: int) -> dict[str, Any]:
     try:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
     except Exception as exc:
-        return {"index": index, "error": _exc_line(exc)}
+        return {"index": index, "error": _error(exc)}
     gpu: dict[str, Any] = {"index": index}
     errors: dict[str, str] = {}
     for name, query in _GPU_FIELDS:
@@ -229,12 +226,12 @@ def _nvml_probe() -> dict[str, Any]:
     try:
         import pynvml as nvml
     except Exception as exc:
-        out["nvml_error"] = _one_line(f"pynvml not importable: {exc}")
+        out["nvml_error"] = _error(f"pynvml not importable: {exc}")
         return out
     try:
         nvml.nvmlInit()
     except Exception as exc:
-        out["nvml_error"] = _one_line(f"nvmlInit failed: {_exc_line(exc)}")
+        out["nvml_error"] = _error(f"nvmlInit failed: {_error(exc)}")
         return out
     try:
         driver = _optional(lambda: nvml.nvmlSystemGetDriverVersion())
@@ -245,7 +242,7 @@ def _nvml_probe() -> dict[str, Any]:
         out["gpus"] = [_gpu_entry(nvml, i) for i in range(int(nvml.nvmlDeviceGetCount()))]
     except Exception as exc:
         out["gpus"] = []
-        out["nvml_error"] = _one_line(f"NVML query failed: {_exc_line(exc)}")
+        out["nvml_error"] = _error(f"NVML query failed: {_error(exc)}")
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
@@ -284,7 +281,7 @@ def _nvls_probe() -> tuple[bool | None, str]:
     except LookupError as exc:
         return None, f"unknown: {exc}"
     except Exception as exc:
-        return None, f"unknown: {_exc_line(exc)}"
+        return None, f"unknown: {_error(exc)}"
     if not support:
         return None, "unknown: no CUDA device"
     without = [str(i) for i, ok in enumerate(support) if not ok]
@@ -366,7 +363,7 @@ def node_snapshot() -> dict:
     try:
         topo_text, topo_err = _nvidia_smi_topo()
     except Exception as exc:  # belt and braces: the probe itself should not raise
-        topo_text, topo_err = None, _exc_line(exc)
+        topo_text, topo_err = None, _error(exc)
     snap["nvidia_smi_topo"] = topo_text
     if topo_text is None:
         snap["nvidia_smi_error"] = topo_err or "unknown error"
@@ -375,12 +372,12 @@ def node_snapshot() -> dict:
         snap.update(_nvml_probe())
     except Exception as exc:
         snap.update(gpus=[], driver_version=None, cuda_driver_version=None)
-        snap["nvml_error"] = _exc_line(exc)
+        snap["nvml_error"] = _error(exc)
 
     try:
         snap["nvls"], snap["nvls_why"] = _nvls_probe()
     except Exception as exc:
-        snap["nvls"], snap["nvls_why"] = None, f"unknown: {_exc_line(exc)}"
+        snap["nvls"], snap["nvls_why"] = None, f"unknown: {_error(exc)}"
 
     try:
         snap["cpu"] = _cpu_probe()

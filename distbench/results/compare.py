@@ -15,9 +15,16 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from distbench.core import noise
-from distbench.core.contracts import MEASURES
+from distbench.core.contracts import MEASURES, OUTPUTS
 from distbench.core.errors import ReadError
-from distbench.core.tables import Column, format_row, format_table, percent, plural
+from distbench.core.tables import (
+    Column,
+    format_row,
+    format_table,
+    markdown_table,
+    percent,
+    plural,
+)
 from distbench.results import samples
 from distbench.results.reader import (
     Run,
@@ -31,15 +38,8 @@ from distbench.results.reader import (
 
 DEFAULT_THRESHOLD = 0.05
 
-IDENTITY: dict[str, tuple[str, ...]] = {
-    "collective.csv": ("op", "dtype", "redop", "root", "in_place", "world_size", "nnodes",
-                       "size_bytes"),
-    "p2p.csv": ("pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes"),
-    "p2p_matrix.csv": ("direction", "src_rank", "dst_rank", "dtype", "world_size", "nnodes",
-                       "size_bytes"),
-    # a check's figure on a target; its metric (a profile's choice) says which way is better
-    "accept.csv": ("check", "scope", "target", "metric", "retest"),
-}
+# The files compare reads: those whose rows have an identity to match them on (core.contracts).
+IDENTITY: dict[str, tuple[str, ...]] = {o.file: o.identity for o in OUTPUTS if o.identity}
 
 
 @dataclass(frozen=True)
@@ -439,28 +439,24 @@ def format_markdown(c: Comparison, base: Run, new: Run) -> list[str]:
     that follows a list line as more of the list item's text."""
     lines = [f"**compare {_what(c)}**: BASE `{base.name}` vs NEW `{new.name}`, {_rule(c)}", ""]
     if c.setup:
-        lines += ["| setup | BASE | NEW |", "|---|---|---|"]
-        lines += [_md_row([k, b, n]) for k, b, n in c.setup]
-        lines.append("")
+        lines += markdown_table(["setup", "BASE", "NEW"], c.setup) + [""]
     if c.unmatched:
         lines += [f"- {n}" for n in c.unmatched] + [""]
-    lines += [f"| {_per(c)} | row | BASE | NEW | ratio | noise | p | |",
-              "|---|---|---:|---:|---:|---:|---:|---|"]
-    for r in c.rows:
-        cells = _cells(r)
-        shown = ["-" if cells[col.key] is None else format(cells[col.key], col.fmt)
-                 for col in COLUMNS[:-1]]
-        lines.append(_md_row([*shown, f"{r.mark} {r.note}".rstrip()]))
-    lines += ["", f"| {_per(c)} | geometric mean NEW/BASE | rows |", "|---|---:|---:|"]
-    lines += [_md_row([g, f"{gm:.3f}", str(k)]) for _, g, gm, k in c.geomeans()]
+    lines += markdown_table([_per(c), "row", "BASE", "NEW", "ratio", "noise", "p", ""],
+                            [_md_cells(r) for r in c.rows], align="llrrrrrl")
+    lines += [""] + markdown_table([_per(c), "geometric mean NEW/BASE", "rows"],
+                                   [[g, f"{gm:.3f}", k] for _, g, gm, k in c.geomeans()],
+                                   align="lrr")
     lines += ["", _verdict(c).lstrip("# ")]
     return lines
 
 
-def _md_row(cells: list[str]) -> str:
-    """A table row; a | in a cell (a check's name comes from a profile file) is escaped, or it
-    would split the cell."""
-    return "| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |"
+def _md_cells(r: Row) -> list[str]:
+    """A row's cells as the text table shows them ("-" for none), its mark with its note."""
+    cells = _cells(r)
+    shown = ["-" if cells[col.key] is None else format(cells[col.key], col.fmt)
+             for col in COLUMNS[:-1]]
+    return [*shown, f"{r.mark} {r.note}".rstrip()]
 
 
 def format_csv(c: Comparison) -> list[str]:

@@ -2,8 +2,7 @@
 can put an nccl-tests run beside a distbench one.
 
 `read(path)` takes an nccl-tests log or the JSON file nccl-tests writes with `-J`, and returns
-one row per size and placement, keyed exactly like collective.csv. `looks_like_nccl_tests(path)`
-tells such a file from anything else without reading all of it.
+one row per size and placement, keyed exactly like collective.csv.
 
 The text table is read in every layout nccl-tests has printed (the column formats are those of
 NVIDIA/nccl-tests src/common.cu and, since the JSON writer, src/util.cu):
@@ -88,9 +87,6 @@ NO_TABLE = ("no nccl-tests result table (expected lines like '#  size  count  ty
 NO_OP = ("cannot tell which collective (no '# Collective test starting:' header, no *_perf "
          "command line before the table, and the file name names none)")
 
-# Enough of a log to pass its NCCL INFO preamble; `looks_like_nccl_tests` reads no more.
-SNIFF_BYTES = 1 << 20
-
 _PREFIX = re.compile(r"^(?:\[[^\]]*?,(?P<tag>\d+)\]<std(?:out|err|diag)>:\s?"
                      r"|\s*(?P<label>\d+): )")
 _VERSION = re.compile(r"^#\s*nccl-tests version\b")
@@ -98,16 +94,13 @@ _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _CONCLUDED = re.compile(r"^#\s*(?:Collective test concluded:|Out of bounds values|"
                         r"Avg bus bandwidth)")
 _NTHREAD = re.compile(r"^#\s*nThread\s+\d+\s+nGpus\s+\d+")
-_ITERS = re.compile(r"warmup iters:\s*\d+\s+iters:\s*(\d+)")
-_AGG_ITERS = re.compile(r"agg iters:\s*(\d+)")
-_GRAPH = re.compile(r"graph:\s*(\d+)")
+# The nThread line's settings: "step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 ...".
+_SETTING = re.compile(r"([a-z]+(?: iters)?):\s*(\d+)")
 _DEVICE = re.compile(r"^#\s+Rank\s+(\d+)(?:\s+Group\s+(\d+))?\s+Pid\s+\d+\s+on\s+(\S+)\s+"
                      r"device\s+\d+")
 _HEADER = re.compile(r"^#\s+size\s+count\s+type\s")
 _DATA = re.compile(r"^\s*\d+\s+\d+\s+[A-Za-z]\w*\s")
 _PERF = re.compile(r"([A-Za-z0-9_]+?)_perf(?![A-Za-z0-9])")
-_SNIFF = re.compile(r"^(?:\[[^\]]*\]<std\w+>:\s?|\s*\d+: )?#(?:\s+size\s+count\s+type\s|"
-                    r"\s*nThread\s+\d+\s+nGpus\s+\d+|\s*Collective test starting:)", re.M)
 # util.cu prints a double with "%lf", which writes an infinity as bare inf, not JSON.
 _BARE_INF = re.compile(r"(?<=[:,\[])\s*-?inf(?=\s*[,}\]])")
 _TIME_COLUMNS = ("time", "cputime")
@@ -159,25 +152,6 @@ class _Test:
 
     def begun(self) -> bool:
         return bool(self.program or self.iters or self.ranks or self.layout)
-
-
-def looks_like_nccl_tests(path: Path) -> bool:
-    """Whether `path` is a file (not a directory) holding an nccl-tests log or -J JSON file,
-    judged from its first MiB. Never raises."""
-    try:
-        path = Path(path)
-        if not path.is_file():
-            return False
-        with path.open("rb") as f:
-            head = f.read(SNIFF_BYTES)
-    except (OSError, ValueError):
-        return False
-    if not head.strip() or _binary(head):
-        return False
-    text = head.decode("utf-8", errors="replace")
-    if text.lstrip().startswith("{"):
-        return '"nccl_version"' in text or ('"results"' in text and '"config"' in text)
-    return bool(_SNIFF.search(text))
 
 
 def read(path: Path) -> list[dict]:
@@ -354,13 +328,11 @@ class _Stream:
 
 
 def _header_iters(line: str) -> int | None:
-    m = _ITERS.search(line)
-    if not m:
+    settings = {name: int(n) for name, n in _SETTING.findall(line)}
+    if "iters" not in settings:
         return None
-    agg, graph = _AGG_ITERS.search(line), _GRAPH.search(line)
     # nccl-tests divides the elapsed time by iters x agg iters, and by the graph launches.
-    return (int(m.group(1)) * (int(agg.group(1)) if agg else 1)
-            * max(int(graph.group(1)) if graph else 0, 1))
+    return settings["iters"] * settings.get("agg iters", 1) * max(settings.get("graph", 0), 1)
 
 
 def _layout(line: str) -> _Layout | None:

@@ -10,38 +10,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from distbench.core.contracts import measure_of
-from distbench.core.errors import ReadError
+from distbench.core.contracts import NUMBERS, OUTPUTS, measure_of
+from distbench.core.errors import ReadError, one_line
 from distbench.results import nccltests, samples
 
-# What report and compare need of each CSV; the contracts (distbench/cli/commands/) hold more,
-# and an older run may lack the columns added since.
-REQUIRED: dict[str, tuple[str, ...]] = {
-    "collective.csv": ("op", "dtype", "redop", "root", "in_place", "world_size", "nnodes",
-                       "size_bytes", "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "status"),
-    "p2p.csv": ("pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "time_us",
-                "p99_us", "busbw_gbps", "status"),
-    "p2p_matrix.csv": ("direction", "src_rank", "dst_rank", "src_host", "dst_host",
-                       "src_local_rank", "dst_local_rank", "link", "dtype", "world_size",
-                       "nnodes", "size_bytes", "time_us", "p99_us", "gbps"),
-    "tp.csv": ("block", "dtype", "world_size", "step_us", "compute_only_us", "comm_pct",
-               "status"),
-    "pp.csv": ("schedule", "dtype", "world_size", "micro_batches", "step_us",
-               "bubble_measured", "bubble_analytic", "status"),
-    "dp.csv": ("mode", "bucket_cap_mb", "dtype", "world_size", "step_us", "compute_only_us",
-               "comm_alone_us", "exposed_comm_us", "overlap_pct", "state_bytes_per_rank",
-               "status"),
-    "accept.csv": ("check", "scope", "target", "metric", "measured", "expected", "ratio",
-                   "verdict", "retest"),
-}
+# What report and compare need of each CSV (core.contracts): an older run may lack the columns
+# added since, not these.
+REQUIRED: dict[str, tuple[str, ...]] = {o.file: o.required for o in OUTPUTS}
 NCCL_TESTS = "nccl-tests"
-# Columns read as numbers: a cell that is none is refused, naming the file, column and row.
-NUMERIC = ("root", "in_place", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
-           "time_us", "p50_us", "p99_us", "cv_pct", "algbw_gbps", "busbw_gbps", "gbps",
-           "src_rank", "dst_rank", "step_us", "compute_only_us", "comm_pct", "micro_batches",
-           "bubble_measured", "bubble_analytic", "measured", "expected", "ratio", "retest",
-           "bucket_cap_mb", "comm_alone_us", "exposed_comm_us", "overlap_pct",
-           "state_bytes_per_rank", "state_bytes_formula")
 
 
 @dataclass
@@ -110,7 +86,7 @@ def _csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
     except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise ReadError(path, f"not a readable CSV ({' '.join(str(e).split())})") from None
+        raise ReadError(path, f"not a readable CSV ({one_line(e, whole=True)})") from None
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise ReadError(path, f"missing columns {', '.join(missing)} (expected the "
@@ -122,7 +98,7 @@ def _csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
 
 def _numbers(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
     """Numeric columns as numbers (an empty cell, or nan, is no value)."""
-    for column in NUMERIC:
+    for column in NUMBERS:
         if column not in frame.columns:
             continue
         values = frame[column].map(_bool_as_int)

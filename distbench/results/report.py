@@ -5,13 +5,15 @@ worker, so it stays fast."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
+from distbench.core.contracts import NUMBERS
 from distbench.core.sizes import format_size
-from distbench.core.tables import number
+from distbench.core.tables import markdown_table, number
 from distbench.results import alphabeta, reader
 from distbench.results.reader import Run, measured
 
@@ -44,11 +46,6 @@ def _peaks(frame: pd.DataFrame, group: list[str], rate: str) -> list[dict]:
                     "peak": float(best[rate]), "peak_at": int(best["size_bytes"]),
                     "small": int(first["size_bytes"]), "small_us": float(first["time_us"])})
     return out
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(r) + " |" for r in rows]
 
 
 def _missing(v) -> bool:
@@ -95,22 +92,26 @@ def _collective_section(run: Run, fits: list[dict]) -> list[str]:
     lines = ["### Collectives", ""]
     group = ["op", "dtype", "redop", "in_place"]
     peaks = _peaks(frame, group, "busbw_gbps")
-    lines += _table(["op", "dtype", "redop", "place", "peak busbw (GB/s)", "at size",
-                     "smallest size", "time there (us)"],
-                    [[p["op"], p["dtype"], str(p["redop"]), "in" if p["in_place"] else "out",
-                      number(p["peak"]), _size(p["peak_at"]), _size(p["small"]),
-                      number(p["small_us"])] for p in peaks])
+    lines += markdown_table(["op", "dtype", "redop", "place", "peak busbw (GB/s)", "at size",
+                             "smallest size", "time there (us)"],
+                            [[p["op"], p["dtype"], str(p["redop"]),
+                              "in" if p["in_place"] else "out", number(p["peak"]),
+                              _size(p["peak_at"]), _size(p["small"]), number(p["small_us"])]
+                             for p in peaks])
     lines += [""] + _skipped(frame)
     lines += ["#### Alpha-beta model", "",
               "`T(S) = alpha + S / beta`, alpha fitted on the small sizes and beta past the "
               "knee (docs/report.md).", ""]
-    lines += _table(["op", "dtype", "redop", "place", "alpha (us)", "busbw asymptote (GB/s)",
-                     "fit error (median / max %)", "n_half", "n_90%", "note"],
-                    [[f["op"], f["dtype"], _redop_root(f), "in" if f["in_place"] else "out",
-                      number(f["alpha_us"], 3), number(f["busbw_gbps"]),
-                      f"{_fmt(f['err_pct'], '.1f')} / {_fmt(f['max_err_pct'], '.1f')}",
-                      _size(f["n_half_bytes"]), _size(f["n90_bytes"]), f.get("note") or ""]
-                     for f in fits])
+    lines += markdown_table(["op", "dtype", "redop", "place", "alpha (us)",
+                             "busbw asymptote (GB/s)", "fit error (median / max %)", "n_half",
+                             "n_90%", "note"],
+                            [[f["op"], f["dtype"], _redop_root(f),
+                              "in" if f["in_place"] else "out", number(f["alpha_us"], 3),
+                              number(f["busbw_gbps"]),
+                              f"{_fmt(f['err_pct'], '.1f')} / {_fmt(f['max_err_pct'], '.1f')}",
+                              _size(f["n_half_bytes"]), _size(f["n90_bytes"]),
+                              f.get("note") or ""]
+                             for f in fits])
     return lines + [""]
 
 
@@ -124,11 +125,11 @@ def _p2p_section(run: Run) -> list[str]:
     frame = run.table("p2p.csv")
     if frame is not None:
         lines += ["### Point-to-point", ""]
-        lines += _table(["pattern", "dtype", "peak busbw (GB/s)", "at size", "smallest size",
-                         "time there (us)"],
-                        [[p["pattern"], p["dtype"], number(p["peak"]), _size(p["peak_at"]),
-                          _size(p["small"]), number(p["small_us"])]
-                         for p in _peaks(frame, ["pattern", "dtype"], "busbw_gbps")])
+        lines += markdown_table(["pattern", "dtype", "peak busbw (GB/s)", "at size",
+                                 "smallest size", "time there (us)"],
+                                [[p["pattern"], p["dtype"], number(p["peak"]),
+                                  _size(p["peak_at"]), _size(p["small"]), number(p["small_us"])]
+                                 for p in _peaks(frame, ["pattern", "dtype"], "busbw_gbps")])
         lines.append("")
     frame = run.table("p2p_matrix.csv")
     if frame is not None:
@@ -149,44 +150,46 @@ def _p2p_section(run: Run) -> list[str]:
     return lines
 
 
-def _tp_section(run: Run) -> list[str]:
-    frame = run.table("tp.csv")
+def _step_section(run: Run, file: str, title: str, header: list[str],
+                  cells: Callable[[pd.Series], list[str]]) -> list[str]:
+    """A training-step command's section: its measured rows, one line each."""
+    frame = run.table(file)
     if frame is None:
         return []
-    rows = measured(frame)
-    return ["### Tensor parallel", ""] + _table(
+    return [f"### {title}", ""] + markdown_table(
+        header, [cells(r) for _, r in measured(frame).iterrows()]) + [""]
+
+
+def _tp_section(run: Run) -> list[str]:
+    return _step_section(
+        run, "tp.csv", "Tensor parallel",
         ["block", "dtype", "ranks", "step (ms)", "compute only (ms)", "comm %"],
-        [[str(r["block"]), str(r["dtype"]), str(r["world_size"]), number(r["step_us"] / 1e3),
-          number(r["compute_only_us"] / 1e3), _fmt(r["comm_pct"], ".1f")]
-         for _, r in rows.iterrows()]) + [""]
+        lambda r: [str(r["block"]), str(r["dtype"]), str(r["world_size"]),
+                   number(r["step_us"] / 1e3), number(r["compute_only_us"] / 1e3),
+                   _fmt(r["comm_pct"], ".1f")])
 
 
 def _pp_section(run: Run) -> list[str]:
-    frame = run.table("pp.csv")
-    if frame is None:
-        return []
-    rows = measured(frame)
-    return ["### Pipeline parallel", ""] + _table(
+    return _step_section(
+        run, "pp.csv", "Pipeline parallel",
         ["schedule", "micro-batches", "stages", "step (ms)", "bubble measured",
          "bubble analytic"],
-        [[str(r["schedule"]), str(r["micro_batches"]), str(r.get("stages")),
-          number(r["step_us"] / 1e3), _fmt(r["bubble_measured"], ".3f"),
-          _fmt(r["bubble_analytic"], ".3f")] for _, r in rows.iterrows()]) + [""]
+        lambda r: [str(r["schedule"]), str(r["micro_batches"]), str(r.get("stages")),
+                   number(r["step_us"] / 1e3), _fmt(r["bubble_measured"], ".3f"),
+                   _fmt(r["bubble_analytic"], ".3f")])
 
 
 def _dp_section(run: Run) -> list[str]:
-    frame = run.table("dp.csv")
-    if frame is None:
-        return []
-    lines = ["### Data parallel", ""] + _table(
+    lines = _step_section(
+        run, "dp.csv", "Data parallel",
         ["mode", "dtype", "ranks", "step (ms)", "compute only (ms)", "exposed comm (ms)",
          "comm alone (ms)", "overlap %", "state per rank", "ZeRO table"],
-        [[reader.dp_mode(r), str(r["dtype"]), str(r["world_size"]),
-          number(r["step_us"] / 1e3), number(r["compute_only_us"] / 1e3),
-          number(r["exposed_comm_us"] / 1e3), number(r["comm_alone_us"] / 1e3),
-          _fmt(r["overlap_pct"], ".1f"), _size(r["state_bytes_per_rank"]),
-          _size(r.get("state_bytes_formula"))] for _, r in measured(frame).iterrows()])
-    return lines + [""] + _skipped(frame)
+        lambda r: [reader.dp_mode(r), str(r["dtype"]), str(r["world_size"]),
+                   number(r["step_us"] / 1e3), number(r["compute_only_us"] / 1e3),
+                   number(r["exposed_comm_us"] / 1e3), number(r["comm_alone_us"] / 1e3),
+                   _fmt(r["overlap_pct"], ".1f"), _size(r["state_bytes_per_rank"]),
+                   _size(r.get("state_bytes_formula"))])
+    return (lines + _skipped(run.table("dp.csv"))) if lines else []
 
 
 def _skipped(frame: pd.DataFrame) -> list[str]:
@@ -219,7 +222,7 @@ def plausible(run: Run) -> Run:
     tables, dropped = {}, []
     for name, frame in run.tables.items():
         frame = frame.copy()
-        for column in reader.NUMERIC:
+        for column in NUMBERS:
             if column not in frame.columns:
                 continue
             values = frame[column]
@@ -283,12 +286,12 @@ def _accept_section(run: Run) -> list[str]:
     culprits = outcome.get("culprits") or []
     if culprits:
         lines += ["Named:", "", *[f"- {c}" for c in culprits], ""]
-    lines += _table(["check", "target", "pass", "metric", "measured", "fail line",
-                     "warn line", "ratio", "verdict"],
-                    [[str(r["check"]), str(r["target"]), "retest" if again[i] else "first",
-                      str(r["metric"]), *(_measured_cell(r, c) for c in FIGURES),
-                      number(r["ratio"], 3), str(r["verdict"])]
-                     for i, r in frame.iterrows()])
+    lines += markdown_table(["check", "target", "pass", "metric", "measured", "fail line",
+                             "warn line", "ratio", "verdict"],
+                            [[str(r["check"]), str(r["target"]), "retest" if again[i] else "first",
+                              str(r["metric"]), *(_measured_cell(r, c) for c in FIGURES),
+                              number(r["ratio"], 3), str(r["verdict"])]
+                             for i, r in frame.iterrows()])
     return lines + ["", "ratio: the measurement against what it was judged by (the profile's "
                     "floor, the healthy peers' value or the baseline's figure), above 1 "
                     "better, whatever the metric's direction.", ""]

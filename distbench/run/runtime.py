@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from distbench.core.errors import one_line
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED
 from distbench.core.options import OptionError
 from distbench.platform import env, topo
@@ -157,7 +158,7 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
         peers = Peers.connect(pg_timeout)
     except (dist.DistError, ValueError) as e:
         raise RunFailure(f"cannot reach the launcher's store at {where}: "
-                         f"{str(e).strip().splitlines()[0]}") from None
+                         f"{one_line(e)}") from None
     # Local work, not a wait on peers: no deadline of ours (the others' wait for this rank's
     # startup post bounds it, and nvidia-smi runs under a timeout of its own).
     step(math.inf, "startup (devices and topology)")

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import torch.distributed as dist
 
+from distbench.core.errors import one_line
 from distbench.core.exitcodes import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -56,10 +57,8 @@ def _on_stop_signal(signum, frame):
     raise Terminated(signum)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    line = text[0] if text else type(e).__name__
-    return line if len(line) <= 300 else line[:297] + "..."
+# What run.json's error quotes of an exception: one line, bounded.
+_ERROR_CHARS = 300
 
 
 class Session:
@@ -247,7 +246,8 @@ def _exit_if_stuck(seconds: float, code: int, doing: str, rank: int) -> Iterator
 def _watchdog(opts) -> Watchdog:
     """One watchdog for the process, from its startup on; the session takes it over. A timed
     loop that stops moving is ended after --timeout, however long the loop was to take. A
-    lost launcher is the lifeline's to see: its startup handler (cli.main), then the session's."""
+    lost launcher is the lifeline's to see: its startup handler (cli.app.main), then the
+    session's."""
     return Watchdog(_startup_timed_out, LOOP, opts.timeout)
 
 
@@ -303,7 +303,7 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     except RunFailure as e:
         status, code, error = e.status, e.exit_code, str(e)
     except Terminated as e:
-        cause = f" while handling: {_first_line(e.__context__)}" if e.__context__ else ""
+        cause = f" while handling: {one_line(e.__context__, _ERROR_CHARS)}" if e.__context__ else ""
         status, code = "terminated", for_signal(e.signum)
         error = f"stopped by {signal.Signals(e.signum).name} in {session.current}{cause}"
     except KeyboardInterrupt:
@@ -312,10 +312,10 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         status, code = "failed", EXIT_FAILED
         where = e.filename or session.run_dir
         what = f"cannot write {where}" if where else f"{session.current} failed"
-        error = f"{what}: {e.strerror or _first_line(e)} (in {session.current})"
+        error = f"{what}: {e.strerror or one_line(e, _ERROR_CHARS)} (in {session.current})"
     except Exception as e:
         status, code = "failed", EXIT_FAILED
-        error = f"{session.current} failed: {type(e).__name__}: {_first_line(e)}"
+        error = f"{session.current} failed: {type(e).__name__}: {one_line(e, _ERROR_CHARS)}"
     finally:
         # Writing run.json must not be cut short by the launcher's SIGTERM. Ignored, not
         # blocked: a mask would cover this thread only, and Python runs handlers here anyway.

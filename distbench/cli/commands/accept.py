@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distbench.core import contracts
 from distbench.core.options import OptionError, RunOptions, at_least, option, with_example
 from distbench.platform import env
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
 
 HELP = "Cluster acceptance: a hardware profile's checks, a verdict, and the bad node named."
 
@@ -138,7 +142,7 @@ def dry_run(opts: AcceptOptions) -> int:
     return EXIT_OK
 
 
-def run(s) -> int:
+def run(s: Session) -> int:
     """Per rank, under a launcher."""
     from distbench.accept import acceptance
 

@@ -4,6 +4,7 @@ bus bandwidth as nccl-tests reports it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from distbench.core import contracts, dtypes
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
@@ -19,6 +20,9 @@ from distbench.core.tables import plural
 from distbench.ops.collectives import OPS, CollectiveOp, Ctx, names
 from distbench.results.baseline import check_world as baseline_world
 from distbench.results.baseline import option_check
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
 
 REDOPS = ("sum", "prod", "max", "min", "avg")
 PLACEMENTS = ("out", "in", "both")
@@ -94,7 +98,7 @@ def plans(opts: CollectiveOptions) -> list[Plan]:
     return out
 
 
-def run(s) -> int:
+def run(s: Session) -> int:
     """Per rank, under a launcher."""
     from distbench.bench import engine, series
     from distbench.bench.measure import fail_if_wrong

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from distbench.core import contracts
 from distbench.core.options import (
@@ -22,6 +23,9 @@ from distbench.core.options import (
 )
 from distbench.platform import env
 from distbench.steps.plan import BLOCKS, FSDP, MODES
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
 
 HELP = ("Data-parallel step timing: DDP buckets, ZeRO-1, FSDP2 as ZeRO-2/3; exposed "
         "communication and memory per rank.")
@@ -122,7 +126,7 @@ class DPOptions(StepOptions):
 OUTPUT = contracts.DP
 
 
-def run(s) -> int:
+def run(s: Session) -> int:
     """Per rank, under a launcher."""
     from distbench.steps import dp
 

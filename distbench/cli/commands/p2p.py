@@ -5,6 +5,7 @@ judged against their own class of link."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from distbench.core import contracts
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
@@ -12,6 +13,9 @@ from distbench.core.options import SweepOptions, at_least_two, fraction, option,
 from distbench.core.tables import percent, plural
 from distbench.results.baseline import check_world as baseline_world
 from distbench.results.baseline import option_check
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
 
 PATTERNS = ("ring", "pingpong", "matrix")
 
@@ -48,7 +52,7 @@ OUTPUT = contracts.P2P
 MATRIX_OUTPUT = contracts.P2P_MATRIX
 
 
-def run(s) -> int:
+def run(s: Session) -> int:
     """Per rank, under a launcher."""
     from distbench.bench import engine, series
     from distbench.bench.measure import fail_if_wrong

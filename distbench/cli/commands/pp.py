@@ -5,6 +5,7 @@ against a single-rank reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from distbench.core import contracts
 from distbench.core.options import (
@@ -17,6 +18,9 @@ from distbench.core.options import (
     redefault,
 )
 from distbench.steps.plan import SCHEDULES
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
 
 HELP = "Pipeline-parallel step timing: schedules side by side, measured and analytic bubble."
 
@@ -44,7 +48,7 @@ class PPOptions(StepOptions):
 OUTPUT = contracts.PP
 
 
-def run(s) -> int:
+def run(s: Session) -> int:
     """Per rank, under a launcher."""
     from distbench.steps import pp
 

@@ -4,9 +4,13 @@ Standalone it snapshots this machine; under torchrun, one snapshot per node, gat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from distbench.core.exitcodes import EXIT_OK
 from distbench.core.options import RunOptions
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
 
 HELP = ("Topology snapshot (nvidia-smi topo -m, NVML inventory, CPU/NUMA): this machine, or "
         "one per node under torchrun.")
@@ -21,7 +25,7 @@ class TopoOptions(RunOptions):
     backend: str = field(default="gloo")
 
 
-def run(s) -> int:
+def run(s: Session) -> int:
     """Per rank, under a launcher: the session start has already gathered one snapshot per
     node."""
     from distbench.platform import topo

@@ -5,10 +5,14 @@ and a check against a single-rank reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from distbench.core import contracts
 from distbench.core.options import OptionError, StepOptions, at_least, option, pick
 from distbench.steps.plan import BLOCKS
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
 
 HELP = "Tensor-parallel step timing: Megatron-style MLP and attention blocks, forward+backward."
 
@@ -43,7 +47,7 @@ class TPOptions(StepOptions):
 OUTPUT = contracts.TP
 
 
-def run(s) -> int:
+def run(s: Session) -> int:
     """Per rank, under a launcher."""
     from distbench.steps import tp
 
