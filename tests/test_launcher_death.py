@@ -103,7 +103,9 @@ def test_no_worker_outlives_its_launcher(tmp_path, phase, signum, torchrun):
         launcher.send_signal(signum)
         killed_at = time.monotonic()
         launcher.wait(timeout=60)
-        while processes_naming(out) and time.monotonic() - killed_at < 30:
+        # a worker still exiting has already given up its command line: wait for it too
+        while (processes_naming(out) or any(_alive(w) for w in workers)) \
+                and time.monotonic() - killed_at < 30:
             time.sleep(0.2)
         took = time.monotonic() - killed_at
         left = processes_naming(out)
