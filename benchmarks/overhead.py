@@ -49,7 +49,7 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     from distbench.bench import series, timing
-    from distbench.bench.measure import measure_case
+    from distbench.bench.measure import Settings, measure_case
     from distbench.cli.commands.collective import OUTPUT, CollectiveOptions, plans
     from distbench.core.accounting import layout
     from distbench.core.options import build
@@ -117,7 +117,7 @@ def worker(args) -> None:
             arms = ["ours", "base", "control"]
             for which in arms[r % 3:] + arms[:r % 3]:
                 if which == "ours":
-                    st = measure_case(s, case, "bench", size)
+                    st = measure_case(Settings.of(s), case, "bench", size)
                     ours.append(point.columns(st)["time_us"])
                 else:
                     case.prepare()  # the same data distbench's own measurement starts from

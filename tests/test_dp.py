@@ -687,7 +687,7 @@ def test_one_rank_trainer_holds_the_table_and_matches_the_reference(group, mode,
     """At one rank nothing is sharded: the table's N = 1 column (what storage_bytes finds on
     the trainer's own tensors, less AdamW's float32 step count per weight), DDP's collectives
     as the formula counts them, and one step as the single-rank reference takes it."""
-    from distbench.steps.tp_model import RTOL
+    from distbench.steps.reference import RTOL
 
     tdtype = getattr(torch, dtype)
     shapes = f.param_shapes("mlp", SMALL.hidden_size, SMALL.ffn_size, SMALL.layers)
@@ -705,7 +705,7 @@ def test_one_rank_trainer_holds_the_table_and_matches_the_reference(group, mode,
     ref = strat.reference("mlp", SMALL, 3, 1, tdtype)
     pairs = strat.mode_vs_reference(mode, "mlp", SMALL, 3, 0, 1, CPU, tdtype, 25.0, ref)
     assert len(pairs) == 2 * len(shapes)
-    assert refmod.compare(pairs, RTOL[dtype]).worst_ratio <= 1
+    assert refmod.check_tensors(pairs, RTOL["dp"][dtype]).worst_ratio <= 1
 
 
 # ---- the dp.csv contract -----------------------------------------------------------------------

@@ -6,7 +6,6 @@ file and checked here."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,10 +13,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port
 
-from distbench.bench.measure import measure_case
+from distbench.bench.measure import Settings, measure_case
 from distbench.ops import p2p
 from distbench.ops.collectives import OPS, Ctx
-from distbench.run.faults import Faults
 
 pytestmark = pytest.mark.multiproc
 
@@ -25,11 +23,9 @@ CPU = torch.device("cpu")
 COUNT = 64  # elements per rank
 
 
-def _session():
-    return SimpleNamespace(
-        rt=SimpleNamespace(device=CPU), faults=Faults(), step=lambda what, seconds: None,
-        opts=SimpleNamespace(timeout=60, warmup=1, iters=3, min_time=0.0, check=True,
-                             cuda_graph=False, reps=3))
+def _settings():
+    return Settings(device=CPU, step=lambda what, seconds: None, timeout=60, warmup=1, iters=3,
+                    min_time=0.0, check=True, cuda_graph=False, reps=3)
 
 
 def _on(rank: int, world: int, port: int, out: str) -> None:
@@ -44,12 +40,12 @@ def _on(rank: int, world: int, port: int, out: str) -> None:
             ctx = Ctx(me, n, root=1, redop="sum", in_place=op.placements[0], group=group)
             inp = torch.empty(op.elements(op.in_mult, COUNT, n) or 1)
             outb = torch.empty(op.elements(op.out_mult, COUNT, n) or 1)
-            st = measure_case(_session(), op.build(ctx, inp, outb, COUNT), name, COUNT * 4,
+            st = measure_case(_settings(), op.build(ctx, inp, outb, COUNT), name, COUNT * 4,
                               group=group)
             seen[name] = {"wrong": st.wrong, "iters": st.iters, "slowest": st.slowest_rank}
         send, recv = torch.empty(COUNT), torch.empty(COUNT)
         link = p2p.one_link(me, 0, 1, True, send, recv, group)
-        st = measure_case(_session(), link, "link", COUNT * 4, group=group)
+        st = measure_case(_settings(), link, "link", COUNT * 4, group=group)
         seen["link"] = {"wrong": st.wrong, "iters": st.iters, "slowest": st.slowest_rank}
         with open(f"{out}/{rank}.json", "w") as f:
             json.dump(seen, f)

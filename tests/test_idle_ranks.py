@@ -49,12 +49,11 @@ class _HostBarrier:
         return True
 
 
-def _session(rank: int, peers, steps: list, **opts):
-    return SimpleNamespace(
-        rt=SimpleNamespace(rank=rank, device=CPU, peers=peers), faults=Faults(),
-        step=lambda what, seconds: steps.append((rank, what, seconds)),
-        opts=SimpleNamespace(**{"timeout": 0.1, "warmup": 1, "iters": 10, "min_time": 0.0,
-                                "check": False, "cuda_graph": False, "reps": 1, **opts}))
+def _settings(rank: int, peers, steps: list, **opts) -> measure.Settings:
+    return measure.Settings(
+        device=CPU, peers=peers, step=lambda what, seconds: steps.append((rank, what, seconds)),
+        **{"timeout": 0.1, "warmup": 1, "iters": 10, "min_time": 0.0, "check": False,
+           "cuda_graph": False, "reps": 1, **opts})
 
 
 def _traced(monkeypatch, log: list, lock) -> None:
@@ -88,7 +87,7 @@ def test_an_idle_rank_queues_no_collective_while_the_others_measure(monkeypatch)
         run_ranks_patched.wait()
         case = idle() if rank == 2 else active(rank)
         mine = SimpleNamespace(wait_on_host=peers.wait_on_host)  # a rank's own Peers
-        return measure.measure_case(_session(rank, mine, steps), case, "x", 8)
+        return measure.measure_case(_settings(rank, mine, steps), case, "x", 8)
 
     run_ranks_patched = threading.Barrier(3, action=lambda: _traced(monkeypatch, log, lock))
     stats = run_ranks(monkeypatch, 3, body)
@@ -124,8 +123,8 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=PG_TIMEOUT_S))
     try:
-        s = _session(rank, peers, [], timeout=PG_TIMEOUT_S, check=True)
-        s.faults = Faults(delay_s=DELAY_S if rank < 2 else 0.0)
+        s = _settings(rank, peers, [], timeout=PG_TIMEOUT_S, check=True,
+                      faults=Faults(delay_s=DELAY_S if rank < 2 else 0.0))
         buf = torch.empty(16)
         try:
             st = measure.measure_case(s, p2p.pingpong(rank, world, buf), "pingpong", 64, 0.5)

@@ -125,8 +125,9 @@ class _FakePipe:
         self.loss = full.loss
 
 
-def _compare(pipe, ref) -> reference.Comparison:
-    return reference.compare(pp_model.pp_vs_reference(pipe, ref), pp_model.RTOL[pipe.shape.dtype])
+def _compare(pipe, ref) -> reference.TensorCheck:
+    return reference.check_tensors(pp_model.pp_vs_reference(pipe, ref),
+                                   reference.RTOL["pp"][pipe.shape.dtype])
 
 
 def test_pairs_hold_the_rank_s_gradients_then_the_loss():
@@ -154,7 +155,7 @@ def test_compare_accepts_equal_gradients_and_catches_a_corrupted_one():
     (name, got, want), *rest = pp_model.pp_vs_reference(pipe, ref)
     got = got.clone()
     got.view(-1)[0] += 1
-    bad = reference.compare([(name, got, want), *rest], pp_model.RTOL[shape.dtype])
+    bad = reference.check_tensors([(name, got, want), *rest], reference.RTOL["pp"][shape.dtype])
     assert bad.wrong == 1 and bad.max_abs_err == pytest.approx(1.0, rel=1e-3)
 
 

@@ -234,11 +234,9 @@ def test_a_loop_is_launch_bound_when_any_rank_s_host_set_the_pace(monkeypatch):
 
 def test_a_torch_without_cuda_graphs_gives_a_skip_every_rank_agrees_on(monkeypatch):
     """--cuda-graph where capture is impossible: Skipped with torch's reason, not a crash."""
-    from types import SimpleNamespace
-
     from fake_group import run_ranks
 
-    from distbench.bench.measure import Skipped, timed_samples
+    from distbench.bench.measure import Settings, Skipped, timed_samples
 
     def capture(fn, iters, device):  # rank 1's torch cannot capture, rank 0's can
         if dist.get_rank() == 1:
@@ -248,11 +246,10 @@ def test_a_torch_without_cuda_graphs_gives_a_skip_every_rank_agrees_on(monkeypat
     monkeypatch.setattr(timing, "capture", capture)
 
     def attempt(rank: int):
-        s = SimpleNamespace(rt=SimpleNamespace(device=CPU),
-                            opts=SimpleNamespace(timeout=60, warmup=1, iters=3),
-                            step=lambda what, seconds: None)
+        m = Settings(device=CPU, timeout=60, warmup=1, iters=3, cuda_graph=True,
+                     step=lambda what, seconds: None)
         try:
-            timed_samples(s, lambda: None, "x", graph=True)
+            timed_samples(m, lambda: None, "x")
         except Skipped as e:
             return str(e)
         return "measured"
@@ -379,7 +376,7 @@ def test_queued_work_and_the_watchdog_follow_the_typical_warmup_op(monkeypatch):
     real pace were 20 times half the timeout, the stretch NCCL's watchdog allows."""
     from fake_group import run_ranks
 
-    from distbench.bench.measure import timed_samples
+    from distbench.bench.measure import Settings, timed_samples
 
     seen = {}
 
@@ -389,12 +386,10 @@ def test_queued_work_and_the_watchdog_follow_the_typical_warmup_op(monkeypatch):
 
     monkeypatch.setattr(timing, "measure", fake_measure)
     steps = []
-    s = SimpleNamespace(rt=SimpleNamespace(device=CPU),
-                        opts=SimpleNamespace(timeout=1.0, warmup=5, iters=None, reps=1),
-                        step=lambda what, seconds: steps.append((what, seconds)))
+    m = Settings(device=CPU, timeout=1.0, warmup=5, iters=None, reps=1, min_time=0.5,
+                 step=lambda what, seconds: steps.append((what, seconds)))
     delays = iter([0.001, 0.02, 0.02, 0.02, 0.02])
-    run_ranks(monkeypatch, 1, lambda r: timed_samples(s, lambda: time.sleep(next(delays)), "x",
-                                                      min_time=0.5))
+    run_ranks(monkeypatch, 1, lambda r: timed_samples(m, lambda: time.sleep(next(delays)), "x"))
     assert seen["iters"] >= 100  # --min-time / the fastest op: the count is not cut short
     assert seen["every"] is not None and seen["every"] * 0.02 <= timing.QUEUE_SHARE * 1.0
     budget = dict(steps)["x"]

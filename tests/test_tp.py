@@ -151,17 +151,17 @@ def test_step_resets_gradients_and_backpropagates_to_the_input():
 
 def test_compare_flags_errors_beyond_tolerance():
     ref = torch.linspace(-4, 4, 100, dtype=torch.float64)
-    ok = reference.compare([("out", ref + 1e-6, ref)], rtol=1e-5)
+    ok = reference.check_tensors([("out", ref + 1e-6, ref)], rtol=1e-5)
     assert ok.max_abs_err == pytest.approx(1e-6, rel=1e-2) and ok.worst_ratio < 1
     bad_ref = ref.clone()
     bad = ref.clone()
     bad[3] += 1  # what the corrupt-rank fault does
-    c = reference.compare([("out", ref, ref), ("grad", bad, bad_ref)], rtol=1e-5)
+    c = reference.check_tensors([("out", ref, ref), ("grad", bad, bad_ref)], rtol=1e-5)
     assert c.worst == "grad" and c.worst_ratio > 1 and c.max_abs_err == pytest.approx(1.0)
     nan = ref.clone()
     nan[0] = float("nan")
-    assert reference.compare([("out", nan, ref)], rtol=1e-5).worst_ratio == float("inf")
-    assert reference.compare([("out", ref[:10], ref)], rtol=1e-5).worst_ratio == float("inf")
+    assert reference.check_tensors([("out", nan, ref)], rtol=1e-5).worst_ratio == float("inf")
+    assert reference.check_tensors([("out", ref[:10], ref)], rtol=1e-5).worst_ratio == float("inf")
 
 
 # ---- DTensor on one rank -----------------------------------------------------------------------
@@ -179,7 +179,7 @@ def test_parallelized_stack_matches_reference_on_one_rank(group, kind):
     names = [name for name, _, _ in pairs]
     assert names[:2] == ["output", "input gradient"]
     assert len(names) == 2 + 2 * sh.layers  # every weight gradient is compared
-    assert reference.compare(pairs, strat.RTOL["float32"]).worst_ratio < 1
+    assert reference.check_tensors(pairs, reference.RTOL["tp"]["float32"]).worst_ratio < 1
 
 
 def _session(corrupt: bool):
@@ -190,11 +190,11 @@ def _session(corrupt: bool):
 @pytest.mark.parametrize("kind", strat.BLOCKS)
 def test_the_check_agrees_and_a_fault_hits_a_copy_of_the_output(group, kind):
     sh = strat.small_shape(1)
-    rtol = strat.RTOL["float32"]
+    rtol = reference.RTOL["tp"]["float32"]
     pairs = strat.tp_vs_reference(kind, sh, 5, CPU, torch.float32, group)
     clean = check_against_reference(_session(False), pairs, rtol)
     assert clean.worst_ratio < 1 and clean.wrong == 0
-    assert clean == reference.compare(pairs, rtol)  # one rank: the agreed verdict is its own
+    assert clean == reference.check_tensors(pairs, rtol)  # one rank: the agreed verdict is its own
     before = pairs[0][1].clone()
     c = check_against_reference(_session(True), pairs, rtol)
     assert c.worst == "output" and c.worst_ratio > 1 and c.wrong == 1

@@ -15,9 +15,9 @@ from helpers import distbench, free_port
 from test_docs_contracts import documented_columns
 
 from distbench.steps import tp_model as strat
-from distbench.steps.common import agree_comparison, time_on_rank0_alone
+from distbench.steps.common import agree_check, time_on_rank0_alone
 from distbench.steps.models import StackShape
-from distbench.steps.reference import Comparison
+from distbench.steps.reference import TensorCheck
 
 pytestmark = pytest.mark.multiproc
 
@@ -133,11 +133,11 @@ def _shared_helpers_on(rank: int, world: int, port: int, out: str) -> None:
         t1 = time_on_rank0_alone(s, "t1", build)
         t1_oom = time_on_rank0_alone(s, "t1 oom", too_big)
         # rank 1 holds the worst tensor, under a name rank 0 does not have
-        mine = Comparison(max_abs_err=0.1 * (rank + 1), worst_ratio=(0.5, 3.0)[rank],
-                          worst=f"tensor of rank {rank}", wrong=rank)
-        tie = Comparison(max_abs_err=1.0, worst_ratio=2.0, worst=f"r{rank}", wrong=1)
-        nan = Comparison(max_abs_err=0.0, worst_ratio=float("nan"), worst=f"r{rank}", wrong=0)
-        agreed = [vars(agree_comparison(c, torch.device("cpu"))) for c in (mine, tie, nan)]
+        mine = TensorCheck(max_abs_err=0.1 * (rank + 1), worst_ratio=(0.5, 3.0)[rank],
+                           worst=f"tensor of rank {rank}", wrong=rank)
+        tie = TensorCheck(max_abs_err=1.0, worst_ratio=2.0, worst=f"r{rank}", wrong=1)
+        nan = TensorCheck(max_abs_err=0.0, worst_ratio=float("nan"), worst=f"r{rank}", wrong=0)
+        agreed = [vars(agree_check(c, torch.device("cpu"))) for c in (mine, tie, nan)]
         with open(f"{out}/{rank}.json", "w") as f:
             json.dump({"t1": t1, "t1_oom": t1_oom, "named": named, "logs": logs,
                        "calls": calls, "agreed": agreed}, f)

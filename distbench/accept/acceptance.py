@@ -7,35 +7,33 @@ check starts; once every check is judged, the verdict (files.py)."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 
 from distbench.accept import check_plan, files, profile_choice, verdicts
 from distbench.accept.check_plan import Groups, Layout, Target, by_machine, target_of
 from distbench.accept.profiles import Check, Profile
-from distbench.bench.measure import Skipped, measure_case
-from distbench.bench.series import SENDRECV, allocate
+from distbench.bench import series
+from distbench.bench.measure import Settings, Skipped
 from distbench.core import noise
-from distbench.core.accounting import bandwidth, layout
-from distbench.core.dtypes import element_bytes
+from distbench.core.accounting import bandwidth
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
-from distbench.core.tables import format_row, format_table, plural
-from distbench.ops import p2p
+from distbench.core.tables import Output, format_row, format_table, plural
 from distbench.ops.collectives import OPS, Ctx
-from distbench.ops.dtypes import TORCH_DTYPES
-from distbench.run.memory import allocate_fitting, release
+from distbench.run.memory import release
 from distbench.run.runtime import RunFailure, node_names
 
+if TYPE_CHECKING:
+    from distbench.run.session import Session
 
-def run(s, output) -> int:
+
+def run(s: Session, output: Output) -> int:
     rt, opts = s.rt, s.opts
     profile, why = profile_choice.agree(rt, opts.profile)
     s.console.log(f"profile {profile.name}: {why}")
@@ -47,9 +45,8 @@ def run(s, output) -> int:
     s.console.log(f"{plural(len(profile.checks), 'check')} on {plural(len(names), 'node')}, "
                   f"{plural(rt.world, 'rank')}, "
                   f"backend {rt.backend}; results in {s.run_dir}/")
-    view = SimpleNamespace(rt=rt, faults=s.faults, step=s.step, opts=SimpleNamespace(
-        timeout=opts.timeout, warmup=profile.warmup, iters=profile.iters, min_time=0.0,
-        check=True, cuda_graph=False, reps=noise.REPS))
+    m = Settings.of(s, warmup=profile.warmup, iters=profile.iters, min_time=0.0, check=True,
+                    cuda_graph=False, reps=noise.REPS)
     chief = rt.rank == 0
     baseline = (files.read_baseline(Path(opts.baseline), profile)
                 if opts.baseline and chief else None)
@@ -70,7 +67,7 @@ def run(s, output) -> int:
         if chief:
             progress.begin(check.name)
         so_far = replace(profile, checks=profile.checks[:k + 1])
-        results += measure_check(s, view, step, groups, lay, met)
+        results += measure_check(s, m, step, groups, lay, met)
         # Retests: a suspect node against a node that passed, any other failure as it was; a
         # fault fails again, a burst of noise rarely does.
         retests: list = [None]
@@ -82,7 +79,7 @@ def run(s, output) -> int:
             for r in retest_rounds:
                 targets = [target_of(check.scope, nodes, lay) for nodes in r]
                 results += [replace(x, retest=True)
-                            for x in _round(s, view, check, targets, groups, lay, met)]
+                            for x in _round(s, m, check, targets, groups, lay, met)]
         if chief:
             if retests[0]:
                 judged = verdicts.judge(results, so_far, names, baseline)
@@ -114,8 +111,8 @@ def _shown(row: dict) -> dict:
     return {**row, "target": f"{row['target']} (retest)"} if row["retest"] else row
 
 
-def measure_check(s, view, step: check_plan.CheckPlan, groups: Groups, lay: Layout,
-                  met: Iterator[int]) -> list[verdicts.Result]:
+def measure_check(s: Session, m: Settings, step: check_plan.CheckPlan, groups: Groups,
+                  lay: Layout, met: Iterator[int]) -> list[verdicts.Result]:
     """One check of the plan, every round of it, on every rank; rank 0 gets the results."""
     if step.fresh:  # a new scope: the groups of the last one are not used again
         groups.release()
@@ -123,7 +120,7 @@ def measure_check(s, view, step: check_plan.CheckPlan, groups: Groups, lay: Layo
         return [verdicts.Result(step.check, "pairs", (), 0,
                                 note="one node: no pair of nodes to measure")]
     return [r for targets in step.rounds
-            for r in _round(s, view, step.check, targets, groups, lay, met)]
+            for r in _round(s, m, step.check, targets, groups, lay, met)]
 
 
 def _group_maker(rt, timeout_s: float):
@@ -144,8 +141,8 @@ def _group_maker(rt, timeout_s: float):
     return make
 
 
-def _round(s, view, check: Check, targets: list[Target], groups: Groups, lay: Layout,
-           met: Iterator[int]) -> list[verdicts.Result]:
+def _round(s: Session, m: Settings, check: Check, targets: list[Target], groups: Groups,
+           lay: Layout, met: Iterator[int]) -> list[verdicts.Result]:
     """One round: the ranks of each target measure it (in batches that share no machine), the
     others wait on the host; rank 0 gets every target's result. `met` numbers the host
     barriers, alike on every rank."""
@@ -156,7 +153,7 @@ def _round(s, view, check: Check, targets: list[Target], groups: Groups, lay: La
         mine = None
         for target in batch:
             if rt.rank in target.ranks:
-                mine = _measure(s, view, check, target, of[target])
+                mine = _measure(s, m, check, target, of[target])
         what = f"{check.name}: waiting for the round's other targets"
         s.step(what, 3 * s.opts.timeout)
         if rt.peers is not None:
@@ -170,7 +167,8 @@ def _round(s, view, check: Check, targets: list[Target], groups: Groups, lay: La
     return found
 
 
-def _measure(s, view, check: Check, target: Target, group) -> verdicts.Result | None:
+def _measure(s: Session, m: Settings, check: Check, target: Target, group
+             ) -> verdicts.Result | None:
     """The check on one target's ranks; the result on the target's first rank, None on the
     others."""
     rt = s.rt
@@ -183,30 +181,15 @@ def _measure(s, view, check: Check, target: Target, group) -> verdicts.Result | 
     if n < 2:
         return verdicts.Result(**base, note="one rank: nothing travels") if me == 0 else None
     what = f"{check.name} on {target.name}"
-    dtype, elt = TORCH_DTYPES[check.dtype], element_bytes(check.dtype)
     try:
         if check.command == "collective":
             op = OPS[check.op]
-            lay = layout(op.accounting, check.size, elt, n)
-            if lay is None:
-                raise Skipped(f"too small for {n} ranks")
             ctx = Ctx(me, n, root=0, redop="sum", in_place=op.placements[0], group=group)
-            alloc = functools.partial(allocate, op, ctx, dtype=dtype, device=rt.device)
-            bufs, fitted = allocate_fitting(alloc, [lay.per_rank_count], rt.device, group=group)
-            if bufs is None:
-                raise Skipped("does not fit in device memory")
-            case, acc, scale = op.build(ctx, bufs[0], bufs[1], lay.per_rank_count), \
-                op.accounting, 1.0
+            acc = op.accounting
+            lay, st = series.collective_once(m, op, check.dtype, check.size, ctx, what)
         else:
-            lay = layout(SENDRECV, check.size, elt, n)
-            if lay is None:
-                raise Skipped(f"too small for one {check.dtype} element")
-            send, recv = (torch.empty(lay.count, dtype=dtype, device=rt.device)
-                          for _ in range(2))
-            case = p2p.ring(me, n, send, recv, group) if check.op == "ring" else \
-                p2p.pingpong(me, n, send, group)
-            acc, scale = SENDRECV, 1.0 if check.op == "ring" else 0.5
-        st = measure_case(view, case, what, lay.size_bytes, scale, group=group)
+            acc = series.SENDRECV
+            lay, st = series.p2p_once(m, check.op, check.dtype, check.size, me, n, what, group)
     except Skipped as e:
         return verdicts.Result(**base, note=str(e)) if me == 0 else None
     if me != 0:
@@ -219,7 +202,7 @@ def _measure(s, view, check: Check, target: Target, group) -> verdicts.Result | 
                            p50_busbw_gbps=typical, spread=noise.spread(st.reps_us))
 
 
-def _conclude(s, profile: Profile, judged, progress) -> None:
+def _conclude(s: Session, profile: Profile, judged, progress) -> None:
     """Rank 0, every check judged: the nodes named and the notes on stderr, the verdict in
     accept.json, accept.md and run.json, and with --baseline the comparison."""
     for line in judged.findings():

@@ -4,8 +4,13 @@ and the noise."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def judge(s) -> None:
+if TYPE_CHECKING:
+    from distbench.run.session import Session
+
+
+def judge(s: Session) -> None:
     """Every rank, once every row is written."""
     from distbench.core.exitcodes import EXIT_BELOW
     from distbench.results import compare

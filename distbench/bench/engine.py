@@ -8,17 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from distbench.bench import timing
-from distbench.bench.measure import Skipped, measure_case, stats_columns
+from distbench.bench.measure import Settings, Skipped, measure_case, stats_columns
 from distbench.core.accounting import Accounting, Layout, bandwidth, layout
+from distbench.core.errors import one_line
 from distbench.core.tables import Output, format_row, format_table
 from distbench.ops.case import Case
 from distbench.run.memory import allocate_fitting, release
 from distbench.run.peers import agree
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
 
 NO_FIT = "does not fit in device memory"
 
@@ -54,7 +58,7 @@ class Series:
     after_size: Callable[[Layout], None] | None = None
 
 
-def bandwidth_point(s, what: str, case: Case, acc: Accounting, lay: Layout,
+def bandwidth_point(s: Session, what: str, case: Case, acc: Accounting, lay: Layout,
                     scale: float = 1.0) -> Point:
     """The usual point: the statistics plus algbw and busbw by the op's byte accounting."""
     def columns(st: timing.Stats) -> dict:
@@ -63,19 +67,21 @@ def bandwidth_point(s, what: str, case: Case, acc: Accounting, lay: Layout,
     return Point(what, case, columns, scale)
 
 
-def run(s, series: list[Series]) -> list[str]:
+def run(s: Session, series: list[Series]) -> list[str]:
     """Measure every series over opts.sizes; what was wrong, for measure.fail_if_wrong once the
     command has done the rest of its work (every row is written by then)."""
     sizes = s.opts.sizes
     s.console.start_progress(sum(len(sizes) * ser.steps_per_size for ser in series))
+    m = Settings.of(s)
     bad: list[str] = []
     for ser in series:
-        _run_series(s, ser, sizes, bad)
+        _run_series(s, m, ser, sizes, bad)
     s.console.stop_progress()
     return bad
 
 
-def _run_series(s, ser: Series, sizes: list[int], bad: list[str]) -> None:
+def _run_series(s: Session, m: Settings, ser: Series, sizes: list[int], bad: list[str]
+                ) -> None:
     console, n = s.console, s.rt.world
     sink = s.sink(ser.output)
     if ser.title is not None:
@@ -99,7 +105,7 @@ def _run_series(s, ser: Series, sizes: list[int], bad: list[str]) -> None:
         for point in ser.points(bufs, lay):
             console.working_on(point.what)
             try:
-                st = measure_case(s, point.case, point.what, size, point.scale)
+                st = measure_case(m, point.case, point.what, size, point.scale)
             except Skipped as e:  # agreed by every rank: this point cannot be measured here
                 _skipped(s, ser, sink, size, lay, str(e), point.steps)
                 continue
@@ -117,7 +123,7 @@ def _run_series(s, ser: Series, sizes: list[int], bad: list[str]) -> None:
     release(s.rt.device)
 
 
-def _skipped(s, ser: Series, sink, size: int, lay: Layout | None, reason: str,
+def _skipped(s: Session, ser: Series, sink, size: int, lay: Layout | None, reason: str,
              steps: int | None = None) -> None:
     if ser.on_skip is not None:
         ser.on_skip(size, lay, reason)
@@ -140,8 +146,7 @@ def _probe(build: Callable[[], Case], device) -> str:
         case.run()
         timing.sync(device)
     except (RuntimeError, ValueError) as e:
-        reason = f"{dist.get_backend()} cannot run this: " + (str(e).strip().splitlines()
-                                                               or [type(e).__name__])[0][:200]
+        reason = f"{dist.get_backend()} cannot run this: {one_line(e, 200, mark='')}"
     if agree(not reason, device):
         return ""
     return reason or "another rank could not run this combination"

@@ -1,23 +1,31 @@
 """What the sweep commands measure, as the engine's Series: buffers, cases and row cells for a
-collective plan, a p2p pattern and the pairwise link matrix."""
+collective plan, a p2p pattern and the pairwise link matrix; and one size of a collective or a
+p2p pattern measured on a group of its own, as acceptance measures each target."""
 
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 
-from distbench.bench.engine import Point, Series, bandwidth_point
-from distbench.bench.measure import stats_columns
-from distbench.core.accounting import Accounting, Layout, min_bytes, unit_factor
+from distbench.bench import timing
+from distbench.bench.engine import NO_FIT, Point, Series, bandwidth_point
+from distbench.bench.measure import Settings, Skipped, measure_case, stats_columns
+from distbench.core.accounting import Accounting, Layout, layout, min_bytes, unit_factor
 from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
 from distbench.core.tables import format_matrix
 from distbench.ops import p2p
 from distbench.ops.case import Case
+from distbench.ops.collectives import CollectiveOp, Ctx
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.results.links import Link
+from distbench.run.memory import allocate_fitting
 from distbench.run.runtime import rank_names
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
 
 # p2p ring (send to r+1, receive from r-1), nccl-tests' sendrecv
 SENDRECV = Accounting(split=False, factor=unit_factor)
@@ -43,7 +51,7 @@ def describe(op: str, size: int, dtype: str, redop: str, in_place: bool) -> str:
     return f"{op} {format_size(size)} {dtype}{extra} {'in-place' if in_place else 'out-of-place'}"
 
 
-def collective(s, plan, output) -> Series:
+def collective(s: Session, plan, output) -> Series:
     rt = s.rt
     n, op = rt.world, plan.op
     ctx = plan.ctx(rt.rank, n)
@@ -80,21 +88,31 @@ def _send_recv(dtype: str, device):
                       torch.empty(c, dtype=tdtype, device=device))
 
 
-def p2p_pattern(s, pattern: str, dtype: str, output) -> Series:
+def p2p_case(pattern: str, rank: int, n: int, send, recv, group=None) -> Case:
+    """The ring (send to r+1, receive from r-1) or the ping-pong of rank pairs; `rank` and `n`
+    in `group` (None: every rank)."""
+    return p2p.ring(rank, n, send, recv, group) if pattern == "ring" else \
+        p2p.pingpong(rank, n, send, group)
+
+
+def p2p_scale(pattern: str) -> float:
+    """A timed call of the pattern -> the time reported: a ping-pong's is one way."""
+    return 1.0 if pattern == "ring" else 0.5
+
+
+def p2p_pattern(s: Session, pattern: str, dtype: str, output) -> Series:
     rt = s.rt
     n = rt.world
     elt = element_bytes(dtype)
     alloc = _send_recv(dtype, rt.device)
 
     def case(send, recv) -> Case:
-        return p2p.ring(rt.rank, n, send, recv) if pattern == "ring" else \
-            p2p.pingpong(rt.rank, n, send)
+        return p2p_case(pattern, rt.rank, n, send, recv)
 
     def points(bufs, lay: Layout) -> list[Point]:
         send, recv = (b[:lay.count] for b in bufs)
         what = f"p2p {pattern} {format_size(lay.size_bytes)} {dtype}"
-        return [bandwidth_point(s, what, case(send, recv), SENDRECV, lay,
-                                1.0 if pattern == "ring" else 0.5)]
+        return [bandwidth_point(s, what, case(send, recv), SENDRECV, lay, p2p_scale(pattern))]
 
     return Series(
         name=f"p2p {pattern} {dtype}", output=output,
@@ -109,7 +127,7 @@ def p2p_pattern(s, pattern: str, dtype: str, output) -> Series:
         probe=lambda: case(*alloc(1)))
 
 
-def matrix(s, dtype: str, output, links: list[Link]) -> Series:
+def matrix(s: Session, dtype: str, output, links: list[Link]) -> Series:
     """Every ordered pair measured alone while the others wait, one-way then bidirectional;
     each measured link is added to `links` for judging."""
     rt, console = s.rt, s.console
@@ -178,3 +196,31 @@ def matrix(s, dtype: str, output, links: list[Link]) -> Series:
         row={"dtype": dtype, "world_size": n, "nnodes": rt.nnodes, "backend": rt.backend},
         too_small="too small", steps_per_size=2 * n * (n - 1), on_skip=on_skip,
         after_size=after_size, probe=probe)
+
+
+def collective_once(m: Settings, op: CollectiveOp, dtype: str, size: int, ctx: Ctx, what: str
+                    ) -> tuple[Layout, timing.Stats]:
+    """One size of a collective on ctx's group alone, on buffers of its own (a sweep slices one
+    allocation for every size). Skipped when the size gives a rank no element, or does not fit
+    on some rank of the group."""
+    lay = layout(op.accounting, size, element_bytes(dtype), ctx.n)
+    if lay is None:
+        raise Skipped(f"too small for {ctx.n} ranks")
+    alloc = functools.partial(allocate, op, ctx, dtype=TORCH_DTYPES[dtype], device=m.device)
+    bufs, _ = allocate_fitting(alloc, [lay.per_rank_count], m.device, group=ctx.group)
+    if bufs is None:
+        raise Skipped(NO_FIT)
+    case = op.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
+    return lay, measure_case(m, case, what, lay.size_bytes, group=ctx.group)
+
+
+def p2p_once(m: Settings, pattern: str, dtype: str, size: int, rank: int, n: int, what: str,
+             group=None) -> tuple[Layout, timing.Stats]:
+    """One size of a p2p pattern on `group`'s ranks alone (`rank` of `n` in it), on buffers of
+    its own. Skipped when the size holds no element."""
+    lay = layout(SENDRECV, size, element_bytes(dtype), n)
+    if lay is None:
+        raise Skipped(f"too small for one {dtype} element")
+    send, recv = _send_recv(dtype, m.device)(lay.count)
+    return lay, measure_case(m, p2p_case(pattern, rank, n, send, recv, group), what,
+                             lay.size_bytes, p2p_scale(pattern), group)

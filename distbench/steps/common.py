@@ -1,5 +1,6 @@
-"""What the training-step commands (tp, pp) share: t1, the whole problem timed on rank 0 alone
-for the scaling view, and the check against a single-rank reference, one verdict on every rank.
+"""What the training-step commands (tp, pp, dp) share: t1, the whole problem timed on rank 0
+alone for the scaling view; the check against a single-rank reference, one verdict on every
+rank; and writing each row as it is measured.
 """
 
 from __future__ import annotations
@@ -10,11 +11,14 @@ import torch
 import torch.distributed as dist
 
 from distbench.bench import timing
-from distbench.bench.measure import timed_samples
+from distbench.bench.measure import Settings, fail_if_wrong, timed_samples
+from distbench.core.exitcodes import EXIT_OK
+from distbench.core.tables import Output, format_table
+from distbench.results.writer import CsvSink, NullSink
 from distbench.run.memory import release
 from distbench.run.peers import agree
 from distbench.run.session import Session
-from distbench.steps.reference import Comparison, Pair, compare
+from distbench.steps.reference import TensorCheck, TensorPair, check_tensors
 
 # Longest tensor name the agreed verdict carries; longer ones are cut.
 NAME_BYTES = 256
@@ -64,7 +68,7 @@ def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], 
 
 def timed_step(s: Session, what: str, step: Callable[[], object]) -> timing.Stats:
     """warmup (fixed count), barrier, timed loop, cross-rank statistics: as every command."""
-    timed = timed_samples(s, step, what)
+    timed = timed_samples(Settings.of(s), step, what)
     s.step(f"{what} (statistics)", s.opts.timeout)
     return timing.summarize(timed.samples, 0, s.rt.device)
 
@@ -79,8 +83,8 @@ def agree_reason(reason: str, device: torch.device) -> str:
     return "" if src == world else broadcast_text(reason, src, device)
 
 
-def check_against_reference(s: Session, pairs: list[Pair], rtol: float) -> Comparison:
-    """`pairs` compared by reference.compare, then agreed across ranks. The session's fault
+def check_against_reference(s: Session, pairs: list[TensorPair], rtol: float) -> TensorCheck:
+    """`pairs` compared by reference.check_tensors, then agreed across ranks. The session's fault
     (tests only) lands on a copy of the first distributed tensor, since strategies hand out
     live tensors (a model's own gradients)."""
     if pairs:
@@ -88,10 +92,10 @@ def check_against_reference(s: Session, pairs: list[Pair], rtol: float) -> Compa
         got = got.detach().clone()
         s.faults.corrupt_tensor(got)
         pairs = [(name, got, ref), *pairs[1:]]
-    return agree_comparison(compare(pairs, rtol), s.rt.device)
+    return agree_check(check_tensors(pairs, rtol), s.rt.device)
 
 
-def agree_comparison(c: Comparison, device: torch.device) -> Comparison:
+def agree_check(c: TensorCheck, device: torch.device) -> TensorCheck:
     """The verdict of every rank together, the same on each: the largest error and ratio, the
     wrong tensors summed, and the worst tensor as named by the lowest rank holding it (ranks
     compare different tensors, so the name travels as bytes; "?" when no ratio is comparable,
@@ -107,7 +111,7 @@ def agree_comparison(c: Comparison, device: torch.device) -> Comparison:
     dist.all_reduce(holder, op=dist.ReduceOp.MIN)
     src = int(holder.item())
     name = "?" if src == world else broadcast_text(c.worst, src, device)
-    return Comparison(max_err, ratio, name, int(wrong.item()))
+    return TensorCheck(max_err, ratio, name, int(wrong.item()))
 
 
 def broadcast_text(text: str, src: int, device: torch.device) -> str:
@@ -118,3 +122,26 @@ def broadcast_text(text: str, src: int, device: torch.device) -> str:
         buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
     dist.broadcast(buf, src=src)
     return bytes(buf.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
+
+
+# One row of a training step: measure(bad) -> the CSV row and what run.json keeps of it; what
+# it found wrong goes into `bad`.
+RowMeasure = Callable[[list[str]], tuple[dict, dict]]
+
+
+def write_rows(s: Session, sink: CsvSink | NullSink, output: Output, details: dict, part: str,
+               rows: list[tuple[str, RowMeasure]]) -> int:
+    """Each row measured and written before the next starts (a run stopped halfway keeps what
+    it measured): the CSV, run.json's `details` so far under the command's name (the row's
+    own under details[part][label]), the console. Once every row is written, the run fails if
+    one was wrong."""
+    bad: list[str] = []
+    for label, measure in rows:
+        row, info = measure(bad)
+        details[part][label] = info
+        sink.append(row)
+        if s.record is not None:
+            s.record.update(**{s.command: details})
+        s.console.lines(format_table(output.console, [row]))
+    fail_if_wrong(bad)
+    return EXIT_OK

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from distbench.bench import timing
-from distbench.bench.measure import fail_if_wrong
-from distbench.core.exitcodes import EXIT_OK
+from distbench.bench.measure import timing_cells
+from distbench.core.errors import one_line
 from distbench.core.tables import Output, format_table, plural
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.run.memory import release
@@ -35,10 +35,11 @@ from distbench.steps.common import (
     check_against_reference,
     time_on_rank0_alone,
     timed_step,
+    write_rows,
 )
 from distbench.steps.comms import CommCounter, bus_bytes, replay, replayable
 from distbench.steps.models import StackShape
-from distbench.steps.tp_model import RTOL
+from distbench.steps.reference import RTOL
 
 SEED = 1234
 # A check on the configured shapes costs this many FLOPs at most (the reference runs the whole
@@ -89,7 +90,7 @@ def run(s: Session, output: Output) -> int:
     details: dict = {"seed": SEED, "params": psi, "shape": shape.to_json(), "block": opts.block,
                      "modes": {}, "check": {"enabled": opts.check, "shape": check_sh.to_json(),
                                             "configured_shapes": on_configured,
-                                            "rtol": RTOL[opts.dtype]}}
+                                            "rtol": RTOL["dp"][opts.dtype]}}
     batch = strat.local_batch(shape, SEED, rt.rank, rt.device, dtype)
     t1 = time_on_rank0_alone(s, "dp t1 (the whole model on rank 0 alone)", lambda: (
         strat.single_rank_step(opts.block, shape, SEED, rt.device, dtype, batch)))
@@ -104,17 +105,10 @@ def run(s: Session, output: Output) -> int:
         f"dp  {opts.dtype}  ranks {rt.world}  nodes {rt.nnodes}  backend {rt.backend}  "
         f"{opts.block}  {shape.describe()}  params {psi:,}")))
     sink = s.sink(output)
-    bad: list[str] = []
-    for mode, bucket in _rows(opts):
-        row, info = _measure(s, mode, bucket, shape, dtype, batch, t1, ref, check_sh,
-                             on_configured, bad)
-        details["modes"][_label(mode, bucket)] = info
-        sink.append(row)
-        if s.record is not None:
-            s.record.update(dp=details)
-        s.console.lines(format_table(output.console, [row]))
-    fail_if_wrong(bad)
-    return EXIT_OK
+    return write_rows(s, sink, output, details, "modes", [
+        (_label(mode, bucket), lambda bad, mode=mode, bucket=bucket: _measure(
+            s, mode, bucket, shape, dtype, batch, t1, ref, check_sh, on_configured, bad))
+        for mode, bucket in _rows(opts)])
 
 
 def _rows(opts) -> list[tuple[str, float | None]]:
@@ -137,7 +131,7 @@ def _attempt(s: Session, label: str, fn):
     try:
         return fn(), ""
     except (RuntimeError, NotImplementedError) as e:  # torch's refusals, out of memory too
-        reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+        reason = f"{type(e).__name__}: {one_line(e, 200, mark='')}"
         print(f"distbench: rank {s.rt.rank}: dp {label}: {reason}", file=sys.stderr, flush=True)
         return None, reason
 
@@ -261,7 +255,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     status = "ok"
     if opts.check:
         s.step(f"dp {label} (check)", opts.timeout)
-        rtol = RTOL[opts.dtype]
+        rtol = RTOL["dp"][opts.dtype]
         pairs = strat.mode_vs_reference(mode, opts.block, check_sh, SEED, rt.rank, n, device,
                                         dtype, check_bucket(bucket, shape, check_sh, opts.block),
                                         ref)
@@ -284,9 +278,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
         notes.append(NO_T1)
 
     row.update({
-        "iters": st.iters, "step_us": step_us, "rank_min_us": st.rank_min_us,
-        "rank_max_us": st.rank_max_us, "slowest_rank": st.slowest_rank, "p50_us": st.p50_us,
-        "p99_us": st.p99_us, "cv_pct": st.cv_pct, "compute_only_us": compute_us,
+        **timing_cells(st, "step_us"), "compute_only_us": compute_us,
         "comm_alone_us": alone_us, "exposed_comm_us": exposed, "overlap_pct": overlap,
         "bytes_per_step": formula_bytes, "bytes_counted": counted_bytes,
         "implied_busbw_gbps": busbw,

@@ -23,7 +23,7 @@ from torch import nn
 
 from distbench.steps.dp_formulas import HALF
 from distbench.steps.models import StackShape, build_stack
-from distbench.steps.reference import Pair
+from distbench.steps.reference import TensorPair
 
 # The check's AdamW: one step moves each parameter by up to LR. Its eps is a share of the
 # reference's largest gradient, so that a gradient near zero (whose sign rounding may flip
@@ -325,7 +325,7 @@ def reference(kind: str, shape: StackShape, seed: int, world: int, dtype) -> Ref
 
 def mode_vs_reference(mode: str, kind: str, shape: StackShape, seed: int, rank: int, world: int,
                       device: torch.device, dtype, bucket_mb: float | None, ref: Reference
-                      ) -> list[Pair]:
+                      ) -> list[TensorPair]:
     """CHECK_STEPS steps of `mode` on this rank's share of the reference's batch, from the same
     seed. (name, mode's, reference's) for every gradient of the last step and every parameter
     after it, sharded ones gathered whole, all on the CPU."""
@@ -338,7 +338,7 @@ def mode_vs_reference(mode: str, kind: str, shape: StackShape, seed: int, rank: 
                     local_batch(shape, seed, rank, device, dtype), ref.eps)
     for _ in range(CHECK_STEPS):
         trainer.step()
-    pairs: list[Pair] = []
+    pairs: list[TensorPair] = []
     for name, p in zip(trainer.names, trainer.params, strict=True):
         pairs.append((f"{name} gradient", whole(p.grad), ref.grads[name]))
     for name, p in zip(trainer.names, trainer.params, strict=True):

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from distbench.bench import timing
-from distbench.bench.measure import fail_if_wrong, timed_samples
+from distbench.bench.measure import Settings, fail_if_wrong, timed_samples, timing_cells
+from distbench.core.errors import one_line
 from distbench.core.exitcodes import EXIT_OK
 from distbench.core.tables import Output, format_table
 from distbench.run.peers import agree
@@ -21,6 +22,7 @@ from distbench.run.session import Session
 from distbench.steps import pp_model
 from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone
 from distbench.steps.models import PipelineShape
+from distbench.steps.reference import RTOL
 
 
 def _agree(reason: str, device) -> str:
@@ -92,7 +94,7 @@ def _base_row(s: Session, schedule: str, shape: PipelineShape) -> dict:
     return row
 
 
-def _build(s, schedule: str, shape: PipelineShape) -> tuple[pp_model.Pipeline | None, str]:
+def _build(s: Session, schedule: str, shape: PipelineShape) -> tuple[pp_model.Pipeline | None, str]:
     rt = s.rt
     v = shape.virtual_stages if schedule == "interleaved-1f1b" else 1
     stages = pp_model.num_stages(schedule, rt.world, v)
@@ -103,7 +105,7 @@ def _build(s, schedule: str, shape: PipelineShape) -> tuple[pp_model.Pipeline | 
         try:
             pipe = pp_model.build_pipeline(schedule, shape, rt.rank, rt.world, rt.device)
         except ValueError as e:  # the schedule's own requirements (micro-batch counts)
-            reason = f"{schedule} cannot run this: {str(e).strip().splitlines()[0]}"
+            reason = f"{schedule} cannot run this: {one_line(e)}"
     reason = _agree(reason, rt.device)
     return (None, reason) if reason else (pipe, "")
 
@@ -120,7 +122,7 @@ def _measure_schedule(s: Session, schedule: str, shape: PipelineShape,
         row.update(status="skipped", note=reason)
         return row
     # The first steps also exchange the stages' shapes (torch's metadata inference).
-    samples = timed_samples(s, pipe.step, what, before_loop=pipe.clock.reset).samples
+    samples = timed_samples(Settings.of(s), pipe.step, what, before_loop=pipe.clock.reset).samples
     compute = pipe.clock.total() / len(samples)  # this rank's compute seconds per step
 
     err, wrong = 0.0, 0
@@ -133,7 +135,7 @@ def _measure_schedule(s: Session, schedule: str, shape: PipelineShape,
         check.step()
         timing.sync(device)
         result = check_against_reference(s, pp_model.pp_vs_reference(check, ref),
-                                          pp_model.RTOL[cshape.dtype])
+                                          RTOL["pp"][cshape.dtype])
         err, wrong = result.max_abs_err, result.wrong
         del check
     s.step(f"{what} (statistics)", opts.timeout)
@@ -145,9 +147,7 @@ def _measure_schedule(s: Session, schedule: str, shape: PipelineShape,
     step_s = st.time_us / 1e6
     bubbles = [1 - c / step_s for c in per_rank.tolist()]
     row.update(
-        iters=st.iters, step_us=st.time_us, rank_min_us=st.rank_min_us,
-        rank_max_us=st.rank_max_us, slowest_rank=st.slowest_rank, p50_us=st.p50_us,
-        p99_us=st.p99_us, cv_pct=st.cv_pct, samples_per_s=shape.samples / step_s,
+        **timing_cells(st, "step_us"), samples_per_s=shape.samples / step_s,
         bubble_measured=sum(bubbles) / len(bubbles),
         bubble_measured_per_stage="/".join(f"{b:.3f}" for b in bubbles),
         max_abs_err=err if opts.check else None)

@@ -12,16 +12,22 @@ sharded over every rank with torch.distributed.tensor.parallel. One row per bloc
 
 from __future__ import annotations
 
-from distbench.bench.measure import fail_if_wrong
-from distbench.core.exitcodes import EXIT_OK
+from distbench.bench.measure import timing_cells
 from distbench.core.tables import Output, format_table, plural
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.run.memory import release
 from distbench.run.session import Session
 from distbench.steps import tp_model as strat
-from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone, timed_step
+from distbench.steps.common import (
+    NO_T1,
+    check_against_reference,
+    time_on_rank0_alone,
+    timed_step,
+    write_rows,
+)
 from distbench.steps.comms import CommCounter
 from distbench.steps.models import StackShape, build_stack, make_inputs, make_step
+from distbench.steps.reference import RTOL
 
 SEED = 1234
 
@@ -43,20 +49,14 @@ def run(s: Session, output: Output) -> int:
                       + ("" if on_configured else " (the configured shapes are too large)"))
     details: dict = {"seed": SEED, "shape": shape.to_json(), "blocks": {}, "check": {
         "enabled": opts.check, "shape": check_sh.to_json(), "configured_shapes": on_configured,
-        "rtol": strat.RTOL[opts.dtype]}}
+        "rtol": RTOL["tp"][opts.dtype]}}
     s.console.lines(format_table(output.console, [], title=(
         f"tp  {opts.dtype}  ranks {rt.world}  nodes {rt.nnodes}  backend {rt.backend}  "
         f"{shape.describe()}")))
-    bad: list[str] = []
-    for kind in opts.blocks:
-        row, info = _measure_block(s, kind, shape, mesh, dtype, check_sh, on_configured, bad)
-        details["blocks"][kind] = info
-        sink.append(row)
-        if s.record is not None:
-            s.record.update(tp=details)
-        s.console.lines(format_table(output.console, [row]))
-    fail_if_wrong(bad)
-    return EXIT_OK
+    return write_rows(s, sink, output, details, "blocks", [
+        (kind, lambda bad, kind=kind: _measure_block(s, kind, shape, mesh, dtype, check_sh,
+                                                      on_configured, bad))
+        for kind in opts.blocks])
 
 
 def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
@@ -112,7 +112,7 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
             "flops_per_rank_per_step": strat.flops_per_rank(kind, shape, n)}
     if opts.check:
         s.step(f"tp {kind} (check)", opts.timeout)
-        rtol = strat.RTOL[opts.dtype]
+        rtol = RTOL["tp"][opts.dtype]
         pairs = strat.tp_vs_reference(kind, check_sh, SEED, device, dtype, mesh)
         c = check_against_reference(s, pairs, rtol)
         max_err, ratio, worst = c.max_abs_err, c.worst_ratio, c.worst
@@ -128,9 +128,7 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
     row = {
         "block": kind, "dtype": opts.dtype, "world_size": n, "nnodes": rt.nnodes,
         **shape.to_json(),  # hidden_size, ffn_size, heads, seq_len, ...: the CSV's own names
-        "iters": st.iters, "step_us": st.time_us, "rank_min_us": st.rank_min_us,
-        "rank_max_us": st.rank_max_us, "slowest_rank": st.slowest_rank, "p50_us": st.p50_us,
-        "p99_us": st.p99_us, "cv_pct": st.cv_pct, "compute_only_us": compute.time_us,
+        **timing_cells(st, "step_us"), "compute_only_us": compute.time_us,
         "comm_pct": comm * 100,  # percent, like cv_pct
         "tflops_per_rank": strat.flops_per_rank(kind, shape, n) / step_s / 1e12,
         "tokens_per_s": shape.tokens / step_s, "allreduce_bytes_per_step": ar_bytes,

@@ -33,12 +33,7 @@ from distbench.steps.models import (
     make_step,
 )
 from distbench.steps.plan import BLOCKS
-from distbench.steps.reference import Pair
-
-# Relative tolerance of the correctness check: |tp - reference| <= rtol * max|reference|, per
-# compared tensor (output, input gradient, each weight gradient). The sharded path sums partial
-# products in another order than one big matmul, so the last bits of each dtype may differ.
-RTOL = {"float64": 1e-10, "float32": 1e-5, "float16": 1e-2, "bfloat16": 2e-2}
+from distbench.steps.reference import TensorPair
 
 # One reference forward+backward (and the TP one) on the configured shapes costs this much at
 # most; larger configurations are checked on small_shape() instead.
@@ -209,7 +204,8 @@ def build_local_shard(kind: str, shape: StackShape, world: int, device, dtype,
 # Correctness: TP against the single-rank reference from the same seed
 # ------------------------------------------------------------------------------------------
 
-def tp_vs_reference(kind: str, shape: StackShape, seed: int, device, dtype, mesh) -> list[Pair]:
+def tp_vs_reference(kind: str, shape: StackShape, seed: int, device, dtype, mesh
+                    ) -> list[TensorPair]:
     """One forward+backward of the sharded stack and of the unsharded reference, on the same
     input. The reference is built and run on the CPU (the check's small shape keeps that
     cheap), so no GPU ever holds the whole model twice; the sharded stack is a copy of it on
