@@ -195,3 +195,28 @@ def test_the_rules_catch_what_they_forbid(monkeypatch):
         test_light_boxes_stay_light("distbench.results.y")
     with pytest.raises(AssertionError, match="cycles"):
         test_no_import_cycle()
+
+
+# The variables a launcher hands a rank. platform/env.py reads them; launchers.py derives them
+# from Slurm's and Open MPI's own.
+LAUNCHER_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                      "TORCHELASTIC_USE_AGENT_STORE"}
+ENV_READERS = {"distbench.platform.env", "distbench.platform.launchers"}
+
+
+def names_launcher_variables(name: str) -> set[str]:
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    return {n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in LAUNCHER_VARIABLES}
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - ENV_READERS))
+def test_only_platform_env_reads_the_launchers_variables(name):
+    assert not names_launcher_variables(name), \
+        f"{name} names launcher variables: ask distbench.platform.env instead"
+
+
+def test_platform_env_is_where_they_are_read():
+    """The list above is what env.py reads, so the test before it looks for the right names."""
+    assert names_launcher_variables("distbench.platform.env") == LAUNCHER_VARIABLES

@@ -97,7 +97,7 @@ def _add(name: str, command: Command) -> None:
                 and not env.under_launcher():
             # first of all, before torch loads: a count past the machine is refused at once
             limits.check_workers(raw["workers"])
-        opts = build(command.options, raw, argv=env.user_argv())
+        opts = build(command.options, raw, argv=env.user_argv(), world=env.world_size())
         raise typer.Exit(dispatch(name, opts))
 
     params = [*_parameters(command.options), CONFIG]

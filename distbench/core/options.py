@@ -407,11 +407,12 @@ def cli_types(cls: type) -> dict[str, Any]:
     return {f.name: spec.cli_type or hints[f.name] for f, spec in option_fields(cls)}
 
 
-def build(cls: type, raw: dict[str, Any], argv: list[str]):
+def build(cls: type, raw: dict[str, Any], argv: list[str], world: int | None = None):
     """Validated options from raw values keyed by flag name (missing ones take the default).
     Checked in field order, the options every command shares first, so that of several bad
     options the same one is named whichever command is run; --out is created last of all, so
-    a run with any other bad option leaves nothing behind."""
+    a run with any other bad option leaves nothing behind. `world`: the ranks a launcher
+    started, where one did; --workers says it otherwise."""
     values = {}
     for f in fields(cls):
         spec = spec_of(f)
@@ -422,7 +423,7 @@ def build(cls: type, raw: dict[str, Any], argv: list[str]):
     out = values.pop("out")
     opts = cls(**values, out=out, argv=argv)
     opts.validate()
-    world = opts.workers or _env_int("WORLD_SIZE")
+    world = opts.workers or world
     if world is not None:
         opts.check_world(world)
     opts.out = check_writable_dir("--out", out, "--out results")
@@ -445,11 +446,6 @@ def to_argv(opts) -> list[str]:
             text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
             flags += [name, text]
     return flags
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "")
-    return int(value) if value.isdigit() else None
 
 
 def _toml_type_ok(value, kind) -> bool:

@@ -65,6 +65,12 @@ def local_world_size() -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def world_size() -> int | None:
+    """The ranks the launcher started; None where it says nothing usable."""
+    value = os.environ.get("WORLD_SIZE", "")
+    return int(value) if value.isdigit() else None
+
+
 def world_size_text() -> str:
     return os.environ.get("WORLD_SIZE", "?")
 
