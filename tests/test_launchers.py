@@ -15,7 +15,7 @@ import pytest
 from helpers import clean_env, distbench_lines, free_port
 
 from distbench.core.options import OptionError
-from distbench.platform.launchers import adopt, expand_nodelist, expand_tasks_per_node
+from distbench.platform.slurm_mpi import adopt, expand_nodelist, expand_tasks_per_node
 
 
 @pytest.mark.parametrize("text,hosts", [

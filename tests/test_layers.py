@@ -197,12 +197,12 @@ def test_the_rules_catch_what_they_forbid(monkeypatch):
         test_no_import_cycle()
 
 
-# The variables a launcher hands a rank. platform/env.py reads them; launchers.py derives them
+# The variables a launcher hands a rank. platform/env.py reads them; slurm_mpi.py derives them
 # from Slurm's and Open MPI's own.
 LAUNCHER_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
                       "TORCHELASTIC_USE_AGENT_STORE"}
-ENV_READERS = {"distbench.platform.env", "distbench.platform.launchers"}
+ENV_READERS = {"distbench.platform.env", "distbench.platform.slurm_mpi"}
 
 
 def names_launcher_variables(name: str) -> set[str]:

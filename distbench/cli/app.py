@@ -25,7 +25,7 @@ from distbench.core.options import (
     load_config,
     option_fields,
 )
-from distbench.platform import env, launchers, lifeline, limits
+from distbench.platform import env, lifeline, limits, slurm_mpi
 from distbench.run import faults
 
 app = typer.Typer(
@@ -173,7 +173,7 @@ def _launcher_lost(parent: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     try:
-        launchers.adopt()  # srun or mpirun without torchrun: their ranks as env:// ones
+        slurm_mpi.adopt()  # srun or mpirun without torchrun: their ranks as env:// ones
     except OptionError as e:
         print(f"distbench: error: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

@@ -1,5 +1,5 @@
 """The launcher's environment, read in one place: the env:// variables torchrun sets (or that
-launchers.adopt derives from Slurm's and Open MPI's), and those distbench's own local launcher
+slurm_mpi.adopt derives from Slurm's and Open MPI's), and those distbench's own local launcher
 hands its workers. Everything else asks here, so each variable's name and default is written
 once."""
 
