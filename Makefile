@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test lint bench clean
+.PHONY: venv run test test-fast lint bench clean
 
 venv: $(STAMP)
 
@@ -23,10 +23,23 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
+# Two pytest processes (pytest-xdist), each given whole test modules (loadfile: a module's
+# fixtures run once): many multi-process tests wait (timeouts, stalls, killed launchers) more
+# than they compute. However many run at once, the processes the tests start stay within 8
+# (tests/helpers.py), and tests marked `alone` run with nothing beside them. --durations=15:
+# CI's output says which tests cost the time. pytest exits 5 when it collected nothing: that
+# is a broken suite, not a pass.
+PYTEST_JOBS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile
+
 test: $(STAMP) lint
-	$(PY) -m pytest -q; rc=$$?; \
+	$(PYTEST) --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest ran no test" >&2; exit 1; fi; exit $$rc
+
+# The unit tests alone: no test that starts a process (those are marked multiproc).
+test-fast: $(STAMP)
+	$(PYTEST) -m "not multiproc"; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest ran no test" >&2; exit 1; fi; exit $$rc
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -1,6 +1,10 @@
+import multiprocessing.process
+import platform
 import signal
+import subprocess
 import time
 
+import helpers
 import pytest
 from helpers import LAUNCHER_VARS, free_port, processes_naming
 
@@ -11,6 +15,95 @@ import distbench.cli.app
 # survives exec: the Ctrl-C tests need SIGINT as a terminal delivers it. A handler does not
 # survive exec, so the processes the tests start get the default again.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_configure(config):
+    """Every process a test starts is counted against the suite's budget (helpers.processes):
+    subprocess and multiprocessing (torch's mp.spawn) ask first."""
+    popen_init = subprocess.Popen.__init__
+    process_start = multiprocessing.process.BaseProcess.start
+
+    def init(self, args, *rest, **kwargs):
+        helpers.check_may_start(repr(args)[:120])
+        popen_init(self, args, *rest, **kwargs)
+
+    def start(self):
+        helpers.check_may_start(f"multiprocessing {self.name}")
+        process_start(self)
+
+    subprocess.Popen.__init__ = init
+    multiprocessing.process.BaseProcess.start = start
+    # run.json records the CPU, which Python learns once per process from `uname -p`: learnt
+    # here, before any test, the in-process tests that write one start nothing
+    platform.processor()
+
+
+# How long each test module took in the last run (pytest's cache), to start the longest first
+MODULE_SECONDS = "distbench/module_seconds"
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """procs(n) implies multiproc. The longest modules first: pytest-xdist hands out whole
+    modules (--dist loadfile, so a module's fixtures run once), and the long ones started first
+    leave the short ones to fill the gaps at the end. How long: the last run's figure, else 5 s
+    a multi-process test."""
+    for item in items:
+        if item.get_closest_marker("procs") and not item.get_closest_marker("multiproc"):
+            item.add_marker(pytest.mark.multiproc)
+    cache = getattr(config, "cache", None)
+    last = cache.get(MODULE_SECONDS, {}) if cache is not None else {}
+    guess: dict[str, float] = {}
+    for item in items:
+        guess[_module(item.nodeid)] = guess.get(_module(item.nodeid), 0.0) + 5.0 * (
+            item.get_closest_marker("multiproc") is not None)
+    items.sort(key=lambda item: -last.get(_module(item.nodeid), guess[_module(item.nodeid)]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    procs = item.get_closest_marker("procs")
+    with helpers.running_test(item.nodeid, item.get_closest_marker("multiproc") is not None,
+                              procs.args[0] if procs else 0,
+                              item.get_closest_marker("alone") is not None):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if call.when == "teardown":
+        report.user_properties.append(("waited_s", helpers.waited()))
+
+
+WAITED: dict[str, float] = {}
+SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    SECONDS[_module(report.nodeid)] = SECONDS.get(_module(report.nodeid), 0.0) + report.duration
+    if report.when == "teardown":
+        WAITED[report.nodeid] = dict(report.user_properties).get("waited_s", 0.0)
+
+
+def pytest_sessionfinish(session):
+    cache = getattr(session.config, "cache", None)
+    if cache is not None and not hasattr(session.config, "workerinput"):  # xdist's controller
+        cache.set(MODULE_SECONDS, {**cache.get(MODULE_SECONDS, {}),
+                                   **{k: round(v, 1) for k, v in SECONDS.items()}})
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Beside --durations, which count a test's waits for process slots (and for an `alone`
+    test) as its own time: the tests that waited longest."""
+    waits = sorted(((s, n) for n, s in WAITED.items() if s >= 1), reverse=True)
+    if config.getoption("durations", None) is not None and waits:
+        terminalreporter.section("longest waits for process slots (part of the durations)")
+        for secs, nodeid in waits[:10]:
+            terminalreporter.write_line(f"{secs:.2f}s waited {nodeid}")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +135,12 @@ def captured(monkeypatch, tmp_path):
 
     monkeypatch.setattr(distbench.cli.app, "dispatch", fake_dispatch)
     return seen
+
+
+@pytest.fixture
+def in_process(tmp_path):
+    """helpers.cli in this test's tmp_path: `distbench *argv` run here, nothing started."""
+    return lambda *argv: helpers.cli(tmp_path, *argv)
 
 
 @pytest.fixture(autouse=True)

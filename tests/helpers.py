@@ -1,19 +1,154 @@
-"""Shared by the multi-process tests: run distbench the way users do and read what it wrote."""
+"""Shared by the multi-process tests: run distbench the way users do and read what it wrote;
+and the suite's process budget, which every test that starts a process draws on."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-# The most processes one test may start on the shared test machine (launchers included).
+# The most processes the tests may have started at once on the shared test machine (launchers,
+# workers, agents, a `python -c`), whichever tests run them and however many pytest processes
+# run the tests (pytest-xdist): each one is a slot of a pool kept in lock files (SLOTS_DIR).
 MAX_PROCESSES = 8
+# Machine-wide, not per pytest run: two suites run at once on this machine share the budget.
+SLOTS_DIR = Path(tempfile.gettempdir()) / f"distbench-test-slots-{os.getuid()}"
+SLOT_WAIT_S = 1800  # a test waits this long for slots at most (others' runs end far sooner)
+
+
+class _Budget:
+    """This pytest process's part of the pool: what the running test may do and holds."""
+
+    lock = threading.Lock()
+    test: str | None = None  # the running test's id; None outside a test (pytest's own work)
+    may_start = False  # the running test is marked multiproc
+    reserved = 0  # slots the running test took up front (its procs(n) mark)
+    held = 0  # slots held right now, its reservation included
+    waited = 0.0  # seconds the running test waited for slots or for an `alone` test to end
+
+
+def _open(name: str) -> int:
+    SLOTS_DIR.mkdir(exist_ok=True)
+    return os.open(SLOTS_DIR / name, os.O_RDWR | os.O_CREAT, 0o600)
+
+
+def _take(n: int) -> list[int]:
+    """n free slots, as locked descriptors (a lock dies with its process: a killed test frees
+    its slots). One taker at a time, in turn (the gate), so a test that needs all 8 is not
+    starved by a stream of small ones."""
+    assert 1 <= n <= MAX_PROCESSES, f"{n} processes at once: more than {MAX_PROCESSES}"
+    gate = _open("gate")
+    start = time.monotonic()
+    try:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        while True:
+            got = []
+            for i in range(MAX_PROCESSES):
+                fd = _open(f"slot{i}")
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                got.append(fd)
+                if len(got) == n:
+                    return got
+            for fd in got:
+                os.close(fd)
+            assert time.monotonic() - start < SLOT_WAIT_S, \
+                f"no {n} process slots free in {SLOT_WAIT_S} s"
+            time.sleep(0.05)
+    finally:
+        os.close(gate)
+        with _Budget.lock:
+            _Budget.waited += time.monotonic() - start
+
+
+@contextlib.contextmanager
+def processes(n: int) -> Iterator[None]:
+    """Hold n slots of the pool while the block starts and waits for up to n processes. A test
+    that reserved its slots up front (procs(n)) draws on them instead: never waiting for more
+    while holding some, no two tests can wait on each other."""
+    if _Budget.reserved:
+        assert n <= _Budget.reserved, (
+            f"{_Budget.test} starts {n} processes at once but reserved {_Budget.reserved}: "
+            f"mark it procs({n})")
+        yield
+        return
+    fds = _take(n)
+    with _Budget.lock:
+        _Budget.held += n
+    try:
+        yield
+    finally:
+        with _Budget.lock:
+            _Budget.held -= n
+        for fd in fds:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def running_test(nodeid: str, may_start: bool, procs: int, alone: bool) -> Iterator[None]:
+    """Around one test, setup to teardown (conftest): while a test marked `alone` runs, no other
+    test does, here or in another pytest process (its timing is the behaviour under test, and
+    would otherwise depend on what runs beside it); a test marked procs(n) holds n slots
+    throughout."""
+    room, turnstile = _open("room"), _open("turnstile")
+    _Budget.waited = 0.0
+    try:
+        # the turnstile keeps new tests out while an `alone` one waits for the room to empty
+        start = time.monotonic()
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        _Budget.waited = time.monotonic() - start
+        fds = _take(procs) if procs else []
+        _Budget.test, _Budget.may_start = nodeid, may_start
+        _Budget.reserved = _Budget.held = procs
+        try:
+            yield
+        finally:
+            _Budget.test, _Budget.may_start = None, False
+            _Budget.reserved = _Budget.held = 0
+            for fd in fds:
+                os.close(fd)
+    finally:
+        os.close(room)
+        os.close(turnstile)
+
+
+def check_may_start(what: str) -> None:
+    """Called before any process starts in a pytest process (conftest hooks subprocess and
+    multiprocessing): only a test marked multiproc starts one, and only within its slots."""
+    if _Budget.test is None:
+        return  # pytest's own (pytest-xdist starting its workers)
+    assert _Budget.may_start, (
+        f"{_Budget.test} starts a process ({what}) but is not marked multiproc: `make "
+        f"test-fast` would run it")
+    assert _Budget.held, (
+        f"{_Budget.test} starts a process ({what}) outside the suite's process budget: start "
+        f"it through helpers.distbench or torchrun_nodes, or mark the test procs(n)")
+
+
+def waited() -> float:
+    """How long the running test has waited for slots, and for an `alone` test to end."""
+    return _Budget.waited
+
+
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
                  "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 
@@ -37,6 +172,11 @@ class Run:
     stdout: str
     stderr: str
     out: Path
+    secs: float = 0.0  # from start to exit, the interpreter's start-up included
+
+    @property
+    def returncode(self) -> int:  # as subprocess says it, for assert_one_line_error
+        return self.code
 
     @property
     def run_dirs(self) -> list[Path]:
@@ -56,44 +196,123 @@ class Run:
         return json.loads((self.run_dir / "run.json").read_text())
 
 
-def distbench(out: Path, *args: str, timeout: float = 180, **env: str) -> Run:
-    """`distbench collective ...` outside torchrun: it starts its own local workers."""
-    if "--workers" in args:
-        workers = int(args[args.index("--workers") + 1])
-        assert workers + 1 <= MAX_PROCESSES, f"{workers} workers and a launcher: too many"
-    proc = subprocess.run(
-        [sys.executable, "-m", "distbench", *args, "--out", str(out)],
-        capture_output=True, text=True, timeout=timeout, env=clean_env(**env), cwd=out,
-    )
-    return Run(proc.returncode, proc.stdout, proc.stderr, out)
+# Commands that run in the one process, starting no worker (topo, outside a launcher).
+ALONE = ("report", "compare", "topo", "--help", "-h")
+
+
+def processes_of(args: tuple[str, ...] | list[str]) -> int:
+    """The most processes `distbench *args` starts at once, launcher included: its workers
+    (--workers, else 2 on CPU) and itself, or itself alone."""
+    if not args or args[0] in ALONE or "--help" in args or "--dry-run" in args:
+        return 1
+    workers = 2
+    for i, arg in enumerate(args):
+        given = args[i + 1] if arg == "--workers" and i + 1 < len(args) else \
+            arg.partition("=")[2] if arg.startswith("--workers=") else None
+        if given is not None:
+            workers = int(given) if given.isdigit() else 0  # not a count: refused at once
+    return workers + 1
+
+
+def distbench(out: Path | None, *args: str, timeout: float = 180, cwd: Path | None = None,
+              stdin: str | None = None, procs: int | None = None, **env: str) -> Run:
+    """`distbench *args` as a user runs it, outside torchrun (a command that needs workers
+    starts its own), with `--out out` unless out is None; in `cwd` (else out). `procs`: the
+    most processes it can start at once, when processes_of cannot tell from the arguments
+    (workers set in a --config file)."""
+    procs = procs or processes_of(args)
+    assert procs <= MAX_PROCESSES, f"distbench {' '.join(args)}: {procs} processes, too many"
+    where = cwd or out
+    assert where is not None, "a run needs a directory to start in"
+    with processes(procs):
+        start = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "distbench", *args, *(["--out", str(out)] if out else [])],
+            capture_output=True, text=True, timeout=timeout, env=clean_env(**env), cwd=where,
+            input=stdin)
+        secs = time.monotonic() - start
+    return Run(proc.returncode, proc.stdout, proc.stderr, out or where, secs)
+
+
+def cli(cwd: Path, *argv: str, dispatch: bool = False) -> Run:
+    """`distbench *argv` in this process, in `cwd`, outside any launcher, with dispatch (where
+    a run would start workers) replaced: its exit code and what it printed. Bad input (exit 2)
+    must never reach dispatch: the in-process form of "refused before any worker"; a real
+    process shows the interpreter's part (test_cli's smoke tests). dispatch=True keeps the
+    real one, for what runs here (--dry-run): a worker it started would fail the test."""
+    import io
+
+    import distbench.cli.app as app
+
+    dispatched: list = []
+    out, err = io.StringIO(), io.StringIO()
+    saved = (os.getcwd(), dict(os.environ), sys.argv, app.dispatch)
+    for var in [*LAUNCHER_VARS, *(k for k in os.environ if k.startswith("DISTBENCH_"))]:
+        os.environ.pop(var, None)
+    os.chdir(cwd)
+    sys.argv = ["distbench", *argv]  # what run.json would record as typed
+    if not dispatch:
+        app.dispatch = lambda command, opts: dispatched.append((command, opts)) or 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                app.main(list(argv))
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(saved[0])
+        os.environ.clear()
+        os.environ.update(saved[1])
+        sys.argv, app.dispatch = saved[2], saved[3]
+    if code == 2:
+        assert dispatched == [], f"bad input reached dispatch: {dispatched}"
+    return Run(code, out.getvalue(), err.getvalue(), cwd)
+
+
+def python_c(code: str, cwd: Path | None = None, timeout: float = 60,
+             **env: str) -> subprocess.CompletedProcess:
+    """`python -c code` in a fresh interpreter (what it imports, from nothing), within the
+    budget."""
+    with processes(1):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              cwd=cwd, env=clean_env(**env), timeout=timeout)
 
 
 def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[str]],
-                   timeout: float = 180, **env: str) -> list[subprocess.CompletedProcess]:
-    """`nnodes` torchrun agents on 127.0.0.1, as a multi-node job would start them."""
-    assert nnodes * (nproc + 1) <= MAX_PROCESSES, f"{nnodes} agents of {nproc}: too many"
+                   timeout: float = 180, script: tuple[str, ...] = ("-m", "distbench"),
+                   **env: str) -> list[subprocess.CompletedProcess]:
+    """`nnodes` torchrun agents on 127.0.0.1, as a multi-node job would start them, each
+    running `script` (distbench, or a test's own entry point) on its node's arguments."""
     port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
-             "--nproc-per-node", str(nproc), "--node-rank", str(i), "--master-addr", "127.0.0.1",
-             "--master-port", str(port), "-m", "distbench", *per_node_args[i], "--out", str(out)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(**env),
-            cwd=out,
-        )
-        for i in range(nnodes)
-    ]
-    done = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=timeout)
-        done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
-    return done
+    with processes(nnodes * (nproc + 1)):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+                 "--nproc-per-node", str(nproc), "--node-rank", str(i), "--master-addr",
+                 "127.0.0.1", "--master-port", str(port), *script, *per_node_args[i],
+                 "--out", str(out)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(**env),
+                cwd=out,
+            )
+            for i in range(nnodes)
+        ]
+        try:
+            said = [p.communicate(timeout=timeout) for p in procs]
+            return [subprocess.CompletedProcess(p.args, p.returncode, *out)
+                    for p, out in zip(procs, said, strict=True)]
+        finally:
+            for p in procs:  # past the timeout: none is left to run on outside the budget
+                if p.poll() is None:
+                    power_off(p.pid)
+                    p.communicate()
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess, secs: float, option: str,
-                          ours: bool) -> str:
+def assert_one_line_error(proc: subprocess.CompletedProcess | Run, secs: float | None,
+                          option: str, ours: bool) -> str:
     """Bad input: exit 2, one stderr line naming the option (ours also give an example), no
-    traceback, nothing on stdout, and refused before any worker could start."""
+    traceback, nothing on stdout, and refused before any worker could start (within `secs`, for
+    a real process; run in-process, the caller checks that nothing was dispatched)."""
     where = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert proc.returncode == 2, where
     assert "Traceback" not in proc.stderr + proc.stdout, where
@@ -106,7 +325,8 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, secs: float, option
         assert line.startswith(f"distbench: error: {option}:"), where
         assert "example:" in line, f"error line has no valid example\n{where}"
     assert proc.stdout == "", where
-    assert secs < 5, f"bad input took {secs:.2f} s to be refused; it must fail before workers"
+    assert secs is None or secs < 5, \
+        f"bad input took {secs:.2f} s to be refused; it must fail before workers"
     return line
 
 

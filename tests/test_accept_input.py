@@ -8,13 +8,10 @@ directory."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, clean_env
+from helpers import assert_one_line_error, cli
 
 from distbench.accept import profiles
 from distbench.accept.files import read_baseline
@@ -52,14 +49,11 @@ def _edit(text: str, old: str, new: str) -> str:
 
 
 def _accept(tmp_path: Path, *args: str, option: str = "--profile") -> str:
-    """`distbench accept ARGS --workers 2 --out tmp/out`, refused by `option`: its one error
-    line."""
+    """`distbench accept ARGS --workers 2 --out tmp/out`, refused by `option` (in this
+    process, where nothing can start): its one error line."""
     out = tmp_path / "out"
-    start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "distbench", "accept", *args, "--workers", "2", "--out", str(out)],
-        capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=120)
-    line = assert_one_line_error(proc, time.monotonic() - start, option, ours=True)
+    proc = cli(tmp_path, "accept", *args, "--workers", "2", "--out", str(out))
+    line = assert_one_line_error(proc, None, option, ours=True)
     assert not out.exists(), sorted(out.iterdir())
     return line
 
@@ -157,11 +151,10 @@ def test_a_dry_run_holds_the_sizes_to_the_cluster_it_plans(tmp_path):
                    "--gpus-per-node", "4")
     assert ("16-byte aligned block per rank, so it needs at least 64 B" in line
             and "on 4 ranks (a node check on --nodes 2 --gpus-per-node 4)" in line), line
-    fits = subprocess.run(
-        [sys.executable, "-m", "distbench", "accept", "--profile", mine, "--dry-run", "--nodes",
-         "4", "--gpus-per-node", "2"], capture_output=True, text=True, env=clean_env(),
-        cwd=tmp_path, timeout=120)
+    fits = cli(tmp_path, "accept", "--profile", mine, "--dry-run", "--nodes", "4",
+               "--gpus-per-node", "2", dispatch=True)
     assert fits.returncode == 0, fits.stderr
+    assert fits.stdout.splitlines()[-1].startswith("plan: "), fits.stdout
 
 
 def test_sizes_against_the_ranks_each_scope_runs_on(tmp_path):

@@ -7,8 +7,6 @@ to 128 nodes, with acceptance's own round code and the group calls counted."""
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -19,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from fake_group import on_threads
-from helpers import clean_env
+from helpers import cli
 
 from distbench.accept import acceptance, check_plan
 from distbench.accept.check_plan import Groups, Layout
@@ -210,11 +208,10 @@ def test_nccl_splits_the_world_once_per_round_with_the_timeout(monkeypatch):
 
 
 def test_a_dry_run_of_128_nodes_prints_the_plan_in_seconds_and_writes_nothing(tmp_path):
+    """In this process (a worker it started would fail the test), the real dispatch."""
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "distbench", "accept", "--dry-run", "--nodes", "128",
-         "--gpus-per-node", "8", "--profile", "h100-sxm-8", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=tmp_path, env=clean_env(), timeout=60)
+    done = cli(tmp_path, "accept", "--dry-run", "--nodes", "128", "--gpus-per-node", "8",
+               "--profile", "h100-sxm-8", "--out", str(tmp_path / "out"), dispatch=True)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 30
     last = done.stdout.splitlines()[-1]
@@ -230,9 +227,7 @@ def test_a_dry_run_of_128_nodes_prints_the_plan_in_seconds_and_writes_nothing(tm
     (["--dry-run", "--nodes", "0", "--gpus-per-node", "8"], "--nodes: must be at least 1"),
 ])
 def test_a_dry_run_refuses_a_cluster_it_cannot_plan(tmp_path, argv, message):
-    done = subprocess.run([sys.executable, "-m", "distbench", "accept", *argv],
-                          capture_output=True, text=True, cwd=tmp_path, env=clean_env(),
-                          timeout=60)
+    done = cli(tmp_path, "accept", *argv)
     assert done.returncode == 2
     assert done.stderr.startswith(f"distbench: error: {message}"), done.stderr
     assert len(done.stderr.splitlines()) == 1 and list(Path(tmp_path).iterdir()) == []

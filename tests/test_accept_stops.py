@@ -163,7 +163,7 @@ def _self_launched(out: Path, *args: str, **env: str) -> subprocess.Popen:
         env=clean_env(**env), start_new_session=True)
 
 
-@pytest.mark.multiproc
+@pytest.mark.procs(3)
 def test_ctrl_c_keeps_the_checks_done_and_says_how_far_it_got(tmp_path):
     """Rank 1 stalls at 64 KiB, so the run sits, deterministically, in the third check with two
     done; Ctrl-C (SIGINT to the whole process group, as a terminal sends it) ends it."""
@@ -179,7 +179,7 @@ def test_ctrl_c_keeps_the_checks_done_and_says_how_far_it_got(tmp_path):
     _no_process_left(out)
 
 
-@pytest.mark.multiproc
+@pytest.mark.procs(3)
 def test_a_timeout_ends_accept_json_as_run_json(tmp_path):
     """The watchdog's thread ends a stalled run, not the main one (blocked in a collective):
     accept.json says timeout all the same."""
@@ -193,7 +193,7 @@ def test_a_timeout_ends_accept_json_as_run_json(tmp_path):
     _no_process_left(out)
 
 
-@pytest.mark.multiproc
+@pytest.mark.procs(3)
 def test_a_dead_worker_keeps_the_checks_done(tmp_path):
     """Rank 1 is SIGKILLed in the third check."""
     out = tmp_path / "out"
@@ -208,7 +208,7 @@ def test_a_dead_worker_keeps_the_checks_done(tmp_path):
     _no_process_left(out)
 
 
-@pytest.mark.multiproc
+@pytest.mark.procs(6)  # two agents of two workers
 def test_a_killed_node_keeps_the_checks_done(tmp_path):
     """Two torchrun agents of two workers (two nodes, so node and pair checks measure); rank 3
     stalls in the pair ring check, the sixth, and its node loses power there: its agent and both

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import python_c
 
 from distbench.results import alphabeta as ab
 
@@ -195,6 +194,8 @@ def test_parse_predict_rejects(text, match):
         ab.parse_predict(text)
 
 
+@pytest.mark.multiproc  # a fresh interpreter: what the module imports, from nothing
 def test_module_stays_torch_free():
     code = "import distbench.results.alphabeta, sys; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    proc = python_c(code)
+    assert proc.returncode == 0, proc.stderr

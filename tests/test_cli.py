@@ -1,36 +1,23 @@
 """The command line: bad input fails fast in one line, --help stays fast and torch-free, no option
-falls into torchrun's prefix trap, and config files / flags resolve to the options a run gets."""
+falls into torchrun's prefix trap, and config files / flags resolve to the options a run gets.
+Bad input is refused in this process (dispatch replaced: nothing could start); a few cases run
+as the real command, to show the process itself prints the one line and exits 2 at once."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
+import helpers
 import pytest
 import typer.main
-from helpers import assert_one_line_error, clean_env
+from helpers import assert_one_line_error, python_c
 from typer.testing import CliRunner
 
 import distbench.cli.app
 import distbench.run.launch
 from distbench.cli.commands.collective import CollectiveOptions
 from distbench.ops.collectives import OPS
-
-
-def _run(args: list[str], cwd: Path, timeout: float = 60) -> tuple[subprocess.CompletedProcess,
-                                                                   float]:
-    t0 = time.perf_counter()
-    proc = subprocess.run(args, cwd=cwd, env=clean_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    return proc, time.perf_counter() - t0
-
-
-def _distbench(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
-    return _run([sys.executable, "-m", "distbench", *args], cwd)
-
 
 # --------------------------------------------------------------------------------------------
 # 1. Bad input: exit 2, exactly one line on stderr naming the option, no traceback, no run dir.
@@ -85,25 +72,41 @@ def _assert_no_run_dir(tmp_path: Path, out: Path) -> None:
 
 @pytest.mark.parametrize("args,option,ours", [c[1:] for c in BAD_FLAGS],
                          ids=[c[0] for c in BAD_FLAGS])
-def test_bad_flag_is_one_line_exit_2(tmp_path, args, option, ours):
+def test_bad_flag_is_one_line_exit_2(in_process, tmp_path, args, option, ours):
     out = tmp_path / "results"
-    proc, secs = _distbench("collective", *args, "--out", str(out), cwd=tmp_path)
-    assert_one_line_error(proc, secs, option, ours)
+    assert_one_line_error(in_process("collective", *args, "--out", str(out)), None, option, ours)
     _assert_no_run_dir(tmp_path, out)
 
 
-def test_out_under_a_regular_file(tmp_path):
+# The real command, a process of its own: one line on its stderr, exit 2, within seconds (no
+# worker started), for our own check, click's, a config file's, and another command's.
+SMOKE = [(["collective", "--sizes", "1Q"], "--sizes", True),
+         (["collective", "--bogus"], "--bogus", False),
+         (["collective", "--config", "missing.toml"], "--config", True),
+         (["p2p", "--pattern", "star"], "--pattern", True)]
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("args,option,ours", SMOKE, ids=["sizes", "click", "config", "p2p"])
+def test_the_process_itself_refuses_bad_input_in_one_line(tmp_path, args, option, ours):
+    out = tmp_path / "results"
+    res = helpers.distbench(out, *args, cwd=tmp_path)
+    assert_one_line_error(res, res.secs, option, ours)
+    _assert_no_run_dir(tmp_path, out)
+
+
+def test_out_under_a_regular_file(in_process, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory\n")
     out = blocker / "results"
-    proc, secs = _distbench("collective", "--sizes", "8", "--out", str(out), cwd=tmp_path)
-    line = assert_one_line_error(proc, secs, "--out", ours=True)
+    res = in_process("collective", "--sizes", "8", "--out", str(out))
+    line = assert_one_line_error(res, None, "--out", ours=True)
     assert str(out) in line
     _assert_no_run_dir(tmp_path, out)
     assert blocker.read_text() == "not a directory\n"
 
 
-def test_out_in_read_only_directory(tmp_path):
+def test_out_in_read_only_directory(in_process, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
@@ -116,8 +119,8 @@ def test_out_in_read_only_directory(tmp_path):
             pytest.skip("chmod 0o500 does not stop writes here (running as root); "
                         "test_out_under_a_regular_file covers an --out that cannot be written")
         out = ro / "results"
-        proc, secs = _distbench("collective", "--sizes", "8", "--out", str(out), cwd=tmp_path)
-        assert_one_line_error(proc, secs, "--out", ours=True)
+        res = in_process("collective", "--sizes", "8", "--out", str(out))
+        assert_one_line_error(res, None, "--out", ours=True)
         _assert_no_run_dir(tmp_path, out)
     finally:
         ro.chmod(0o700)
@@ -145,27 +148,26 @@ CONFIG_CASES = [
 
 @pytest.mark.parametrize("text,needle", [c[1:] for c in CONFIG_CASES],
                          ids=[c[0] for c in CONFIG_CASES])
-def test_bad_config_is_one_line_exit_2(tmp_path, text, needle):
+def test_bad_config_is_one_line_exit_2(in_process, tmp_path, text, needle):
     cfg = tmp_path / "bench.toml"
     if text is not None:
         cfg.write_text(text)
     out = tmp_path / "results"
-    proc, secs = _distbench("collective", "--config", str(cfg), "--out", str(out), cwd=tmp_path)
+    res = in_process("collective", "--config", str(cfg), "--out", str(out))
     # an unknown key is the config file's fault: the line names --config, then the key
     option = needle if needle.startswith("--") else "--config"
-    line = assert_one_line_error(proc, secs, option, ours=True)
+    line = assert_one_line_error(res, None, option, ours=True)
     assert needle in line
     if text is None:
         assert str(cfg) in line
     _assert_no_run_dir(tmp_path, out)
 
 
-def test_bad_config_value_fails_like_the_flag(tmp_path):
+def test_bad_config_value_fails_like_the_flag(in_process, tmp_path):
     cfg = _write(tmp_path / "bench.toml", 'sizes = "1Q"\n')
     out = tmp_path / "results"
-    from_file, _ = _distbench("collective", "--config", str(cfg), "--out", str(out),
-                              cwd=tmp_path)
-    from_flag, _ = _distbench("collective", "--sizes", "1Q", "--out", str(out), cwd=tmp_path)
+    from_file = in_process("collective", "--config", str(cfg), "--out", str(out))
+    from_flag = in_process("collective", "--sizes", "1Q", "--out", str(out))
     assert from_flag.returncode == from_file.returncode == 2
     assert from_file.stderr == from_flag.stderr
     assert from_file.stderr.startswith("distbench: error: --sizes:")
@@ -175,42 +177,50 @@ def test_bad_config_value_fails_like_the_flag(tmp_path):
 # 2. Bad input and --help never import torch.
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("argv", [["collective", "--sizes", "1Q"], ["--help"],
-                                  ["collective", "--help"], ["p2p", "--pattern", "star"],
-                                  ["tp", "--heads", "7"], ["pp", "--schedule", "zb"]],
-                         ids=["bad-sizes", "help", "collective-help", "p2p-bad", "tp-bad",
-                              "pp-bad"])
-def test_no_torch_import(tmp_path, argv):
+NO_TORCH = {"bad-sizes": ["collective", "--sizes", "1Q"], "help": ["--help"],
+            "collective-help": ["collective", "--help"], "p2p-bad": ["p2p", "--pattern", "star"],
+            "tp-bad": ["tp", "--heads", "7"], "pp-bad": ["pp", "--schedule", "zb"]}
+
+
+@pytest.mark.multiproc
+def test_no_torch_import(tmp_path):
+    """Each in turn in one fresh interpreter: whichever first imported torch is the one named
+    (the check after it fails), as it would be in an interpreter of its own."""
     code = textwrap.dedent(f"""
         import sys
         import distbench.cli.app
-        try:
-            distbench.cli.app.main({argv!r})
-        except SystemExit as e:
-            print("exit", e.code)
-        print("torch-imported", "torch" in sys.modules)
+        for name, argv in {NO_TORCH!r}.items():
+            try:
+                distbench.cli.app.main(argv)
+            except SystemExit as e:
+                print(name, "exit", e.code)
+            print(name, "torch-imported", "torch" in sys.modules)
     """)
-    proc, _ = _run([sys.executable, "-c", code], tmp_path)
+    proc = python_c(code, tmp_path)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stderr
-    expected_exit = "exit 0" if "--help" in argv else "exit 2"
-    assert expected_exit in lines, proc.stdout + proc.stderr
-    assert lines[-1] == "torch-imported False", proc.stdout
+    for name, argv in NO_TORCH.items():
+        expected_exit = "exit 0" if "--help" in argv else "exit 2"
+        assert f"{name} {expected_exit}" in lines, proc.stdout + proc.stderr
+        assert f"{name} torch-imported False" in lines, proc.stdout
 
 
 # --------------------------------------------------------------------------------------------
 # 3. --help is fast.
 # --------------------------------------------------------------------------------------------
 
+@pytest.mark.multiproc
+@pytest.mark.alone  # the bound is the behaviour: not another test's load on the 2 cores
 @pytest.mark.parametrize("args,needle", [(["--help"], "collective"),
                                          (["collective", "--help"], "--sizes")],
                          ids=["help", "collective-help"])
 def test_help_is_fast(tmp_path, args, needle):
-    proc, secs = _distbench(*args, cwd=tmp_path)
+    res = helpers.distbench(None, *args, cwd=tmp_path)
+    secs = res.secs
     print(f"distbench {' '.join(args)}: {secs:.3f} s")
-    assert proc.returncode == 0, proc.stderr
-    assert needle in proc.stdout
-    assert proc.stderr == ""
+    assert res.code == 0, res.stderr
+    assert needle in res.stdout
+    assert res.stderr == ""
     assert secs < 1.5, f"distbench {' '.join(args)} took {secs:.2f} s"
 
 
@@ -341,9 +351,9 @@ def test_config_top_level_and_table_merge_the_table_winning(captured, tmp_path):
     assert opts.sizes == [4096] and opts.iters == 3 and opts.patterns == ["ring"]
 
 
-def test_empty_out_is_refused(tmp_path):
-    proc, secs = _distbench("collective", "--out", "", cwd=tmp_path)
-    line = assert_one_line_error(proc, secs, "--out", ours=True)
+def test_empty_out_is_refused(in_process, tmp_path):
+    res = in_process("collective", "--out", "")
+    line = assert_one_line_error(res, None, "--out", ours=True)
     assert "empty" in line
     assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
 
@@ -404,13 +414,14 @@ def test_root_must_exist_in_the_world(captured, capsys, monkeypatch):
     assert _resolve(captured, "collective", "--root", "2").root == 2
 
 
+@pytest.mark.multiproc  # the world is counted where workers would start: the real command
 def test_root_outside_the_default_world_is_refused_before_workers(tmp_path):
     """Without --workers the world size is known only once the launcher counts devices (2 gloo
     workers here): the root is checked then, before any worker or run directory exists."""
     out = tmp_path / "results"
-    proc, _ = _distbench("collective", "--op", "broadcast", "--root", "5", "--sizes", "4K",
-                         "--out", str(out), cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
+    proc = helpers.distbench(out, "collective", "--op", "broadcast", "--root", "5", "--sizes",
+                             "4K", cwd=tmp_path)
+    assert proc.code == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "distbench: error: --root: rank 5 does not exist in a world of 2 (example: --root 0)"]
     assert not out.exists()  # not even --out: nothing is created before validation passes
@@ -419,10 +430,11 @@ def test_root_outside_the_default_world_is_refused_before_workers(tmp_path):
 @pytest.mark.parametrize("args,option", [(["tp", "--heads", "3", "--hidden-size", "96"], "--heads"),
                                          (["pp", "--layers", "1"], "--layers")],
                          ids=["tp-heads", "pp-layers"])
+@pytest.mark.multiproc  # refused for the world the launcher counts
 def test_a_shape_refused_for_the_default_world_leaves_nothing(tmp_path, args, option):
     out = tmp_path / "results"
-    proc, _ = _distbench(*args, "--out", str(out), cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
+    proc = helpers.distbench(out, *args, cwd=tmp_path)
+    assert proc.code == 2, proc.stderr
     assert proc.stderr.startswith(f"distbench: error: {option}:")
     assert not out.exists()
 
@@ -450,11 +462,11 @@ def test_dtype_names_are_torch_dtypes():
     assert {d for d in DTYPES if TORCH_DTYPES[d].is_floating_point} == set(FLOAT_DTYPES)
 
 
-def test_a_value_click_cannot_parse_gets_the_options_example(tmp_path):
-    proc, _ = _distbench("collective", "--iters", "1.5", cwd=tmp_path)
+def test_a_value_click_cannot_parse_gets_the_options_example(in_process):
+    proc = in_process("collective", "--iters", "1.5")
     assert proc.stderr == ("distbench: error: --iters: must be a whole number, got '1.5' "
                            "(example: --iters 20)\n")
-    proc, _ = _distbench("p2p", "--fail-below=x", cwd=tmp_path)
+    proc = in_process("p2p", "--fail-below=x")
     assert proc.stderr == ("distbench: error: --fail-below: must be a number, got 'x' "
                            "(example: --fail-below 0.8)\n")
 
@@ -477,13 +489,14 @@ def test_every_numeric_option_has_an_example_to_quote():
                     name, spec.flag, example)
 
 
+@pytest.mark.multiproc  # refused where workers would start, once torch says there is no GPU
 @pytest.mark.parametrize("args", [["--cuda-graph"], ["--cuda-graph", "--backend", "gloo"]],
                          ids=["auto-resolves-to-gloo", "gloo"])
 def test_cuda_graph_without_a_gpu_is_refused_in_one_line(tmp_path, args):
     """On CPU --cuda-graph cannot run: one line, exit 2, before any worker, nothing created
     (with --backend auto only once torch says there is no GPU)."""
-    proc, secs = _distbench("collective", *args, "--workers", "2", "--out",
-                            str(tmp_path / "out"), cwd=tmp_path)
-    line = assert_one_line_error(proc, secs, "--cuda-graph", ours=True)
+    proc = helpers.distbench(tmp_path / "out", "collective", *args, "--workers", "2",
+                             cwd=tmp_path)
+    line = assert_one_line_error(proc, proc.secs, "--cuda-graph", ours=True)
     assert "needs CUDA GPUs and the nccl backend; this run would use gloo" in line
     assert not (tmp_path / "out").exists()

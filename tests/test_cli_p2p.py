@@ -4,14 +4,12 @@ torchrun's prefix trap."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
+import helpers
 import pytest
-from helpers import assert_one_line_error, clean_env
+from helpers import assert_one_line_error
 from test_cli import _distbench_options, _torchrun_parser
 from typer.testing import CliRunner
 
@@ -19,15 +17,6 @@ import distbench.cli.app
 import distbench.run.launch
 from distbench.cli.commands.p2p import P2POptions
 from distbench.cli.commands.topo import TopoOptions
-
-
-def _distbench(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "distbench", *args], cwd=cwd, env=clean_env(),
-                          capture_output=True, text=True, timeout=60)
-    return proc, time.perf_counter() - t0
-
-
 
 
 def _assert_nothing_written(tmp_path: Path, out: Path) -> None:
@@ -64,21 +53,18 @@ BAD = [
 
 @pytest.mark.parametrize("command,args,option,ours", [c[1:] for c in BAD],
                          ids=[c[0] for c in BAD])
-def test_bad_flag_is_one_line_exit_2(tmp_path, command, args, option, ours):
+def test_bad_flag_is_one_line_exit_2(in_process, tmp_path, command, args, option, ours):
     out = tmp_path / "results"
-    proc, secs = _distbench(command, *args, "--out", str(out), cwd=tmp_path)
-    assert_one_line_error(proc, secs, option, ours)
+    assert_one_line_error(in_process(command, *args, "--out", str(out)), None, option, ours)
     _assert_nothing_written(tmp_path, out)
 
 
+@pytest.mark.multiproc  # the launcher's environment, as a process of its own gets it
 def test_p2p_needs_two_ranks_under_a_launcher(tmp_path):
     """Under torchrun the world size comes from the environment."""
     out = tmp_path / "results"
-    env = clean_env(WORLD_SIZE="1")
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "distbench", "p2p", "--out", str(out)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    line = assert_one_line_error(proc, time.perf_counter() - t0, "--workers", ours=True)
+    proc = helpers.distbench(out, "p2p", cwd=tmp_path, procs=1, WORLD_SIZE="1")
+    line = assert_one_line_error(proc, proc.secs, "--workers", ours=True)
     assert "2 ranks" in line
     _assert_nothing_written(tmp_path, out)
 

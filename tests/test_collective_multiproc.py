@@ -5,12 +5,9 @@ from __future__ import annotations
 import csv
 import json
 import re
-import subprocess
-import sys
-import time
 
 import pytest
-from helpers import clean_env, distbench, torchrun_nodes
+from helpers import distbench, torchrun_nodes
 
 from distbench.run.session import NO_LOST_RANK
 
@@ -153,12 +150,10 @@ def test_a_stalled_rank_ends_the_run_at_the_timeout(tmp_path):
     3 s watchdog, and either may fire first. Whichever does decides, the same way: run.json
     says timeout in that rank's words (not "failed" on the connection it closed as it left),
     and one line says so."""
-    start = time.monotonic()
     res = distbench(tmp_path, "collective", "--sizes", "4K,64K,1M", "--iters", "2",
                     "--warmup", "1", "--timeout", "3", DISTBENCH_TEST_STALL="1:65536")
-    elapsed = time.monotonic() - start
     assert res.code == 3, res.stderr
-    assert elapsed < 60
+    assert res.secs < 60
     rows = res.rows()
     assert [r["size_bytes"] for r in rows] == ["4096"] and rows[0]["wrong"] == "0"
     meta = res.meta()
@@ -190,12 +185,9 @@ def test_smoke_config_file(tmp_path):
 def test_config_from_a_pipe_reaches_the_workers(tmp_path):
     """--config /dev/stdin can be read once: the workers run the options the launcher
     validated, not the defaults an empty stdin would give them."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "distbench", "collective", "--config", "/dev/stdin",
-         "--workers", "2", "--out", str(tmp_path)],
-        input='sizes = "1K"\niters = 3\nwarmup = 1\n', capture_output=True, text=True,
-        timeout=120, env=clean_env(), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = distbench(tmp_path, "collective", "--config", "/dev/stdin", "--workers", "2",
+                     stdin='sizes = "1K"\niters = 3\nwarmup = 1\n', timeout=120)
+    assert proc.code == 0, proc.stderr
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     rows = list(csv.DictReader(open(run_dir / "collective.csv")))
     assert [(r["size_bytes"], r["iters"]) for r in rows] == [("1024", "3")]

@@ -10,12 +10,10 @@ import math
 import random
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, distbench
+from helpers import Run, cli, distbench
 from scipy.stats import mannwhitneyu
 
 from distbench.cli.commands.collective import OUTPUT
@@ -291,9 +289,9 @@ def test_a_noisy_row_names_a_fine_threshold_as_given(tmp_path):
 # The command line
 
 
-def _compare(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "distbench", "compare", *map(str, args)],
-                          capture_output=True, text=True, env=clean_env(), timeout=60, cwd=cwd)
+def _compare(*args) -> Run:
+    """`distbench compare *args`, in this process (it starts nothing)."""
+    return cli(Path.cwd(), "compare", *map(str, args))
 
 
 def _one_error_line(res, *fragments: str) -> None:
@@ -349,7 +347,11 @@ def plain_and_slowed(tmp_path_factory):
     return plain.run_dir, slowed.run_dir
 
 
+# Two runs measured apart and compared: another test's load on the 2 cores during one of them
+# and not the other is a change compare would rightly call (or call noise). Alone, as the
+# runs of the fixture are made in the first test's setup.
 @pytest.mark.multiproc
+@pytest.mark.alone
 def test_a_run_against_itself_is_the_same_everywhere(plain_and_slowed):
     plain, _ = plain_and_slowed
     res = _compare(plain, plain)
@@ -366,6 +368,7 @@ def test_a_run_against_itself_is_the_same_everywhere(plain_and_slowed):
 
 
 @pytest.mark.multiproc
+@pytest.mark.alone
 def test_a_slowed_run_is_worse_and_fails_the_gate(plain_and_slowed):
     plain, slowed = plain_and_slowed
     res = _compare(plain, slowed)
@@ -391,6 +394,7 @@ def test_a_slowed_run_is_worse_and_fails_the_gate(plain_and_slowed):
 
 
 @pytest.mark.multiproc
+@pytest.mark.alone
 def test_baseline_at_the_end_of_a_run(plain_and_slowed, tmp_path):
     plain, _ = plain_and_slowed
     res = distbench(tmp_path, "collective", "--op", "all_reduce,all_gather", "--sizes",
@@ -406,7 +410,8 @@ def test_baseline_at_the_end_of_a_run(plain_and_slowed, tmp_path):
 
 
 def test_baseline_is_validated_before_any_worker(tmp_path):
-    res = distbench(tmp_path, "collective", "--baseline", str(tmp_path / "nothing"))
+    res = cli(tmp_path, "collective", "--baseline", str(tmp_path / "nothing"), "--out",
+              str(tmp_path))
     assert res.code == 2
     assert res.stderr.strip().splitlines() == [
         f"distbench: error: --baseline: {tmp_path / 'nothing'}: no such file or directory "
@@ -436,6 +441,7 @@ def test_an_nccl_tests_log_compares_with_itself_and_with_a_distbench_run(tmp_pat
 
 
 @pytest.mark.multiproc
+@pytest.mark.alone  # two runs compared: see test_a_run_against_itself_is_the_same_everywhere
 def test_p2p_baseline_compares_the_ring_and_the_matrix(tmp_path):
     args = ("p2p", "--pattern", "ring,matrix", "--sizes", "4K", "--iters", "20", "--warmup",
             "2", "--workers", "2")
@@ -477,7 +483,7 @@ def test_a_run_with_no_rows_yet_is_refused_as_base_and_as_baseline(tmp_path):
     ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
     empty = _write_run(tmp_path / "empty", [], [])
     _one_error_line(_compare(empty, ok), "no row in common", "collective.csv: no rows in BASE")
-    res = distbench(tmp_path, "collective", "--baseline", str(empty))
+    res = cli(tmp_path, "collective", "--baseline", str(empty), "--out", str(tmp_path))
     assert res.code == 2 and "no rows of collective.csv" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 
@@ -486,7 +492,8 @@ def test_a_baseline_of_another_world_size_is_refused_before_any_worker(tmp_path)
     three = _write_run(tmp_path / "three", [{**_row("all_reduce", 1024, 100.0),
                                              "world_size": 3}], [_times(100.0)])
     (tmp_path / "out").mkdir()
-    res = distbench(tmp_path / "out", "collective", "--workers", "2", "--baseline", str(three))
+    res = cli(tmp_path / "out", "collective", "--workers", "2", "--baseline", str(three),
+              "--out", str(tmp_path / "out"))
     assert res.code == 2, res.stderr
     assert res.stderr.strip().splitlines() == [
         f"distbench: error: --baseline: '{three}' was measured on 3 ranks, this run has 2: no "

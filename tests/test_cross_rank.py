@@ -131,3 +131,59 @@ def test_t1_is_the_mean_of_rank_0s_timed_steps_on_every_rank(monkeypatch):
     out = run_ranks(monkeypatch, 2, lambda r: time_on_rank0_alone(_Session(r), "t1", build))
     assert out[0] == out[1] and 0.002 <= out[0] < 0.05
     assert len(calls) == 2 + 3  # warmup then iters, on rank 0 alone
+
+
+def _shared_helpers(rank: int) -> dict:
+    """What tp and pp share, as one rank sees it: t1 on rank 0 alone, then rank 0 out of memory,
+    then the check's verdict agreed; as JSON, as each rank would write it."""
+    import json
+    from types import SimpleNamespace
+
+    from distbench.steps.common import agree_check, time_on_rank0_alone
+    from distbench.steps.reference import TensorCheck
+
+    named, logs, calls = [], [], []
+    s = SimpleNamespace(rt=SimpleNamespace(rank=rank, device=CPU),
+                        opts=SimpleNamespace(timeout=60, warmup=0, iters=3),
+                        step=lambda what, seconds: named.append(what),
+                        console=SimpleNamespace(log=logs.append))
+
+    def build():
+        calls.append("build")
+        return lambda: (calls.append("step"), time.sleep(0.02))
+
+    def too_big():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    t1 = time_on_rank0_alone(s, "t1", build)
+    t1_oom = time_on_rank0_alone(s, "t1 oom", too_big)
+    # rank 1 holds the worst tensor, under a name rank 0 does not have
+    mine = TensorCheck(max_abs_err=0.1 * (rank + 1), worst_ratio=(0.5, 3.0)[rank],
+                       worst=f"tensor of rank {rank}", wrong=rank)
+    tie = TensorCheck(max_abs_err=1.0, worst_ratio=2.0, worst=f"r{rank}", wrong=1)
+    nan = TensorCheck(max_abs_err=0.0, worst_ratio=float("nan"), worst=f"r{rank}", wrong=0)
+    agreed = [vars(agree_check(c, CPU)) for c in (mine, tie, nan)]
+    return json.loads(json.dumps({"t1": t1, "t1_oom": t1_oom, "named": named, "logs": logs,
+                                  "calls": calls, "agreed": agreed}))
+
+
+def test_shared_t1_timer_and_check_agreement_on_two_ranks(monkeypatch):
+    r0, r1 = run_ranks(monkeypatch, 2, _shared_helpers)
+    # t1: rank 0 alone builds and runs warmup (at least one) + iters steps; all ranks get it
+    assert r0["calls"] == ["build"] + ["step"] * 4 and r1["calls"] == []
+    assert r0["t1"] == r1["t1"] and r0["t1"] >= 0.02
+    # one watchdog step per step, the same on every rank, so every wait is one step long
+    steps = ["t1 (build and step 1)", "t1 step 2", "t1 step 3", "t1 step 4",
+             "t1 oom (build and step 1)"]
+    assert r0["named"] == r1["named"] == steps
+    # rank 0 running out of memory is no t1 on every rank, and said once per rank
+    assert r0["t1_oom"] is None and r1["t1_oom"] is None
+    assert r0["logs"] == r1["logs"] == [
+        "t1: the whole problem does not fit on one device; no scaling view"]
+    # the check's verdict: the same on every rank
+    assert r0["agreed"] == r1["agreed"]
+    mine, tie, nan = r0["agreed"]
+    assert mine == {"max_abs_err": pytest.approx(0.2), "worst_ratio": 3.0,
+                    "worst": "tensor of rank 1", "wrong": 1}
+    assert tie == {"max_abs_err": 1.0, "worst_ratio": 2.0, "worst": "r0", "wrong": 2}
+    assert nan["worst"] == "?" and nan["wrong"] == 0

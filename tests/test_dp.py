@@ -1,22 +1,21 @@
 """dp without workers: the closed forms (parameter count, FSDP's padded shards, bytes per step,
 the ZeRO table of state per rank, overlap), the options and their config file, bad input
-through the real command line, the fault hook, the collective counter's accounting, the pieces
+through the command line, the fault hook, the collective counter's accounting, the pieces
 of the strategy that need no peers (master weights, storage counting, the reference and its
 batches), one-rank trainers against the table, and the dp.csv contract."""
 
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import LAUNCHER_VARS, assert_one_line_error, clean_env
+from helpers import LAUNCHER_VARS, assert_one_line_error, python_c
 from typer.testing import CliRunner
 
 import distbench.cli.app
@@ -373,15 +372,16 @@ def test_config_through_the_command_line_and_flags_win(captured, tmp_path):
     assert opts.modes == ["ddp"] and opts.bucket_cap_mb == [7.0]
 
 
-# ---- bad input through the real command line ---------------------------------------------------
+# ---- bad input through the command line (in this process: nothing can start) ------------------
 
-def _dp(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, float, Path]:
+@pytest.fixture
+def dp_cli(in_process, tmp_path):
+    """`distbench dp *args --out <tmp>/results`, in this process: (result, None, out)."""
     out = tmp_path / "results"
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "distbench", "dp", *args, "--out", str(out)],
-                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
-                          timeout=60)
-    return proc, time.perf_counter() - t0, out
+
+    def run(*args: str):
+        return in_process("dp", *args, "--out", str(out)), None, out
+    return run
 
 
 def _nothing_made(tmp_path: Path, out: Path, keep: tuple[str, ...] = ()) -> None:
@@ -402,6 +402,9 @@ BAD = [
      "--heads", "7 heads do not divide --hidden-size 512"),
     ("block-unknown", ["--block", "conv"], "--block", "'conv'"),
     ("dtype-int", ["--dtype", "int8"], "--dtype", "int8"),
+]
+# Sized against the machine where the workers would start: refused by the real command
+DOES_NOT_FIT = [
     ("does-not-fit", ["--hidden-size", "200000", "--ffn-size", "800000"], "--hidden-size",
      "GiB per rank"),
     ("does-not-fit-gloo", ["--hidden-size", "200000", "--ffn-size", "800000", "--backend",
@@ -410,32 +413,44 @@ BAD = [
 
 
 @pytest.mark.parametrize("args, option, needle", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
-def test_bad_dp_option_is_one_line_exit_2(tmp_path, args, option, needle):
-    proc, secs, out = _dp(tmp_path, *args)
+def test_bad_dp_option_is_one_line_exit_2(dp_cli, tmp_path, args, option, needle):
+    proc, secs, out = dp_cli(*args)
     line = assert_one_line_error(proc, secs, option, ours=True)
     assert needle in line
     _nothing_made(tmp_path, out)
 
 
-def test_config_unknown_key_through_the_command_line(tmp_path):
+@pytest.mark.multiproc
+@pytest.mark.parametrize("args, option, needle", [c[1:] for c in DOES_NOT_FIT],
+                         ids=[c[0] for c in DOES_NOT_FIT])
+def test_a_model_past_the_memory_is_one_line_exit_2(tmp_path, args, option, needle):
+    out = tmp_path / "results"
+    proc = helpers.distbench(out, "dp", *args, cwd=tmp_path)
+    line = assert_one_line_error(proc, proc.secs, option, ours=True)
+    assert needle in line
+    _nothing_made(tmp_path, out)
+
+
+def test_config_unknown_key_through_the_command_line(dp_cli, tmp_path):
     cfg = tmp_path / "bench.toml"
     cfg.write_text('[dp]\nmode = "ddp"\nbucket_size = 25\n')
-    proc, secs, out = _dp(tmp_path, "--config", str(cfg))
+    proc, secs, out = dp_cli("--config", str(cfg))
     line = assert_one_line_error(proc, secs, "--config", ours=True)
     assert "'bucket_size'" in line and "bucket-cap-mb" in line  # the valid keys are listed
     _nothing_made(tmp_path, out, keep=("bench.toml",))
 
 
-def test_config_bad_value_in_dp_table_fails_like_the_flag(tmp_path):
+def test_config_bad_value_in_dp_table_fails_like_the_flag(dp_cli, tmp_path):
     cfg = tmp_path / "bench.toml"
     cfg.write_text('[dp]\nbucket-cap-mb = "0"\n')
-    from_file, secs, out = _dp(tmp_path, "--config", str(cfg))
+    from_file, secs, out = dp_cli("--config", str(cfg))
     assert_one_line_error(from_file, secs, "--bucket-cap-mb", ours=True)
-    from_flag, _, _ = _dp(tmp_path, "--bucket-cap-mb", "0")
+    from_flag, _, _ = dp_cli("--bucket-cap-mb", "0")
     assert from_file.stderr == from_flag.stderr
     _nothing_made(tmp_path, out, keep=("bench.toml",))
 
 
+@pytest.mark.multiproc  # a fresh interpreter: what it imports, from nothing
 @pytest.mark.parametrize("argv", [["dp", "--mode", "zero9"], ["dp", "--bucket-cap-mb", "0"],
                                   ["dp", "--help"]], ids=["mode", "bucket", "help"])
 def test_dp_bad_input_and_help_never_import_torch(tmp_path, argv):
@@ -448,8 +463,7 @@ def test_dp_bad_input_and_help_never_import_torch(tmp_path, argv):
             print("exit", e.code)
         print("torch-imported", "torch" in sys.modules)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean_env(),
-                          capture_output=True, text=True, timeout=60)
+    proc = python_c(code, tmp_path)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stderr
     assert ("exit 0" if "--help" in argv else "exit 2") in lines, proc.stdout + proc.stderr

@@ -156,6 +156,7 @@ def test_a_wrong_gradient_fails_the_run_after_writing_every_row(tmp_path):
     assert "dp zero3 float32: blocks.0.up.weight gradient" in errors[0]
 
 
+@pytest.mark.alone  # two runs compared: another test's load during one would move its times
 def test_a_slowed_allreduce_shows_as_exposed_communication(tmp_path):
     """Rank 1 waits before every gradient bucket's all-reduce, as a slow link would make it:
     the exposed communication grows by about the delays, the compute-only time does not."""
@@ -219,6 +220,7 @@ def _skip_on(rank: int, world: int, port: int, out: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.procs(3)  # 2 ranks, and multiprocessing's resource tracker
 def test_a_mode_one_rank_cannot_run_is_a_skipped_row_quoting_why(tmp_path):
     mp.spawn(_skip_on, args=(2, free_port(), str(tmp_path)), nprocs=2)
     r0, r1 = (json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +40,7 @@ def _run_dir(disk: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.procs(3)  # mount, then a launcher and 2 workers
 def test_disk_full_mid_sweep_keeps_whole_rows(tmp_path, tiny_disk):
     # a 4 KiB page each for run.json, topo.txt, topo.json, the CSV and its samples file (whose
     # lines, at one iteration a row, are a fifth as long as the CSV's: the CSV fills first)
@@ -69,6 +69,7 @@ def test_disk_full_mid_sweep_keeps_whole_rows(tmp_path, tiny_disk):
     assert not list(run_dir.glob("*.tmp"))
 
 
+@pytest.mark.procs(3)
 def test_disk_full_at_start_still_finishes_run_json(tmp_path, tiny_disk):
     disk = tiny_disk("4k")  # room for run.json alone
     res = distbench(disk, "collective", "--sizes", "1K", "--iters", "3", "--workers", "2")
@@ -80,13 +81,13 @@ def test_disk_full_at_start_still_finishes_run_json(tmp_path, tiny_disk):
     assert not list(run_dir.glob("*.tmp"))
 
 
+@pytest.mark.procs(3)
 def test_a_read_only_results_disk_is_refused_before_workers(tmp_path, tiny_disk):
     disk = tiny_disk("64k")
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
     out = disk / "results"
-    proc = subprocess.run([sys.executable, "-m", "distbench", "collective", "--out", str(out)],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
+    proc = distbench(out, "collective", cwd=tmp_path, timeout=60)
+    assert proc.code == 2, proc.stderr
     assert proc.stderr.splitlines() == [
         f"distbench: error: --out: cannot write to {str(out)!r}: Read-only file system "
         "(example: --out results)"]

@@ -53,6 +53,7 @@ def _on(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.procs(5)  # 4 ranks, and multiprocessing's resource tracker
 def test_two_groups_measure_at_once_each_among_its_own_ranks(tmp_path):
     mp.spawn(_on, args=(4, free_port(), str(tmp_path)), nprocs=4)
     seen = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]

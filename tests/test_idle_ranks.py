@@ -138,7 +138,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
         os._exit(0)  # a rank whose peers failed must not wait in teardown
 
 
-@pytest.mark.multiproc
+@pytest.mark.procs(4)  # 3 ranks, and multiprocessing's resource tracker
 def test_the_odd_rank_of_a_pingpong_outlasts_a_loop_longer_than_the_timeout(tmp_path):
     """Three gloo ranks, ranks 0 and 1 ping-pong for 4 s with a 2 s process-group timeout: the
     odd rank used to enter the statistics' all_reduce at once and time out in it."""

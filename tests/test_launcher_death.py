@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import children, clean_env, processes_naming
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.procs(4)]  # a launcher, 3 workers
 
 GONE_WITHIN_S = 15  # the documented bound (docs/results.md, failure modes)
 ARGS = ["collective", "--sizes", "1K,4K", "--iters", "3", "--warmup", "1", "--reps", "1",
@@ -86,8 +86,11 @@ CASES = [(phase, signal.SIGKILL, False) for phase in ("2 s", "12 s")] + [
     (phase, signal.SIGKILL, True) for phase in ("startup", "rendezvous", "running")]
 
 
-@pytest.mark.parametrize("phase,signum,torchrun", CASES, ids=[
-    f"{'torchrun-agent' if t else 'self-launched'}-{s.name}-at-{p.replace(' ', '')}"
+@pytest.mark.parametrize("phase,signum,torchrun", [
+    # killed at a time: another test's load beside it would move how far the start-up got
+    pytest.param(p, s, t, marks=[pytest.mark.alone] if p.endswith(" s") else [],
+                 id=f"{'torchrun-agent' if t else 'self-launched'}-{s.name}-at-"
+                    f"{p.replace(' ', '')}")
     for p, s, t in CASES])
 def test_no_worker_outlives_its_launcher(tmp_path, phase, signum, torchrun):
     out = tmp_path / "out"

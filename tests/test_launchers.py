@@ -93,7 +93,7 @@ def _fake_mpirun(rank: int, port: int) -> dict[str, str]:
             "OMPI_COMM_WORLD_NODE_RANK": str(rank), "MASTER_PORT": str(port)}
 
 
-@pytest.mark.multiproc
+@pytest.mark.procs(2)
 @pytest.mark.parametrize("fake", [_fake_slurm, _fake_mpirun], ids=["srun", "mpirun"])
 def test_two_ranks_started_by_hand_agree_on_the_world(tmp_path, fake):
     port = free_port()
@@ -125,7 +125,7 @@ def _fake_mpirun_of(world: int):
     return fake
 
 
-@pytest.mark.multiproc
+@pytest.mark.procs(3)
 def test_a_rank_refusing_its_options_where_rank_0_holds_the_store(tmp_path):
     """No launcher agent: rank 0 hosts the store itself. Rank 2 of 3 was given a misspelt
     dtype: every rank ends with exit 2 and no traceback, rank 0 last (the others must read

@@ -4,27 +4,17 @@ any process, file or directory exists, in one line with the numbers, and quickly
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, clean_env
+from helpers import assert_one_line_error, distbench, python_c
 
 from distbench.core.options import OptionError
 from distbench.core.sizes import format_size
 from distbench.platform import limits
 
 GiB = 2**30
-
-
-def _distbench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "distbench", *args], cwd=tmp_path,
-                          env=clean_env(), capture_output=True, text=True, timeout=120)
-    return proc, time.perf_counter() - t0
 
 
 def _nothing_created(tmp_path: Path, out: Path) -> None:
@@ -100,6 +90,7 @@ def test_a_cgroup_limit_is_what_is_left_of_it(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # On the command line: refused within a second, torch never loaded, nothing created
 
+@pytest.mark.multiproc  # a fresh interpreter each: what it imports, from nothing
 @pytest.mark.parametrize("command", ["accept", "collective", "dp", "p2p", "tp", "pp"])
 def test_workers_past_the_machine_are_refused_at_once(tmp_path, command):
     out = tmp_path / "results"
@@ -113,8 +104,7 @@ def test_workers_past_the_machine_are_refused_at_once(tmp_path, command):
             print("exit", e.code, "after", round(time.perf_counter() - t0, 3))
         print("torch-imported", "torch" in sys.modules)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean_env(),
-                          capture_output=True, text=True, timeout=60)
+    proc = python_c(code, tmp_path)
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("exit 2 after "), proc.stdout + proc.stderr
     assert float(lines[0].split()[-1]) < 1.0, lines[0]
@@ -132,10 +122,11 @@ def test_workers_past_the_machine_are_refused_at_once(tmp_path, command):
     (["pp", "--workers", "2", "--hidden-size", "100000"], "--hidden-size"),
     (["dp", "--workers", "2", "--hidden-size", "100000"], "--hidden-size"),
 ], ids=["collective-sizes", "p2p-sizes", "tp-model", "pp-model", "dp-model"])
+@pytest.mark.multiproc  # sized where the workers would start: the real command
 def test_work_sized_past_the_memory_is_refused_before_workers(tmp_path, args, option):
     out = tmp_path / "results"
-    proc, secs = _distbench(tmp_path, *args, "--backend", "gloo", "--out", str(out))
-    line = assert_one_line_error(proc, secs, option, ours=True)
+    proc = distbench(out, *args, "--backend", "gloo", cwd=tmp_path)
+    line = assert_one_line_error(proc, proc.secs, option, ours=True)
     assert "GiB" in line or "TiB" in line, line
     _nothing_created(tmp_path, out)
 
@@ -149,10 +140,9 @@ COMMANDS = ["collective", "p2p", "tp", "pp", "dp", "accept", "topo"]
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("where", ["/proc/distbench-x", "/proc/distbench-x/deeper", "/proc",
                                    "/sys/distbench-x"])
-def test_an_out_nobody_can_create_is_refused(tmp_path, command, where):
+def test_an_out_nobody_can_create_is_refused(in_process, tmp_path, command, where):
     """Not skipped as root: /proc and /sys refuse new directories whatever access() says."""
-    proc, secs = _distbench(tmp_path, command, "--out", where)
-    line = assert_one_line_error(proc, secs, "--out", ours=True)
+    line = assert_one_line_error(in_process(command, "--out", where), None, "--out", ours=True)
     assert f"cannot write to {where!r}" in line
     assert list(tmp_path.iterdir()) == []
 
@@ -166,10 +156,10 @@ def test_the_probe_leaves_nothing_behind(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["1e30", "1048577", "25,1e30"])
-def test_a_bucket_torch_would_refuse_is_refused_first(tmp_path, value):
+def test_a_bucket_torch_would_refuse_is_refused_first(in_process, tmp_path, value):
     out = tmp_path / "results"
-    proc, secs = _distbench(tmp_path, "dp", "--bucket-cap-mb", value, "--out", str(out))
-    line = assert_one_line_error(proc, secs, "--bucket-cap-mb", ours=True)
+    proc = in_process("dp", "--bucket-cap-mb", value, "--out", str(out))
+    line = assert_one_line_error(proc, None, "--bucket-cap-mb", ours=True)
     assert "at most 1048576 MiB" in line
     _nothing_created(tmp_path, out)
 
@@ -177,13 +167,13 @@ def test_a_bucket_torch_would_refuse_is_refused_first(tmp_path, value):
 @pytest.mark.parametrize("text", ["", "# only a comment\n", None], ids=["empty", "comments",
                                                                         "dev-null"])
 @pytest.mark.parametrize("command", ["dp", "collective"])
-def test_a_config_that_says_nothing_is_refused(tmp_path, text, command):
+def test_a_config_that_says_nothing_is_refused(in_process, tmp_path, text, command):
     cfg = Path("/dev/null") if text is None else tmp_path / "empty.toml"
     if text is not None:
         cfg.write_text(text)
     out = tmp_path / "results"
-    proc, secs = _distbench(tmp_path, command, "--config", str(cfg), "--out", str(out))
-    line = assert_one_line_error(proc, secs, "--config", ours=True)
+    proc = in_process(command, "--config", str(cfg), "--out", str(out))
+    line = assert_one_line_error(proc, None, "--config", ours=True)
     assert f"{cfg} holds no options" in line
     assert not out.exists()
 
@@ -192,9 +182,9 @@ def test_a_config_that_says_nothing_is_refused(tmp_path, text, command):
 @pytest.mark.parametrize("given,ran", [(["--workers", "3"], 3), ([], 2)], ids=["three", "default"])
 def test_run_json_records_the_workers_that_ran(tmp_path, given, ran):
     out = tmp_path / "results"
-    proc, _ = _distbench(tmp_path, "collective", "--sizes", "1K", "--iters", "2", "--warmup",
-                         "0", "--reps", "1", "--backend", "gloo", *given, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
+    proc = distbench(out, "collective", "--sizes", "1K", "--iters", "2", "--warmup", "0",
+                     "--reps", "1", "--backend", "gloo", *given, cwd=tmp_path)
+    assert proc.code == 0, proc.stderr
     (run_dir,) = out.iterdir()
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["options"]["workers"] == ran == meta["world_size"], meta["options"]

@@ -9,6 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 import torch
 
 from distbench.run.runtime import Runtime, loaded_library
@@ -16,6 +17,7 @@ from distbench.run.runtime import Runtime, loaded_library
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.procs(3)  # pip, and the build backend it runs
 def test_a_wheel_builds_and_carries_the_profiles(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",

@@ -49,9 +49,16 @@ def _post(rank: int, pid: int | None = None, **extra) -> dict:
 
 
 def _dead_pid() -> int:
+    """A process that ran and ended (reaped)."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def _gone_pid() -> int:
+    """A process id with no process, as a dead rank's is once reaped, without starting one:
+    pid_max itself, which the kernel never hands out."""
+    return int(open("/proc/sys/kernel/pid_max").read())
 
 
 # -- startup --------------------------------------------------------------------------------
@@ -135,7 +142,7 @@ def _world(master, posts: list[dict]) -> list[Peers]:
 def test_roll_call_names_the_dead_and_only_them(store, world, dead):
     """Live ranks answer from their listener, whatever their main thread does; a dead rank's
     process is gone. Rank 0 may be the dead one, and half the world may be."""
-    posts = [_post(r, pid=_dead_pid() if r in dead else None) for r in range(world)]
+    posts = [_post(r, pid=_gone_pid() if r in dead else None) for r in range(world)]
     ranks = _world(store, posts)
     alive = [p for p in ranks if p.rank not in dead]
     for p in alive[1:]:
@@ -162,6 +169,7 @@ def test_roll_call_with_everyone_alive_returns_at_once(store):
     assert time.monotonic() - start < 2  # not the grace: everyone answered
 
 
+@pytest.mark.procs(1)
 def test_a_stopped_process_and_one_elsewhere_are_told_apart(store):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -194,7 +202,7 @@ def test_ranks_failing_one_after_another_join_one_roll_call(store):
     """Rank 2 fails first (it calls the roll, everyone answers) and leaves, having said its own
     error; rank 0 fails next: rank 2 answered this run's roll call, so it is not lost. And
     each rank is counted once, though its listener and its main thread both answer."""
-    posts = [_post(0), _post(1), _post(2, pid=_dead_pid())]  # rank 2's process has ended
+    posts = [_post(0), _post(1), _post(2, pid=_gone_pid())]  # rank 2's process has ended
     ranks = _world(store, posts)
     for p in ranks[:2]:
         p.listen()
@@ -250,9 +258,11 @@ def test_run_dir_is_published_for_the_survivors(store, tmp_path):
     assert ranks[1].run_dir() == str(tmp_path / "run")
 
 
+@pytest.mark.procs(1)
 def test_the_process_state_of_this_machine():
     assert peers.process_state(os.getpid()) == "running"
     assert peers.process_state(_dead_pid()) == "dead"
+    assert peers.process_state(_gone_pid()) == "dead"
 
 
 def test_lost_ranks_are_described_as_a_person_reads_them():

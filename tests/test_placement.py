@@ -90,7 +90,7 @@ def test_a_fake_host_changes_the_grouping_only():
     assert fake_host({}) == ""  # without the hook: no change
 
 
-@pytest.mark.multiproc
+@pytest.mark.procs(4)
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_accept_measures_pairs_under_every_placement(tmp_path, placement):
     """Exit 0 on every rank, both pair checks measured on the one pair (with data checked and
@@ -118,7 +118,7 @@ def test_accept_measures_pairs_under_every_placement(tmp_path, placement):
     assert took < 60, f"accept took {took:.0f} s"
 
 
-@pytest.mark.multiproc
+@pytest.mark.procs(4)
 def test_cyclic_placement_under_cpu_gloo_measures_its_pairs(tmp_path):
     """The built-in profile on two nodes: its pair checks have no peers to be judged against,
     so the verdict may be inconclusive, but both pairs are measured, with numbers and no

@@ -3,12 +3,12 @@ and cite their figures, auto picks the right one from the nodes' snapshots, and 
 bad profile is one ProfileError naming the file and the key."""
 
 import re
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from helpers import python_c
 
 from distbench.accept import profiles
 from distbench.accept.profiles import METRICS, Check, ProfileError
@@ -152,10 +152,12 @@ def test_metrics_name_real_columns_and_patterns():
             assert ops is None or set(ops) <= set(profiles.P2P_PATTERNS)
 
 
+@pytest.mark.multiproc  # a fresh interpreter: what the module imports, from nothing
 def test_importing_profiles_loads_no_torch():
     code = ("import sys, distbench.accept.profiles as p; p.available(); p.resolve('h100-sxm-8'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    proc = python_c(code, ROOT)
+    assert proc.returncode == 0, proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, free_port
+from helpers import cli, torchrun_nodes
 
 from distbench.cli import app
 from distbench.cli.commands import COMMANDS
@@ -38,20 +37,19 @@ def test_every_command_has_options_and_a_body():
     assert "backend" not in topo_flags and COMMANDS["topo"].options().backend == "gloo"
 
 
-def test_op_help_lists_the_registry():
-    proc = subprocess.run([sys.executable, "-m", "distbench", "collective", "--help"],
-                          capture_output=True, text=True, env=clean_env(COLUMNS="200"))
+def test_op_help_lists_the_registry(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    proc = cli(tmp_path, "collective", "--help")
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
     assert ", ".join(OPS) in text
 
 
 def _torchrun(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-         str(HERE / "throwaway_main.py"), *args, "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=180, env=clean_env(**env), cwd=tmp_path)
+    """Two ranks under torchrun, running distbench with the test-only op registered."""
+    (agent,) = torchrun_nodes(tmp_path, 1, 2, [list(args)],
+                              script=(str(HERE / "throwaway_main.py"),), **env)
+    return agent
 
 
 def _run_dir(tmp_path: Path) -> Path:

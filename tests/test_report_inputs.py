@@ -8,14 +8,12 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib.image
 import numpy as np
 import pytest
-from helpers import clean_env
+from helpers import Run, cli, distbench
 
 from distbench.cli.commands.dp import OUTPUT as DP
 from distbench.results import plots, reader, report
@@ -25,10 +23,9 @@ FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
 H100_LOG = FIXTURES / "bare_table.log"  # all_reduce on 8 H100s, up to 312 GB/s
 
 
-def _report(*args, cwd=None, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "distbench", "report", *map(str, args)],
-                          capture_output=True, text=True, env=clean_env(**env), timeout=120,
-                          cwd=cwd)
+def _report(*args, cwd: Path, **env) -> Run:
+    """`distbench report *args` in a process of its own (its environment, its warnings)."""
+    return distbench(None, "report", *map(str, args), cwd=cwd, timeout=120, **env)
 
 
 def _write_csv(path: Path, columns, rows: list[dict]) -> None:
@@ -119,7 +116,7 @@ def test_a_dp_run_in_a_list_does_not_stop_the_report(tmp_path):
     topo = tmp_path / "topo-run"  # topo writes run.json and no CSV
     topo.mkdir()
     _run_json(topo, "topo")
-    res = _report(coll, dp, topo, "--out", tmp_path / "out")
+    res = cli(tmp_path, "report", *map(str, (coll, dp, topo, "--out", tmp_path / "out")))
     assert res.returncode == 0, res.stderr
     text = (tmp_path / "out" / "report.md").read_text()
     assert "Runs: `coll-run`, `dp-run`, `topo-run`" in text
@@ -255,10 +252,11 @@ def test_a_two_way_link_is_written_with_a_two_way_arrow(tmp_path):
 # Cells no measurement can take
 
 
+@pytest.mark.multiproc  # every warning on, as a process of its own prints them
 @pytest.mark.parametrize("cell", ["1e308", "inf"])
 def test_a_cell_no_measurement_can_take_is_left_out_and_said(tmp_path, cell):
     run = _gloo_collective(tmp_path / "run", busbw=cell)
-    res = _report(run, "--out", tmp_path / "out", PYTHONWARNINGS="default")
+    res = _report(run, "--out", tmp_path / "out", cwd=tmp_path, PYTHONWARNINGS="default")
     assert res.returncode == 0, res.stderr
     assert res.stderr.splitlines() == [
         f"distbench: report in {tmp_path / 'out'}/ (4 files: report.md, model.json, "
@@ -276,17 +274,17 @@ def test_a_cell_no_measurement_can_take_is_left_out_and_said(tmp_path, cell):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
 def test_out_where_no_directory_can_be_made_is_bad_input(tmp_path):
-    res = _report(H100_LOG, "--out", "/proc/distbench-report", cwd=tmp_path)
+    res = cli(tmp_path, "report", str(H100_LOG), "--out", "/proc/distbench-report")
     assert res.returncode == 2, res.stderr
     (line,) = res.stderr.splitlines()
     assert line.startswith("distbench: error: --out: cannot write to '/proc/distbench-report'")
     assert not res.stdout and not list(tmp_path.iterdir())
 
 
-def test_help_says_where_the_report_goes(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "distbench", "report", "--help"],
-                         capture_output=True, text=True, timeout=60,
-                         env=clean_env(COLUMNS="250", TERM="dumb"))
+def test_help_says_where_the_report_goes(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setenv("TERM", "dumb")
+    res = cli(tmp_path, "report", "--help")
     assert res.returncode == 0, res.stderr
     text = " ".join(res.stdout.split())
     assert "the PNGs go ." not in text

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, processes_naming
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.procs(3)]  # a launcher, 2 workers
 
 
 def _workers_of(out: Path) -> list[int]:
@@ -116,6 +116,7 @@ def test_workers_of_a_sigkilled_launcher_stop_and_say_so(tmp_path):
     assert len(lines) == 2  # the row measured before is kept
 
 
+@pytest.mark.alone  # how soon it ends is the behaviour: not another test's load
 def test_a_stopped_worker_does_not_outlive_the_timeout_by_much(tmp_path):
     """kill -STOP of a worker: the others time out at --timeout and the launcher SIGKILLs the
     stopped one after a short grace, instead of torch's 30 s."""

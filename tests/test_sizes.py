@@ -1,9 +1,8 @@
 import itertools
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import python_c
 
 from distbench.core.sizes import (
     MAX_SIZE,
@@ -417,17 +416,13 @@ def test_results_are_plain_ints():
 # --- import cost ---------------------------------------------------------------
 
 
+@pytest.mark.multiproc  # a fresh interpreter: what the module imports, from nothing
 def test_module_does_not_import_torch():
     code = (
         "import sys; import distbench.core.sizes; "
         "bad = [m for m in ('torch', 'numpy') if m in sys.modules]; "
         "print(','.join(bad))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=str(Path(__file__).resolve().parents[1]),
-    )
+    out = python_c(code, Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from helpers import distbench
 
 from distbench.platform.topo import summary_lines
 from distbench.results import writer
@@ -20,9 +18,6 @@ from distbench.run.console import Console
 FIXTURES = Path(__file__).parent / "fixtures"
 NV18_TEXT = (FIXTURES / "topo_dgx_h100_nv18.txt").read_text()
 PCIE_TEXT = (FIXTURES / "topo_pcie_4gpu.txt").read_text()
-
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 GIB = 2**30
 FAKE_GPUS = [
@@ -47,13 +42,6 @@ def _snap(host: str, topo_text: str | None, gpus: list[dict] | None = None, **ex
     return snap
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in LAUNCHER_VARS and not k.startswith("DISTBENCH_")}
-    env.update(NO_COLOR="1", PYTHONUNBUFFERED="1")
-    return env
-
-
 # --------------------------------------------------------------------------------------------
 # standalone `distbench topo`
 # --------------------------------------------------------------------------------------------
@@ -62,12 +50,11 @@ def _env() -> dict[str, str]:
 def standalone(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("topo")
     out = tmp / "results"
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "distbench", "topo", "--out", str(out)],
-                          cwd=tmp, env=_env(), capture_output=True, text=True, timeout=60)
-    return proc, time.perf_counter() - t0, out
+    proc = distbench(out, "topo", cwd=tmp, timeout=60)
+    return proc, proc.secs, out
 
 
+@pytest.mark.multiproc
 def test_standalone_exits_0_fast(standalone):
     proc, secs, _ = standalone
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -75,6 +62,7 @@ def test_standalone_exits_0_fast(standalone):
     assert secs < 20, f"distbench topo took {secs:.1f} s"
 
 
+@pytest.mark.multiproc
 def test_standalone_writes_one_run_directory(standalone):
     proc, _, out = standalone
     runs = sorted(out.iterdir())
@@ -85,6 +73,7 @@ def test_standalone_writes_one_run_directory(standalone):
     assert str(run_dir) in proc.stderr  # where the results are
 
 
+@pytest.mark.multiproc
 def test_standalone_files(standalone):
     _, _, out = standalone
     (run_dir,) = out.iterdir()
@@ -116,6 +105,7 @@ def test_standalone_files(standalone):
     assert meta["options"]["out"] == str(out)
 
 
+@pytest.mark.multiproc
 def test_standalone_stdout_summary(standalone):
     proc, _, _ = standalone
     lines = proc.stdout.splitlines()

@@ -5,14 +5,11 @@ run and its check, the table, and option errors through the real command line.""
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import clean_env
 
 import distbench.steps.models
 from distbench.cli.commands import tp as cmd
@@ -302,10 +299,8 @@ def test_table_lines_align_and_show_missing_values():
     (["--block", "conv"], "--block"),
     (["--dtype", "int8"], "--dtype"),
 ])
-def test_bad_tp_option_is_one_line_exit_2(tmp_path, args, option):
-    proc = subprocess.run([sys.executable, "-m", "distbench", "tp", *args, "--out",
-                           str(tmp_path / "r")], env=clean_env(), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+def test_bad_tp_option_is_one_line_exit_2(in_process, tmp_path, args, option):
+    proc = in_process("tp", *args, "--out", str(tmp_path / "r"))
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"distbench: error: {option}"), proc.stderr

@@ -1,23 +1,14 @@
-"""tp on real gloo workers: what tp.csv and run.json say, and the helpers tp shares with pp (t1
-on rank 0 alone, the check's verdict agreed across ranks) on two ranks of their own."""
+"""tp on real gloo workers: what tp.csv and run.json say. The helpers tp shares with pp (t1 on
+rank 0 alone, the check's verdict agreed across ranks) are in test_cross_rank.py."""
 
 from __future__ import annotations
 
-import json
-import time
-from types import SimpleNamespace
-
 import pytest
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from helpers import distbench, free_port
+from helpers import distbench
 from test_docs_contracts import documented_columns
 
 from distbench.steps import tp_model as strat
-from distbench.steps.common import agree_check, time_on_rank0_alone
 from distbench.steps.models import StackShape
-from distbench.steps.reference import TensorCheck
 
 pytestmark = pytest.mark.multiproc
 
@@ -109,60 +100,3 @@ def test_corrupted_output_fails_the_run_after_writing_the_rows(tmp_path):
     assert meta["status"] == "wrong" and meta["exit_code"] == 1
     errors = [ln for ln in res.stderr.splitlines() if "error:" in ln]
     assert len(errors) == 1 and "wrong results: tp mlp float32: output differs" in errors[0]
-
-
-# ---- what tp and pp share, on two gloo ranks ----------------------------------------------------
-
-def _shared_helpers_on(rank: int, world: int, port: int, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        named, logs, calls = [], [], []
-        s = SimpleNamespace(rt=SimpleNamespace(rank=rank, device=torch.device("cpu")),
-                            opts=SimpleNamespace(timeout=60, warmup=0, iters=3),
-                            step=lambda what, seconds: named.append(what),
-                            console=SimpleNamespace(log=logs.append))
-
-        def build():
-            calls.append("build")
-            return lambda: (calls.append("step"), time.sleep(0.02))
-
-        def too_big():
-            raise torch.OutOfMemoryError("CUDA out of memory")
-
-        t1 = time_on_rank0_alone(s, "t1", build)
-        t1_oom = time_on_rank0_alone(s, "t1 oom", too_big)
-        # rank 1 holds the worst tensor, under a name rank 0 does not have
-        mine = TensorCheck(max_abs_err=0.1 * (rank + 1), worst_ratio=(0.5, 3.0)[rank],
-                           worst=f"tensor of rank {rank}", wrong=rank)
-        tie = TensorCheck(max_abs_err=1.0, worst_ratio=2.0, worst=f"r{rank}", wrong=1)
-        nan = TensorCheck(max_abs_err=0.0, worst_ratio=float("nan"), worst=f"r{rank}", wrong=0)
-        agreed = [vars(agree_check(c, torch.device("cpu"))) for c in (mine, tie, nan)]
-        with open(f"{out}/{rank}.json", "w") as f:
-            json.dump({"t1": t1, "t1_oom": t1_oom, "named": named, "logs": logs,
-                       "calls": calls, "agreed": agreed}, f)
-    finally:
-        dist.destroy_process_group()
-
-
-def test_shared_t1_timer_and_check_agreement_on_two_ranks(tmp_path):
-    mp.spawn(_shared_helpers_on, args=(2, free_port(), str(tmp_path)), nprocs=2)
-    r0, r1 = (json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1))
-    # t1: rank 0 alone builds and runs warmup (at least one) + iters steps; all ranks get it
-    assert r0["calls"] == ["build"] + ["step"] * 4 and r1["calls"] == []
-    assert r0["t1"] == r1["t1"] and r0["t1"] >= 0.02
-    # one watchdog step per step, the same on every rank, so every wait is one step long
-    steps = ["t1 (build and step 1)", "t1 step 2", "t1 step 3", "t1 step 4",
-             "t1 oom (build and step 1)"]
-    assert r0["named"] == r1["named"] == steps
-    # rank 0 running out of memory is no t1 on every rank, and said once per rank
-    assert r0["t1_oom"] is None and r1["t1_oom"] is None
-    assert r0["logs"] == r1["logs"] == [
-        "t1: the whole problem does not fit on one device; no scaling view"]
-    # the check's verdict: the same on every rank
-    assert r0["agreed"] == r1["agreed"]
-    mine, tie, nan = r0["agreed"]
-    assert mine == {"max_abs_err": pytest.approx(0.2), "worst_ratio": 3.0,
-                    "worst": "tensor of rank 1", "wrong": 1}
-    assert tie == {"max_abs_err": 1.0, "worst_ratio": 2.0, "worst": "r0", "wrong": 2}
-    assert nan["worst"] == "?" and nan["wrong"] == 0
