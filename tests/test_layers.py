@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -41,10 +42,14 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-class Imports(tuple):
-    """(ours, theirs, ours_at_load, theirs_at_load): our modules and other top-level packages a
-    module imports anywhere in its body, and those it imports when it is loaded (outside any
-    function)."""
+class Imports(NamedTuple):
+    """Our modules and other top-level packages a module imports anywhere in its body, and
+    those it imports when it is loaded (outside any function)."""
+
+    ours: set[str]
+    theirs: set[str]
+    ours_at_load: set[str]
+    theirs_at_load: set[str]
 
 
 def imports_of(name: str) -> Imports:
@@ -69,20 +74,20 @@ def imports_of(name: str) -> Imports:
             visit(child, inner)
 
     visit(ast.parse(path.read_text(encoding="utf-8")), True)
-    sets: tuple[set[str], set[str], set[str], set[str]] = (set(), set(), set(), set())
+    got = Imports(set(), set(), set(), set())
     for target, at_load in found:
         if target.split(".")[0] == "distbench":
             while target not in MODULES:  # distbench.x.attr -> distbench.x
                 target = target.rpartition(".")[0]
             if target == name:
                 continue
-            kinds = (0, 2)
+            anywhere, loaded = got.ours, got.ours_at_load
         else:
-            target, kinds = target.split(".")[0], (1, 3)
-        sets[kinds[0]].add(target)
+            target, anywhere, loaded = target.split(".")[0], got.theirs, got.theirs_at_load
+        anywhere.add(target)
         if at_load:
-            sets[kinds[1]].add(target)
-    return Imports(sets)
+            loaded.add(target)
+    return got
 
 
 GRAPH = {name: imports_of(name) for name in MODULES}
@@ -95,10 +100,10 @@ def box(name: str) -> str:
 
 def loaded_with(start: str) -> set[str]:
     """Our modules that loading `start`'s imports loads in turn."""
-    seen: set[str] = set(GRAPH[start][0])
+    seen: set[str] = set(GRAPH[start].ours)
     todo = list(seen)
     while todo:
-        for dep in GRAPH[todo.pop()][2]:
+        for dep in GRAPH[todo.pop()].ours_at_load:
             if dep not in seen:
                 seen.add(dep)
                 todo.append(dep)
@@ -115,11 +120,11 @@ def test_every_module_sits_in_a_box():
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_imports_go_down(name):
     if name == "distbench":
-        assert not GRAPH[name][0], "the package's __init__ imports nothing of ours"
+        assert not GRAPH[name].ours, "the package's __init__ imports nothing of ours"
         return
     mine = box(name)
     wrong = []
-    for dep in sorted(GRAPH[name][0]):
+    for dep in sorted(GRAPH[name].ours):
         theirs = box(dep)
         if dep == "distbench" or theirs == mine:
             continue
@@ -135,9 +140,9 @@ def test_light_boxes_stay_light(name):
     """Neither the module nor what loading its imports loads brings in a banned package. A
     function-level import of ours that imports torch only inside its own functions (the op
     registry's builders) is fine: results never call those."""
-    pulled = set(GRAPH[name][1])
+    pulled = set(GRAPH[name].theirs)
     for dep in loaded_with(name):
-        pulled |= GRAPH[dep][3]
+        pulled |= GRAPH[dep].theirs_at_load
     heavy = sorted(pulled & BANNED[box(name)])
     assert not heavy, f"{name} imports {heavy}, directly or through our modules"
 
@@ -155,7 +160,7 @@ def test_no_import_cycle():
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v][0]:
+        for w in GRAPH[v].ours:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -182,10 +187,10 @@ def test_the_rules_catch_what_they_forbid(monkeypatch):
     """The checks above fail on a planted upward import, a planted heavy import and a planted
     cycle."""
     planted = {
-        "distbench.core.x": ({"distbench.run.session"}, set(), set(), set()),
-        "distbench.run.session": ({"distbench.core.x"}, set(), set(), set()),
-        "distbench.results.y": ({"distbench.ops.data"}, set(), set(), set()),
-        "distbench.ops.data": (set(), {"torch"}, set(), {"torch"}),
+        "distbench.core.x": Imports({"distbench.run.session"}, set(), set(), set()),
+        "distbench.run.session": Imports({"distbench.core.x"}, set(), set(), set()),
+        "distbench.results.y": Imports({"distbench.ops.data"}, set(), set(), set()),
+        "distbench.ops.data": Imports(set(), {"torch"}, set(), {"torch"}),
     }
     monkeypatch.setitem(globals(), "GRAPH", planted)
     monkeypatch.setitem(globals(), "MODULES", dict.fromkeys(planted))

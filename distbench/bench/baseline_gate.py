@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from distbench.core.exitcodes import EXIT_BELOW
+from distbench.results import compare
+from distbench.results.baseline import print_comparison
+from distbench.run.peers import agree
+from distbench.run.runtime import RunFailure
+
 if TYPE_CHECKING:
     from distbench.run.session import Session
 
 
 def judge(s: Session) -> None:
     """Every rank, once every row is written."""
-    from distbench.core.exitcodes import EXIT_BELOW
-    from distbench.results import compare
-    from distbench.results.baseline import print_comparison
-    from distbench.run.peers import agree
-    from distbench.run.runtime import RunFailure
-
     worse: list[compare.Row] = []
     s.step("comparison with --baseline", s.opts.timeout)
     if s.run_dir is not None:
