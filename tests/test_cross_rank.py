@@ -1,13 +1,15 @@
 """Cross-rank logic at world sizes 2 and 3, in milliseconds (ranks as threads, see
-fake_group.py): at world size 1 SUM, MAX and MIN are all the identity and prove nothing."""
+fake_group.py): at world size 1 SUM, MAX and MIN are all the identity and prove nothing. The
+startup agreement runs on ranks as threads too, through a real store in this process."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 import torch
-from fake_group import run_ranks
+from fake_group import on_threads, run_ranks
 
 from distbench.bench import timing
 from distbench.run import memory
@@ -187,3 +189,59 @@ def test_shared_t1_timer_and_check_agreement_on_two_ranks(monkeypatch):
                     "worst": "tensor of rank 1", "wrong": 1}
     assert tie == {"max_abs_err": 1.0, "worst_ratio": 2.0, "worst": "r0", "wrong": 2}
     assert nan["worst"] == "?" and nan["wrong"] == 0
+
+
+# -- startup: ranks started with different options ------------------------------------------
+
+def _identity(captured, *args: str) -> dict:
+    """What a rank started with `distbench *args` posts for the others to agree on."""
+    from typer.testing import CliRunner
+
+    import distbench.cli.app
+
+    result = CliRunner().invoke(distbench.cli.app.app, list(args))
+    assert result.exit_code == 0, (result.output, result.exception)
+    ((_, opts),) = captured
+    captured.clear()
+    return opts.identity()
+
+
+def test_ranks_with_different_options_are_refused(monkeypatch, captured):
+    """Two ranks (threads, on a real store in this process) started with different --sizes, as
+    two torchrun agents given different arguments are: runtime.start ends both alike, before any
+    process group exists, naming the option that differs. The refusal ending every real node at
+    once: test_lost_ranks.py."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from distbench.core.exitcodes import EXIT_BAD_INPUT
+    from distbench.run import peers, runtime
+
+    base = ("collective", "--iters", "2", "--warmup", "1")
+    identities = [_identity(captured, *base, "--sizes", size) for size in ("4K", "8K")]
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=10))
+    local = threading.local()
+    groups: list = []
+
+    def connect(cls, timeout_s):
+        return cls(store, local.rank, 2, own=dist.PrefixStore(peers._prefix(2), store))
+
+    monkeypatch.setattr(runtime.Peers, "connect", classmethod(connect))
+    monkeypatch.setattr(runtime.env, "local_rank", lambda: local.rank)
+    monkeypatch.setattr(runtime.topo, "node_snapshot", lambda: {})
+    monkeypatch.setattr(runtime.dist, "init_process_group", lambda *a, **k: groups.append(a))
+
+    def rank(r: int):
+        local.rank = r
+        with pytest.raises(runtime.RunFailure) as failed:
+            runtime.start("gloo", 5, identities[r])
+        return failed.value
+
+    ended = on_threads(2, rank, threading.Barrier(2))
+    assert groups == []
+    for e in ended:
+        assert (e.status, e.exit_code) == ("bad_input", EXIT_BAD_INPUT)
+        assert str(e) == ("ranks were started with different options (1 of 2 ranks differ from "
+                          "rank 0; sizes: rank 0 has [4096], rank 1 has [8192])")

@@ -1,6 +1,7 @@
 """Test-only faults: read once per run, applied at the engine's one hook point, and absent from
 timed code unless asked for. The slow-rank fault slows ranks in both directions, as a bad NIC or
-cable does, at several world sizes; fake nodes group a launcher's ranks into nodes."""
+cable does (two ranks of 4 here, one of 3 in test_p2p_multiproc.py); fake nodes group a
+launcher's ranks into nodes."""
 
 from __future__ import annotations
 
@@ -53,16 +54,30 @@ def test_fake_nodes_group_a_launchers_local_ranks():
     assert {fake_node(r, {}) for r in range(4)} == {""}  # without the hook: no change
 
 
+@pytest.fixture(scope="module")
+def slow_in_fake_nodes(tmp_path_factory):
+    """The p2p matrix on four local workers in fake nodes of 2, ranks 1 and 2 slow both ways
+    (20 ms before every op they send or receive in): read by the two tests below. The same
+    fault on one rank of 3, judged: test_p2p_multiproc.py."""
+    return distbench(tmp_path_factory.mktemp("fake-nodes"), "p2p", "--pattern", "matrix",
+                     "--sizes", "16K", "--iters", "3", "--warmup", "1", "--workers", "4",
+                     DISTBENCH_TEST_NODE_SIZE="2", DISTBENCH_TEST_SLOW_RANK="1,2:0.02")
+
+
 @pytest.mark.multiproc
-def test_fake_nodes_are_nodes_to_the_run(tmp_path):
-    """Four local workers in fake nodes of 2: run.json counts 2 nodes, ranks 0-1 and 2-3."""
-    res = distbench(tmp_path, "collective", "--sizes", "4K", "--iters", "2", "--warmup", "1",
-                    "--workers", "4", DISTBENCH_TEST_NODE_SIZE="2")
+def test_fake_nodes_are_nodes_to_the_run(slow_in_fake_nodes):
+    """Four local workers in fake nodes of 2: run.json counts 2 nodes, ranks 0-1 and 2-3, and
+    the links between them are inter-node."""
+    res = slow_in_fake_nodes
     assert res.code == 0, res.stderr
     meta = res.meta()
     assert meta["nnodes"] == 2
     assert [r["node"] for r in meta["ranks"]] == [0, 0, 1, 1]
-    assert [r["nnodes"] for r in res.rows()] == ["2"]
+    rows = res.rows("p2p_matrix.csv")
+    assert {r["nnodes"] for r in rows} == {"2"} and len(rows) == 12 + 6
+    for r in rows:
+        same = int(r["src_rank"]) // 2 == int(r["dst_rank"]) // 2
+        assert r["link"] == ("intra" if same else "inter"), r
 
 
 @pytest.mark.parametrize("sends,receives", [(True, False), (False, True), (True, True)])
@@ -91,17 +106,13 @@ def test_corrupt_flips_what_the_check_reads():
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("n,slow", [(3, "2"), (4, "1,2")])
-def test_ranks_slow_both_ways_slow_every_link_they_are_on(tmp_path, n, slow):
+def test_ranks_slow_both_ways_slow_every_link_they_are_on(slow_in_fake_nodes):
     """The slow ranks wait 20 ms before every op they send or receive in: each link one of them
     is on, as sender or receiver, is slower than every link none of them is on."""
-    res = distbench(tmp_path, "p2p", "--pattern", "matrix", "--sizes", "16K", "--iters", "3",
-                    "--warmup", "1", "--workers", str(n),
-                    DISTBENCH_TEST_SLOW_RANK=f"{slow}:0.02")
+    res, n, slow_ranks = slow_in_fake_nodes, 4, {"1", "2"}
     assert res.code == 0, res.stderr
     uni = [r for r in res.rows("p2p_matrix.csv") if r["direction"] == "uni"]
     assert len(uni) == n * (n - 1)
-    slow_ranks = set(slow.split(","))
     on = [float(r["gbps"]) for r in uni if {r["src_rank"], r["dst_rank"]} & slow_ranks]
     off = [float(r["gbps"]) for r in uni if not {r["src_rank"], r["dst_rank"]} & slow_ranks]
     assert len(on) == n * (n - 1) - (n - len(slow_ranks)) * (n - len(slow_ranks) - 1) and off

@@ -12,7 +12,10 @@ from helpers import distbench, torchrun_nodes
 pytestmark = pytest.mark.multiproc
 
 
-@pytest.mark.parametrize("n", [2, 3])
+# At 3 ranks the same run's cells are test_golden.py's recording; the odd rank of a ping-pong
+# is never its slowest (test_the_odd_rank_of_...), and the matrix is judged by the slow-rank
+# runs below.
+@pytest.mark.parametrize("n", [2])
 def test_ring_pingpong_and_matrix(tmp_path, n):
     res = distbench(tmp_path, "p2p", "--pattern", "all", "--sizes", "4K,64K", "--iters", "3",
                     "--warmup", "1", "--workers", str(n))
@@ -74,13 +77,6 @@ def test_one_slow_rank_is_named_and_fails_the_run(tmp_path):
     assert len(slow) == 2 and max(slow) < min(fast)
 
 
-def test_without_fail_below_slow_links_are_reported_but_pass(tmp_path):
-    res = distbench(tmp_path, "p2p", "--pattern", "matrix", "--sizes", "16K", "--iters", "3",
-                    "--warmup", "1", "--workers", "3", DISTBENCH_TEST_SLOW_SEND="2:0.02")
-    assert res.code == 0, res.stderr
-    assert res.meta()["matrix"]["culprits"]
-
-
 # Both ways slow, on most links. On this shared 2-core machine a healthy link's figure (its mean
 # time per op) is noisy where ops are short or few: at 16 KiB x 3 iterations healthy links fell
 # to 4-15 % of their class median in most clean runs, and up to 4 MiB whole links now and then
@@ -92,9 +88,14 @@ def test_without_fail_below_slow_links_are_reported_but_pass(tmp_path):
 SLOW_RANK_RUN = ("p2p", "--pattern", "matrix", "--sizes", "16M", "--min-time", "0.3",
                  "--warmup", "1", "--fail-below", "0.5")
 SLOW_RANK_2 = "2:0.05"
+# One world size end to end: what only real ranks show (the fault slows every link rank 2 is on,
+# a clean run's links stay within the judge's allowance, torchrun agents on one host are nodes
+# named host#node). The judgement at 2, 3 and 4 ranks, with and without the slow rank, for
+# --workers and for agents, on the figures such runs measure: test_p2p_judge.py.
+WORLD = [3]
 
 
-@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("n", WORLD)
 def test_a_rank_slow_both_ways_is_named_though_it_is_on_most_links(tmp_path, n):
     """Rank 2 slow in both directions (a bad NIC or cable) is on 4 of 6 ordered pairs at 3 ranks
     and 6 of 12 at 4: it set the class median, so the judge used to find nothing. Judged
@@ -119,7 +120,7 @@ def test_a_rank_slow_both_ways_is_named_though_it_is_on_most_links(tmp_path, n):
         assert ref["basis"].endswith(f" not on {culprit}"), ref
 
 
-@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("n", WORLD)
 def test_the_same_run_without_a_slow_rank_passes(tmp_path, n):
     """No rank's links are clearly slower here, so every reference stays at its class median and
     the judge fails only what the median did: a healthy link whose own figure halved in a burst
@@ -194,7 +195,7 @@ def test_workers_under_a_launcher_is_ignored_with_one_warning(tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["options"]["workers"] is None
 
 
-@pytest.mark.parametrize("nnodes", [3, 4])
+@pytest.mark.parametrize("nnodes", WORLD)
 def test_the_slow_node_is_named_across_torchrun_agents(tmp_path, nnodes):
     """Nodes as torchrun agents on one host (one rank each): rank 2's node is named by its own
     name, host#2, not by a host:local_rank every rank shares."""
@@ -210,26 +211,6 @@ def test_the_slow_node_is_named_across_torchrun_agents(tmp_path, nnodes):
     assert meta["matrix"]["culprits"][0].startswith(f"rank 2 ({host}#2:0): ")
     assert any(c.startswith(f"host {host}#2: ") for c in meta["matrix"]["culprits"])
     assert all(f"{host}#2:0" in f for f in meta["matrix"]["failing"])
-
-
-@pytest.mark.parametrize("nnodes", [3, 4])
-def test_the_same_agents_without_a_slow_node_pass(tmp_path, nnodes):
-    """As test_the_same_run_without_a_slow_rank_passes, across agents: a clean run is tried
-    once more only when its first try failed by a noise-sized margin."""
-    for attempt in (1, 2):
-        out = tmp_path / f"try{attempt}"
-        out.mkdir()
-        procs = torchrun_nodes(out, nnodes=nnodes, nproc=1,
-                               per_node_args=[["p2p", *SLOW_RANK_RUN[1:]]] * nnodes)
-        (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-        judged = json.loads((run_dir / "run.json").read_text())["matrix"]
-        assert all(r["basis"].startswith("median of all") for r in judged["references"])
-        if procs[0].returncode == 0:
-            assert judged["failing"] == []
-            return
-        assert attempt == 1, judged["failing"]
-        shares = [int(f.split(" = ")[1].split("%")[0]) for f in judged["failing"]]
-        assert min(shares) >= 20, judged["failing"]
 
 
 def test_the_odd_rank_of_a_pingpong_waits_out_a_loop_longer_than_the_timeout(tmp_path):

@@ -77,11 +77,36 @@ def test_a_test_only_op_runs_through_distbench_collective(tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"
 
 
-@pytest.mark.multiproc
-def test_the_test_only_op_is_really_checked(tmp_path):
-    proc = _torchrun(tmp_path, "collective", "--op", "broadcast_from_last", "--sizes", "1K",
-                     "--iters", "2", "--warmup", "1", DISTBENCH_TEST_CORRUPT_RANK="0")
-    assert proc.returncode != 0
-    meta = json.loads((_run_dir(tmp_path) / "run.json").read_text())
-    assert meta["status"] == "wrong" and meta["exit_code"] == 1
-    assert "broadcast_from_last 1 KiB float32" in meta["error"]
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_the_test_only_op_is_really_checked(monkeypatch, corrupt):
+    """Rank 0's result flipped by the test suite's fault (DISTBENCH_TEST_CORRUPT_RANK=0) is
+    found by the op's own check, on both of two ranks (threads, fake_group.py); without it,
+    nothing is. How wrong results end a run (exit 1, `wrong`, the step named):
+    test_collective_multiproc.py."""
+    import importlib
+    import sys
+
+    import torch
+    from fake_group import run_ranks
+
+    from distbench.bench.measure import Settings, measure_case
+    from distbench.ops import collectives
+    from distbench.ops.collectives import Ctx
+    from distbench.run.faults import Faults
+
+    # registered as a user's module registers it, into a registry this test alone sees
+    monkeypatch.setattr(collectives, "OPS", dict(collectives.OPS))
+    monkeypatch.delitem(sys.modules, "throwaway_op", raising=False)
+    op = importlib.import_module("throwaway_op").BROADCAST_FROM_LAST
+    assert collectives.OPS["broadcast_from_last"] is op
+    count = 256
+
+    def rank(r: int):
+        settings = Settings(device=torch.device("cpu"), timeout=60, warmup=1, iters=2,
+                            step=lambda what, seconds: None,
+                            faults=Faults(corrupt=corrupt and r == 0))
+        inp, out = torch.empty(count), torch.empty(1)
+        case = op.build(Ctx(r, 2, -1, "sum", True), inp, out, count)
+        return measure_case(settings, case, "broadcast_from_last", 4 * count).wrong
+
+    assert run_ranks(monkeypatch, 2, rank) == [int(corrupt)] * 2
