@@ -1,8 +1,10 @@
 """distbench accept for real: on this CPU machine with 2 local workers (cpu-gloo, picked by
-itself), and on 3, 4 and 5 nodes (torchrun agents on one host, or the test hook's fake nodes
-where agents would be too many processes) where one or two nodes are slow in both directions, as
-a bad NIC or cable makes them, through the fault hook: exactly those nodes are named and the run
-fails; the same nodes without the fault fail nothing. Bad input and baselines too."""
+itself), and on 3 nodes (torchrun agents on one host, or the test hook's fake nodes where agents
+would be too many processes) where one or two nodes are slow in both directions, as a bad NIC or
+cable makes them, through the fault hook: exactly those nodes are named and the run fails; 3 and
+5 nodes without the fault fail nothing. Bad input and baselines too. Each launch path and each
+outcome once, for what only real processes show; the judgement at 3, 4 and 5 nodes of one and
+two ranks, one and two slow, runs acceptance's own loop in-process in test_accept_nodes.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers import assert_one_line_error, distbench, distbench_lines, torchrun_nodes
+from test_accept_nodes import accept_here
 
 from distbench.accept.profiles import load
 
@@ -151,11 +154,12 @@ def _assert_files_agree(run: Accepted) -> None:
     assert run.acc["exit_code"] == run.meta["exit_code"]
 
 
-# (nodes, slow nodes, how): torchrun agents where the process count allows (3 or 4 agents of one
-# worker are 6 or 8 processes), fake nodes otherwise. Three nodes with two slow need node checks
-# to tell which two (every pair holds a slow end): nodes of 2 ranks.
-SLOW_CASES = [(3, [2], "agents"), (3, [1, 2], "fake2"), (4, [2], "agents"),
-              (4, [1, 3], "agents"), (5, [2], "fake1"), (5, [1, 3], "fake1")]
+# (nodes, slow nodes, how): torchrun agents of one worker each, whose nodes of one rank leave
+# the pair checks alone to name a slow node; and nodes of 2 ranks, whose node checks measure,
+# where three nodes with two slow need them to tell which two (every pair holds a slow end). The
+# other node counts and slow nodes (4 and 5 nodes, of one rank and of two, one and two slow) are
+# judged by the same loop in-process: test_accept_nodes.py's test of this name.
+SLOW_CASES = [(3, [2], "agents"), (3, [1, 2], "fake2")]
 
 
 @pytest.mark.parametrize("nodes,slow,how", SLOW_CASES,
@@ -189,8 +193,10 @@ def test_slow_nodes_are_named_and_fail_the_run(tmp_path, nodes, slow, how):
 
 
 # Without the fault: nodes of 2 ranks, whose node checks measure, pass; nodes of one rank have
-# nothing to measure in their node checks, so the acceptance is inconclusive, never a pass.
-CLEAN_CASES = [(3, "fake2"), (4, "agents"), (5, "fake1")]
+# nothing to measure in their node checks, so the acceptance is inconclusive, never a pass. One
+# run of each outcome; every node count of both kinds is judged in-process in
+# test_accept_nodes.py's test of this name.
+CLEAN_CASES = [(3, "fake2"), (5, "fake1")]
 
 
 @pytest.mark.parametrize("nodes,how", CLEAN_CASES,
@@ -226,7 +232,10 @@ def test_the_same_nodes_without_a_fault_fail_nothing_and_name_no_one(tmp_path, n
         return
 
 
-def test_a_baseline_is_the_expectation(on_this_machine, tmp_path):
+def test_a_baseline_is_the_expectation(on_this_machine, tmp_path, monkeypatch, capsys):
+    """The run against the doctored baseline is acceptance's own loop in this process
+    (test_accept_nodes.py), on the first run's node and its 2 ranks: rank 0 reads the baseline,
+    judges by it and compares with it as a worker does, and no second run's processes start."""
     first = on_this_machine
     assert first.code == 0, first.stderr
     baseline = tmp_path / "a" / first.run_dir.name
@@ -249,10 +258,12 @@ def test_a_baseline_is_the_expectation(on_this_machine, tmp_path):
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (tmp_path / "b").mkdir()
-    res = distbench(tmp_path / "b", "accept", "--workers", "2", "--baseline", str(baseline))
-    assert res.code == 4, res.stderr
-    acc = _accept(res.run_dir)
+    new = tmp_path / "b" / "new-accept"
+    new.mkdir(parents=True)
+    (node,) = doctored["nodes"]
+    res = accept_here(monkeypatch, capsys, new, 1, 2, [], host=node, baseline=baseline)
+    assert set(res.ends) == {("below_expectation", 4)}, res.stderr  # on every rank
+    acc = res.acc
     assert acc["verdict"] == "FAIL"
     measured = [v for v in acc["verdicts"] if v["measured"] is not None]
     assert measured and all(v["verdict"] == "FAIL" and "baseline" in v["note"]
@@ -260,7 +271,7 @@ def test_a_baseline_is_the_expectation(on_this_machine, tmp_path):
     # and the comparison, as distbench compare shows it: every check measured in both first
     # passes is worse (the retests have nothing to match in a baseline that passed)
     first = [v for v in measured if not v["retest"]]
-    assert f"BASE {baseline.name} vs NEW {res.run_dir.name}" in res.stdout
+    assert f"BASE {baseline.name} vs NEW {new.name}" in res.stdout
     assert f"# {len(first)} rows worse by more than 5% and beyond the noise (0 +, " \
         f"{len(first)} -, 0 ~, " in res.stdout, res.stdout
 
