@@ -2,7 +2,8 @@
 the ZeRO table of state per rank, overlap), the options and their config file, bad input
 through the command line, the fault hook, the collective counter's accounting, the pieces
 of the strategy that need no peers (master weights, storage counting, the reference and its
-batches), one-rank trainers against the table, and the dp.csv contract."""
+batches), one-rank trainers against the table, the dp.csv contract; and on the fake group, a
+mode one rank cannot run."""
 
 from __future__ import annotations
 
@@ -403,7 +404,7 @@ BAD = [
     ("block-unknown", ["--block", "conv"], "--block", "'conv'"),
     ("dtype-int", ["--dtype", "int8"], "--dtype", "int8"),
 ]
-# Sized against the machine where the workers would start: refused by the real command
+# Sized against the machine where the workers would start: refused by the real dispatch
 DOES_NOT_FIT = [
     ("does-not-fit", ["--hidden-size", "200000", "--ffn-size", "800000"], "--hidden-size",
      "GiB per rank"),
@@ -420,13 +421,13 @@ def test_bad_dp_option_is_one_line_exit_2(dp_cli, tmp_path, args, option, needle
     _nothing_made(tmp_path, out)
 
 
-@pytest.mark.multiproc
 @pytest.mark.parametrize("args, option, needle", [c[1:] for c in DOES_NOT_FIT],
                          ids=[c[0] for c in DOES_NOT_FIT])
 def test_a_model_past_the_memory_is_one_line_exit_2(tmp_path, args, option, needle):
+    """In this process: a worker the dispatch started would fail the test (not multiproc)."""
     out = tmp_path / "results"
-    proc = helpers.distbench(out, "dp", *args, cwd=tmp_path)
-    line = assert_one_line_error(proc, proc.secs, option, ours=True)
+    proc = helpers.cli(tmp_path, "dp", *args, "--out", str(out), dispatch=True)
+    line = assert_one_line_error(proc, None, option, ours=True)
     assert needle in line
     _nothing_made(tmp_path, out)
 
@@ -745,3 +746,71 @@ def test_dp_csv_contract():
 def test_every_option_of_the_shape_is_a_csv_column():
     shape = StackShape.from_options(DPOptions())
     assert set(shape.to_json()) <= set(cmd.OUTPUT.csv)
+
+
+# ---- a mode one rank cannot run: a skipped row quoting why, and the next mode still runs -----
+
+class _NoAllReduce(torch.nn.Module):
+    """DDP's place on the fake group, which has no process group object for DDP to hold: the
+    same module and comm-hook call, gradients left as each rank computed them."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args):
+        return self.module(*args)
+
+    def register_comm_hook(self, state, hook) -> None:
+        pass
+
+
+def _skip_on(rank: int) -> list[dict]:
+    """zero2 then ddp on one rank of two, rank 1 refusing to build zero2 (as a backend without
+    reduce_scatter would): the rows each rank returns."""
+    from types import SimpleNamespace
+
+    from distbench.steps import dp as steps
+
+    shape = StackShape(hidden_size=64, ffn_size=128, heads=4, seq_len=16, micro_batch_size=2,
+                       layers=2)
+    s = SimpleNamespace(
+        rt=SimpleNamespace(rank=rank, world=2, nnodes=1, backend="gloo", device=CPU),
+        opts=SimpleNamespace(block="mlp", dtype="float32", timeout=60, warmup=0, iters=2,
+                             check=False),
+        step=lambda what, seconds: None, faults=Faults())
+    batch = strat.local_batch(shape, 1, rank, CPU, torch.float32)
+    return [steps._measure(s, mode, bucket, shape, torch.float32, batch, 0.001, None, shape,
+                           True, [])[0] for mode, bucket in (("zero2", None), ("ddp", 25.0))]
+
+
+def test_a_mode_one_rank_cannot_run_is_a_skipped_row_quoting_why(monkeypatch, capsys):
+    from fake_group import run_ranks
+
+    from distbench.steps import dp as steps
+
+    real = strat.build
+
+    def build(mode, *args, **kwargs):
+        if mode == "zero2":  # FSDP needs a real process group: rank 0's is a stand-in
+            if dist.get_rank() == 1:
+                raise NotImplementedError("reduce_scatter is not supported on this backend\n"
+                                          "second line")
+            return "rank 0's zero2, built and never stepped"
+        return real(mode, *args, **kwargs)
+
+    monkeypatch.setattr(strat, "build", build)
+    monkeypatch.setattr(strat, "_ddp", lambda module, device, bucket_mb: _NoAllReduce(module))
+    monkeypatch.setattr(steps, "_free", lambda device: None)  # collections cost, prove nothing
+    r0, r1 = run_ranks(monkeypatch, 2, _skip_on)
+    for skipped, ran in (r0, r1):
+        assert skipped["mode"] == "zero2" and skipped["status"] == "skipped"
+        # rank 0 writes the row: it quotes rank 1's reason, first line only
+        assert skipped["note"] == ("cannot run here: NotImplementedError: reduce_scatter is not "
+                                   "supported on this backend")
+        assert "step_us" not in skipped
+        assert ran["mode"] == "ddp" and ran["status"] == "ok" and ran["step_us"] > 0
+    # the refusing rank says why at once, its peer may be waiting in a collective
+    assert capsys.readouterr().err.splitlines() == [
+        "distbench: rank 1: dp zero2: NotImplementedError: reduce_scatter is not supported on "
+        "this backend"]

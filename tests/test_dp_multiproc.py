@@ -1,20 +1,12 @@
 """dp on real gloo workers: what dp.csv and run.json say for every mode at 2 and 3 ranks, a wrong
-result, a slowed all-reduce, and a mode one rank cannot run."""
+result, and a slowed all-reduce. A mode one rank cannot run: test_dp.py, on the fake group."""
 
 from __future__ import annotations
 
-import json
-import os
-from types import SimpleNamespace
-
 import pytest
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from helpers import distbench, free_port
+from helpers import Run, distbench
 from test_docs_contracts import documented_columns
 
-from distbench.run.faults import Faults
 from distbench.steps.models import StackShape
 
 pytestmark = pytest.mark.multiproc
@@ -26,6 +18,8 @@ CASES = [
     (3, "bfloat16", 2, "attention", StackShape(hidden_size=64, ffn_size=128, heads=4,
                                                seq_len=8, micro_batch_size=2, layers=3)),
 ]
+# DDP's bucket sizes by world size: at 2 ranks also one that splits the gradients in several
+BUCKETS = {2: ["0.02", "25"], 3: ["25"]}
 
 
 def _args(n: int, dtype: str, block: str, sh: StackShape, *more: str) -> list[str]:
@@ -40,11 +34,47 @@ def _weights(block: str, sh: StackShape) -> list[tuple[int, int]]:
     return ([(f, h), (h, f)] if block == "mlp" else [(3 * h, h), (h, h)]) * sh.layers
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Run:
+    """CASES[0] on every mode, two DDP bucket sizes: test_dp_rows reads all of it, the slowed
+    all-reduce's test its ddp 0.02 MiB row as the base, unslowed."""
+    n, dtype, _, block, sh = CASES[0]
+    return distbench(tmp_path_factory.mktemp("two-ranks"),
+                     *_args(n, dtype, block, sh, "--bucket-cap-mb", ",".join(BUCKETS[n])))
+
+
+# Two runs compared: another test's load during one would move its times. First in the module,
+# so that two_ranks, its base, is made here, alone too.
+@pytest.mark.alone
+def test_a_slowed_allreduce_shows_as_exposed_communication(tmp_path, two_ranks):
+    """Rank 1 waits before every gradient bucket's all-reduce, as a slow link would make it:
+    the exposed communication grows by about the delays, the compute-only time does not. The
+    base is two_ranks' ddp 0.02 MiB row: the same shape, bucket and iterations, no delay."""
+    n, dtype, _, block, sh = CASES[0]
+    args = _args(n, dtype, block, sh, "--mode", "ddp", "--bucket-cap-mb", "0.02", "--no-check")
+    delay = 0.02
+    base = two_ranks
+    slow = distbench(tmp_path, *args, DISTBENCH_TEST_SLOW_RANK=f"1:{delay}")
+    assert base.code == 0, base.stderr
+    assert slow.code == 0, slow.stderr
+    (b,) = [r for r in base.rows("dp.csv") if (r["mode"], r["bucket_cap_mb"]) == ("ddp", "0.02")]
+    (s,) = slow.rows("dp.csv")
+    buckets = slow.meta()["dp"]["modes"]["ddp 0.02 MiB"]["collectives_counted"]["all_reduce"]
+    assert buckets >= 2  # 0.02 MiB buckets split the 128 KiB of gradients
+    added = buckets * delay * 1e6
+    grew = float(s["exposed_comm_us"]) - float(b["exposed_comm_us"])
+    assert 0.5 * added < grew < 3 * added + 50_000, (grew, added)
+    assert float(s["comm_alone_us"]) > 0.5 * added  # the same collectives, alone, slowed too
+    # compute-only has no all-reduce to slow: it stays where it was, up to this VM's noise
+    assert abs(float(s["compute_only_us"]) - float(b["compute_only_us"])) < 0.25 * added
+
+
 @pytest.mark.parametrize("n, dtype, elt, block, sh", CASES, ids=["2-float32-mlp",
                                                                  "3-bfloat16-attention"])
-def test_dp_rows(tmp_path, n, dtype, elt, block, sh):
-    buckets = ["0.02", "25"] if n == 2 else ["25"]
-    res = distbench(tmp_path, *_args(n, dtype, block, sh, "--bucket-cap-mb", ",".join(buckets)))
+def test_dp_rows(tmp_path, request, n, dtype, elt, block, sh):
+    buckets = BUCKETS[n]
+    res = request.getfixturevalue("two_ranks") if n == 2 else distbench(
+        tmp_path, *_args(n, dtype, block, sh, "--bucket-cap-mb", ",".join(buckets)))
     assert res.code == 0, res.stderr
     with open(res.run_dir / "dp.csv") as f:
         assert f.readline().strip().split(",") == documented_columns("dp.csv")
@@ -154,80 +184,3 @@ def test_a_wrong_gradient_fails_the_run_after_writing_every_row(tmp_path):
     assert len(errors) == 1
     assert "wrong results: dp zero1 25 MiB float32: blocks.0.up.weight gradient" in errors[0]
     assert "dp zero3 float32: blocks.0.up.weight gradient" in errors[0]
-
-
-@pytest.mark.alone  # two runs compared: another test's load during one would move its times
-def test_a_slowed_allreduce_shows_as_exposed_communication(tmp_path):
-    """Rank 1 waits before every gradient bucket's all-reduce, as a slow link would make it:
-    the exposed communication grows by about the delays, the compute-only time does not."""
-    n, dtype, _, block, sh = CASES[0]
-    args = _args(n, dtype, block, sh, "--mode", "ddp", "--bucket-cap-mb", "0.02", "--no-check",
-                 "--iters", "5")
-    delay = 0.02
-    (tmp_path / "base").mkdir()
-    (tmp_path / "slow").mkdir()
-    base = distbench(tmp_path / "base", *args)
-    slow = distbench(tmp_path / "slow", *args, DISTBENCH_TEST_SLOW_RANK=f"1:{delay}")
-    assert base.code == 0, base.stderr
-    assert slow.code == 0, slow.stderr
-    (b,), (s,) = base.rows("dp.csv"), slow.rows("dp.csv")
-    buckets = slow.meta()["dp"]["modes"]["ddp 0.02 MiB"]["collectives_counted"]["all_reduce"]
-    assert buckets >= 2  # 0.02 MiB buckets split the 128 KiB of gradients
-    added = buckets * delay * 1e6
-    grew = float(s["exposed_comm_us"]) - float(b["exposed_comm_us"])
-    assert 0.5 * added < grew < 3 * added + 50_000, (grew, added)
-    assert float(s["comm_alone_us"]) > 0.5 * added  # the same collectives, alone, slowed too
-    # compute-only has no all-reduce to slow: it stays where it was, up to this VM's noise
-    assert abs(float(s["compute_only_us"]) - float(b["compute_only_us"])) < 0.25 * added
-
-
-# ---- a mode one rank cannot run: a skipped row quoting why, and the next mode still runs -----
-
-def _skip_on(rank: int, world: int, port: int, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        from distbench.steps import dp as steps
-        from distbench.steps import dp_model as strat
-
-        real = strat.build
-
-        def build(mode, *args, **kwargs):
-            if mode == "zero2" and rank == 1:
-                raise NotImplementedError("reduce_scatter is not supported on this backend\n"
-                                          "second line")
-            return real(mode, *args, **kwargs)
-
-        strat.build = build
-        shape = CASES[0][4]
-        device = torch.device("cpu")
-        s = SimpleNamespace(
-            rt=SimpleNamespace(rank=rank, world=world, nnodes=1, backend="gloo", device=device),
-            opts=SimpleNamespace(block="mlp", dtype="float32", timeout=60, warmup=0, iters=2,
-                                 check=False),
-            step=lambda what, seconds: None, faults=Faults())
-        batch = strat.local_batch(shape, 1, rank, device, torch.float32)
-        rows = [steps._measure(s, mode, bucket, shape, torch.float32, batch, 0.001, None, shape,
-                               True, [])[0] for mode, bucket in (("zero2", None), ("ddp", 25.0))]
-        with open(f"{out}/{rank}.json", "w") as f:
-            json.dump(rows, f)
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    # leave as distbench's ranks do: together, skipping the interpreter's teardown of torch's
-    # C++ threads (DDP's reducer has been seen to std::terminate there)
-    dist.barrier()
-    os._exit(0)
-
-
-@pytest.mark.procs(3)  # 2 ranks, and multiprocessing's resource tracker
-def test_a_mode_one_rank_cannot_run_is_a_skipped_row_quoting_why(tmp_path):
-    mp.spawn(_skip_on, args=(2, free_port(), str(tmp_path)), nprocs=2)
-    r0, r1 = (json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1))
-    for skipped, ran in (r0, r1):
-        assert skipped["mode"] == "zero2" and skipped["status"] == "skipped"
-        # rank 0 writes the row: it quotes rank 1's reason, first line only
-        assert skipped["note"] == ("cannot run here: NotImplementedError: reduce_scatter is not "
-                                   "supported on this backend")
-        assert "step_us" not in skipped
-        assert ran["mode"] == "ddp" and ran["status"] == "ok" and ran["step_us"] > 0

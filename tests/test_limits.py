@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, distbench, python_c
+from helpers import assert_one_line_error, cli, distbench, python_c
 
 from distbench.core.options import OptionError
 from distbench.core.sizes import format_size
@@ -114,16 +114,31 @@ def test_workers_past_the_machine_are_refused_at_once(tmp_path, command):
     _nothing_created(tmp_path, out)
 
 
-@pytest.mark.parametrize("args,option", [
+TOO_BIG = [
     (["collective", "--workers", "2", "--sizes", "1K,64G"], "--sizes"),
     (["p2p", "--workers", "2", "--sizes", "64G"], "--sizes"),
     (["tp", "--workers", "2", "--hidden-size", "200000", "--heads", "2", "--ffn-size", "2"],
      "--hidden-size"),
     (["pp", "--workers", "2", "--hidden-size", "100000"], "--hidden-size"),
     (["dp", "--workers", "2", "--hidden-size", "100000"], "--hidden-size"),
-], ids=["collective-sizes", "p2p-sizes", "tp-model", "pp-model", "dp-model"])
-@pytest.mark.multiproc  # sized where the workers would start: the real command
+]
+
+
+# Sized where the workers would start, by the real dispatch, in this process: a worker it
+# started would fail the test (only multiproc tests may start one).
+@pytest.mark.parametrize("args,option", TOO_BIG,
+                         ids=["collective-sizes", "p2p-sizes", "tp-model", "pp-model", "dp-model"])
 def test_work_sized_past_the_memory_is_refused_before_workers(tmp_path, args, option):
+    out = tmp_path / "results"
+    proc = cli(tmp_path, *args, "--backend", "gloo", "--out", str(out), dispatch=True)
+    line = assert_one_line_error(proc, None, option, ours=True)
+    assert "GiB" in line or "TiB" in line, line
+    _nothing_created(tmp_path, out)
+
+
+@pytest.mark.multiproc  # the real command, from its interpreter's start: refused within seconds
+def test_the_real_command_refuses_work_past_the_memory_before_workers(tmp_path):
+    args, option = TOO_BIG[0]
     out = tmp_path / "results"
     proc = distbench(out, *args, "--backend", "gloo", cwd=tmp_path)
     line = assert_one_line_error(proc, proc.secs, option, ours=True)

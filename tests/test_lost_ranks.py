@@ -26,7 +26,9 @@ def _only_row_before_the_death(rows: list[dict]) -> None:
     assert (rows[0]["status"], rows[0]["wrong"]) == ("ok", "0")
 
 
-@pytest.mark.parametrize("n", [2, 3])
+# At 3 ranks; at 2, test_a_lost_rank_is_placed_as_every_report_places_it kills rank 1 the same
+# way, and test_peers.py's test_lost_ranks_are_described_as_a_person_reads_them builds the line.
+@pytest.mark.parametrize("n", [3])
 def test_a_killed_worker_is_named_with_its_signal_and_step(tmp_path, n):
     """distbench's own launcher knows the signal; the workers know the step: one line says
     both, and run.json says the same."""
@@ -67,7 +69,10 @@ def test_a_lost_rank_is_placed_as_every_report_places_it(tmp_path):
     assert line.startswith(f"distbench: error: {said}"), res.stderr
 
 
-@pytest.mark.parametrize("nnodes,nproc", [(1, 3), (2, 2)], ids=["one-agent", "two-agents"])
+# Two agents as two nodes, 4 ranks. One agent of 3: the same roll call and hand-over, in this
+# process at 3 ranks (test_session_outcomes.py's
+# test_the_lowest_rank_left_finishes_run_json_when_rank_0_is_gone).
+@pytest.mark.parametrize("nnodes,nproc", [(2, 2)], ids=["two-agents"])
 def test_rank_0_killed_under_torchrun_the_lowest_rank_left_finishes_run_json(tmp_path, nnodes,
                                                                               nproc):
     procs = torchrun_nodes(tmp_path, nnodes=nnodes, nproc=nproc,

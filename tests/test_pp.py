@@ -1,5 +1,5 @@
 """pp's pure logic: stage split, analytic bubble, p2p byte accounting, the shape and the model,
-the check's pairs."""
+the check's pairs; and on the fake group, a schedule the ranks cannot run."""
 
 from __future__ import annotations
 
@@ -198,3 +198,49 @@ def test_bad_pp_option_is_one_line_and_exit_2(captured, capsys, args, option):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"distbench: error: {option}:") and "\n" not in err
     assert captured == []  # no worker was started
+
+
+# ---- a schedule that cannot run: a skipped row, and the next schedule still runs ---------------
+
+def _rows_on(rank: int, opts) -> list[dict]:
+    """Each schedule's row as rank `rank` of two measures it, as pp.run does."""
+    from types import SimpleNamespace
+
+    from distbench.run.faults import Faults
+    from distbench.steps import pp as steps
+
+    s = SimpleNamespace(rt=SimpleNamespace(rank=rank, world=2, nnodes=1, backend="gloo",
+                                           device=torch.device("cpu")),
+                        opts=opts, step=lambda what, seconds: None, faults=Faults())
+    shape = PipelineShape.from_options(opts)
+    bad: list[str] = []
+    rows = [steps._measure_schedule(s, schedule, shape, shape, None, 0.001, bad)
+            for schedule in opts.schedules]
+    assert bad == []
+    return rows
+
+
+def test_a_schedule_that_cannot_run_is_a_skipped_row(captured, monkeypatch):
+    from fake_group import run_ranks
+
+    from distbench.core.tables import format_table
+
+    # interleaved 1F1B on 2 ranks: 5 micro-batches make 2 rounds, and 5 is not a multiple of 2
+    with pytest.raises(SystemExit) as e:
+        distbench.cli.app.main(["pp", "--workers", "2", "--schedule", "interleaved-1f1b,gpipe",
+                                "--micro-batches", "5", "--hidden-size", "64", "--seq-len", "8",
+                                "--layers", "4", "--iters", "2", "--warmup", "1", "--no-check"])
+    assert e.value.code == 0
+    ((_, opts),) = captured
+    # the fake group has no point-to-point: gpipe's stages are built, its step does nothing
+    monkeypatch.setattr(pp_model.TorchPipeline, "step", lambda self: None)
+    r0, r1 = run_ranks(monkeypatch, 2, lambda rank: _rows_on(rank, opts))
+    for inter, gpipe in (r0, r1):  # every rank skips it, for the same reason
+        assert inter["schedule"] == "interleaved-1f1b" and inter["status"] == "skipped"
+        assert "multiple of the number of rounds" in inter["note"]
+        assert "step_us" not in inter and inter["layers_per_stage"] == "1/1/1/1"
+        assert gpipe["status"] == "ok" and gpipe["step_us"] > 0
+        assert gpipe["bubble_analytic"] == pytest.approx(1 / 6, rel=1e-5)
+    assert r0[0]["note"] == r1[0]["note"]
+    (line,) = format_table(OUTPUT.console, [r0[0]])
+    assert "skipped" in line

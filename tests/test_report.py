@@ -67,11 +67,11 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
     def made(name: str) -> Path:
         (out / name).mkdir()
-        res = distbench(out / name, *runs[name], "--workers", "3" if name == "p2p" else "2")
+        res = distbench(out / name, *runs[name], "--workers", "2")
         assert res.code == 0, res.stderr
         return res.run_dir
 
-    with ThreadPoolExecutor(2) as pool:  # two runs at a time: 7 processes at most
+    with ThreadPoolExecutor(2) as pool:  # two runs at a time: 6 processes at most
         return dict(zip(runs, pool.map(made, runs), strict=True))
 
 
