@@ -107,15 +107,18 @@ def test_a_rank_slow_both_ways_fails_the_run_and_is_named(n, seed):
     assert judged["cannot_tell"] == []
 
 
+@pytest.mark.parametrize("agents", [False, True], ids=["workers", "agents"])
 @pytest.mark.parametrize("n", [3, 4])
 @pytest.mark.parametrize("seed", SEEDS)
-def test_the_same_ranks_without_a_slow_rank_pass(n, seed):
-    s, failed = _judged(n, False, _figures(seed))
+def test_the_same_ranks_without_a_slow_rank_pass(n, seed, agents):
+    """A/A, on one host (every link intra-node) and as agents (a node each, inter-node)."""
+    s, failed = _judged(n, agents, _figures(seed))
     assert failed is None
     judged = s.meta["matrix"]
     assert judged["failing"] == [] and judged["cannot_tell"] == []
     assert [r["basis"] for r in judged["references"]] == [
         f"median of all {n * (n - 1)} links", f"median of all {n * (n - 1) // 2} links"]
+    assert {r["link"] for r in judged["references"]} == {"inter" if agents else "intra"}
     assert judged["links"] == 3 * n * (n - 1) // 2
 
 
@@ -173,14 +176,3 @@ def test_the_slow_node_is_named_by_its_own_name(nnodes, seed):
     assert len(judged["failing"]) == 3 * (nnodes - 1)
     assert all(f"{HOST}#2:0" in f and "of the healthy inter-node links'" in f
                for f in judged["failing"])
-
-
-@pytest.mark.parametrize("nnodes", [3, 4])
-@pytest.mark.parametrize("seed", SEEDS)
-def test_the_same_nodes_without_a_slow_node_pass(nnodes, seed):
-    s, failed = _judged(nnodes, True, _figures(seed))
-    assert failed is None
-    judged = s.meta["matrix"]
-    assert judged["failing"] == []
-    assert all(r["basis"].startswith("median of all") for r in judged["references"])
-    assert {r["link"] for r in judged["references"]} == {"inter"}
