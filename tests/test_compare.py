@@ -332,13 +332,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 # Real runs
 
 
+SWEEP = ("--sizes", "1K:16K:x4", "--min-time", "0.3")
+
+
 @pytest.fixture(scope="module")
 def plain_and_slowed(tmp_path_factory):
     """A small sweep, and the same sweep with rank 1 waiting 20 ms before every op: gloo on two
-    shared cores takes from 0.1 to 8 ms an op, so the two runs' samples barely overlap."""
+    shared cores takes from 0.1 to 8 ms an op, so the two runs' samples barely overlap. Each
+    row at least 0.3 s, so that a stall of tens of ms cannot make one repetition of a few ops
+    many times its peers and the row noisy: at 30 iterations 3 to 6 of the 6 rows were called
+    worse (3 in 2 runs of 6, the least the tests allow), at 0.3 s 5 or 6 (2026-11-25)."""
     out = tmp_path_factory.mktemp("runs")
-    args = ("collective", "--op", "all_reduce,all_gather", "--sizes", "1K:16K:x4", "--iters",
-            "30", "--warmup", "2", "--workers", "2")
+    args = ("collective", "--op", "all_reduce,all_gather", *SWEEP, "--warmup", "2",
+            "--workers", "2")
     (out / "plain").mkdir()
     (out / "slowed").mkdir()
     plain = distbench(out / "plain", *args)
@@ -397,9 +403,9 @@ def test_a_slowed_run_is_worse_and_fails_the_gate(plain_and_slowed):
 @pytest.mark.alone
 def test_baseline_at_the_end_of_a_run(plain_and_slowed, tmp_path):
     plain, _ = plain_and_slowed
-    res = distbench(tmp_path, "collective", "--op", "all_reduce,all_gather", "--sizes",
-                    "1K:16K:x4", "--iters", "30", "--warmup", "2", "--workers", "2",
-                    "--baseline", str(plain), DISTBENCH_TEST_SLOW_RANK="0:0.02")
+    res = distbench(tmp_path, "collective", "--op", "all_reduce,all_gather", *SWEEP,
+                    "--warmup", "2", "--workers", "2", "--baseline", str(plain),
+                    DISTBENCH_TEST_SLOW_RANK="0:0.02")
     assert res.code == 4, res.stderr
     assert "rows worse than --baseline by more than 5% and beyond the noise" in res.stderr
     assert f"BASE {plain.name} vs NEW {res.run_dir.name}" in res.stdout
