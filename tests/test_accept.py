@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from helpers import assert_one_line_error, distbench, distbench_lines, torchrun_nodes
-from test_accept_nodes import accept_here
+from test_accept_nodes import NAMED, SLOW_S, accept_here
 
 from distbench.accept.profiles import load
 
@@ -68,12 +67,6 @@ def test_on_this_machine_it_picks_cpu_gloo_and_passes(on_this_machine):
     assert measured and all(float(r["spread"]) >= 0 for r in measured)  # its own noise
 
 
-# A bad NIC or cable, as the fault hook makes it: every rank of a slow node waits this long before
-# every op it sends or receives in. Healthy gloo on this loaded 2-core machine takes 0.3 to 3.4
-# ms for a 1 MiB all_reduce: a slow node's targets fall to a thirtieth of the healthy ones at
-# most, past cpu-gloo's fail line (a twentieth), and a hundredth as a rule.
-SLOW_S = 0.1
-NAMED = re.compile(r"node (\S+) (?:failed|is in all)")
 # cpu-gloo as it is but for its iterations: a slow node's every op waits SLOW_S, so the 26 calls
 # of each of its measurements (5 warmup, 20 timed, 1 checked) took 2.6 s, and a run on 3 to 5
 # nodes a minute or more. 5 timed (one a repetition) and 1 warmup take 0.7 s. What is judged
