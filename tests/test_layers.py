@@ -18,7 +18,7 @@ LEVELS = {
     "platform": 1, "ops": 1,
     "results": 2,
     "run": 3,
-    "bench": 4,
+    "bench": 4, "planner": 4,
     "steps": 5, "accept": 5,
     "cli": 6,
     "__main__": 7,
@@ -28,6 +28,8 @@ LEVELS = {
 BANNED = {
     "core": {"torch", "pandas", "typer", "rich", "matplotlib", "numpy"},
     "results": {"torch"},
+    # a plan from earlier runs is pure arithmetic, in seconds even for thousands of GPUs
+    "planner": {"torch"},
 }
 TOP_LEVEL = {"__init__", "__main__"}
 

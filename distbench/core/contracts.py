@@ -144,6 +144,86 @@ DP = Output("dp.csv", csv=(
          "comm_alone_us", "exposed_comm_us", "overlap_pct", "state_bytes_per_rank", "status"))
 
 
+# step
+# One row per layout: the parts add up as predicted (docs/plan.md) and as measured.
+# Stable contract: add columns at the end, never rename.
+STEP = Output("step.csv", csv=(
+    "model", "tp", "pp", "dp", "zero", "micro_batches", "micro_batch_size", "schedule",
+    "dtype", "world_size", "nnodes", "layers", "hidden_size", "ffn_size", "heads", "seq_len",
+    "batch", "params", "iters", "step_us", "rank_min_us", "rank_max_us", "slowest_rank",
+    "p50_us", "p99_us", "cv_pct", "compute_only_us", "tp_comm_alone_us", "pp_comm_alone_us",
+    "dp_comm_alone_us", "exposed_comm_us", "tp_exposed_us", "pp_exposed_us", "dp_exposed_us",
+    "bubble_analytic", "bubble_us", "tp_bytes_per_step", "pp_bytes_per_step",
+    "dp_bytes_per_step", "state_bytes_per_rank", "peak_mem_bytes", "samples_per_s",
+    "max_abs_err", "backend", "status", "note",
+), console=(
+    Column("tp", "tp", "", 4, ident=True),
+    Column("pp", "pp", "", 4, ident=True),
+    Column("dp", "dp", "", 4, ident=True),
+    Column("zero", "zero", "", 5, ident=True),
+    Column("micro_batches", "micro", "batches", 8, ident=True),
+    Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
+    Column("compute_only_us", "compute", "(ms)", 10, us_as_ms(".2f")),
+    Column("tp_comm_alone_us", "tp comm", "alone(ms)", 10, us_as_ms(".2f")),
+    Column("pp_comm_alone_us", "pp comm", "alone(ms)", 10, us_as_ms(".2f")),
+    Column("dp_comm_alone_us", "dp comm", "alone(ms)", 10, us_as_ms(".2f")),
+    Column("exposed_comm_us", "exposed", "(ms)", 10, us_as_ms(".2f")),
+    Column("bubble_analytic", "bubble", "", 7, ".3f"),
+    Column("state_bytes_per_rank", "state", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
+    Column("max_abs_err", "max_err", "", 10, ".3g"),
+), identity=("model", "tp", "pp", "dp", "zero", "micro_batches", "dtype", "world_size"),
+    read=("tp", "pp", "dp", "zero", "micro_batches", "step_us", "compute_only_us",
+          "exposed_comm_us", "status"))
+
+
+
+# plan
+# One row per layout on --gpus ranks: the predicted step and its parts (docs/plan.md), the
+# memory per rank and its parts, whether it fits, and its rank among those that fit. Predicted,
+# not measured: no identity, so compare does not pair it with a measurement.
+# Stable contract: add columns at the end, never rename.
+PLAN = Output("plan.csv", csv=(
+    "model", "tp", "pp", "dp", "zero", "micro_batches", "micro_batch_size", "dtype",
+    "world_size", "gpus_per_node", "predicted_step_ms", "compute_ms", "tp_comm_ms",
+    "pp_comm_ms", "bubble_ms", "dp_comm_ms", "dp_exposed_ms", "optimizer_ms",
+    "bubble_fraction", "tokens_per_s", "memory_per_rank_bytes", "params_bytes", "grads_bytes",
+    "optimizer_bytes", "buffers_bytes", "activations_bytes", "memory_limit_bytes", "fits",
+    "rank",
+), console=(
+    Column("rank", "rank", "", 5),
+    Column("tp", "tp", "", 4),
+    Column("pp", "pp", "", 4),
+    Column("dp", "dp", "", 6),
+    Column("zero", "zero", "", 5),
+    Column("micro_batches", "micro", "batches", 8),
+    Column("predicted_step_ms", "step", "(ms)", 10, ".2f"),
+    Column("compute_ms", "compute", "(ms)", 10, ".2f"),
+    Column("tp_comm_ms", "tp comm", "(ms)", 10, ".2f"),
+    Column("pp_comm_ms", "pp comm", "(ms)", 10, ".2f"),
+    Column("bubble_ms", "bubble", "(ms)", 10, ".2f"),
+    Column("dp_exposed_ms", "dp exp.", "(ms)", 10, ".2f"),
+    Column("optimizer_ms", "optim", "(ms)", 9, ".2f"),
+    Column("memory_per_rank_bytes", "memory", "(GiB)", 9, lambda b: f"{b / 2**30:.1f}"),
+    Column("fits", "fits", "", 5, lambda v: "yes" if v else "no"),
+), read=("tp", "pp", "dp", "zero", "micro_batches", "predicted_step_ms", "fits"))
+
+# validation
+# One row per layout `plan --validate K` ran for real: what was predicted against what a real
+# step took. Stable contract: add columns at the end, never rename.
+VALIDATION = Output("validation.csv", csv=(
+    "model", "tp", "pp", "dp", "zero", "micro_batches", "predicted_step_ms",
+    "measured_step_ms", "error_pct", "status", "note",
+), console=(
+    Column("tp", "tp", "", 4, ident=True),
+    Column("pp", "pp", "", 4, ident=True),
+    Column("dp", "dp", "", 4, ident=True),
+    Column("zero", "zero", "", 5, ident=True),
+    Column("micro_batches", "micro", "batches", 8, ident=True),
+    Column("predicted_step_ms", "predicted", "(ms)", 11, ".2f"),
+    Column("measured_step_ms", "measured", "(ms)", 11, ".2f"),
+    Column("error_pct", "error", "(%)", 8, ".1f"),
+), read=("predicted_step_ms", "measured_step_ms", "status"))
+
 # accept
 # One row per check and target (a node, a pair of nodes, the cluster), retests included; its
 # metric (a profile's choice) says which way is better, so it is part of the row's identity.
@@ -164,7 +244,7 @@ ACCEPT = Output("accept.csv", csv=(
     read=("measured", "expected", "ratio", "verdict"))
 
 # Every CSV, in the order report shows a run's tables and compare compares them.
-OUTPUTS = (COLLECTIVE, P2P, P2P_MATRIX, TP, PP, DP, ACCEPT)
+OUTPUTS = (COLLECTIVE, P2P, P2P_MATRIX, TP, PP, DP, STEP, PLAN, VALIDATION, ACCEPT)
 
 # The columns report and compare read as numbers, in whichever CSV: a cell that is none is
 # refused, naming the file, column and row. Checked in this order (the first bad cell is named).

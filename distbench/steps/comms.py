@@ -8,7 +8,7 @@ buffers on this rank (an all-gather's whole output, a reduce-scatter's whole inp
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,10 @@ class Call:
     op: str  # canonical name when known, else the dispatcher's
     size_bytes: int
     dtype: torch.dtype | None
-    root: int = 0  # broadcast's source rank
+    root: int = 0  # broadcast's source rank; a send's or receive's peer (group ranks)
+    # the process group's name, which tells a mesh's dimensions apart; left out of equality:
+    # a call is the same collective on whichever group it is replayed
+    group: str = field(default="", compare=False)
 
 
 def _tensors(arg) -> list[torch.Tensor]:
@@ -73,9 +76,10 @@ class CommCounter(TorchDispatchMode):
             op = _CANONICAL.get(key, key)
             buffers = [t for a in args[:2] for t in _tensors(a)]
             size = max((t.numel() * t.element_size() for t in buffers), default=0)
-            root = args[2] if op == "broadcast" and len(args) > 2 and isinstance(
-                args[2], int) else 0
-            self.calls.append(Call(op, size, buffers[0].dtype if buffers else None, root))
+            root = args[2] if op in ("broadcast", "send", "recv") and len(args) > 2 and \
+                isinstance(args[2], int) else 0
+            self.calls.append(Call(op, size, buffers[0].dtype if buffers else None, root,
+                                   _group_name(args)))
         return out
 
     @property
@@ -99,6 +103,21 @@ class CommCounter(TorchDispatchMode):
         return {k: v for k, v in self.counts.items() if k != "all_reduce"}
 
 
+def _group_name(args) -> str:
+    """The group a call ran on: c10d's ops take the ProcessGroup (boxed), functional
+    collectives its name (their last text argument)."""
+    from torch._C._distributed_c10d import ProcessGroup
+
+    for a in args:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return ProcessGroup.unbox(a).group_name
+            except RuntimeError:  # another boxed argument (a ReduceOp)
+                continue
+    names = [a for a in args if isinstance(a, str)]
+    return names[-1] if names else ""
+
+
 def bus_bytes(calls: list[Call], world: int) -> float:
     """Bytes on the bus per rank: each call's size times its op's busbw factor."""
     return sum(c.size_bytes * BUS_FACTOR[c.op](world) for c in calls if c.op in BUS_FACTOR)
@@ -116,13 +135,15 @@ def replayable(calls: list[Call]) -> tuple[list[Call], dict[str, int]]:
     return ok, left
 
 
-def replay(calls: list[Call], device: torch.device, before: Callable[[], None] | None = None
-           ) -> Callable[[], None]:
+def replay(calls: list[Call], device: torch.device, before: Callable[[], None] | None = None,
+           group=None) -> Callable[[], None]:
     """One function that issues `calls` back to back, alone, on buffers of the same sizes and
     dtypes, allocated here, once per distinct size (a step's calls come in few sizes: one
     buffer per size keeps the replay's memory near one call's, not the whole step's).
-    `before` runs ahead of every all-reduce (the fault hook's delay, in tests)."""
-    world = dist.get_world_size()
+    `before` runs ahead of every all-reduce (the fault hook's delay, in tests). `group`: the
+    process group they ran on (None: every rank), a broadcast's root a rank of it."""
+    world = dist.get_world_size(group)
+    on = {} if group is None else {"group": group}
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     buffers: dict[tuple, torch.Tensor] = {}
@@ -139,22 +160,51 @@ def replay(calls: list[Call], device: torch.device, before: Callable[[], None] |
         if c.op == "all_reduce":
             buf = zeros(count, c.dtype)
             if before is None:
-                steps.append(lambda b=buf: dist.all_reduce(b))
+                steps.append(lambda b=buf: dist.all_reduce(b, **on))
             else:
-                steps.append(lambda b=buf: (before(), dist.all_reduce(b)))
+                steps.append(lambda b=buf: (before(), dist.all_reduce(b, **on)))
         elif c.op == "broadcast":
             buf = zeros(count, c.dtype)
-            steps.append(lambda b=buf, r=c.root: dist.broadcast(b, src=r))
+            if group is None:
+                steps.append(lambda b=buf, r=c.root: dist.broadcast(b, src=r))
+            else:
+                steps.append(lambda b=buf, r=c.root: dist.broadcast(b, group=group, group_src=r))
         else:
             whole = zeros(count - count % world, c.dtype)
             part = zeros(whole.numel() // world, c.dtype)
             if c.op == "all_gather":
-                steps.append(lambda w=whole, p=part: gather(w, p))
+                steps.append(lambda w=whole, p=part: gather(w, p, **on))
             else:
-                steps.append(lambda w=whole, p=part: scatter(p, w))
+                steps.append(lambda w=whole, p=part: scatter(p, w, **on))
 
     def run() -> None:
         for step in steps:
             step()
+
+    return run
+
+
+def replay_p2p(calls: list[Call], device: torch.device, group) -> Callable[[], None]:
+    """The sends and receives among `calls` (peers: ranks of `group`), alone: each posted in
+    the step's order without waiting, then all waited for. A pipeline's peers send and receive
+    in matching orders, so nothing deadlocks, and no compute holds a transfer back: the time the
+    transfers take by themselves. One buffer per distinct size."""
+    buffers: dict[tuple, torch.Tensor] = {}
+    posts: list[Callable[[], object]] = []
+    for c in calls:
+        if c.op not in ("send", "recv") or c.dtype is None:
+            continue
+        key = (c.size_bytes // c.dtype.itemsize, c.dtype)
+        if key not in buffers:
+            buffers[key] = torch.zeros(key[0], dtype=c.dtype, device=device)
+        buf = buffers[key]
+        if c.op == "send":
+            posts.append(lambda b=buf, r=c.root: dist.isend(b, group=group, group_dst=r))
+        else:
+            posts.append(lambda b=buf, r=c.root: dist.irecv(b, group=group, group_src=r))
+
+    def run() -> None:
+        for work in [post() for post in posts]:
+            work.wait()
 
     return run

@@ -1,0 +1,210 @@
+"""`distbench step`: one training step of a transformer stack laid out on a tp x pp x dp device
+mesh (TP through parallelize_module, PP through torch.distributed.pipelining's 1F1B, DP through
+DDP, ZeroRedundancyOptimizer or FSDP2), one row per layout: step time, compute-only time, each
+dimension's communication alone and exposed, the bubble, the state per rank and a check against
+a single-rank reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from distbench.core import contracts
+from distbench.core.options import (
+    OptionError,
+    RunOptions,
+    StepOptions,
+    at_least,
+    option,
+    redefault,
+    with_example,
+)
+from distbench.planner.layouts import ZERO_STAGES, Layout, divisors, problems
+from distbench.planner.models import EXAMPLE as MODEL_EXAMPLE
+from distbench.planner.models import PRESETS, ModelSpec, model_text, parse_model
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
+
+HELP = ("One training step of a transformer stack on a tp x pp x dp mesh: step, compute and "
+        "communication per dimension, bubble, memory per rank.")
+
+ZERO_EXAMPLE = "--zero 0,1,3"
+
+
+def _model(option_name: str, text) -> str:
+    """Stored as text (a preset's name or the shape), so run.json's options serialize."""
+    return model_text(parse_model(option_name, text))
+
+
+def _zero_stages(option_name: str, text) -> list[int]:
+    raw = str(text).strip().lower()
+    if raw == "all":
+        return list(ZERO_STAGES)
+    out: list[int] = []
+    for part in raw.split(","):
+        try:
+            stage = int(part.strip())
+        except ValueError:
+            raise OptionError(option_name, f"{part.strip()!r} is not a ZeRO stage (0 to 3)",
+                              ZERO_EXAMPLE) from None
+        if stage not in ZERO_STAGES:
+            raise OptionError(option_name, f"ZeRO stage {stage} is not one of "
+                              f"{', '.join(map(str, ZERO_STAGES))}", ZERO_EXAMPLE)
+        if stage not in out:
+            out.append(stage)
+    return out
+
+
+with_example(_model, MODEL_EXAMPLE)
+with_example(_zero_stages, ZERO_EXAMPLE)
+
+
+def default_micro_batches(model: ModelSpec, pp: int, dp: int) -> int:
+    """1 without a pipeline; else the fewest micro-batches from 2 x pp up that split a replica's
+    share of the batch (bubble (pp-1)/(3pp-1): a third of pp's minimum's), else from pp up, else
+    2 x pp (which problems() then refuses)."""
+    if pp == 1:
+        return 1
+    share = model.batch // dp if model.batch % dp == 0 else 0
+    for low in (2 * pp, pp):
+        fits = [k for k in divisors(share) if k >= low] if share else []
+        if fits:
+            return fits[0]
+    return 2 * pp
+
+
+@dataclass(kw_only=True)
+class StepCommandOptions(RunOptions):
+    model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape: layers=,hidden=,"
+                        "ffn=,heads=,seq=,batch= (batch: samples per step over all replicas).",
+                        check=_model)
+    tp: int | None = option(None, "Tensor-parallel ranks. With none of --tp, --pp, --dp: every "
+                            "layout of the world the model fits.",
+                            check=at_least(1, "--tp 2", optional=True), show_default=False)
+    pp: int | None = option(None, "Pipeline stages (1F1B).",
+                            check=at_least(1, "--pp 2", optional=True), show_default=False)
+    dp: int | None = option(None, "Data-parallel replicas. Default: the ranks --tp and --pp "
+                            "leave.", check=at_least(1, "--dp 2", optional=True),
+                            show_default=False)
+    zero: list[int] = option("0", "ZeRO stages (0 DDP, 1 +ZeroRedundancyOptimizer, 2/3 FSDP2); "
+                             "comma list or 'all'; above 0 only where dp > 1.",
+                             check=_zero_stages, cli_type=str)
+    micro_batches: int | None = option(
+        None, "Micro-batches per step. Default: 1 without a pipeline, else the fewest from "
+        "2 x pp up that split a replica's batch.", check=at_least(1, "--micro-batches 4",
+                                                                  optional=True),
+        show_default=False)
+    dtype: str = redefault(StepOptions, "dtype", "float32")
+    iters: int = redefault(StepOptions, "iters", 10)
+    warmup: int = redefault(StepOptions, "warmup", 2)
+    check: bool = redefault(StepOptions, "check", True)
+
+    SIZED_BY = ("--model", "--model toy")
+
+    def spec(self) -> ModelSpec:
+        return parse_model("--model", self.model)
+
+    def shapes(self, world: int) -> list[tuple[int, int, int]]:
+        """The (tp, pp, dp) asked for. Given some of them, the first unset of dp, tp, pp takes
+        what the others leave and any other unset one is 1; given none, every factorization of
+        the world the model fits (by problems(), at ZeRO 0)."""
+        given = {"tp": self.tp, "pp": self.pp, "dp": self.dp}
+        if all(v is None for v in given.values()):
+            model = self.spec()
+            out = []
+            for t in divisors(world):
+                for p in divisors(world // t):
+                    d = world // (t * p)
+                    m = self.micro_batches or default_micro_batches(model, p, d)
+                    if not problems(Layout(tp=t, pp=p, dp=d, micro_batches=m), model):
+                        out.append((t, p, d))
+            return out
+        fill = next(k for k in ("dp", "tp", "pp") if given[k] is None) \
+            if None in given.values() else None
+        known = 1
+        for v in given.values():
+            if v is not None:
+                known *= v
+        values = {k: (v if v is not None else (world // known if k == fill else 1))
+                  for k, v in given.items()}
+        if fill is not None and world % known:
+            values[fill] = 0  # refused by check_world
+        return [(values["tp"], values["pp"], values["dp"])]
+
+    def layouts(self, world: int) -> tuple[list[Layout], list[str]]:
+        """Every layout to run, in order, and a note for each ZeRO stage left out where dp is 1."""
+        model = self.spec()
+        out: list[Layout] = []
+        notes: list[str] = []
+        for t, p, d in self.shapes(world):
+            m = self.micro_batches or default_micro_batches(model, p, d)
+            stages = [z for z in self.zero if d > 1 or z == 0]
+            dropped = [z for z in self.zero if z not in stages]
+            if dropped:
+                notes.append(f"tp {t} pp {p} dp {d}: ZeRO {', '.join(map(str, dropped))} "
+                             "left out (it shards over replicas; dp is 1)")
+            out += [Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m) for z in stages]
+        return out, notes
+
+    def check_world(self, world: int) -> None:
+        shapes = self.shapes(world)
+        if not shapes:
+            raise OptionError("--model", f"no tp x pp x dp layout of {world} ranks fits "
+                              f"{self.model}", "--model toy")
+        for t, p, d in shapes:
+            if t * p * d != world:
+                raise OptionError(self._named(), f"tp x pp x dp = {t} x {p} x {d} must be the "
+                                  f"{world} ranks", f"--tp {world} --pp 1 --dp 1")
+        layouts, _ = self.layouts(world)
+        if not layouts:
+            raise OptionError("--zero", f"ZeRO {','.join(map(str, self.zero))} shards over "
+                              "replicas, and no layout asked for has dp > 1", "--zero 0,1")
+        model = self.spec()
+        for layout in layouts:
+            why = problems(layout, model)
+            if why:
+                raise OptionError(self._named(), f"{layout.label()}: {why[0]}",
+                                  "--tp 2 --pp 2 --dp 1 --micro-batches 4")
+
+    def _named(self) -> str:
+        named = [f"--{k}" for k in ("tp", "pp", "dp") if getattr(self, k) is not None]
+        return "/".join(named) or "--model"
+
+    def host_bytes(self, backend: str, world: int) -> int:
+        """On CPU, a rough bound per rank: the largest layout's share of the weights with their
+        gradients and two AdamW states, and its activations; plus the whole model and batch when
+        the single-rank reference runs on every rank."""
+        if backend == "nccl":
+            return 0
+        from distbench.core.dtypes import element_bytes
+
+        model, elt = self.spec(), element_bytes(self.dtype)
+        h, f = model.hidden_size, model.ffn_size
+
+        def activations(samples: int, layers: int, tp: int) -> int:
+            return layers * samples * model.seq_len * (6 * h + (3 * h + 2 * f) // tp)
+
+        need = 0
+        for t, p, d in self.shapes(world) or [(1, 1, world)]:
+            if t * p * d != world or d < 1:
+                continue
+            share = model.batch // d
+            need = max(need, 4 * model.params // (t * p) + activations(share, model.layers // p,
+                                                                       t))
+        reference = 0
+        # steps.step3d.CHECK_MAX_FLOPS (not imported: it would bring torch in)
+        if self.check and model.layers * model.flops_per_layer(model.batch * model.seq_len) \
+                <= 1e10:
+            reference = 4 * model.params + activations(model.batch, model.layers, 1)
+        return elt * (need + reference)
+
+
+OUTPUT = contracts.STEP
+
+
+def run(s: Session) -> int:
+    """Per rank, under a launcher."""
+    from distbench.steps import step3d
+
+    return step3d.run(s, OUTPUT)

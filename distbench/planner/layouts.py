@@ -1,0 +1,98 @@
+"""A layout: how a model's training step is spread over tp x pp x dp ranks, which ZeRO stage
+the data-parallel replicas use and how many micro-batches a step is cut into; what makes one
+invalid for a model, and every valid one for a number of GPUs. Torch-free.
+
+Ranks are laid out as torch's device mesh (pp, dp, tp): tp varies fastest, so a TP group is
+`tp` consecutive ranks (inside a node when tp <= GPUs per node) and a pipeline's stages are
+tp x dp ranks apart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+from distbench.planner.models import ModelSpec
+
+ZERO_STAGES = (0, 1, 2, 3)
+# torch.distributed.pipelining's schedules the step runs; 1F1B needs micro_batches >= pp
+SCHEDULE = "1f1b"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    zero: int = 0
+    micro_batches: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def micro_batch_size(self, model: ModelSpec) -> int:
+        return model.batch // (self.dp * self.micro_batches)
+
+    def label(self) -> str:
+        return f"tp{self.tp} pp{self.pp} dp{self.dp} zero{self.zero} m{self.micro_batches}"
+
+    def key(self) -> tuple[int, int, int, int, int]:
+        return (self.tp, self.pp, self.dp, self.zero, self.micro_batches)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def problems(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None) -> list[str]:
+    """Why `layout` cannot train `model` (empty when it can)."""
+    t, p, d, z, m = layout.key()
+    out: list[str] = []
+    if min(t, p, d, m) < 1:
+        out.append("tp, pp, dp and micro-batches must be at least 1")
+        return out
+    if z not in ZERO_STAGES:
+        out.append(f"ZeRO stage {z} is not one of {', '.join(map(str, ZERO_STAGES))}")
+    if z and d == 1:
+        out.append(f"ZeRO {z} shards over data-parallel replicas; dp is 1")
+    if model.heads % t or model.ffn_size % t:
+        out.append(f"tp {t} must divide the heads ({model.heads}) and the ffn size "
+                   f"({model.ffn_size})")
+    if model.layers % p:
+        out.append(f"pp {p} must divide the layers ({model.layers})")
+    if model.batch % (d * m):
+        out.append(f"dp x micro-batches ({d} x {m}) must divide the batch ({model.batch})")
+    if p > 1 and m < p:
+        out.append(f"the 1F1B schedule needs at least pp ({p}) micro-batches, got {m}")
+    elif p > 1 and d > 1 and z <= 1 and m == p:
+        # torch's DDP fails an internal assert in the second step of such a pipeline (seen at
+        # pp 2, dp 2, m 2 with torch 2.13); a rank that fails leaves its stage's peers waiting
+        out.append(f"DDP (ZeRO {z}) in a 1F1B pipeline needs more micro-batches than pp ({p}), "
+                   f"got {m}")
+    if gpus_per_node is not None and t > gpus_per_node:
+        out.append(f"tp {t} spans nodes of {gpus_per_node} GPUs; TP stays inside a node")
+    return out
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def enumerate_layouts(model: ModelSpec, gpus: int, gpus_per_node: int,
+                      zero_stages: tuple[int, ...] = ZERO_STAGES) -> Iterator[Layout]:
+    """Every valid layout on exactly `gpus` ranks: tp a divisor of the GPUs per node, pp a
+    divisor of the layers, dp what is left, each ZeRO stage (0 alone when dp is 1) and every
+    micro-batch count that divides a replica's share of the batch (at least pp of them; 1 when
+    pp is 1, since more only trades time for activation memory)."""
+    for t in divisors(gpus_per_node):
+        for p in divisors(model.layers):
+            if gpus % (t * p):
+                continue
+            d = gpus // (t * p)
+            if model.batch % d:
+                continue
+            counts = [1] if p == 1 else [k for k in divisors(model.batch // d) if k >= p]
+            for z in (zero_stages if d > 1 else (0,)):
+                for m in counts:
+                    layout = Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m)
+                    if not problems(layout, model, gpus_per_node):
+                        yield layout

@@ -1,0 +1,417 @@
+"""One training step of planner.models' transformer stack laid out on a 3-D device mesh, composed
+the way torchtitan composes torch's own APIs:
+
+1. the mesh: init_device_mesh(device, (pp, dp, tp), names ("pp", "dp", "tp")), tp fastest;
+2. each rank builds only its pipeline stage's layers, layer i's weights from (seed, i), in a
+   ModuleDict keyed by the global index, so parameter names are the whole model's;
+3. TP: parallelize_module on mesh["tp"], column-wise qkv and up, row-wise out and down;
+4. DP on mesh["dp"]: zero 0 DDP, zero 1 DDP with ZeroRedundancyOptimizer, zero 2 / 3 FSDP2
+   (fully_shard per layer, then the stage; reshard_after_forward false / true);
+5. PP on mesh["pp"]: a PipelineStage around the DP-wrapped stage and Schedule1F1B with an MSE
+   loss; with pp 1, the micro-batches are accumulated by hand, gradients synchronised on the
+   last one only (DDP no_sync, FSDP set_requires_gradient_sync);
+6. AdamW (ZeroRedundancyOptimizer's inner optimizer at zero 1).
+
+Beside it: the single-rank reference the check compares with, and the same per-rank work with no
+communication (compute-only).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from distbench.planner.layouts import Layout
+from distbench.planner.models import ModelSpec
+from distbench.steps.dp_model import (
+    CHECK_EPS_SHARE,
+    LR,
+    needs_master,
+    optimizer_class,
+    optimizer_tensors,
+    storage_bytes,
+)
+from distbench.steps.models import MLP, Attention
+from distbench.steps.reference import TensorPair
+
+SEED = 1234
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+class Layer(nn.Module):
+    """Attention then MLP, each adding its own residual (steps.models' blocks)."""
+
+    def __init__(self, model: ModelSpec, tp: int = 1):
+        super().__init__()
+        self.attn = Attention(model.hidden_size, model.head_dim * (model.heads // tp),
+                              model.head_dim)
+        self.mlp = MLP(model.hidden_size, model.ffn_size // tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.attn(x))
+
+
+class Stage(nn.Module):
+    """Layers keyed by their global index (torchtitan's ModuleDict): a parameter is named as in
+    the whole model, whichever stage holds it."""
+
+    def __init__(self, layers: dict[str, nn.Module]):
+        super().__init__()
+        self.layers = nn.ModuleDict(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = layer(x)
+        return x
+
+
+def make_layer(model: ModelSpec, index: int, device, dtype, tp: int = 1) -> Layer:
+    """Layer `index`, its weights from (SEED, index) alone, so any rank builds the same one;
+    tp > 1 builds a shard's shapes (compute-only: the values do not matter there)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED * 1000 + index)
+        layer = Layer(model, tp)
+    return layer.to(device=device, dtype=dtype)
+
+
+def stage_indices(model: ModelSpec, pp_rank: int, pp: int) -> range:
+    per = model.layers // pp  # pp divides the layers: planner.layouts.problems
+    return range(pp_rank * per, (pp_rank + 1) * per)
+
+
+def make_stage(model: ModelSpec, indices: range, device, dtype, tp: int = 1) -> Stage:
+    return Stage({str(i): make_layer(model, i, device, dtype, tp) for i in indices})
+
+
+def global_batch(model: ModelSpec, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sample of the step and its regression target, the same on every rank."""
+    g = torch.Generator().manual_seed(SEED)
+    dims = (model.batch, model.seq_len, model.hidden_size)
+    return (torch.randn(dims, generator=g).to(device=device, dtype=dtype),
+            torch.randn(dims, generator=g).to(device=device, dtype=dtype))
+
+
+def tp_plan(indices: range) -> dict:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {}
+    for i in indices:
+        plan[f"layers.{i}.attn.qkv"] = ColwiseParallel()
+        plan[f"layers.{i}.attn.out"] = RowwiseParallel()
+        plan[f"layers.{i}.mlp.up"] = ColwiseParallel()
+        plan[f"layers.{i}.mlp.down"] = RowwiseParallel()
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# One layout on a fresh mesh
+
+
+@dataclass
+class MeshModel:
+    """This rank's part of one layout, ready to step."""
+
+    layout: Layout
+    mesh: object  # the DeviceMesh
+    stage: Stage  # this rank's layers (TP-sharded, DP-wrapped in place by FSDP)
+    model: nn.Module  # what forward runs: the DDP wrapper, or the stage
+    optimizer: torch.optim.Optimizer
+    x: torch.Tensor  # this replica's samples (all micro-batches); first stage only under PP
+    target: torch.Tensor
+    schedule: object | None  # Schedule1F1B when pp > 1
+    localized: dict = field(default_factory=dict)  # name -> DTensor spec (TP under DDP)
+    loss: torch.Tensor | None = None  # the last step's, on the last stage
+
+    def __post_init__(self):
+        # taken before any forward: what DDP and the optimizer hold (with TP under DDP, torch
+        # swaps new parameter objects into the module around every forward)
+        named = list(self.stage.named_parameters())
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.pp_rank = self.mesh["pp"].get_local_rank()
+        self.first = self.pp_rank == 0
+        self.last = self.pp_rank == self.layout.pp - 1
+
+    def forward_backward(self) -> None:
+        for p in self.params:
+            p.grad = None
+        if self.schedule is None:
+            self.loss = accumulate(self.model, self.layout, self.x, self.target)
+            return
+        losses: list | None = [] if self.last else None
+        args = (self.x,) if self.first else ()
+        self.schedule.step(*args, target=self.target if self.last else None, losses=losses)
+        if self.last:
+            self.loss = torch.stack([t.detach() for t in losses]).mean()
+
+    def step(self) -> None:
+        self.forward_backward()
+        self.optimizer.step()
+
+    def whole(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A parameter or gradient whole, on the CPU: a DTensor (TP, FSDP) gathered, a TP shard
+        that DDP holds as a plain tensor made a DTensor again first. Collective over the tensor's
+        mesh: every rank of the stage calls it for the same names in the same order."""
+        from torch.distributed.tensor import DTensor
+
+        spec = self.localized.get(name)
+        if spec is not None and not isinstance(t, DTensor):
+            t = DTensor.from_local(t, spec.mesh, spec.placements, run_check=False,
+                                   shape=spec.shape, stride=spec.stride)
+        if isinstance(t, DTensor):
+            with _quiet_redistribute():
+                t = t.full_tensor()
+        return t.detach().cpu().clone()  # a copy: the next steps train on in place
+
+    def state_bytes(self) -> int:
+        """Parameters, gradients and optimizer states this rank holds (its shards)."""
+        return (storage_bytes(self.params) + storage_bytes(p.grad for p in self.params)
+                + storage_bytes(optimizer_tensors(self.optimizer)))
+
+    def optimizer_shards(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """The shapes of what this rank's optimizer steps (ZeRO-1: its partition; FSDP: its
+        shards), for compute-only."""
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.distributed.tensor import DTensor
+
+        opt = self.optimizer
+        inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+        out = []
+        for group in inner.param_groups:
+            for p in group["params"]:
+                local = p.to_local() if isinstance(p, DTensor) else p
+                out.append((tuple(local.shape), local.dtype))
+        return out
+
+
+@contextmanager
+def _quiet_redistribute():
+    """Gathering a TP + FSDP tensor whole takes two all-gathers, and torch warns on every rank
+    that one would be faster: true, and beside the point of a check that runs once."""
+    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def accumulate(model: nn.Module, layout: Layout, x: torch.Tensor, target: torch.Tensor
+               ) -> torch.Tensor:
+    """pp 1: the micro-batches one after another, each loss divided by their count (the mean of
+    equal means is the whole mean), gradients synchronised across replicas on the last only."""
+    from contextlib import nullcontext
+
+    m = layout.micro_batches
+    xs, ts = x.chunk(m), target.chunk(m)
+    sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2
+    total = torch.zeros((), dtype=x.dtype, device=x.device)
+    for j in range(m):
+        final = j == m - 1
+        if sync is not None:
+            sync(final)
+        no_sync = getattr(model, "no_sync", None)  # DDP
+        with nullcontext() if final or no_sync is None else no_sync():
+            loss = F.mse_loss(model(xs[j]), ts[j])
+            (loss / m).backward()
+        total += loss.detach() / m
+    return total
+
+
+def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: float = 1e-8
+          ) -> MeshModel:
+    """This rank's part of `layout` on a fresh mesh, from SEED."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    t, p, d = layout.tp, layout.pp, layout.dp
+    mesh = init_device_mesh(device.type, (p, d, t), mesh_dim_names=("pp", "dp", "tp"))
+    pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
+    indices = stage_indices(model, pp_rank, p)
+    fsdp = d > 1 and layout.zero >= 2
+    stage = make_stage(model, indices, device, torch.float32 if fsdp and needs_master(dtype)
+                       else dtype)
+    if t > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        parallelize_module(stage, mesh["tp"], tp_plan(indices))
+    wrapped, localized = _data_parallel(stage, layout, mesh, device, dtype)
+    opt = _optimizer(stage, layout, mesh, device, dtype, eps)
+    schedule = None
+    if p > 1:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        pipe = PipelineStage(wrapped, pp_rank, p, device, group=mesh["pp"].get_group())
+        schedule = Schedule1F1B(pipe, layout.micro_batches, loss_fn=F.mse_loss)
+    x, target = global_batch(model, device, dtype)
+    share = model.batch // d
+    x, target = (x[dp_rank * share:(dp_rank + 1) * share],
+                 target[dp_rank * share:(dp_rank + 1) * share])
+    return MeshModel(layout, mesh, stage, wrapped, opt, x, target, schedule, localized)
+
+
+def _data_parallel(stage: Stage, layout: Layout, mesh, device: torch.device, dtype
+                   ) -> tuple[nn.Module, dict]:
+    """The stage wrapped for the layout's ZeRO stage on mesh["dp"] (FSDP2 wraps in place), and
+    the DTensor specs of the TP shards DDP holds as plain tensors."""
+    if layout.dp == 1:
+        return stage, {}
+    if layout.zero >= 2:
+        from distbench.steps.dp_model import _fully_shard
+
+        fully_shard, policy = _fully_shard()
+        kwargs = {"mesh": mesh["dp"], "reshard_after_forward": layout.zero == 3}
+        if needs_master(dtype):
+            kwargs["mp_policy"] = policy(param_dtype=dtype, reduce_dtype=dtype)
+        for layer in stage.layers.values():
+            fully_shard(layer, **kwargs)
+        fully_shard(stage, **kwargs)
+        return stage, {}
+    from torch.nn.parallel import DistributedDataParallel
+
+    localized = {}
+    if layout.tp > 1:
+        localized = _localize_tp_shards(stage)
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(stage, device_ids=ids,
+                                   process_group=mesh["dp"].get_group()), localized
+
+
+def _localize_tp_shards(stage: Stage) -> dict:
+    """DDP cannot broadcast or bucket DTensor parameters (c10d.broadcast_ has no DTensor rule):
+    torch's TP+DDP composition turns them into their local shards, made DTensors again around
+    each forward. That function is private (torch.distributed.tensor.parallel.ddp); this is
+    the one place that calls it, so a torch that moves it breaks here only. Returns each
+    parameter's DTensor spec, kept on the parameter as `_st_info`, for the check."""
+    from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+
+    _pre_dp_module_transform(stage)
+    return {n: p._st_info for n, p in stage.named_parameters() if hasattr(p, "_st_info")}
+
+
+def _optimizer(stage: Stage, layout: Layout, mesh, device: torch.device, dtype, eps: float
+               ) -> torch.optim.Optimizer:
+    params = list(stage.parameters())
+    fused = {"fused": True} if device.type == "cuda" else {}
+    if layout.dp > 1 and layout.zero == 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class(dtype), lr=LR,
+                                       eps=eps, process_group=mesh["dp"].get_group(), **fused)
+    # FSDP's shards are fp32 masters in half precision: plain AdamW on them
+    cls = torch.optim.AdamW if layout.dp > 1 and layout.zero >= 2 else optimizer_class(dtype)
+    return cls(params, lr=LR, eps=eps, **fused)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compute-only: the rank's own work with no communication
+
+
+@dataclass
+class ComputeOnly:
+    """The rank's TP-sharded layers as plain modules: its M micro-batches forward and backward
+    (the last stage through the loss, the others fed a gradient as the pipeline feeds them),
+    then AdamW over tensors shaped as what the rank's optimizer steps. `fb_seconds` sums the
+    forward and backward part, for the bubble."""
+
+    stage: Stage
+    first: bool
+    last: bool
+    micro: list[tuple[torch.Tensor, torch.Tensor]]
+    optimizer: torch.optim.Optimizer
+    fb_seconds: float = 0.0
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        for p in self.stage.parameters():
+            p.grad = None
+        for x, other in self.micro:
+            y = self.stage(x)
+            if self.last:
+                (F.mse_loss(y, other) / len(self.micro)).backward()
+            else:
+                y.backward(other)
+        self.fb_seconds += time.perf_counter() - t0
+        self.optimizer.step()
+
+
+def build_compute_only(model: ModelSpec, layout: Layout, pp_rank: int, shards: list,
+                       device: torch.device, dtype) -> ComputeOnly:
+    from distbench.steps.dp_model import adamw
+
+    indices = stage_indices(model, pp_rank, layout.pp)
+    stage = make_stage(model, indices, device, dtype, layout.tp)
+    first, last = pp_rank == 0, pp_rank == layout.pp - 1
+    g = torch.Generator().manual_seed(SEED + 1)
+    dims = (layout.micro_batch_size(model), model.seq_len, model.hidden_size)
+    micro = []
+    for _ in range(layout.micro_batches):
+        x = torch.randn(dims, generator=g).to(device=device, dtype=dtype)
+        other = torch.randn(dims, generator=g).to(device=device, dtype=dtype)
+        micro.append((x if first else x.requires_grad_(True), other))
+    tensors = []
+    for dims_, shard_dtype in shards:
+        t = torch.zeros(dims_, dtype=shard_dtype, device=device, requires_grad=True)
+        t.grad = torch.zeros_like(t)
+        tensors.append(t)
+    opt_dtype = shards[0][1] if shards else dtype
+    return ComputeOnly(stage, first, last, micro, adamw(tensors, device, opt_dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# The check: one step against the whole model on the whole batch on one rank
+
+
+@dataclass
+class Reference:
+    loss: float
+    grads: dict[str, torch.Tensor]
+    params: dict[str, torch.Tensor]  # after one AdamW step
+    eps: float
+
+
+def reference(model: ModelSpec, dtype) -> Reference:
+    """The whole stack on the whole batch on the CPU, one step. AdamW's eps is a share of the
+    largest gradient, as dp's check takes it (a gradient near zero, whose sign rounding may flip,
+    then moves its parameter by a rounding-sized step, not by +-lr)."""
+    from distbench.steps.dp_model import adamw
+
+    cpu = torch.device("cpu")
+    whole = make_stage(model, range(model.layers), cpu, dtype)
+    x, target = global_batch(model, cpu, dtype)
+    loss = F.mse_loss(whole(x), target)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in whole.named_parameters()}
+    top = max(float(g.abs().max()) for g in grads.values())
+    eps = CHECK_EPS_SHARE * top if top > 0 else 1e-8
+    adamw(list(whole.parameters()), cpu, dtype, eps).step()
+    params = {n: p.detach().clone() for n, p in whole.named_parameters()}
+    return Reference(float(loss.detach()), grads, params, eps)
+
+
+def check_step(mm: MeshModel, ref: Reference, dp_mean: Callable[[torch.Tensor], torch.Tensor]
+               ) -> list[TensorPair]:
+    """One step of `mm` from the seed: (name, distributed, reference) for every gradient and
+    every parameter after the step of this rank's layers, and the loss on the last stage
+    (averaged over the replicas by `dp_mean`)."""
+    mm.forward_backward()
+    pairs: list[TensorPair] = []
+    for name, p in zip(mm.names, mm.params, strict=True):
+        pairs.append((f"{name} gradient", mm.whole(name, p.grad), ref.grads[name]))
+    if mm.last:
+        loss = dp_mean(mm.loss.detach().reshape(1).float())
+        pairs.append(("loss", loss.cpu(), torch.tensor([ref.loss])))
+    mm.optimizer.step()
+    for name, p in zip(mm.names, mm.params, strict=True):
+        pairs.append((f"{name} after the step", mm.whole(name, p), ref.params[name]))
+    return pairs

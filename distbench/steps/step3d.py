@@ -1,0 +1,421 @@
+"""`distbench step`: one step.csv row per layout (tp x pp x dp, a ZeRO stage, micro-batches),
+each built on a fresh device mesh by steps.mesh_model and measured on every rank at once, timed
+as every command times (warmup, barrier, timed loop, cross-rank statistics):
+
+1. the build and two untimed steps (DDP settles its buckets in them); with --check the first is
+   compared with a single-rank reference, or a small model in the same layout is built and
+   checked first when the configured one is too large for the reference;
+2. one step under the dispatcher's collective counter, its calls told apart by process group:
+   the bytes of each mesh dimension; and the state the rank holds;
+3. the step itself (step_us);
+4. compute-only: the rank's own layers as plain modules, the same micro-batches forward and
+   backward and AdamW on what its optimizer steps, no communication;
+5. each dimension's counted calls replayed alone on its own group (the alone columns).
+
+The parts: step = compute_only + bubble + exposed communication. The bubble is what the 1F1B
+schedule leaves idle even with free communication, (pp - 1) micro-batches' forward and
+backward; exposed_comm = step - compute_only - bubble. TP's and PP's calls sit on the critical
+path (nothing computes while a layer's all-reduce or a stage's input is awaited), so each is
+taken as exposed in full, up to what is left; DP's exposed share is the rest.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import torch
+import torch.distributed as dist
+
+from distbench.bench import timing
+from distbench.bench.measure import Settings, timed_samples, timing_cells
+from distbench.core.errors import one_line
+from distbench.core.tables import Output, format_table, plural
+from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.planner.layouts import SCHEDULE, Layout
+from distbench.planner.models import ModelSpec, model_text, parse_model
+from distbench.run.memory import release
+from distbench.run.session import Session
+from distbench.steps import mesh_model
+from distbench.steps.common import (
+    agree_reason,
+    check_against_reference,
+    timed_step,
+    write_rows,
+)
+from distbench.steps.comms import Call, CommCounter, replay, replay_p2p, replayable
+from distbench.steps.reference import RTOL
+
+DIMS = ("tp", "pp", "dp")
+# The reference (the whole model on the whole batch, forward and backward on every rank) may
+# cost this many FLOPs; a larger model is checked on a small one in the same layout.
+CHECK_MAX_FLOPS = 1e10
+
+
+def run(s: Session, output: Output) -> int:
+    # torch's own objects, loaded by now, are set aside: each layout's collection walks only
+    # what the layout made
+    gc.freeze()
+    rt, opts = s.rt, s.opts
+    model = parse_model("--model", opts.model)
+    dtype = TORCH_DTYPES[opts.dtype]
+    layouts, notes = opts.layouts(rt.world)
+    s.console.log(f"step: {model.describe()}; {plural(len(layouts), 'layout')} on "
+                  f"{plural(rt.world, 'rank')}, {plural(rt.nnodes, 'node')}, backend "
+                  f"{rt.backend}")
+    for note in notes:
+        s.console.log(note)
+    details: dict = {"seed": mesh_model.SEED, "model": model.to_json(), "schedule": SCHEDULE,
+                     "layouts": {}, "check": {"enabled": opts.check,
+                                              "rtol": RTOL["step"][opts.dtype]}}
+    s.console.lines(format_table(output.console, [], title=(
+        f"step  {opts.dtype}  ranks {rt.world}  nodes {rt.nnodes}  backend {rt.backend}  "
+        f"{model.describe()}")))
+    sink = s.sink(output)
+    return write_rows(s, sink, output, details, "layouts", [
+        (layout.label(), lambda bad, layout=layout: measure_layout(
+            s, model, layout, dtype, bad, opts.check)) for layout in layouts])
+
+
+# ---------------------------------------------------------------------------------------------
+# One layout
+
+
+def measure_layout(s: Session, model: ModelSpec, layout: Layout, dtype, bad: list[str],
+                   check: bool) -> tuple[dict, dict]:
+    """One layout measured on every rank: (the step.csv row, what run.json keeps of it). What it
+    found wrong goes into `bad`. Leaves nothing behind for the next layout: its modules are
+    collected and the memory handed back (its mesh's process groups stay, idle, to the end)."""
+    rt, timeout = s.rt, s.opts.timeout
+    device, label = rt.device, f"step {layout.label()}"
+    dtype_name = str(dtype).removeprefix("torch.")
+    row = _base_row(s, model, layout, dtype_name)
+    notes: list[str] = []
+    info: dict = {}
+    verdict: dict = {}
+    ref, cmodel = None, model
+    if check:
+        cmodel = check_model(model, layout)
+        ref = _reference(cmodel, dtype)
+        if cmodel != model:
+            notes.append(f"checked on {model_text(cmodel)} (the model is too large for a "
+                         "single-rank reference on every rank)")
+            s.step(f"{label} (check)", timeout)
+            built, reason = _checked_build(s, cmodel, layout, dtype, ref, label)
+            if reason:
+                return _skipped(row, reason)
+            verdict = _judge(s, built[1], cmodel, layout, dtype_name, bad)
+            built = None
+            _free(device)
+
+    s.step(f"{label} (build and first steps)", timeout)
+    built, reason = _checked_build(s, model, layout, dtype, ref if cmodel == model else None,
+                                   label)
+    if reason:
+        return _skipped(row, reason)
+    mm, pairs = built
+    built = None
+    if pairs is not None:
+        verdict = _judge(s, pairs, cmodel, layout, dtype_name, bad)
+        pairs = None
+    if verdict:
+        info["check"] = verdict
+        if verdict["wrong"]:
+            notes.append(verdict["wrong"])
+
+    s.step(f"{label} (communication count)", timeout)
+    with CommCounter() as counter:
+        mm.step()
+    timing.sync(device)
+    state = _max_over_ranks([mm.state_bytes()], device)[0]
+    mesh = mm.mesh
+    by_dim, other = split_by_dimension(counter.calls, mesh, layout)
+    if other:
+        notes.append(f"collectives on no mesh dimension's group: {_count(other)}")
+    dim_bytes = _max_over_ranks([sum(c.size_bytes for c in by_dim[d]) for d in DIMS], device)
+    info["collectives_counted"] = {d: _count(by_dim[d]) for d in DIMS}
+    info["bytes_counted"] = {d: _bytes(by_dim[d]) for d in DIMS}
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    st = timed_step(s, label, mm.step)
+    peak = None
+    if device.type == "cuda":
+        peak = _max_over_ranks([torch.cuda.max_memory_allocated(device)], device)[0]
+
+    s.step(f"{label} compute-only (build)", timeout)
+    pp_rank, shards = mm.pp_rank, mm.optimizer_shards()
+    mm = None  # the layout's model and states go before compute-only's are built
+    _free(device)
+    compute, fb_us = _compute_only(s, model, layout, dtype, pp_rank, shards, label)
+    _free(device)
+
+    alone = {}
+    for d in DIMS:
+        alone[d], left = _alone(s, d, by_dim[d], mesh, layout, label)
+        if left:
+            notes.append(f"{d}: not replayed alone: {left}")
+    mesh = None
+    _free(device)
+
+    step_us, compute_us = st.time_us, compute.time_us
+    bubble_us = bubble_time(layout, fb_us)
+    exposed = step_us - compute_us - bubble_us
+    parts = attribute_exposed(exposed, alone, layout)
+    if layout.dp == 1 and exposed > parts["tp"] + parts["pp"]:
+        notes.append(f"{(exposed - parts['tp'] - parts['pp']) / 1e3:.3g} ms of the exposed time "
+                     "is no dimension's communication alone (the wrappers' own work)")
+    info.update(compute_forward_backward_us=fb_us, state_bytes=state)
+    row.update({
+        **timing_cells(st, "step_us"), "compute_only_us": compute_us,
+        "tp_comm_alone_us": alone["tp"], "pp_comm_alone_us": alone["pp"],
+        "dp_comm_alone_us": alone["dp"], "exposed_comm_us": exposed,
+        "tp_exposed_us": parts["tp"], "pp_exposed_us": parts["pp"], "dp_exposed_us": parts["dp"],
+        "bubble_us": bubble_us, "tp_bytes_per_step": int(dim_bytes[0]),
+        "pp_bytes_per_step": int(dim_bytes[1]), "dp_bytes_per_step": int(dim_bytes[2]),
+        "state_bytes_per_rank": int(state), "peak_mem_bytes": peak,
+        "samples_per_s": model.batch / (step_us / 1e6),
+        "max_abs_err": verdict.get("max_abs_err"),
+        "status": "wrong" if verdict.get("wrong") else "ok", "note": "; ".join(notes),
+    })
+    return row, info
+
+
+def _base_row(s: Session, model: ModelSpec, layout: Layout, dtype_name: str) -> dict:
+    rt = s.rt
+    p, m = layout.pp, layout.micro_batches
+    return {"model": model_text(model), "tp": layout.tp, "pp": p, "dp": layout.dp,
+            "zero": layout.zero, "micro_batches": m,
+            "micro_batch_size": layout.micro_batch_size(model),
+            "schedule": SCHEDULE if p > 1 else None, "dtype": dtype_name,
+            "world_size": rt.world, "nnodes": rt.nnodes, "layers": model.layers,
+            "hidden_size": model.hidden_size, "ffn_size": model.ffn_size, "heads": model.heads,
+            "seq_len": model.seq_len, "batch": model.batch, "params": model.params,
+            "bubble_analytic": (p - 1) / (m + p - 1), "backend": rt.backend}
+
+
+def _skipped(row: dict, reason: str) -> tuple[dict, dict]:
+    note = f"cannot run here: {reason}"
+    return {**row, "status": "skipped", "note": note}, {"skipped": note}
+
+
+# ---------------------------------------------------------------------------------------------
+# Build, first steps, check
+
+
+def _checked_build(s: Session, model: ModelSpec, layout: Layout, dtype, ref, label: str):
+    """((the built layout, the check's pairs or None), "") after two untimed steps, the first
+    compared with `ref` when given; or (None, why) on every rank when some rank could not."""
+    rt = s.rt
+    device = rt.device
+
+    def build_and_step():
+        eps = ref.eps if ref is not None else 1e-8
+        mm = mesh_model.build(model, layout, device, dtype, eps)
+        pairs = None
+        if ref is not None:
+            pairs = mesh_model.check_step(mm, ref, _dp_mean(mm))
+        else:
+            mm.step()
+        mm.step()  # DDP rebuilds its buckets as its second step starts
+        timing.sync(device)
+        return mm, pairs
+
+    built, reason = _attempt(s, label, build_and_step)
+    reason = agree_reason(reason, device)
+    if reason:
+        built = None
+        _free(device)
+        return None, reason
+    return built, ""
+
+
+def _judge(s: Session, pairs, cmodel: ModelSpec, layout: Layout, dtype_name: str,
+           bad: list[str]) -> dict:
+    """The check's verdict, agreed by every rank; what was wrong also goes into `bad`."""
+    rtol = RTOL["step"][dtype_name]
+    c = check_against_reference(s, pairs, rtol)
+    wrong = ""
+    if c.worst_ratio > 1:
+        wrong = (f"WRONG: {c.worst} off by {c.max_abs_err:.3g} ({c.worst_ratio:.3g} x "
+                 "tolerance)")
+        bad.append(f"step {layout.label()} {dtype_name}: {c.worst} differs from the "
+                   f"single-rank reference by {c.max_abs_err:.3g}, {c.worst_ratio:.3g} x the "
+                   f"tolerance ({rtol:g} x max|ref|)")
+    return {"model": model_text(cmodel), "max_abs_err": c.max_abs_err,
+            "worst_err_over_tolerance": c.worst_ratio, "worst": c.worst, "wrong": wrong}
+
+
+def _dp_mean(mm: mesh_model.MeshModel):
+    group, dp = mm.mesh["dp"].get_group(), mm.layout.dp
+
+    def mean(t: torch.Tensor) -> torch.Tensor:
+        if dp > 1:
+            dist.all_reduce(t, group=group)
+            t = t / dp
+        return t
+
+    return mean
+
+
+def _attempt(s: Session, label: str, fn):
+    """fn()'s value and "", or None and why torch refused (its first line), which this rank
+    prints at once: its peers may be waiting in a collective it will never join."""
+    try:
+        return fn(), ""
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        reason = f"{type(e).__name__}: {one_line(e, 200, mark='')}"
+        print(f"distbench: rank {s.rt.rank}: {label}: {reason}", file=sys.stderr, flush=True)
+        return None, reason
+
+
+_REFERENCE: dict = {}
+
+
+def _reference(model: ModelSpec, dtype) -> mesh_model.Reference:
+    """The single-rank reference, kept for the next layout of the same model (it does not
+    depend on the layout: every layout trains the same samples)."""
+    key = (model, str(dtype))
+    if key not in _REFERENCE:
+        _REFERENCE.clear()
+        _REFERENCE[key] = mesh_model.reference(model, dtype)
+    return _REFERENCE[key]
+
+
+def check_model(model: ModelSpec, layout: Layout) -> ModelSpec:
+    """`model` when its reference is cheap enough, else a small one the layout also fits: the
+    same layers, two heads per TP rank of 8 dimensions, one sample per micro-batch."""
+    tokens = model.batch * model.seq_len
+    if model.layers * model.flops_per_layer(tokens) <= CHECK_MAX_FLOPS:
+        return model
+    heads = 2 * layout.tp
+    return ModelSpec(name="check", layers=model.layers, hidden_size=8 * heads,
+                     ffn_size=16 * heads, heads=heads, seq_len=8,
+                     batch=layout.dp * layout.micro_batches)
+
+
+# ---------------------------------------------------------------------------------------------
+# Communication per dimension
+
+
+def split_by_dimension(calls: list[Call], mesh, layout: Layout
+                       ) -> tuple[dict[str, list[Call]], list[Call]]:
+    """The counted calls by the mesh dimension whose ranks their process group holds; the calls
+    on no dimension's ranks apart. Told by ranks, not by the group itself: a later mesh of the
+    same shape may run its DTensor collectives on groups an earlier one made. A dimension of
+    size 1 issues nothing."""
+    dims = {}
+    for d in DIMS:
+        if getattr(layout, d) > 1:
+            dims[tuple(dist.get_process_group_ranks(mesh[d].get_group()))] = d
+    by_dim: dict[str, list[Call]] = {d: [] for d in DIMS}
+    other: list[Call] = []
+    seen: dict[str, str | None] = {}
+    for c in calls:
+        if c.group not in seen:
+            seen[c.group] = dims.get(_ranks_of(c.group))
+        d = seen[c.group]
+        (by_dim[d] if d else other).append(c)
+    return by_dim, other
+
+
+def _ranks_of(group_name: str) -> tuple[int, ...]:
+    """The global ranks of a process group known by its name, as collectives carry it. torch
+    resolves names only through a private function: this is the one place that calls it."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    try:
+        return tuple(dist.get_process_group_ranks(_resolve_process_group(group_name)))
+    except (RuntimeError, ValueError):  # an unnamed or unknown group
+        return ()
+
+
+def _count(calls: list[Call]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in calls:
+        out[c.op] = out.get(c.op, 0) + 1
+    return out
+
+
+def _bytes(calls: list[Call]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in calls:
+        out[c.op] = out.get(c.op, 0) + c.size_bytes
+    return out
+
+
+def _alone(s: Session, dim: str, calls: list[Call], mesh, layout: Layout, label: str
+           ) -> tuple[float, dict]:
+    """The dimension's calls replayed alone on its group, timed on every rank at once (each
+    rank its own group's); 0 for a dimension of size 1. What could not be replayed, by op."""
+    if getattr(layout, dim) == 1:
+        return 0.0, {}
+    group = mesh[dim].get_group()
+    if dim == "pp":
+        fn, left = replay_p2p(calls, s.rt.device, group), {}
+    else:
+        ok, left = replayable(calls)
+        fn = replay(ok, s.rt.device, group=group)
+    s.step(f"{label} {dim} communication alone (setup)", s.opts.timeout)
+    return timed_step(s, f"{label} {dim} communication alone", fn).time_us, left
+
+
+def bubble_time(layout: Layout, forward_backward_us: float) -> float:
+    """What 1F1B leaves idle with free communication: a rank computes its m micro-batches in
+    (m + pp - 1) slots, so (pp - 1) / m of its forward and backward time."""
+    return (layout.pp - 1) / layout.micro_batches * forward_backward_us
+
+
+def attribute_exposed(exposed: float, alone: dict[str, float], layout: Layout
+                      ) -> dict[str, float]:
+    """The exposed communication split by dimension: TP's and PP's calls block the critical path,
+    so each is exposed in full, up to what is left (TP first); DP's share is the rest (0 with
+    dp 1: nothing to hide behind). Never below 0."""
+    rest = max(exposed, 0.0)
+    out = {}
+    for d in ("tp", "pp"):
+        out[d] = min(alone[d], rest)
+        rest -= out[d]
+    out["dp"] = rest if layout.dp > 1 else 0.0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Compute-only
+
+
+def _compute_only(s: Session, model: ModelSpec, layout: Layout, dtype, pp_rank: int,
+                  shards: list, label: str) -> tuple[timing.Stats, float]:
+    """The rank's own work with no communication, timed; and its forward-and-backward part in
+    microseconds per step, the mean over ranks."""
+    rt = s.rt
+    co = mesh_model.build_compute_only(model, layout, pp_rank, shards, rt.device, dtype)
+
+    def reset() -> None:
+        co.fb_seconds = 0.0
+
+    samples = timed_samples(Settings.of(s), co.step, f"{label} compute-only",
+                            before_loop=reset).samples
+    s.step(f"{label} compute-only (statistics)", s.opts.timeout)
+    st = timing.summarize(samples, 0, rt.device)
+    fb = torch.tensor([co.fb_seconds / len(samples) * 1e6], dtype=torch.float64,
+                      device=rt.device)
+    dist.all_reduce(fb)
+    return st, float(fb.item()) / rt.world
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _free(device) -> None:
+    """FSDP's hooks hold its modules in reference cycles: collect them before the next part is
+    built (timed loops run with the collector off), then hand the memory back."""
+    gc.collect()
+    release(device)
+
+
+def _max_over_ranks(values: list[float], device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+

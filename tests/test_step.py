@@ -1,0 +1,134 @@
+"""step's options and layouts, in this process: what is refused before any worker starts (one
+line, exit 2, nothing on disk), which layouts a world expands to, and the parts' arithmetic.
+The runs themselves: test_step_multiproc.py."""
+
+from __future__ import annotations
+
+import helpers
+import pytest
+from helpers import LAUNCHER_VARS, assert_one_line_error
+
+from distbench.cli.commands.step import StepCommandOptions, default_micro_batches
+from distbench.core.options import OptionError, build
+from distbench.planner.layouts import Layout
+from distbench.planner.models import PRESETS
+from distbench.steps.step3d import attribute_exposed, bubble_time, check_model
+
+
+@pytest.fixture
+def no_launcher(monkeypatch, tmp_path):
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def _opts(**raw) -> StepCommandOptions:
+    return build(StepCommandOptions, raw, argv=[])
+
+
+BAD = [
+    ("product-not-the-world", ["--tp", "2", "--pp", "2", "--dp", "2"], "--tp/--pp/--dp",
+     "2 x 2 x 2 must be the 4 ranks"),
+    ("tp-does-not-divide", ["--tp", "3"], "--tp", "3 x 1 x 0 must be the 4 ranks"),
+    ("pp-does-not-divide-layers", ["--pp", "4", "--model",
+                                   "layers=6,hidden=64,heads=4,seq=8,batch=8"], "--pp",
+     "pp 4 must divide the layers (6)"),
+    ("too-few-micro-batches", ["--tp", "2", "--pp", "2", "--micro-batches", "1"], "--tp/--pp",
+     "needs at least pp (2) micro-batches"),
+    ("zero-unknown", ["--zero", "4"], "--zero", "ZeRO stage 4 is not one of"),
+    ("zero-not-a-number", ["--zero", "one"], "--zero", "'one' is not a ZeRO stage"),
+    ("zero-without-replicas", ["--tp", "4", "--zero", "3"], "--zero",
+     "no layout asked for has dp > 1"),
+    ("model-unknown", ["--model", "huge"], "--model", "unknown model 'huge'"),
+    ("model-shape-lacks", ["--model", "layers=4,hidden=64"], "--model", "lacks heads"),
+    ("tp-zero", ["--tp", "0"], "--tp", "at least 1"),
+]
+
+
+@pytest.mark.parametrize("args, option, needle", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_step_option_is_one_line_exit_2_and_nothing_on_disk(tmp_path, args, option,
+                                                               needle):
+    out = tmp_path / "results"
+    proc = helpers.cli(tmp_path, "step", "--workers", "4", *args, "--out", str(out))
+    line = assert_one_line_error(proc, None, option, ours=True)
+    assert needle in line, line
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_with_no_layout_flag_every_factorization_of_the_world_runs(no_launcher):
+    layouts, notes = _opts(zero="0,1,3").layouts(4)
+    shapes = [(x.tp, x.pp, x.dp, x.zero) for x in layouts]
+    assert shapes == [(1, 1, 4, 0), (1, 1, 4, 1), (1, 1, 4, 3), (1, 2, 2, 0), (1, 2, 2, 1),
+                      (1, 2, 2, 3), (1, 4, 1, 0), (2, 1, 2, 0), (2, 1, 2, 1), (2, 1, 2, 3),
+                      (2, 2, 1, 0), (4, 1, 1, 0)]
+    # ZeRO above 0 is left out where dp is 1, with a note each
+    assert len(notes) == 3 and all("ZeRO 1, 3 left out" in n for n in notes)
+    # the default micro-batches: 1 without a pipeline, 2 x pp with one
+    assert {(x.pp, x.micro_batches) for x in layouts} == {(1, 1), (2, 4), (4, 8)}
+
+
+def test_a_world_the_model_does_not_fit_everywhere_keeps_only_valid_layouts(no_launcher):
+    # 6 layers, 2 heads: pp 4 and tp 4 do not fit, pp 2 and tp 2 do
+    opts = _opts(model="layers=6,hidden=64,heads=2,seq=8,batch=8")
+    assert [(x.tp, x.pp, x.dp) for x in opts.layouts(4)[0]] == [(1, 1, 4), (1, 2, 2),
+                                                                 (2, 1, 2), (2, 2, 1)]
+
+
+@pytest.mark.parametrize("given, want", [
+    (dict(tp=2), (2, 1, 2)), (dict(pp=2), (1, 2, 2)), (dict(dp=2), (2, 1, 2)),
+    (dict(tp=2, dp=1), (2, 2, 1)), (dict(tp=1, pp=1, dp=4), (1, 1, 4)),
+])
+def test_the_first_unset_of_dp_tp_pp_takes_what_is_left(no_launcher, given, want):
+    (layout,), _ = _opts(**given).layouts(4)
+    assert (layout.tp, layout.pp, layout.dp) == want
+
+
+def test_the_model_is_stored_as_text_for_run_json(no_launcher):
+    assert _opts(model="TOY").model == "toy"
+    text = "layers=2,hidden=32,ffn=64,heads=2,seq=4,batch=4"
+    assert _opts(model=text).model == text
+    with pytest.raises(OptionError, match="--model"):
+        _opts(model="layers=2")
+
+
+def test_default_micro_batches_split_the_replicas_batch():
+    toy = PRESETS["toy"]  # batch 16
+    assert default_micro_batches(toy, 1, 4) == 1
+    assert default_micro_batches(toy, 2, 2) == 4
+    assert default_micro_batches(toy, 4, 1) == 8
+    # batch 12 over dp 2 leaves 6 samples: 2 x pp = 4 does not divide 6, so 6
+    m = PRESETS["toy"].__class__(name="x", layers=4, hidden_size=8, ffn_size=8, heads=2,
+                                 seq_len=2, batch=12)
+    assert default_micro_batches(m, 2, 2) == 6
+
+
+def test_exposed_time_goes_to_tp_and_pp_first_then_dp_takes_the_rest():
+    lay = Layout(tp=2, pp=2, dp=2)
+    assert attribute_exposed(100.0, {"tp": 30.0, "pp": 20.0, "dp": 90.0}, lay) == \
+        {"tp": 30.0, "pp": 20.0, "dp": 50.0}
+    # less exposed than tp and pp alone: they share what there is, dp none
+    assert attribute_exposed(40.0, {"tp": 30.0, "pp": 20.0, "dp": 5.0}, lay) == \
+        {"tp": 30.0, "pp": 10.0, "dp": 0.0}
+    assert attribute_exposed(-5.0, {"tp": 30.0, "pp": 20.0, "dp": 5.0}, lay) == \
+        {"tp": 0.0, "pp": 0.0, "dp": 0.0}
+    # without replicas the rest is no dimension's
+    assert attribute_exposed(100.0, {"tp": 30.0, "pp": 0.0, "dp": 0.0},
+                             Layout(tp=4, pp=1, dp=1))["dp"] == 0.0
+
+
+def test_the_bubble_is_pp_minus_1_micro_batches_of_forward_and_backward():
+    assert bubble_time(Layout(tp=1, pp=4, dp=1, micro_batches=8), 800.0) == 300.0
+    assert bubble_time(Layout(tp=1, pp=1, dp=4), 800.0) == 0.0
+
+
+def test_a_large_model_is_checked_on_a_small_one_the_layout_fits():
+    from distbench.planner.layouts import problems
+
+    assert check_model(PRESETS["toy"], Layout(tp=2, pp=2, dp=1, micro_batches=4)) == \
+        PRESETS["toy"]
+    for lay in (Layout(tp=4, pp=2, dp=2, zero=3, micro_batches=4),
+                Layout(tp=1, pp=8, dp=1, micro_batches=16)):
+        small = check_model(PRESETS["7b"], lay)
+        assert small.layers == 32 and small.params < 2e6
+        assert problems(lay, small) == []

@@ -1,0 +1,98 @@
+"""step on 4 real gloo workers: every layout of 4 ranks (tp, pp, dp) with ZeRO 0, 1 and 3 where
+dp > 1, in one launch, each checked against the single-rank reference; and a wrong result that
+must fail the run. Options and arithmetic: test_step.py."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import Run, distbench
+from test_docs_contracts import documented_columns
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.procs(5)]  # 4 workers and their launcher
+
+FAST = ["--iters", "2", "--warmup", "1"]
+LAYOUTS = [(1, 1, 4), (2, 1, 2), (1, 2, 2), (2, 2, 1), (4, 1, 1), (1, 4, 1)]
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory) -> Run:
+    return distbench(tmp_path_factory.mktemp("step-matrix"), "step", "--workers", "4",
+                     "--zero", "0,1,3", *FAST, timeout=300)
+
+
+def test_every_layout_of_4_ranks_trains_like_one_rank(matrix):
+    res = matrix
+    assert res.code == 0, res.stderr
+    with open(res.run_dir / "step.csv") as f:
+        assert f.readline().strip().split(",") == documented_columns("step.csv")
+    rows = res.rows("step.csv")
+    got = {(int(r["tp"]), int(r["pp"]), int(r["dp"]), int(r["zero"])) for r in rows}
+    want = {(t, p, d, z) for t, p, d in LAYOUTS for z in ((0, 1, 3) if d > 1 else (0,))}
+    assert got == want and len(rows) == len(want)
+    meta = res.meta()
+    assert meta["status"] == "ok" and meta["exit_code"] == 0
+    assert meta["step"]["check"]["rtol"] == 1e-4
+    for r in rows:
+        t, p, d, z = (int(r[k]) for k in ("tp", "pp", "dp", "zero"))
+        label = f"tp{t} pp{p} dp{d} zero{z} m{r['micro_batches']}"
+        info = meta["step"]["layouts"][label]
+        assert r["status"] == "ok", (label, r["note"])
+        assert r["model"] == "toy" and r["backend"] == "gloo" and r["world_size"] == "4"
+        assert int(r["micro_batches"]) == (1 if p == 1 else 2 * p)
+        assert int(r["micro_batch_size"]) * int(r["micro_batches"]) * d == 16
+        assert r["schedule"] == ("1f1b" if p > 1 else "")
+        # the check: every gradient, every parameter after the step, the loss
+        assert info["check"]["worst_err_over_tolerance"] < 1, (label, info["check"])
+        assert 0 <= float(r["max_abs_err"]) < 1e-5
+        # communication: bytes on a dimension exactly where it has more than one rank
+        for dim, size in (("tp", t), ("pp", p), ("dp", d)):
+            moved = int(r[f"{dim}_bytes_per_step"])
+            alone = float(r[f"{dim}_comm_alone_us"])
+            assert (moved > 0) == (size > 1), (label, dim, moved)
+            assert (alone > 0) == (size > 1), (label, dim, alone)
+            assert bool(info["collectives_counted"][dim]) == (size > 1)
+        assert "no mesh dimension" not in r["note"], r["note"]
+        if p > 1:  # every micro-batch's activation and gradient cross a boundary
+            assert info["collectives_counted"]["pp"]["send"] >= int(r["micro_batches"])
+        if d > 1:
+            ops = set(info["collectives_counted"]["dp"])
+            assert ops == {0: {"all_reduce"}, 1: {"all_reduce", "broadcast"},
+                           3: {"all_gather", "reduce_scatter"}}[z], (label, ops)
+        # the parts
+        step, compute = float(r["step_us"]), float(r["compute_only_us"])
+        bubble, exposed = float(r["bubble_us"]), float(r["exposed_comm_us"])
+        assert step > 0 and compute > 0
+        assert exposed == pytest.approx(step - compute - bubble, abs=1e-5 * step + 1)
+        assert float(r["bubble_analytic"]) == pytest.approx((p - 1) / (int(r["micro_batches"])
+                                                                       + p - 1))
+        assert (bubble > 0) == (p > 1)
+        parts = [float(r[f"{dim}_exposed_us"]) for dim in ("tp", "pp", "dp")]
+        assert min(parts) >= 0 and sum(parts) <= max(exposed, 0) * (1 + 1e-5) + 1
+        assert float(r["samples_per_s"]) == pytest.approx(16 / (step / 1e6), rel=1e-4)
+        assert r["peak_mem_bytes"] == ""  # CPU
+    # the state a rank holds falls with each ZeRO stage
+    state = {(int(r["tp"]), int(r["pp"]), int(r["dp"]), int(r["zero"])):
+             int(r["state_bytes_per_rank"]) for r in rows}
+    for t, p, d in LAYOUTS:
+        if d > 1:
+            assert state[t, p, d, 0] > state[t, p, d, 1] > state[t, p, d, 3]
+    # the table: one line per row
+    lines = [ln.split() for ln in res.stdout.splitlines() if not ln.startswith("#")
+             and ln.strip() and ln.split()[0].isdigit()]
+    assert len(lines) == len(rows)
+
+
+def test_a_wrong_gradient_fails_the_run_after_writing_its_row(tmp_path):
+    res = distbench(tmp_path, "step", "--workers", "4", "--tp", "2", "--pp", "2",
+                    "--iters", "1", "--warmup", "0", DISTBENCH_TEST_CORRUPT_RANK="1",
+                    timeout=180)
+    assert res.code == 1, res.stderr
+    (row,) = res.rows("step.csv")
+    assert row["status"] == "wrong" and float(row["max_abs_err"]) == pytest.approx(1.0, rel=1e-2)
+    assert "WRONG: layers.0.attn.qkv.weight gradient" in row["note"]
+    meta = res.meta()
+    assert meta["status"] == "wrong" and meta["exit_code"] == 1
+    errors = [ln for ln in res.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1
+    assert "wrong results: step tp2 pp2 dp1 zero0 m4 float32: layers.0.attn.qkv.weight " \
+           "gradient" in errors[0]
