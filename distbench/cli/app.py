@@ -5,6 +5,7 @@ option errors stay fast; the heavy modules load only once the options are known 
 from __future__ import annotations
 
 import inspect
+import keyword
 import sys
 import typing
 from pathlib import Path
@@ -54,13 +55,23 @@ def dispatch(name: str, opts) -> int:
 
     return launch.start_local(name, opts)
 
+def _py_name(flag_name: str) -> str:
+    """The handler's parameter for a flag; a Python keyword (plan's --from) gets a "_"."""
+    return flag_name + "_" if keyword.iskeyword(flag_name) else flag_name
+
+
+def _flag_name(py_name: str) -> str:
+    return py_name[:-1] if keyword.iskeyword(py_name[:-1]) else py_name
+
+
 def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: Path | None):
     if value is not None:
         name = ctx.command.name or ""
         known = {spec.flag: cli_types(COMMANDS[name].options)[f.name]
                  for f, spec in option_fields(COMMANDS[name].options)}
+        loaded = load_config(value, name, known, set(COMMANDS))
         ctx.default_map = {**(ctx.default_map or {}),
-                           **load_config(value, name, known, set(COMMANDS))}
+                           **{_py_name(k): v for k, v in loaded.items()}}
     return value
 
 
@@ -76,16 +87,18 @@ def _parameters(options: type) -> list[inspect.Parameter]:
     params = []
     for f, spec in option_fields(options):
         text = spec.help() if callable(spec.help) else spec.help
+        declared = [flag(spec.flag)] if keyword.iskeyword(spec.flag) else []
         params.append(inspect.Parameter(
-            spec.flag, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+            _py_name(spec.flag), inspect.Parameter.KEYWORD_ONLY, default=f.default,
             annotation=Annotated[types[f.name], typer.Option(
-                help=text, show_default=spec.show_default)]))
+                *declared, help=text, show_default=spec.show_default)]))
     return params
 
 
 def _add(name: str, command: Command) -> None:
     def handler(**raw) -> None:
         raw.pop("config")
+        raw = {_flag_name(k): v for k, v in raw.items()}
         if raw.get("workers") is not None and env.under_launcher() \
                 and not env.started_by_us():  # ours: what we started, kept for run.json
             # the launcher decided the world; refusing would fail a run that can go ahead
@@ -126,13 +139,13 @@ def _usage_error(e: typer.TyperException, argv: list[str]) -> str:
         command = COMMANDS.get(ctx.command.name or "")
         fields = {spec.flag: (f, spec) for f, spec in option_fields(command.options)
                   } if command else {}
-        if param.name in fields:
-            f, spec = fields[param.name]
+        if param.name and _flag_name(param.name) in fields:
+            f, spec = fields[_flag_name(param.name)]
             kinds = set(typing.get_args(cli_types(command.options)[f.name])) or {
                 cli_types(command.options)[f.name]}
             need = ("must be a whole number" if int in kinds else
                     "must be a number" if float in kinds else e.message.rstrip("."))
-            name = flag(param.name)
+            name = flag(_flag_name(param.name))
             given = next((v for k, v in zip(argv, argv[1:], strict=False) if k == name),
                          next((a.split("=", 1)[1] for a in argv if a.startswith(name + "=")),
                               None))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from distbench.cli.commands import accept, collective, dp, p2p, pp, topo, tp
+from distbench.cli.commands import accept, collective, dp, p2p, plan, pp, step, topo, tp
 from distbench.core.options import RunOptions
 
 
@@ -29,6 +29,8 @@ COMMANDS: dict[str, Command] = {
     "tp": Command(tp.HELP, tp.TPOptions, tp.run),
     "pp": Command(pp.HELP, pp.PPOptions, pp.run),
     "dp": Command(dp.HELP, dp.DPOptions, dp.run),
+    "step": Command(step.HELP, step.StepCommandOptions, step.run),
     "accept": Command(accept.HELP, accept.AcceptOptions, accept.run,
                       dry_run=accept.dry_run),
+    "plan": Command(plan.HELP, plan.PlanOptions, plan.run, plan.run_local),
 }

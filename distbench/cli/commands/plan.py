@@ -1,0 +1,258 @@
+"""`distbench plan`: the layouts (TP inside a node, PP, DP, ZeRO stage, micro-batches) of a
+model on a cluster, each one's memory per rank judged and its step time predicted from measured
+inputs, ranked. With --from and no workers it is arithmetic on earlier runs, torch-free and done
+in seconds; otherwise the workers measure the inputs here (and, with --validate, run the best
+layouts for real). docs/plan.md gives the model."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from distbench.core import contracts
+from distbench.core.dtypes import ALIASES as DTYPE_ALIASES
+from distbench.core.dtypes import FLOATS
+from distbench.core.exitcodes import EXIT_OK
+from distbench.core.options import (
+    OptionError,
+    RunOptions,
+    at_least,
+    fraction,
+    iterations,
+    one_of,
+    option,
+    pick,
+    with_example,
+)
+from distbench.core.sizes import SizeError, parse_size
+from distbench.planner.gpus import DEFAULT_MFU, GPUS
+from distbench.planner.layouts import ZERO_STAGES
+from distbench.planner.models import PRESETS, model_text, parse_model
+
+if TYPE_CHECKING:
+    from distbench.planner.inputs import Inputs
+    from distbench.run.session import Session
+
+HELP = ("Plan a model's layouts (TP, PP, DP, ZeRO, micro-batches) on a cluster: memory per rank "
+        "judged, step time predicted from measured collectives, compute and overlap.")
+
+# What a GPU is taken to hold when nothing says: an 80 GB part (A100/H100), said in the output.
+ASSUMED_MEMORY = 80 * 2**30
+
+
+def _model(option_name: str, text) -> str:
+    return model_text(parse_model(option_name, text))
+
+
+def _dtype(option_name: str, text) -> str:
+    dtypes = pick(FLOATS, "--dtype bfloat16", DTYPE_ALIASES)(option_name, text)
+    if len(dtypes) != 1:
+        raise OptionError(option_name, "takes one floating-point dtype", "--dtype bfloat16")
+    return dtypes[0]
+
+
+def _zero(option_name: str, text) -> list[int]:
+    names = pick(tuple(map(str, ZERO_STAGES)), "--zero 1,3")(option_name, text)
+    return sorted(int(n) for n in names)
+
+
+def _memory(option_name: str, text) -> int | None:
+    if text is None:
+        return None
+    try:
+        size = parse_size(str(text))
+    except SizeError as e:
+        raise OptionError(option_name, str(e), "--gpu-memory 80G") from None
+    if size <= 0:
+        raise OptionError(option_name, f"must be above 0, got {text}", "--gpu-memory 80G")
+    return size
+
+
+def _paths(option_name: str, text) -> list[str] | None:
+    if text is None:
+        return None
+    paths = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not paths:
+        raise OptionError(option_name, "names no run directory", "--from results/RUN")
+    return paths
+
+
+def _gpu(option_name: str, text) -> str | None:
+    return None if text is None else one_of(tuple(GPUS), "--gpu h100")(option_name, text)
+
+
+for _check, _example in ((_model, "--model 7b"), (_dtype, "--dtype bfloat16"),
+                         (_zero, "--zero 1,3"), (_memory, "--gpu-memory 80G"),
+                         (_paths, "--from results/RUN1,results/RUN2"), (_gpu, "--gpu h100")):
+    with_example(_check, _example)
+
+
+@dataclass(kw_only=True)
+class PlanOptions(RunOptions):
+    model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape "
+                        "layers=4,hidden=128,ffn=512,heads=4,seq=32,batch=16.", check=_model)
+    gpus: int | None = option(None, "GPUs to plan for. Default: the workers' world.",
+                              check=at_least(1, "--gpus 1024", optional=True),
+                              show_default=False)
+    gpus_per_node: int | None = option(
+        None, "GPUs per node (TP stays inside one). Default: the --from topology's, else the "
+        "workers' per node.", check=at_least(1, "--gpus-per-node 8", optional=True),
+        show_default=False)
+    gpu_memory: int | None = option(
+        None, "Memory per GPU (80G). Default: the topology's, else --gpu's, else 80 GiB "
+        "(said).", check=_memory, cli_type=str, show_default=False)
+    gpu: str | None = option(
+        None, f"A GPU ({', '.join(GPUS)}) to scale compute from (its datasheet peak x --mfu) "
+        "when no layer was timed.", check=_gpu, cli_type=str, show_default=False)
+    mfu: float = option(DEFAULT_MFU, "Fraction of --gpu's peak a step reaches.",
+                        check=fraction("--mfu 0.4"))
+    dtype: str = option("float32", f"{', '.join(FLOATS)}: the parameters' and activations' "
+                        "type.", check=_dtype)
+    zero: list[int] = option("all", "ZeRO stages considered (0 is plain DDP); comma list or "
+                             "'all'.", check=_zero, cli_type=str)
+    sources: list[str] | None = option(
+        None, "Earlier run directories to predict from (collective, p2p, dp, accept, plan); "
+        "comma list. With no --workers and no --validate nothing is started.", flag="from",
+        check=_paths, cli_type=str, show_default=False)
+    # not `validate`: that is RunOptions' check between fields
+    validations: int = option(0, "Layouts to run for real after planning (the best and "
+                              "others).", flag="validate", check=at_least(0, "--validate 4"))
+    top: int = option(5, "Layouts shown and summarised.", check=at_least(1, "--top 5"))
+    iters: int = option(10, "Timed steps per measurement and validation run.",
+                        check=iterations("--iters 10"))
+    warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
+
+    def validate_nodes(self, gpus: int, per_node: int) -> None:
+        if gpus % per_node and per_node % gpus:
+            raise OptionError("--gpus", f"{gpus} GPUs are not whole nodes of {per_node} "
+                              "(--gpus-per-node)", "--gpus 1024 --gpus-per-node 8")
+
+    def validate(self) -> None:
+        if self.gpus is not None and self.gpus_per_node is not None:
+            self.validate_nodes(self.gpus, self.gpus_per_node)
+
+    @property
+    def model_spec(self):
+        return parse_model("--model", self.model)
+
+    def memory_per_gpu(self, inputs: Inputs) -> int:
+        return memory_per_gpu(self, inputs)[0]
+
+    def memory_from(self, inputs: Inputs) -> str:
+        return memory_per_gpu(self, inputs)[1]
+
+    @property
+    def pure(self) -> bool:
+        """Arithmetic on earlier runs only: no worker to start."""
+        return bool(self.sources) and self.workers is None and not self.validations
+
+
+OUTPUT = contracts.PLAN
+VALIDATION = contracts.VALIDATION
+
+
+def run(s: Session) -> int:
+    """Per rank, under a launcher: measure the inputs, plan on rank 0, validate."""
+    from distbench.steps import plan_run
+
+    return plan_run.run(s, OUTPUT)
+
+
+def run_local(opts: PlanOptions) -> int:
+    if not opts.pure:
+        from distbench.run import launch
+
+        return launch.start_local("plan", opts)
+    return plan_from_runs(opts)
+
+
+def memory_per_gpu(opts: PlanOptions, inputs: Inputs) -> tuple[int, str]:
+    """Memory per GPU and where it came from."""
+    if opts.gpu_memory is not None:
+        return opts.gpu_memory, "--gpu-memory"
+    if inputs.memory_per_gpu:
+        return int(inputs.memory_per_gpu), "the --from topology"
+    if opts.gpu is not None:
+        return GPUS[opts.gpu].memory_bytes, f"--gpu {opts.gpu}'s datasheet"
+    return ASSUMED_MEMORY, ("assumed: no --gpu-memory, no GPU in the --from topology and no "
+                            "--gpu")
+
+
+def plan_from_runs(opts: PlanOptions) -> int:
+    """--from with no workers: read, plan, write; nothing is created before every input is
+    known good."""
+    from distbench.planner import sources
+    from distbench.planner.inputs import Inputs
+    from distbench.planner.plan import make_plan, top_lines, write_plan
+
+    started = time.monotonic()
+    model = parse_model("--model", opts.model)
+    inputs = sources.read([Path(p) for p in opts.sources or []])
+    measured = Inputs.from_json(inputs.to_json())
+    gpus, per_node = cluster(opts, inputs)
+    memory, memory_from = memory_per_gpu(opts, inputs)
+    rows = plan_rows(opts, model, inputs, gpus, per_node, memory, make_plan)
+
+    from distbench.results import writer
+    from distbench.run.console import Console
+
+    run_dir = writer.new_run_dir(opts.out, "plan")
+    record = writer.RunRecord(run_dir, "plan", opts.to_json(), opts.argv)
+    record.update(world_size=gpus, nnodes=max(1, gpus // per_node))
+    write_plan(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
+               memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype, top=opts.top,
+               measured=measured)
+    console = Console(True)
+    fitting = [r for r in rows if r["fits"]]
+    console.lines(top_lines(rows, opts.top, title=(
+        f"plan: {model.describe()}; {gpus} GPUs, {per_node} per node, "
+        f"{memory / 2**30:.1f} GiB per GPU ({memory_from})")))
+    console.log(f"{len(rows)} layouts, {len(fitting)} fit in memory; planned in "
+                f"{time.monotonic() - started:.2f} s")
+    record.finish("ok", EXIT_OK)
+    console.log(f"results in {run_dir}/")
+    return EXIT_OK
+
+
+def cluster(opts: PlanOptions, inputs: Inputs) -> tuple[int, int]:
+    if opts.gpus is None:
+        raise OptionError("--gpus", "needed with --from and no workers: how many GPUs to plan "
+                          "for", "--gpus 1024 --gpus-per-node 8")
+    per_node = opts.gpus_per_node or inputs.gpus_per_node
+    if per_node is None:
+        raise OptionError("--gpus-per-node", "the --from runs' topology lists no GPUs: say how "
+                          "many a node has", "--gpus-per-node 8")
+    opts.validate_nodes(opts.gpus, per_node)
+    return opts.gpus, per_node
+
+
+def plan_rows(opts: PlanOptions, model, inputs: Inputs, gpus: int, per_node: int,
+              memory: int, make_plan) -> list[dict]:
+    """The plan's rows, compute scaled from a GPU's datasheet where none was measured; every
+    refusal one line."""
+    from distbench.planner import gpus as gpu_table
+    from distbench.planner.plan import compute_shapes, layouts_for
+
+    layouts = layouts_for(model, gpus, per_node, opts.zero)
+    if not layouts:
+        raise OptionError("--gpus", f"no layout of {model.name} uses exactly {gpus} GPUs (tp "
+                          f"a divisor of {per_node}, pp of {model.layers} layers, dp of the "
+                          f"batch of {model.batch})", "--gpus 1024 --gpus-per-node 8")
+    if not inputs.compute:
+        gpu = GPUS[opts.gpu] if opts.gpu else gpu_table.by_device_name(inputs.device)
+        if gpu is None:
+            raise OptionError("--gpu", "the --from runs hold no compute measurement: name a GPU "
+                              f"to scale it from ({', '.join(GPUS)})", "--gpu h100")
+        try:
+            gpu_table.synthesize(inputs, model, gpu, opts.mfu, opts.dtype,
+                                 compute_shapes(model, layouts))
+        except LookupError as e:
+            raise OptionError("--dtype", str(e), "--dtype bfloat16") from None
+    try:
+        return make_plan(model, inputs, gpus, per_node, memory, opts.dtype, opts.zero,
+                         layouts=layouts)
+    except LookupError as e:
+        raise OptionError("--from", f"the runs lack a measurement: {e}",
+                          "--from results/COLLECTIVE_RUN,results/P2P_RUN") from None

@@ -1,0 +1,72 @@
+"""Compute scaled from a named GPU, when no layer was timed: one layer's FLOPs over the GPU's
+datasheet peak times the fraction of it a training step reaches (--mfu). A stated assumption,
+not a measurement: every plan that uses it says so in its notes. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distbench.planner.inputs import ComputePoint, Inputs
+from distbench.planner.models import ModelSpec
+
+# The share of the peak a dense transformer step reaches: Megatron-LM reports 0.4 to 0.55 model
+# FLOPs utilisation at these sizes (Narayanan et al. 2021, table 1); --mfu sets another.
+DEFAULT_MFU = 0.5
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    tflops_16: float  # dense bf16/fp16 tensor-core peak
+    tflops_32: float  # fp32 without TF32 (torch's default for float32 matmuls)
+    memory_bytes: int
+    matches: tuple[str, ...]  # substrings of NVML's name (topo.json)
+
+
+# Dense (no sparsity) peaks from NVIDIA's datasheets: A100 SXM4 80GB (A100 datasheet, 312 bf16,
+# 19.5 fp32), H100 SXM5 (H100 datasheet, 989 bf16 dense = 1,979 with sparsity / 2, 67 fp32),
+# H200 SXM (H200 datasheet, same compute as H100 SXM, 141 GB HBM3e), B200 (HGX B200 datasheet,
+# 8 GPUs: 36 PFLOPS bf16 with sparsity, 600 TFLOPS fp32, 1.44 TB: per GPU 2,250 dense, 75,
+# 180 GB). Memory as the datasheets state it, in decimal GB.
+GPUS: dict[str, GPU] = {g.name: g for g in (
+    GPU("a100", 312.0, 19.5, 80 * 10**9, ("A100",)),
+    GPU("h100", 989.0, 67.0, 80 * 10**9, ("H100",)),
+    GPU("h200", 989.0, 67.0, 141 * 10**9, ("H200",)),
+    GPU("b200", 2250.0, 75.0, 180 * 10**9, ("B200",)),
+)}
+
+
+def peak_tflops(gpu: GPU, dtype: str) -> float:
+    """The peak for `dtype`; LookupError for one the table has no figure for."""
+    if dtype in ("bfloat16", "float16"):
+        return gpu.tflops_16
+    if dtype == "float32":
+        return gpu.tflops_32
+    raise LookupError(f"no {dtype} peak for {gpu.name} in the table (bfloat16, float16, "
+                      "float32)")
+
+
+def by_device_name(device: str) -> GPU | None:
+    """The table's GPU whose NVML name `device` is (topo.json's), or None."""
+    upper = device.upper()
+    for gpu in GPUS.values():
+        if any(m in upper for m in gpu.matches):
+            return gpu
+    return None
+
+
+def synthesize(inputs: Inputs, model: ModelSpec, gpu: GPU, mfu: float, dtype: str,
+               shapes: set[tuple[int, int]]) -> None:
+    """ComputePoints for each (tp, tokens) in `shapes` from FLOPs / (peak x mfu), and the
+    scaling stated in the notes. Raises LookupError (a dtype the table has no peak for)."""
+    peak = peak_tflops(gpu, dtype)
+    rate = peak * 1e12 * mfu / 1e6  # FLOPs per microsecond
+    source = f"--gpu {gpu.name}: {peak:g} TFLOPS {dtype} peak x mfu {mfu:g}"
+    for tp, tokens in sorted(shapes):
+        flops = model.flops_per_layer(tokens, tp)
+        inputs.compute.append(ComputePoint(tp=tp, tokens=tokens, layer_us=flops / rate,
+                                           flops=flops, source=source))
+    inputs.compute_model = {k: getattr(model, k)
+                            for k in ("hidden_size", "ffn_size", "heads", "seq_len")}
+    inputs.note(f"compute not measured: each layer's time is its FLOPs over {gpu.name}'s "
+                f"datasheet peak ({peak:g} TFLOPS {dtype}) x an assumed mfu of {mfu:g}")

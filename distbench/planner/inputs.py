@@ -1,0 +1,115 @@
+"""What a plan is predicted from, all measured: alpha-beta fits of the collectives per group size
+and span, the time of one transformer layer's forward and backward at the shapes it was timed
+on, the optimizer's cost per parameter, and how much of the data-parallel communication hid
+behind compute. inputs.json holds them; a later `plan --from` reads them back. Torch-free.
+
+Each comes with its source (a run directory and what in it), and each scaling applied to reach
+a point that was not measured is stated in `Inputs.notes` by the lookup that applies it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from distbench.core.accounting import allreduce_factor, ring_factor, unit_factor
+
+INPUTS_JSON = "inputs.json"
+# collective.csv's op names; "sendrecv" is one pipeline hop (a p2p pingpong's one-way time)
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")
+SPANS = ("node", "nodes")  # the group inside one node, or across nodes
+BUS = {"all_reduce": allreduce_factor, "all_gather": ring_factor,
+       "reduce_scatter": ring_factor, "sendrecv": unit_factor}
+_B_PER_US = 1e3  # 1 GB/s in bytes per microsecond
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommFit:
+    """T(S) = alpha_us + S / beta for `op` on a group of `ranks`, S the per-rank buffer in
+    bytes as collective.csv counts it (an all-gather's whole output, a reduce-scatter's whole
+    input); beta the asymptotic algbw in GB/s."""
+
+    op: str
+    ranks: int
+    span: str
+    alpha_us: float
+    beta_gbps: float
+    source: str = ""
+
+    def time_us(self, size_bytes: float) -> float:
+        return self.alpha_us + size_bytes / (self.beta_gbps * _B_PER_US)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputePoint:
+    """One layer's forward and backward, timed with every rank of the node computing at once:
+    `tokens` tokens (micro-batch x sequence) on a 1/`tp` shard of the layer (with tp > 1, as
+    torch's TP layer runs it when `with_tp_comm`)."""
+
+    tp: int
+    tokens: int
+    layer_us: float
+    flops: float  # of that layer shard, as ModelSpec.flops_per_layer counts them
+    source: str = ""
+    # timed as the step runs a TP layer (torch's DTensor layer, its four all-reduces inside):
+    # the time of that layout's layer as a whole, never scaled to another shape
+    with_tp_comm: bool = False
+
+
+@dataclass(kw_only=True)
+class Inputs:
+    fits: list[CommFit] = field(default_factory=list)
+    compute: list[ComputePoint] = field(default_factory=list)
+    # the model the compute points were timed on (hidden, ffn, heads, seq): a plan for another
+    # model scales them by FLOPs
+    compute_model: dict | None = None
+    optimizer_us_per_param: float | None = None
+    # fraction of the data-parallel collectives' time hidden behind backward, by "ddp"/"fsdp";
+    # negative when a step's collectives cost more than alone (hooks, copies, a busy CPU)
+    overlap: dict[str, float] = field(default_factory=dict)
+    gpus_per_node: int | None = None
+    memory_per_gpu: int | None = None  # bytes
+    device: str = ""
+    sources: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Inputs:
+        data = dict(data)
+        fits = [CommFit(**f) for f in data.pop("fits", [])]
+        compute = [ComputePoint(**c) for c in data.pop("compute", [])]
+        return cls(fits=fits, compute=compute, **data)
+
+    def write(self, run_dir: Path) -> None:
+        (run_dir / INPUTS_JSON).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def comm_us(self, op: str, ranks: int, span: str, size_bytes: float) -> float:
+        """The time of `op` on `ranks` ranks across `span`, from the fit of that op and span at
+        that group size; else from the nearest group size's, scaled as a ring: the latency
+        term with the ring's steps (ranks - 1), the bandwidth term at constant bus bandwidth;
+        else from the other span's fits (noted). 0 for a group of one."""
+        if ranks <= 1 or size_bytes <= 0:
+            return 0.0
+        same = [f for f in self.fits if f.op == op and f.span == span]
+        if not same:
+            other = [f for f in self.fits if f.op == op]
+            if not other:
+                raise LookupError(f"no measurement of {op}")
+            self.note(f"{op} across {span}: no fit of that span, the other span's used")
+            same = other
+        exact = [f for f in same if f.ranks == ranks]
+        if exact:
+            return exact[0].time_us(size_bytes)
+        f = min(same, key=lambda f: (abs(f.ranks - ranks), -f.ranks))
+        self.note(f"{op} on {ranks} ranks ({span}): scaled from the fit on {f.ranks} as a ring")
+        steps = max(1, ranks - 1) / max(1, f.ranks - 1)
+        busbw = f.beta_gbps * BUS[op](f.ranks) if BUS[op](f.ranks) else f.beta_gbps
+        algbw = busbw / BUS[op](ranks) if BUS[op](ranks) else busbw
+        return f.alpha_us * steps + size_bytes / (algbw * _B_PER_US)

@@ -1,0 +1,315 @@
+"""A plan: every layout of a model on a number of GPUs, its step time predicted from measured
+inputs (planner.predict), its memory per rank judged (planner.memory), ranked; and what
+`distbench plan` writes of it: plan.csv, plan.md, plan.png, inputs.json. Pure and torch-free:
+with `--from` a plan of thousands of GPUs is arithmetic done in seconds.
+
+Also what `plan --validate K` needs around its real runs: which layouts to run
+(`pick_validation`) and how far the predictions were (`validation_summary`)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from distbench.core.contracts import PLAN
+from distbench.core.tables import markdown_table, plural
+from distbench.planner import memory as mem
+from distbench.planner.inputs import Inputs
+from distbench.planner.layouts import ZERO_STAGES, Layout, enumerate_layouts
+from distbench.planner.models import ModelSpec
+from distbench.planner.predict import predict
+
+PLAN_MD = "plan.md"
+PLAN_PNG = "plan.png"
+# the step's parts, as plan.csv names them, and as plan.md says them
+TERMS = {"compute_ms": "compute", "tp_comm_ms": "TP all-reduces", "pp_comm_ms": "pipeline hops",
+         "bubble_ms": "pipeline bubble", "dp_exposed_ms": "exposed data-parallel communication",
+         "optimizer_ms": "optimizer step"}
+MEMORY_PARTS = ("params", "grads", "optimizer", "buffers", "activations")
+
+
+def layouts_for(model: ModelSpec, gpus: int, gpus_per_node: int,
+                zero_stages: Sequence[int] = ZERO_STAGES) -> list[Layout]:
+    return list(enumerate_layouts(model, gpus, gpus_per_node, tuple(zero_stages)))
+
+
+def compute_shapes(model: ModelSpec, layouts: Iterable[Layout]) -> set[tuple[int, int]]:
+    """The (tp, tokens per micro-batch) each layout times a layer at."""
+    return {(lay.tp, lay.micro_batch_size(model) * model.seq_len) for lay in layouts}
+
+
+def make_plan(model: ModelSpec, inputs: Inputs, gpus: int, gpus_per_node: int,
+              memory_per_gpu: float, dtype: str, zero_stages: Sequence[int] = ZERO_STAGES,
+              layouts: Sequence[Layout] | None = None) -> list[dict]:
+    """One row per layout (plan.csv's columns), fastest first among those that fit (rank 1),
+    then those that do not (no rank). Raises LookupError when the inputs lack a measurement a
+    layout needs (an op never measured, no compute)."""
+    from distbench.core.dtypes import element_bytes
+
+    elt = element_bytes(dtype)
+    chosen = layouts_for(model, gpus, gpus_per_node, zero_stages) if layouts is None else layouts
+    rows = [_row(model, lay, inputs, elt, dtype, gpus_per_node, memory_per_gpu)
+            for lay in chosen]
+    rows.sort(key=lambda r: (not r["fits"], r["predicted_step_ms"], r["memory_per_rank_bytes"],
+                             r["tp"], r["pp"], r["zero"], r["micro_batches"]))
+    for i, r in enumerate(x for x in rows if x["fits"]):
+        r["rank"] = i + 1
+    return rows
+
+
+def _row(model: ModelSpec, lay: Layout, inputs: Inputs, elt: int, dtype: str,
+         gpus_per_node: int, memory_per_gpu: float) -> dict:
+    try:
+        p = predict(model, lay, inputs, elt, gpus_per_node)
+    except LookupError as e:
+        raise LookupError(f"{e} (needed by {lay.label()})") from None
+    m = mem.memory(model, lay, elt)
+    ms = 1e-3
+    step_ms = p.step_us * ms
+    return {
+        "model": model.name, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero,
+        "micro_batches": lay.micro_batches, "micro_batch_size": lay.micro_batch_size(model),
+        "dtype": dtype, "world_size": lay.world, "gpus_per_node": gpus_per_node,
+        "predicted_step_ms": step_ms, "compute_ms": p.compute_us * ms,
+        "tp_comm_ms": p.tp_comm_us * ms, "pp_comm_ms": p.pp_comm_us * ms,
+        "bubble_ms": p.bubble_us * ms, "dp_comm_ms": p.dp_comm_us * ms,
+        "dp_exposed_ms": p.dp_exposed_us * ms, "optimizer_ms": p.optimizer_us * ms,
+        "bubble_fraction": (lay.pp - 1) / (lay.micro_batches + lay.pp - 1),
+        "tokens_per_s": model.batch * model.seq_len / (step_ms / 1e3) if step_ms > 0 else None,
+        "memory_per_rank_bytes": m.total,
+        **{f"{k}_bytes": v for k, v in m.parts().items()},
+        "memory_limit_bytes": mem.usable_bytes(memory_per_gpu),
+        "fits": mem.fits(m.total, memory_per_gpu), "rank": None,
+    }
+
+
+def layout_of(row: dict) -> Layout:
+    return Layout(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), zero=int(row["zero"]),
+                  micro_batches=int(row["micro_batches"]))
+
+
+def label(row: dict) -> str:
+    return layout_of(row).label()
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: which layouts to run for real, and how far the predictions were
+
+def pick_validation(rows: Sequence[dict], k: int, world: int) -> list[dict]:
+    """K layouts on `world` ranks that fit, to run for real: the predicted best half (at least
+    one), then, one at a time, the layout that differs from those chosen in the most of tp, pp,
+    dp and zero (the better ranked first among equals), so the real runs span the space.
+    Deterministic."""
+    pool = sorted((r for r in rows if r["fits"] and r["world_size"] == world),
+                  key=lambda r: (r["rank"], r["tp"], r["pp"], r["zero"], r["micro_batches"]))
+    if k <= 0 or not pool:
+        return []
+    chosen = pool[:max(1, (k + 1) // 2)][:k]
+    dims = ("tp", "pp", "dp", "zero")
+    while len(chosen) < min(k, len(pool)):
+        seen = {d: {r[d] for r in chosen} for d in dims}
+        left = [r for r in pool if r not in chosen]
+        chosen.append(max(left, key=lambda r: (sum(r[d] not in seen[d] for d in dims),
+                                               -pool.index(r))))
+    return chosen
+
+
+def _average_ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties given the average of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for m in range(i, j + 1):
+            ranks[order[m]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def validation_summary(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(MAPE in percent, Spearman's rank correlation) of (predicted, measured) pairs: the mean
+    of |predicted - measured| / measured, and the Pearson correlation of the two's ranks
+    (ties as average ranks). NaN where it is undefined (no pair; fewer than two, or a side
+    all equal, for Spearman)."""
+    pairs = [(float(p), float(m)) for p, m in pairs if m and m > 0]
+    if not pairs:
+        return math.nan, math.nan
+    mape = sum(abs(p - m) / m for p, m in pairs) / len(pairs) * 100
+    if len(pairs) < 2:
+        return mape, math.nan
+    a, b = (_average_ranks([x[i] for x in pairs]) for i in (0, 1))
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b, strict=True))
+    va = sum((x - ma) ** 2 for x in a)
+    vb = sum((y - mb) ** 2 for y in b)
+    return mape, (cov / math.sqrt(va * vb) if va and vb else math.nan)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+def _cell(value):
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: Iterable[dict]) -> None:
+    with open(path, "w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(columns)
+        for r in rows:
+            out.writerow([_cell(r.get(c)) for c in columns])
+
+
+def write_plan(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *,
+               gpus: int | None = None, gpus_per_node: int | None = None,
+               memory_per_gpu: float | None = None, memory_from: str = "", dtype: str = "",
+               top: int = 5, measured: Inputs | None = None) -> list[Path]:
+    """plan.csv, plan.md, plan.png and inputs.json in `run_dir`; the paths written. The
+    cluster's figures default to the rows'. `measured`: the inputs as measured, before any
+    synthesis or lookup note, for inputs.json (a later plan --from reads it as measurements);
+    `inputs` otherwise."""
+    run_dir = Path(run_dir)
+    first = rows[0] if rows else {}
+    gpus = gpus or first.get("world_size", 0)
+    gpus_per_node = gpus_per_node or first.get("gpus_per_node", 0)
+    dtype = dtype or first.get("dtype", "")
+    if memory_per_gpu is None:
+        memory_per_gpu = mem.memory_of_limit(first.get("memory_limit_bytes", 0))
+    write_csv(run_dir / PLAN.file, PLAN.csv, rows)
+    (measured or inputs).write(run_dir)
+    text = summary_md(rows, model, inputs, gpus=gpus, gpus_per_node=gpus_per_node,
+                      memory_per_gpu=memory_per_gpu, memory_from=memory_from, dtype=dtype,
+                      top=top)
+    (run_dir / PLAN_MD).write_text(text)
+    plot(rows, run_dir / PLAN_PNG, title=f"{model.name} on {gpus} GPUs ({dtype})")
+    return [run_dir / n for n in (PLAN.file, PLAN_MD, PLAN_PNG, "inputs.json")]
+
+
+def top_lines(rows: Sequence[dict], top: int, title: str | None = None) -> list[str]:
+    """The console's table of the `top` fastest layouts that fit."""
+    from distbench.core.tables import format_table
+
+    fitting = [r for r in rows if r["fits"]][:top]
+    return format_table(PLAN.console, fitting, title=title or (
+        f"plan: the {len(fitting)} fastest of {len(rows)} layouts that fit in memory"))
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.1f} GiB"
+
+
+def dominant(row: dict) -> tuple[str, float]:
+    """The step's largest part and its share of the step."""
+    key = max(TERMS, key=lambda k: row[k] or 0.0)
+    step = row["predicted_step_ms"]
+    return TERMS[key], (row[key] / step if step else 0.0)
+
+
+def _why_top(best: dict, runner: dict | None) -> list[str]:
+    term, share = dominant(best)
+    lines = [f"- **{label(best)}** is predicted fastest at {best['predicted_step_ms']:.2f} ms per "
+             f"step; its largest part is {term} ({share:.0%} of the step)."]
+    if runner is not None:
+        loss = runner["predicted_step_ms"] - best["predicted_step_ms"]
+        worse = max(TERMS, key=lambda k: (runner[k] or 0.0) - (best[k] or 0.0))
+        lines.append(f"- The runner-up, **{label(runner)}**, loses {loss:.2f} ms "
+                     f"({loss / best['predicted_step_ms']:.1%}), most of it in {TERMS[worse]} "
+                     f"(+{(runner[worse] or 0.0) - (best[worse] or 0.0):.2f} ms).")
+    return lines
+
+
+def _pruned(rows: list[dict]) -> list[str]:
+    out = [r for r in rows if not r["fits"]]
+    if not out:
+        return ["Every layout fits in memory."]
+    by_zero: dict[int, int] = {}
+    for r in out:
+        by_zero[r["zero"]] = by_zero.get(r["zero"], 0) + 1
+    least = min(out, key=lambda r: r["memory_per_rank_bytes"])
+    parts = ", ".join(f"{n} with ZeRO {z}" for z, n in sorted(by_zero.items()))
+    part = max(MEMORY_PARTS, key=lambda k: least[f"{k}_bytes"])
+    return [f"{plural(len(out), 'layout')} pruned for memory ({parts}). The smallest of them, "
+            f"{label(least)}, needs {_gib(least['memory_per_rank_bytes'])} per rank against "
+            f"{_gib(least['memory_limit_bytes'])} usable, most of it {part}."]
+
+
+def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
+               gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str,
+               top: int = 5) -> str:
+    fitting = [r for r in rows if r["fits"]]
+    lines = [f"# Plan: {model.name} on {gpus} GPUs", "",
+             f"- model: {model.describe()}",
+             f"- cluster: {gpus} GPUs, {gpus_per_node} per node, "
+             f"{_gib(memory_per_gpu)} per GPU" + (f" ({memory_from})" if memory_from else ""),
+             f"- dtype: {dtype}; AdamW; the 1F1B schedule",
+             f"- memory model: parameters, gradients and AdamW states by ZeRO stage, ZeRO-3's "
+             f"gathered layer, activations kept for backward (docs/plan.md); reserve: "
+             f"{mem.reserve_text()}",
+             f"- {plural(len(rows), 'layout')} on {gpus} GPUs, {len(fitting)} fit", "",
+             "## Top layouts", ""]
+    if fitting:
+        lines += markdown_table(
+            ["rank", "layout", "step (ms)", *[TERMS[k] + " (ms)" for k in TERMS],
+             "memory/rank"],
+            [[r["rank"], label(r), f"{r['predicted_step_ms']:.2f}",
+              *[f"{r[k]:.2f}" for k in TERMS], _gib(r["memory_per_rank_bytes"])]
+             for r in fitting[:top]], align="rl" + "r" * (len(TERMS) + 2))
+        lines += ["", "## Why", "", *_why_top(fitting[0], fitting[1] if len(fitting) > 1 else
+                                              None)]
+    else:
+        lines += ["No layout fits in memory."]
+    lines += ["", "## Pruned", "", *_pruned(rows), "", "## Inputs", ""]
+    lines += [f"- {s}" for s in inputs.sources] or ["- none recorded"]
+    if inputs.notes:
+        lines += ["", "Scalings and assumptions:", "", *[f"- {n}" for n in inputs.notes]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path, title: str = "") -> Path:
+    """Predicted step time against memory per rank, fitting and not, the best marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from distbench.results.plots import DPI
+
+    fig, ax = plt.subplots(figsize=(7.0, 4.5))
+    limit = rows[0]["memory_limit_bytes"] if rows else None
+    for fit, colour, name in ((True, "tab:blue", "fits"), (False, "tab:grey", "does not fit")):
+        sel = [r for r in rows if bool(r["fits"]) == fit]
+        if sel:
+            ax.scatter([r["memory_per_rank_bytes"] / 2**30 for r in sel],
+                       [r["predicted_step_ms"] for r in sel], s=12, c=colour,
+                       alpha=0.7 if fit else 0.4, label=f"{name} ({len(sel)})")
+    best = [r for r in rows if r["rank"] == 1]
+    if best:
+        b = best[0]
+        ax.scatter([b["memory_per_rank_bytes"] / 2**30], [b["predicted_step_ms"]], s=90,
+                   marker="*", c="tab:red", label=f"best: {label(b)}", zorder=3)
+    if limit is not None:
+        ax.axvline(limit / 2**30, color="tab:red", linestyle="--", linewidth=1,
+                   label=f"usable memory ({limit / 2**30:.1f} GiB)")
+    steps = [r["predicted_step_ms"] for r in rows if r["predicted_step_ms"] > 0]
+    if steps and max(steps) > 10 * min(steps):
+        ax.set_yscale("log")
+    ax.set_xlabel("memory per rank (GiB)")
+    ax.set_ylabel("predicted step (ms)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.1)
+    plt.close(fig)
+    return path

@@ -1,0 +1,149 @@
+"""The step time of a layout, predicted from measured inputs (planner.inputs), term by term.
+Torch-free: docs/plan.md states each term, where its input comes from and what it ignores.
+
+Per micro-batch, a pipeline stage runs its layers' forward and backward (`compute`), the TP
+all-reduces of those layers (two in forward, two in backward, of the micro-batch's activations;
+they block, so all of them count) and, with pp > 1, one activation hop out in forward and one
+gradient hop back in backward. 1F1B and GPipe take (m + pp - 1) such slots for m micro-batches;
+the pp - 1 extra are the bubble. After the last backward, the data-parallel replicas sync their
+gradients (and, with ZeRO, their parameters); the fraction of that hidden behind backward is
+measured (`Inputs.overlap`). Then the optimizer steps over the parameters this rank updates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from distbench.planner.inputs import Inputs
+from distbench.planner.layouts import Layout
+from distbench.planner.models import ModelSpec
+
+# TP all-reduces per transformer layer and micro-batch: attention and MLP, forward and backward
+TP_ALLREDUCES_PER_LAYER = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    layout: Layout
+    step_us: float
+    compute_us: float  # m micro-batches of the stage's layers, forward and backward
+    tp_comm_us: float
+    pp_comm_us: float
+    bubble_us: float  # (pp - 1) slots of compute, TP and PP communication
+    dp_comm_us: float  # the data-parallel collectives alone
+    dp_exposed_us: float
+    optimizer_us: float
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["layout"] = self.layout.to_json()
+        return d
+
+
+def spans(layout: Layout, gpus_per_node: int) -> dict[str, str]:
+    """Whether each dimension's groups stay in a node ("node") or cross nodes ("nodes"), with
+    ranks laid out as the mesh (pp, dp, tp): a group of k members at stride s stays inside a
+    node of g GPUs when k x s <= g (and s x k divides into g)."""
+    t, p, d = layout.tp, layout.pp, layout.dp
+
+    def span(members: int, stride: int) -> str:
+        return "node" if members * stride <= gpus_per_node else "nodes"
+
+    return {"tp": span(t, 1), "dp": span(d, t), "pp": span(p, t * d)}
+
+
+def params_per_rank(model: ModelSpec, layout: Layout) -> float:
+    """Parameters of one rank's stage shard, before ZeRO: its layers over tp."""
+    return model.layers / layout.pp * model.params_per_layer / layout.tp
+
+
+def layer_us(inputs: Inputs, model: ModelSpec, tp: int, tokens: int) -> tuple[float, bool]:
+    """One layer's forward and backward on `tokens` tokens over `tp` shards, and whether that
+    time already holds TP's all-reduces: the measured point of this model at this tp and token
+    count (a TP layer timed as the step runs it holds them); else the nearest point timed
+    without TP communication (same tp first, then the closest token count) scaled by the FLOPs
+    of the two (noted)."""
+    if not inputs.compute:
+        raise LookupError("no measurement of compute")
+    flops = model.flops_per_layer(tokens, tp)
+    same_model = inputs.compute_model is not None and all(
+        inputs.compute_model.get(k) == getattr(model, k)
+        for k in ("hidden_size", "ffn_size", "heads", "seq_len"))
+    if same_model:
+        for c in inputs.compute:
+            if c.tp == tp and c.tokens == tokens:
+                return c.layer_us, c.with_tp_comm
+    plain = [c for c in inputs.compute if not c.with_tp_comm] or inputs.compute
+    best = min(plain, key=lambda c: (
+        not same_model or c.tp != tp, abs(math.log(c.tokens / tokens)), abs(c.tp - tp)))
+    inputs.note(f"compute at tp {tp}, {tokens} tokens: scaled by FLOPs from the layer timed at "
+                f"tp {best.tp}, {best.tokens} tokens" + ("" if same_model else
+                                                         " of the measured model"))
+    return best.layer_us * flops / best.flops, False
+
+
+def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
+            gpus_per_node: int) -> Prediction:
+    t, p, d, z, m = layout.key()
+    span = spans(layout, gpus_per_node)
+    tokens = layout.micro_batch_size(model) * model.seq_len
+    activation = tokens * model.hidden_size * elt_bytes
+    per_stage = model.layers // p
+
+    layer, with_tp = layer_us(inputs, model, t, tokens)
+    tp_mb = per_stage * TP_ALLREDUCES_PER_LAYER * inputs.comm_us(
+        "all_reduce", t, span["tp"], activation)
+    # a TP layer timed whole holds its all-reduces: the fit's share of it is shown as TP's
+    compute_mb = per_stage * layer
+    if with_tp:
+        tp_mb = min(tp_mb, compute_mb)
+        compute_mb -= tp_mb
+    pp_mb = 2 * inputs.comm_us("sendrecv", 2, span["pp"], activation) if p > 1 else 0.0
+    slot = compute_mb + tp_mb + pp_mb
+    pipeline = (m + p - 1) * slot
+
+    grads = params_per_rank(model, layout) * elt_bytes
+    dp_comm, overlap = dp_collectives_us(inputs, layout, span["dp"], grads)
+    dp_exposed = dp_comm * (1 - overlap)
+
+    rate = inputs.optimizer_us_per_param
+    if rate is None:
+        inputs.note("no optimizer measurement: its step counted as 0")
+        rate = 0.0
+    updated = params_per_rank(model, layout) / (d if z >= 1 else 1)
+    optimizer = updated * rate
+
+    return Prediction(layout=layout, step_us=pipeline + dp_exposed + optimizer,
+                      compute_us=m * compute_mb, tp_comm_us=m * tp_mb, pp_comm_us=m * pp_mb,
+                      bubble_us=(p - 1) * slot, dp_comm_us=dp_comm, dp_exposed_us=dp_exposed,
+                      optimizer_us=optimizer)
+
+
+def dp_collectives_us(inputs: Inputs, layout: Layout, span: str, grad_bytes: float
+                      ) -> tuple[float, float]:
+    """The data-parallel collectives of one step, alone, and the fraction of them that hides
+    behind backward (measured, per DDP or FSDP). DDP (ZeRO 0) all-reduces the gradients once
+    per step; ZeRO-1 adds an all-gather of the updated parameters after the optimizer (which
+    nothing hides); FSDP reduce-scatters the gradients once and all-gathers the parameters once
+    (ZeRO-2) or, resharding after forward, in every micro-batch's forward and backward
+    (ZeRO-3)."""
+    d, z, m = layout.dp, layout.zero, layout.micro_batches
+    if d == 1:
+        return 0.0, 0.0
+
+    def c(op: str) -> float:
+        return inputs.comm_us(op, d, span, grad_bytes)
+
+    kind = "ddp" if z <= 1 else "fsdp"
+    overlap = inputs.overlap.get(kind)
+    if overlap is None:
+        inputs.note(f"no {kind} overlap measured: its collectives counted as exposed")
+        overlap = 0.0
+    if z == 0:
+        return c("all_reduce"), overlap
+    if z == 1:
+        ar, ag = c("all_reduce"), c("all_gather")
+        return ar + ag, overlap * ar / (ar + ag)
+    gathers = 1 if z == 2 else 2 * m
+    return gathers * c("all_gather") + c("reduce_scatter"), overlap

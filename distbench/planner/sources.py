@@ -1,0 +1,208 @@
+"""`plan --from RUN,...`: earlier run directories read into the Inputs a plan is predicted from.
+Torch-free.
+
+- collective: an alpha-beta fit (results.alphabeta.fit) per op, world size and span ("node"
+  when the row ran on one node, else "nodes") over its rows with status ok;
+- p2p: "sendrecv", the pipeline's hop, from the ping-pong rows (their time is the one-way
+  time, half the round trip); a run with only ring rows gives it from those (each rank sends
+  and receives at once: the steady state of 1F1B), noted;
+- dp: the measured overlap, "ddp" from the ddp rows and "fsdp" from the zero2/zero3 rows
+  (overlap_pct / 100, the median over rows);
+- plan: its inputs.json, as measured there;
+- accept: its accept.csv's collective and ping-pong checks, fitted where one op on one group
+  was measured at two sizes or more (a profile's latency and bandwidth checks); an accept run
+  with no such pair is refused;
+- any run's topo.json: GPUs per node and memory per GPU (the smallest), when it lists GPUs.
+
+A directory that holds none of these is refused in one line (OptionError, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+from distbench.core.errors import ReadError
+from distbench.core.options import OptionError
+from distbench.planner.inputs import INPUTS_JSON, OPS, CommFit, Inputs
+from distbench.results import alphabeta, reader
+
+FLAG = "--from"
+EXAMPLE = "--from results/20250101T000000Z-collective"
+COLLECTIVE_OPS = tuple(op for op in OPS if op != "sendrecv")
+FSDP_MODES = ("zero2", "zero3")
+
+
+def read(paths: list[Path]) -> Inputs:
+    """Every run of `paths` merged into one Inputs, in order: the first source of a figure
+    wins, and each one after it is noted."""
+    inputs = Inputs()
+    for path in paths:
+        merge(inputs, read_one(Path(path)))
+    return inputs
+
+
+def read_one(path: Path) -> Inputs:
+    if not path.is_dir():
+        raise OptionError(FLAG, f"{str(path)!r} is no run directory", EXAMPLE)
+    try:
+        run = reader.load(path)
+    except ReadError as e:
+        if not (path / INPUTS_JSON).is_file():  # a saved inputs.json alone is enough
+            raise OptionError(FLAG, str(e), EXAMPLE) from None
+        run = reader.Run(path, path.name, "plan")
+    got = Inputs()
+    if (path / INPUTS_JSON).is_file():
+        got = _inputs_json(path / INPUTS_JSON)
+    if "collective.csv" in run.tables:
+        _collective(got, run.tables["collective.csv"], f"{path}/collective.csv")
+    if "p2p.csv" in run.tables:
+        _p2p(got, run.tables["p2p.csv"], f"{path}/p2p.csv")
+    if "dp.csv" in run.tables:
+        _dp(got, run.tables["dp.csv"], f"{path}/dp.csv")
+    if "accept.csv" in run.tables:
+        _accept(got, run, f"{path}/accept.csv")
+    measured = got.fits or got.compute or got.overlap or got.optimizer_us_per_param is not None
+    _topology(got, run, f"{path}/topo.json")
+    if not measured:
+        raise OptionError(FLAG, f"{path} holds nothing a plan reads (collective.csv, p2p.csv, "
+                          f"dp.csv, accept.csv or {INPUTS_JSON} with results; it is a "
+                          f"{run.command} run)", EXAMPLE)
+    return got
+
+
+def _inputs_json(path: Path) -> Inputs:
+    try:
+        got = Inputs.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError) as e:
+        raise OptionError(FLAG, f"{path}: not a distbench {INPUTS_JSON} ({e})", EXAMPLE) from None
+    got.sources = [f"{path}: {s}" for s in got.sources] or [str(path)]
+    return got
+
+
+def _ok(frame: pd.DataFrame) -> pd.DataFrame:
+    if "status" in frame.columns:
+        frame = frame[frame["status"].astype(str).isin(["ok", ""])]
+    return frame[pd.to_numeric(frame["time_us"], errors="coerce") > 0]
+
+
+def span_of(nnodes) -> str:
+    return "node" if pd.isna(nnodes) or int(nnodes) <= 1 else "nodes"
+
+
+def _fit(inputs: Inputs, op: str, ranks: int, span: str, rows: pd.DataFrame, source: str
+         ) -> bool:
+    sizes, times = rows["size_bytes"].astype(float), rows["time_us"].astype(float)
+    try:
+        f = alphabeta.fit(sizes, times)
+    except ValueError as e:
+        inputs.note(f"{source}: {op} on {ranks} ranks ({span}) not fitted: {e}")
+        return False
+    inputs.fits.append(CommFit(op=op, ranks=ranks, span=span, alpha_us=f.alpha_us,
+                               beta_gbps=f.beta_gbps, source=f"{source} ({sizes.nunique()} "
+                               f"sizes, median error {f.err_pct:.1f}%)"))
+    if f.note:
+        inputs.note(f"{source}: {op} on {ranks} ranks: {f.note}")
+    return True
+
+
+def _collective(inputs: Inputs, frame: pd.DataFrame, source: str) -> None:
+    rows = _ok(frame)
+    rows = rows[rows["op"].isin(COLLECTIVE_OPS)]
+    nnodes = rows["nnodes"] if "nnodes" in rows.columns else pd.Series(1, index=rows.index)
+    rows = rows.assign(_span=nnodes.map(span_of))
+    fitted = 0
+    for (op, world, span), group in rows.groupby(["op", "world_size", "_span"], sort=True):
+        fitted += _fit(inputs, str(op), int(world), str(span), group, source)
+    if fitted:
+        inputs.sources.append(f"{source}: {fitted} alpha-beta fits")
+
+
+def _p2p(inputs: Inputs, frame: pd.DataFrame, source: str) -> None:
+    rows = _ok(frame)
+    hops = rows[rows["pattern"] == "pingpong"]
+    if not len(hops):
+        hops = rows[rows["pattern"] == "ring"]
+        if len(hops):
+            inputs.note(f"{source}: no ping-pong rows; the pipeline hop is the ring's time "
+                        "(each rank sending and receiving at once)")
+    fitted = 0
+    for nnodes, group in hops.groupby(hops["nnodes"].map(span_of), sort=True):
+        fitted += _fit(inputs, "sendrecv", 2, str(nnodes), group, source)
+    if fitted:
+        inputs.sources.append(f"{source}: {fitted} point-to-point fits")
+
+
+def _dp(inputs: Inputs, frame: pd.DataFrame, source: str) -> None:
+    rows = frame
+    if "status" in rows.columns:
+        rows = rows[rows["status"].astype(str) == "ok"]
+    rows = rows[pd.to_numeric(rows["overlap_pct"], errors="coerce").notna()]
+    for kind, modes in (("ddp", ("ddp",)), ("fsdp", FSDP_MODES)):
+        pct = rows[rows["mode"].isin(modes)]["overlap_pct"].astype(float)
+        if len(pct):
+            inputs.overlap[kind] = min(1.0, max(0.0, statistics.median(pct) / 100))
+            inputs.sources.append(f"{source}: {kind} overlap {inputs.overlap[kind]:.0%} "
+                                  f"(median of {len(pct)} rows)")
+
+
+def _accept(inputs: Inputs, run: reader.Run, source: str) -> None:
+    frame = run.tables["accept.csv"]
+    rows = frame[(~reader.is_retest(frame)) & (frame["verdict"].astype(str) != "SKIP")]
+    rows = rows[pd.to_numeric(rows["time_us"], errors="coerce") > 0]
+    rows = rows.assign(_op=rows["op"].where(rows["command"] == "collective", "sendrecv"))
+    rows = rows[rows["_op"].isin(COLLECTIVE_OPS) | (rows["op"] == "pingpong")]
+    several = int(run.meta.get("nnodes") or 1) > 1
+    rows = rows.assign(_span=rows["scope"].map(
+        lambda s: "node" if s == "node" or (s == "cluster" and not several) else "nodes"))
+    fitted = 0
+    for (op, ranks, span), group in rows.groupby(["_op", "ranks", "_span"], sort=True):
+        if group["size_bytes"].nunique() >= 2:
+            fitted += _fit(inputs, str(op), 2 if op == "sendrecv" else int(ranks), str(span),
+                           group, source)
+    if not fitted:
+        raise OptionError(FLAG, f"{source} measures each op at one size per group: no sweep "
+                          "to fit alpha and beta (give a `distbench collective` run)", EXAMPLE)
+    inputs.sources.append(f"{source}: {fitted} alpha-beta fits from the checks' sizes")
+
+
+def _topology(inputs: Inputs, run: reader.Run, source: str) -> None:
+    nodes = [n for n in run.topo.get("nodes") or [] if isinstance(n, dict)]
+    gpus = [[g for g in n.get("gpus") or [] if isinstance(g, dict)] for n in nodes]
+    listed = [g for node in gpus for g in node]
+    if not listed:
+        return
+    inputs.gpus_per_node = inputs.gpus_per_node or max(len(node) for node in gpus)
+    memories = [int(g["memory_total_bytes"]) for g in listed
+                if isinstance(g.get("memory_total_bytes"), int | float)]
+    if memories and inputs.memory_per_gpu is None:
+        inputs.memory_per_gpu = min(memories)
+    names = sorted({str(g["name"]) for g in listed if g.get("name")})
+    inputs.device = inputs.device or ", ".join(names)
+    inputs.sources.append(f"{source}: {len(listed)} GPUs ({inputs.device or 'unnamed'}) on "
+                          f"{len(nodes)} nodes")
+
+
+def merge(into: Inputs, other: Inputs) -> None:
+    """`other`'s figures added to `into`'s; where both have one, `into`'s stays (noted)."""
+    have = {(f.op, f.ranks, f.span) for f in into.fits}
+    for f in other.fits:
+        if (f.op, f.ranks, f.span) in have:
+            into.note(f"{f.op} on {f.ranks} ranks ({f.span}) measured twice: the first kept, "
+                      f"not {f.source}")
+        else:
+            into.fits.append(f)
+    if other.compute and not into.compute:
+        into.compute, into.compute_model = list(other.compute), other.compute_model
+    if into.optimizer_us_per_param is None:
+        into.optimizer_us_per_param = other.optimizer_us_per_param
+    for kind, value in other.overlap.items():
+        into.overlap.setdefault(kind, value)
+    into.gpus_per_node = into.gpus_per_node or other.gpus_per_node
+    into.memory_per_gpu = into.memory_per_gpu or other.memory_per_gpu
+    into.device = into.device or other.device
+    into.sources += [s for s in other.sources if s not in into.sources]
+    for n in other.notes:
+        into.note(n)

@@ -1,0 +1,334 @@
+"""`distbench plan` on workers: the plan's inputs measured on the ranks at hand, the plan made
+from them, then `--validate K` of its layouts run for real by the step command's measurement.
+
+The inputs (planner.inputs), each timed on every rank at once so that a rank shares the machine
+as it does in a step, and agreed as the slowest rank's (a step waits for it):
+- each collective the layouts issue (all-reduce, all-gather, reduce-scatter, one pipeline hop),
+  on every group size the world divides into, every group of a size at once, over a size sweep
+  from a TP activation to a stage's gradients, fitted T = alpha + S / beta;
+- one layer's forward and backward at each (tp, tokens) the candidate layouts run;
+- AdamW's step per parameter;
+- DDP's and FSDP's overlap: 1 - exposed / alone of a pure data-parallel step (ZeRO 0 and 3).
+Every rank ends up with the same inputs, so every rank makes the same plan and picks the same
+layouts to validate."""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from distbench.bench import timing
+from distbench.bench.measure import fail_if_wrong
+from distbench.core import contracts
+from distbench.core.dtypes import element_bytes
+from distbench.core.exitcodes import EXIT_OK
+from distbench.core.tables import plural
+from distbench.ops import data
+from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.planner import plan as planning
+from distbench.planner.inputs import CommFit, ComputePoint, Inputs
+from distbench.planner.layouts import Layout, enumerate_layouts
+from distbench.planner.models import ModelSpec
+from distbench.results.alphabeta import fit
+from distbench.run.memory import release
+from distbench.run.session import Session
+from distbench.steps import mesh_model, step3d
+
+# a timed point runs at least this long (and REPS times), so a stall of a few ms is a minority
+MIN_POINT_S = 0.05
+REPS = 3
+SEED = 4321
+
+
+def run(s: Session, output) -> int:
+    gc.freeze()  # torch's objects are set aside: the layouts' collections walk only their own
+    rt, opts = s.rt, s.opts
+    model: ModelSpec = opts.model_spec
+    dtype = TORCH_DTYPES[opts.dtype]
+    gpn = opts.gpus_per_node or rt.world // max(1, rt.nnodes)
+    gpus = opts.gpus or rt.world
+    s.console.log(f"plan: {model.describe()}; inputs measured on {plural(rt.world, 'rank')}, "
+                  f"{plural(rt.nnodes, 'node')}, backend {rt.backend}")
+    inputs = measure_inputs(s, model, dtype, gpn)
+    measured = Inputs.from_json(inputs.to_json())
+    details: dict = {"model": model.to_json(), "inputs": measured.to_json()}
+    memory, memory_from = opts.memory_per_gpu(inputs), opts.memory_from(inputs)
+    rows = planning.make_plan(model, inputs, gpus, gpn, memory, opts.dtype, opts.zero)
+    if s.run_dir is not None:
+        planning.write_plan(s.run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=gpn,
+                            memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
+                            top=opts.top, measured=measured)
+    s.console.lines(planning.top_lines(rows, opts.top))
+    if s.record is not None:
+        s.record.update(plan=details)
+    if not opts.validations:
+        return EXIT_OK
+    if gpus != rt.world or gpn != rt.world // max(1, rt.nnodes):
+        s.console.log(f"--validate runs layouts on the {rt.world} ranks at hand; the plan above "
+                      f"is for {gpus}: validating the same model's plan for the workers")
+        rows = planning.make_plan(model, inputs, rt.world, rt.world // max(1, rt.nnodes),
+                                  memory, opts.dtype, opts.zero)
+    return validate(s, model, dtype, rows, details)
+
+
+def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dict) -> int:
+    """The chosen layouts stepped for real (step.csv), each against its prediction
+    (validation.csv), written as measured; then the mean absolute percentage error and the
+    Spearman rank correlation over those that ran."""
+    opts = s.opts
+    chosen = planning.pick_validation(rows, opts.validations, s.rt.world)
+    s.console.log(f"validating {plural(len(chosen), 'layout')} for real: "
+                  + ", ".join(planning.label(r) for r in chosen))
+    step_sink, val_sink = s.sink(contracts.STEP), s.sink(contracts.VALIDATION)
+    pairs: list[tuple[float, float]] = []
+    bad: list[str] = []
+    found: dict = {"layouts": []}
+    details["validation"] = found
+    for r in chosen:
+        layout = planning.layout_of(r)
+        row, _ = step3d.measure_layout(s, model, layout, dtype, bad, check=False)
+        step_sink.append(row)
+        predicted = r["predicted_step_ms"]
+        ok = row.get("status") == "ok" and row.get("step_us")
+        measured = row["step_us"] / 1e3 if ok else None
+        err = (predicted / measured - 1) * 100 if ok else None
+        val = {"model": model.name, **layout.to_json(), "predicted_step_ms": predicted,
+               "measured_step_ms": measured, "error_pct": err, "status": row.get("status"),
+               "note": row.get("note") or ""}
+        val_sink.append(val)
+        found["layouts"].append(val)
+        if ok:
+            pairs.append((predicted, measured))
+        if s.record is not None:
+            s.record.update(plan=details)
+        s.console.log(f"  {layout.label()}: predicted {predicted:.2f} ms, measured "
+                      + (f"{measured:.2f} ms ({err:+.1f}%)" if ok else str(row.get("status"))))
+    mape, rho = planning.validation_summary(pairs) if pairs else (None, None)
+    found.update(mape_pct=mape, spearman=rho, layouts_measured=len(pairs))
+    if s.record is not None:
+        s.record.update(plan=details)
+    if pairs:
+        s.console.log(f"prediction error over {plural(len(pairs), 'layout')}: MAPE "
+                      f"{mape:.1f}%, Spearman {rho:.2f}")
+    fail_if_wrong(bad)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# the inputs
+
+
+def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int) -> Inputs:
+    rt = s.rt
+    inputs = Inputs(gpus_per_node=gpn, device=str(rt.device.type), compute_model={
+        "hidden_size": model.hidden_size, "ffn_size": model.ffn_size, "heads": model.heads,
+        "seq_len": model.seq_len}, sources=["measured on the workers of this run"])
+    layouts = list(enumerate_layouts(model, rt.world, gpn, tuple(s.opts.zero)))
+    elt = element_bytes(s.opts.dtype)
+    inputs.fits = measure_fits(s, model, layouts, elt)
+    inputs.compute = measure_compute(s, model, layouts, dtype)
+    inputs.optimizer_us_per_param = measure_optimizer(s, model, dtype)
+    inputs.overlap = measure_overlap(s, model, dtype, inputs)
+    return inputs
+
+
+def _agreed_us(seconds: float, device) -> float:
+    """The slowest rank's time, in microseconds, on every rank."""
+    t = torch.tensor([seconds * 1e6], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _time_us(fn: Callable[[], object], device) -> float:
+    """fn's time per call: warmed up, calibrated to MIN_POINT_S, the median of REPS runs, the
+    slowest rank's. Every rank runs as many calls (the count is agreed), so collectives pair."""
+    fn()
+    timing.sync(device)
+    t0 = time.perf_counter()
+    fn()
+    timing.sync(device)
+    once = _agreed_us(time.perf_counter() - t0, device) / 1e6
+    n = max(3, min(500, math.ceil(MIN_POINT_S / max(once, 1e-6))))
+    reps = []
+    for _ in range(REPS):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        timing.sync(device)
+        reps.append(_agreed_us((time.perf_counter() - t0) / n, device))
+    return sorted(reps)[len(reps) // 2]
+
+
+def group_sizes(world: int) -> list[int]:
+    return [g for g in range(2, world + 1) if world % g == 0]
+
+
+def _span(s: Session, members: list[int]) -> str:
+    nodes = {s.rt.ranks[r].get("node") for r in members} if s.rt.ranks else {0}
+    return "node" if len(nodes) == 1 else "nodes"
+
+
+def _sweep(model: ModelSpec, layouts: list[Layout], elt: int) -> list[int]:
+    """Sizes from the smallest TP activation to the largest gradient a layout syncs, in 4x
+    steps, multiples of 64 bytes so that every group size up to 8 splits them."""
+    acts = [lay.micro_batch_size(model) * model.seq_len * model.hidden_size * elt
+            for lay in layouts] or [4096]
+    grads = [model.params / (lay.tp * lay.pp) * elt for lay in layouts] or [4096]
+    lo, hi = max(1024, min(acts) // 4), max(max(grads), max(acts)) * 2
+    out, size = [], lo
+    while size < hi * 4:
+        out.append(int(size) // 64 * 64)
+        size *= 4
+    return out
+
+
+def measure_fits(s: Session, model: ModelSpec, layouts: list[Layout], elt: int) -> list[CommFit]:
+    """Each collective on every group size at once: groups of consecutive ranks (as TP's; DP's
+    and PP's of one node are strided, which on one node shares the same links)."""
+    rt, opts = s.rt, s.opts
+    sizes = _sweep(model, layouts, elt)
+    fits: list[CommFit] = []
+    for g in group_sizes(rt.world):
+        blocks = [list(range(i, i + g)) for i in range(0, rt.world, g)]
+        group, _ = dist.new_subgroups_by_enumeration(blocks, backend=rt.backend)
+        mine = next(b for b in blocks if rt.rank in b)
+        span = _span(s, mine)
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "sendrecv"):
+            if op == "sendrecv" and g != 2:
+                continue
+            s.step(f"plan inputs: {op} on groups of {g}", opts.timeout)
+            hops = 2 if op == "sendrecv" else 1  # a ping-pong is two one-way hops
+            times = [_time_us(_collective(op, size, group, mine, rt), rt.device) / hops
+                     for size in sizes]
+            f = fit(sizes, times)
+            fits.append(CommFit(op=op, ranks=g, span=span, alpha_us=f.alpha_us,
+                                beta_gbps=f.beta_gbps, source="measured here"))
+            s.console.log(f"  {op} on {g} ranks: alpha {f.alpha_us:.0f} us, beta "
+                          f"{f.beta_gbps:.2f} GB/s (fit error {f.err_pct:.0f}%)")
+        dist.destroy_process_group(group)
+        gc.collect()
+    return fits
+
+
+def _collective(op: str, size: int, group, members: list[int], rt) -> Callable[[], object]:
+    n = len(members)
+    count = size // 4
+    dev = rt.device
+    if op == "all_reduce":
+        buf = torch.ones(count, dtype=torch.float32, device=dev)
+        return lambda: dist.all_reduce(buf, group=group)
+    if op == "all_gather":
+        out = torch.empty(count // n * n, dtype=torch.float32, device=dev)
+        inp = torch.ones(count // n, dtype=torch.float32, device=dev)
+        return lambda: data.all_gather(out, inp, group=group)
+    if op == "reduce_scatter":
+        inp = torch.ones(count // n * n, dtype=torch.float32, device=dev)
+        out = torch.empty(count // n, dtype=torch.float32, device=dev)
+        return lambda: data.reduce_scatter(out, inp, group=group)
+    # a ping-pong between the pair's two ranks: two one-way hops
+    buf = torch.ones(count, dtype=torch.float32, device=dev)
+    me = members.index(rt.rank)
+    peer = members[1 - me]
+
+    def pingpong() -> None:
+        for turn in (0, 1):
+            if turn == me:
+                dist.send(buf, peer, group=group)
+            else:
+                dist.recv(buf, peer, group=group)
+    return pingpong
+
+
+def measure_compute(s: Session, model: ModelSpec, layouts: list[Layout], dtype
+                    ) -> list[ComputePoint]:
+    """One layer's forward and backward at each (tp, micro-batch) of the layouts, every rank at
+    once: with tp 1 a plain layer, with tp > 1 torch's TP layer on groups of tp consecutive
+    ranks, as the step runs it (DTensor's dispatch and the four all-reduces inside, since on a
+    CPU the dispatch costs as much as the matmuls)."""
+    points = sorted({(lay.tp, lay.micro_batch_size(model)) for lay in layouts})
+    out = []
+    for tp, mbs in points:
+        s.step(f"plan inputs: one layer at tp {tp}, micro-batch {mbs}", s.opts.timeout)
+        layer, x, dy = _one_layer(s, model, tp, mbs, dtype)
+
+        def step(layer=layer, x=x, dy=dy) -> None:
+            layer(x).backward(dy)
+
+        us = _time_us(step, s.rt.device)
+        tokens = mbs * model.seq_len
+        out.append(ComputePoint(tp=tp, tokens=tokens, layer_us=us,
+                                flops=model.flops_per_layer(tokens, tp), source="measured here",
+                                with_tp_comm=tp > 1))
+        s.console.log(f"  one layer at tp {tp}, {tokens} tokens: {us / 1e3:.2f} ms")
+        layer = x = dy = step = None
+        gc.collect()
+        release(s.rt.device)
+    return out
+
+
+def _one_layer(s: Session, model: ModelSpec, tp: int, mbs: int, dtype):
+    device = s.rt.device
+    layer = mesh_model.make_stage(model, range(1), device, dtype)
+    if tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        mesh = init_device_mesh(device.type, (s.rt.world // tp, tp),
+                                mesh_dim_names=("rest", "tp"))
+        parallelize_module(layer, mesh["tp"], mesh_model.tp_plan(range(1)))
+    g = torch.Generator().manual_seed(SEED)
+    dims = (mbs, model.seq_len, model.hidden_size)
+    x = torch.randn(dims, generator=g).to(device, dtype).requires_grad_(True)
+    dy = torch.randn(dims, generator=g).to(device, dtype)
+    return layer, x, dy
+
+
+def measure_optimizer(s: Session, model: ModelSpec, dtype) -> float:
+    """AdamW's step over one layer's parameters, per parameter."""
+    s.step("plan inputs: the optimizer", s.opts.timeout)
+    layer = mesh_model.make_stage(model, range(1), s.rt.device, dtype)
+    for p in layer.parameters():
+        p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+    us = _time_us(opt.step, s.rt.device)
+    n = sum(p.numel() for p in layer.parameters())
+    s.console.log(f"  AdamW: {us / n * 1e3:.3f} ns per parameter")
+    return us / n
+
+
+def measure_overlap(s: Session, model: ModelSpec, dtype, inputs: Inputs) -> dict[str, float]:
+    """How much of the data-parallel collectives a step exposes, measured on a pure
+    data-parallel step of the whole world, DDP (ZeRO 0) and FSDP (ZeRO 3): 1 - exposed /
+    the model's own time for those collectives (predict.dp_collectives_us from the fits just
+    measured), at most 1. So the share that hid behind compute; negative when the step's
+    collectives cost more than the fits say (more calls than the model's, hooks, copies, a busy
+    CPU). Exposed is the step's time beyond its compute-only time (step.csv)."""
+    from distbench.planner.predict import dp_collectives_us, params_per_rank
+
+    world = s.rt.world
+    out: dict[str, float] = {}
+    if world == 1 or model.batch % world:
+        return out
+    elt = element_bytes(s.opts.dtype)
+    for kind, zero in (("ddp", 0), ("fsdp", 3)):
+        if zero not in s.opts.zero:
+            continue
+        layout = Layout(tp=1, pp=1, dp=world, zero=zero, micro_batches=1)
+        row, _ = step3d.measure_layout(s, model, layout, dtype, [], check=False)
+        exposed = row.get("dp_exposed_us")
+        if row.get("status") != "ok" or exposed is None:
+            continue
+        span = "node" if s.rt.nnodes == 1 else "nodes"
+        modelled, _ = dp_collectives_us(Inputs(fits=inputs.fits, overlap={kind: 0.0}), layout,
+                                        span, params_per_rank(model, layout) * elt)
+        out[kind] = min(1.0, 1 - exposed / modelled)
+        s.console.log(f"  {kind}: {exposed / 1e3:.2f} ms exposed in a step of "
+                      f"{row['step_us'] / 1e3:.2f} ms; the fits give its collectives "
+                      f"{modelled / 1e3:.2f} ms (overlap {out[kind] * 100:.0f}%)")
+    return out

@@ -1,0 +1,332 @@
+"""`distbench plan` without workers: the prediction's arithmetic against hand-computed cases,
+the memory model, the enumeration, reading earlier runs, the validation figures, and the
+command end to end from a synthetic collective run (a 1024-GPU plan in seconds)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+import helpers
+import pytest
+
+from distbench.core.contracts import ACCEPT, COLLECTIVE, DP, P2P
+from distbench.core.options import OptionError
+from distbench.planner import memory as mem
+from distbench.planner import sources
+from distbench.planner.inputs import CommFit, ComputePoint, Inputs
+from distbench.planner.layouts import Layout, enumerate_layouts
+from distbench.planner.models import PRESETS, ModelSpec
+from distbench.planner.plan import make_plan, pick_validation, validation_summary
+
+MODEL = ModelSpec(name="custom", layers=4, hidden_size=64, ffn_size=256, heads=4, seq_len=16,
+                  batch=32)
+SHAPE = {"hidden_size": 64, "ffn_size": 256, "heads": 4, "seq_len": 16}
+LAYER_US = 100.0
+
+
+def hand_inputs(tp: int = 1, mbs: int = 8, **extra) -> Inputs:
+    """All-reduce on 2 and 4 ranks in a node (10 us + S at 1 GB/s, and 20 us + S at 2 GB/s), a
+    one-way hop of 5 us + S at 4 GB/s, one layer timed at `tp` and `mbs` samples."""
+    fits = [CommFit(op="all_reduce", ranks=2, span="node", alpha_us=10.0, beta_gbps=1.0),
+            CommFit(op="all_reduce", ranks=4, span="node", alpha_us=20.0, beta_gbps=2.0),
+            CommFit(op="sendrecv", ranks=2, span="node", alpha_us=5.0, beta_gbps=4.0)]
+    compute = [ComputePoint(tp=tp, tokens=mbs * MODEL.seq_len, layer_us=LAYER_US,
+                            flops=MODEL.flops_per_layer(mbs * MODEL.seq_len, tp))]
+    return Inputs(fits=fits, compute=compute, compute_model=dict(SHAPE), **extra)
+
+
+def one_row(layout: Layout, inputs: Inputs, dtype: str = "float32") -> dict:
+    rows = make_plan(MODEL, inputs, layout.world, 8, 80 * 2**30, dtype, layouts=[layout])
+    assert len(rows) == 1
+    return rows[0]
+
+
+def test_pure_dp_is_compute_plus_exposed_gradient_all_reduce_plus_optimizer():
+    inputs = hand_inputs(overlap={"ddp": 0.25}, optimizer_us_per_param=0.001)
+    row = one_row(Layout(tp=1, pp=1, dp=4, zero=0, micro_batches=1), inputs)
+    grads = MODEL.params * 4  # float32
+    all_reduce = 20.0 + grads / 2e3  # 2 GB/s = 2e3 bytes per us
+    compute = MODEL.layers * LAYER_US
+    expected = compute + (1 - 0.25) * all_reduce + MODEL.params * 0.001
+    assert row["compute_ms"] == pytest.approx(compute / 1e3)
+    assert row["dp_comm_ms"] == pytest.approx(all_reduce / 1e3)
+    assert row["dp_exposed_ms"] == pytest.approx(0.75 * all_reduce / 1e3)
+    assert row["predicted_step_ms"] == pytest.approx(expected / 1e3)
+    assert row["tp_comm_ms"] == row["pp_comm_ms"] == row["bubble_ms"] == 0
+
+
+@pytest.mark.parametrize("pp,m", [(2, 2), (2, 4), (4, 4), (4, 8)])
+def test_the_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1(pp, m):
+    mbs = MODEL.batch // m
+    row = one_row(Layout(tp=1, pp=pp, dp=1, micro_batches=m), hand_inputs(mbs=mbs))
+    pipeline = row["compute_ms"] + row["tp_comm_ms"] + row["pp_comm_ms"] + row["bubble_ms"]
+    assert row["bubble_ms"] / pipeline == pytest.approx((pp - 1) / (m + pp - 1))
+    assert row["bubble_fraction"] == pytest.approx((pp - 1) / (m + pp - 1))
+    # each micro-batch: its stage's layers, one hop out and one back of its activations
+    hop = 5.0 + mbs * MODEL.seq_len * MODEL.hidden_size * 4 / 4e3
+    assert row["pp_comm_ms"] == pytest.approx(m * 2 * hop / 1e3)
+    assert row["compute_ms"] == pytest.approx(m * MODEL.layers / pp * LAYER_US / 1e3)
+
+
+def test_tensor_parallel_all_reduces_four_per_layer_of_the_activations():
+    row = one_row(Layout(tp=2, pp=1, dp=1, micro_batches=1), hand_inputs(tp=2, mbs=32))
+    activation = 32 * MODEL.seq_len * MODEL.hidden_size * 4
+    assert row["tp_comm_ms"] == pytest.approx(MODEL.layers * 4 * (10.0 + activation / 1e3) / 1e3)
+    assert row["predicted_step_ms"] == pytest.approx(
+        row["compute_ms"] + row["tp_comm_ms"])
+
+
+def test_a_group_size_not_measured_is_scaled_as_a_ring():
+    inputs = Inputs(fits=[CommFit(op="all_reduce", ranks=4, span="node", alpha_us=30.0,
+                                  beta_gbps=10.0)])
+    busbw = 10.0 * 2 * 3 / 4  # algbw x 2(n-1)/n at 4 ranks
+    algbw_8 = busbw / (2 * 7 / 8)
+    expected = 30.0 * 7 / 3 + 1e6 / (algbw_8 * 1e3)
+    assert inputs.comm_us("all_reduce", 8, "node", 1e6) == pytest.approx(expected)
+    assert any("scaled from the fit on 4" in n for n in inputs.notes)
+    assert inputs.comm_us("all_reduce", 4, "node", 1e6) == pytest.approx(30.0 + 1e6 / 1e4)
+
+
+SMALL = ModelSpec(name="custom", layers=2, hidden_size=8, ffn_size=32, heads=2, seq_len=4,
+                  batch=8)
+
+
+def test_the_memory_model_on_a_hand_case():
+    # per layer: 4 h^2 + 2 h ffn = 256 + 512; per token kept: 2h + (4h + a s + 2 ffn) / tp
+    assert SMALL.params == 2 * 768
+    assert mem.activation_elements_per_token(SMALL, 1) == 16 + 32 + 8 + 64
+    assert mem.activation_elements_per_token(SMALL, 2) == 16 + (32 + 8 + 64) / 2
+    ddp = mem.memory(SMALL, Layout(tp=1, pp=1, dp=4, zero=0), 4)
+    assert (ddp.params, ddp.grads, ddp.optimizer) == (1536 * 4, 1536 * 4, 1536 * 8)
+    # 2 samples per replica of 4 tokens, 2 layers, 4 bytes
+    assert ddp.activations == 2 * 8 * 120 * 4
+    assert ddp.buffers == 0
+    z3 = mem.memory(SMALL, Layout(tp=1, pp=1, dp=4, zero=3), 4)
+    assert (z3.params, z3.grads, z3.optimizer) == (ddp.params / 4, ddp.grads / 4,
+                                                   ddp.optimizer / 4)
+    assert z3.buffers == 2 * 768 * 4  # one layer gathered, with its whole gradients
+    z1 = mem.memory(SMALL, Layout(tp=1, pp=1, dp=4, zero=1), 4)
+    assert (z1.params, z1.grads, z1.optimizer) == (ddp.params, ddp.grads, ddp.optimizer / 4)
+    # mixed precision: 2-byte weights and gradients, fp32 master and moments
+    bf16 = mem.memory(SMALL, Layout(tp=1, pp=1, dp=1), 2)
+    assert (bf16.params, bf16.optimizer) == (1536 * 2, 1536 * 12)
+    assert bf16.total == sum(bf16.parts().values())
+
+
+def test_1f1b_keeps_min_pp_m_micro_batches_in_flight_and_pp_1_one():
+    one = mem.memory(SMALL, Layout(tp=1, pp=1, dp=1, micro_batches=4), 4).activations
+    piped = mem.memory(SMALL, Layout(tp=1, pp=2, dp=1, micro_batches=4), 4).activations
+    # pp 2: half the layers, 2 micro-batches in flight: as much as pp 1's one
+    assert piped == one
+    assert mem.in_flight(Layout(tp=1, pp=4, dp=1, micro_batches=8)) == 4
+    assert mem.in_flight(Layout(tp=1, pp=1, dp=1, micro_batches=8)) == 1
+
+
+def test_fits_leaves_the_stated_reserve():
+    gpu = 80 * 2**30
+    assert mem.fits(0.9 * gpu, gpu) and not mem.fits(0.9 * gpu + 1, gpu)
+    assert mem.usable_bytes(8 * 2**30) == 6 * 2**30  # the 2 GiB floor
+    for memory in (8 * 2**30, 80 * 2**30, 141e9):
+        assert mem.memory_of_limit(mem.usable_bytes(memory)) == pytest.approx(memory)
+
+
+def test_every_layout_uses_exactly_the_gpus_and_tp_stays_in_a_node():
+    model = PRESETS["7b"]
+    layouts = list(enumerate_layouts(model, 64, 8))
+    assert layouts
+    assert all(lay.world == 64 and lay.tp <= 8 for lay in layouts)
+    assert {lay.tp for lay in layouts} == {1, 2, 4, 8}
+    assert {lay.zero for lay in layouts} == {0, 1, 2, 3}
+    assert all(lay.micro_batches >= lay.pp for lay in layouts if lay.pp > 1)
+
+
+def test_validation_summary_on_known_values():
+    assert validation_summary([(1, 1), (2, 2), (3, 3)]) == (0.0, pytest.approx(1.0))
+    mape, rho = validation_summary([(3, 1), (2, 2), (1, 3)])
+    assert rho == pytest.approx(-1.0)
+    assert mape == pytest.approx((200 + 0 + 200 / 3) / 3)
+    assert validation_summary([(110, 100), (90, 100)])[0] == pytest.approx(10.0)
+    # ties: average ranks (1.5, 1.5, 3) against (1, 2, 3)
+    assert validation_summary([(1, 1), (1, 2), (2, 3)])[1] == pytest.approx(1.5 / math.sqrt(3))
+    assert math.isnan(validation_summary([(1, 2)])[1])
+
+
+def test_pick_validation_takes_the_best_then_spans_the_space():
+    inputs = hand_inputs()
+    inputs.overlap = {"ddp": 0.5, "fsdp": 0.5}
+    inputs.fits.append(CommFit(op="all_gather", ranks=4, span="node", alpha_us=1, beta_gbps=1))
+    inputs.fits.append(CommFit(op="reduce_scatter", ranks=4, span="node", alpha_us=1,
+                               beta_gbps=1))
+    rows = make_plan(MODEL, inputs, 8, 8, 80 * 2**30, "float32")
+    picked = pick_validation(rows, 4, 8)
+    assert picked == pick_validation(rows, 4, 8)
+    assert len(picked) == 4 and picked[0]["rank"] == 1 and picked[1]["rank"] == 2
+    assert len({(r["tp"], r["pp"], r["dp"], r["zero"]) for r in picked[2:]}) == 2
+    assert all(r["fits"] and r["world_size"] == 8 for r in picked)
+    assert pick_validation(rows, 3, 16) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Earlier runs, and the command
+
+def _write(path: Path, columns, rows) -> None:
+    with open(path, "w", newline="") as fh:
+        out = csv.DictWriter(fh, columns)
+        out.writeheader()
+        for r in rows:
+            out.writerow({c: r.get(c, "") for c in columns})
+
+
+def synthetic_run(root: Path) -> Path:
+    """A collective run of a 2-node cluster of 8 GPUs each (all_reduce T = 20 us + S at
+    100 GB/s algbw in a node, 50 us + S at 20 GB/s across), a p2p run's ping-pong, dp's
+    overlap and a topology of 8 H100s per node, in one directory."""
+    root.mkdir(parents=True)
+    rows = []
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        for world, nnodes, alpha, beta in ((8, 1, 20.0, 100.0), (16, 2, 50.0, 20.0)):
+            rows += [{"op": op, "dtype": "float32", "redop": "sum", "root": -1, "in_place": 0,
+                      "world_size": world, "nnodes": nnodes, "size_bytes": 2**k,
+                      "count": 2**k // 4, "time_us": alpha + 2**k / (beta * 1e3),
+                      "p99_us": 1, "algbw_gbps": 1, "busbw_gbps": 1, "status": "ok"}
+                     for k in range(10, 31, 2)]
+    _write(root / "collective.csv", COLLECTIVE.csv, rows)
+    _write(root / "p2p.csv", P2P.csv, [
+        {"pattern": "pingpong", "dtype": "float32", "world_size": 2 * n, "nnodes": n,
+         "pairs": 1, "size_bytes": 2**k, "count": 2**k // 4, "time_us": a + 2**k / (b * 1e3),
+         "p99_us": 1, "busbw_gbps": 1, "status": "ok"}
+        for n, a, b in ((1, 10.0, 100.0), (2, 30.0, 25.0)) for k in range(10, 31, 2)])
+    common = {"dtype": "float32", "world_size": 8, "step_us": 1, "compute_only_us": 1,
+              "comm_alone_us": 1, "exposed_comm_us": 1, "state_bytes_per_rank": 1,
+              "status": "ok"}
+    _write(root / "dp.csv", DP.csv, [{"mode": "ddp", "bucket_cap_mb": 25, "overlap_pct": 60,
+                                      **common},
+                                     {"mode": "zero3", "overlap_pct": 40, **common}])
+    (root / "run.json").write_text(json.dumps({"command": "collective", "status": "ok"}))
+    gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 85520809984}
+            for i in range(8)]
+    (root / "topo.json").write_text(json.dumps({"nodes": [{"host": "a", "gpus": gpus}]}))
+    return root
+
+
+def test_earlier_runs_are_read_into_fits_overlap_and_the_topology(tmp_path):
+    inputs = sources.read([synthetic_run(tmp_path / "run")])
+    fit = {(f.op, f.ranks, f.span): f for f in inputs.fits}
+    assert set(fit) == {(op, w, s) for op in ("all_reduce", "all_gather", "reduce_scatter")
+                        for w, s in ((8, "node"), (16, "nodes"))} | {
+        ("sendrecv", 2, "node"), ("sendrecv", 2, "nodes")}
+    assert fit["all_reduce", 8, "node"].alpha_us == pytest.approx(20.0, rel=0.01)
+    assert fit["all_reduce", 16, "nodes"].beta_gbps == pytest.approx(20.0, rel=0.01)
+    assert fit["sendrecv", 2, "nodes"].alpha_us == pytest.approx(30.0, rel=0.01)
+    assert inputs.overlap == {"ddp": pytest.approx(0.6), "fsdp": pytest.approx(0.4)}
+    assert (inputs.gpus_per_node, inputs.memory_per_gpu) == (8, 85520809984)
+    assert len(inputs.sources) == 5
+
+
+def test_an_accept_run_with_one_size_per_check_is_refused(tmp_path):
+    run = tmp_path / "accept"
+    run.mkdir()
+    _write(run / "accept.csv", ACCEPT.csv, [
+        {"check": "node all_reduce busbw", "scope": "node", "target": "a",
+         "command": "collective", "op": "all_reduce", "dtype": "float32", "size_bytes": 2**30,
+         "ranks": 8, "time_us": 5000, "measured": 1, "expected": 1, "ratio": 1,
+         "verdict": "PASS", "retest": 0}])
+    (run / "run.json").write_text(json.dumps({"command": "accept", "nnodes": 1}))
+    with pytest.raises(OptionError, match="one size per group"):
+        sources.read_one(run)
+
+
+def _plan(tmp_path: Path, *args: str) -> helpers.Run:
+    return helpers.cli(tmp_path, "plan", *args, "--out", str(tmp_path / "out"), dispatch=True)
+
+
+def test_a_1024_gpu_plan_from_a_collective_run_in_seconds(tmp_path):
+    run = synthetic_run(tmp_path / "run")
+    start = time.monotonic()
+    got = _plan(tmp_path, "--from", str(run), "--gpus", "1024", "--gpus-per-node", "8",
+                "--model", "7b", "--dtype", "bfloat16")
+    secs = time.monotonic() - start
+    print(f"1024-GPU plan of 7b: {secs:.2f} s")
+    assert got.returncode == 0, got.stderr
+    assert secs < 10
+    (run_dir,) = (tmp_path / "out").iterdir()
+    with open(run_dir / "plan.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    expected = {lay.key() for lay in enumerate_layouts(PRESETS["7b"], 1024, 8)}
+    assert {(int(r["tp"]), int(r["pp"]), int(r["dp"]), int(r["zero"]),
+             int(r["micro_batches"])) for r in rows} == expected
+    assert all(r["world_size"] == "1024" and r["fits"] in ("0", "1") for r in rows)
+    assert all(float(r["memory_per_rank_bytes"]) > 0 for r in rows)
+    ranked = [int(r["rank"]) for r in rows if r["fits"] == "1"]
+    assert ranked == list(range(1, len(ranked) + 1))
+    assert all(r["rank"] == "" for r in rows if r["fits"] == "0")
+    steps = [float(r["predicted_step_ms"]) for r in rows if r["fits"] == "1"]
+    assert steps == sorted(steps)
+    text = (run_dir / "plan.md").read_text()
+    assert "## Top layouts" in text and "h100's datasheet peak" in text
+    assert (run_dir / "plan.png").stat().st_size > 0
+    saved = json.loads((run_dir / "inputs.json").read_text())
+    assert saved["compute"] == []  # as measured: the datasheet's scaling is no measurement
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"
+    assert "tp" in got.stdout and "7b" in got.stdout
+
+
+def test_memory_assumed_when_nothing_says_is_said(tmp_path):
+    run = synthetic_run(tmp_path / "run")
+    (run / "topo.json").unlink()
+    got = _plan(tmp_path, "--from", str(run), "--gpus", "16", "--gpus-per-node", "8",
+                "--model", "1b", "--gpu", "a100", "--gpu-memory", "40G")
+    assert got.returncode == 0, got.stderr
+    assert "40.0 GiB per GPU (--gpu-memory)" in got.stdout
+    (tmp_path / "out").rename(tmp_path / "first")
+    got = _plan(tmp_path, "--from", str(run), "--gpus", "16", "--gpus-per-node", "8",
+                "--model", "1b", "--mfu", "0.4", "--gpu", "h100", "--zero", "0")
+    assert got.returncode == 0, got.stderr
+    (run_dir,) = (tmp_path / "out").iterdir()
+    assert "--gpu h100's datasheet" in (run_dir / "plan.md").read_text()
+
+
+@pytest.mark.parametrize("args,option", [
+    (("--gpus", "1000", "--gpus-per-node", "8"), "--gpus"),
+    (("--gpus", "16"), "--gpus-per-node"),  # no topology below, none given
+    (("--gpus", "16", "--gpus-per-node", "8", "--gpu", "mi300"), "--gpu"),
+    (("--gpus", "16", "--gpus-per-node", "8", "--gpu-memory", "lots"), "--gpu-memory"),
+    (("--gpus", "16", "--gpus-per-node", "8", "--model", "13x"), "--model"),
+    (("--gpus", "16", "--gpus-per-node", "8"), "--gpu"),  # no compute, no GPU to scale from
+])
+def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, args, option):
+    run = synthetic_run(tmp_path / "run")
+    (run / "topo.json").unlink()
+    got = _plan(tmp_path, "--from", str(run), *args)
+    helpers.assert_one_line_error(got, None, option, ours=True)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "tp"])
+def test_a_from_that_holds_no_inputs_is_refused(tmp_path, make):
+    path = tmp_path / make
+    if make == "empty":
+        path.mkdir()
+    if make == "tp":
+        path.mkdir()
+        (path / "run.json").write_text(json.dumps({"command": "tp", "status": "ok"}))
+    got = _plan(tmp_path, "--from", str(path), "--gpus", "16", "--gpus-per-node", "8")
+    helpers.assert_one_line_error(got, None, "--from", ours=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_write_plan_takes_the_cluster_from_the_rows(tmp_path):
+    from distbench.planner.plan import top_lines, write_plan
+
+    inputs = hand_inputs(mbs=4, overlap={"ddp": 0.5})
+    rows = make_plan(MODEL, inputs, 8, 8, 40 * 2**30, "float32", zero_stages=(0,))
+    written = write_plan(tmp_path, rows, MODEL, inputs, top=2)
+    assert all(p.stat().st_size > 0 for p in written)
+    text = (tmp_path / "plan.md").read_text()
+    assert "8 GPUs, 8 per node, 40.0 GiB per GPU" in text and "float32" in text
+    lines = top_lines(rows, 2)
+    assert len([line for line in lines if not line.startswith("#")]) == 2
