@@ -36,6 +36,9 @@ def pytest_configure(config):
     # run.json records the CPU, which Python learns once per process from `uname -p`: learnt
     # here, before any test, the in-process tests that write one start nothing
     platform.processor()
+    # matplotlib builds its font cache on first use with `fc-list`: built here, the in-process
+    # tests that draw a plot (plan's) start nothing on a fresh machine either
+    import matplotlib.font_manager  # noqa: F401
 
 
 # How long each test module took in the last run (pytest's cache), to start the longest first
