@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import helpers
@@ -18,7 +19,7 @@ from distbench.core.options import OptionError
 from distbench.planner import memory as mem
 from distbench.planner import sources
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
-from distbench.planner.layouts import Layout, enumerate_layouts
+from distbench.planner.layouts import Layout, enumerate_layouts, problems
 from distbench.planner.models import PRESETS, ModelSpec
 from distbench.planner.plan import make_plan, pick_validation, validation_summary
 
@@ -63,13 +64,31 @@ def test_pure_dp_is_compute_plus_exposed_gradient_all_reduce_plus_optimizer():
 def test_the_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1(pp, m):
     mbs = MODEL.batch // m
     row = one_row(Layout(tp=1, pp=pp, dp=1, micro_batches=m), hand_inputs(mbs=mbs))
-    pipeline = row["compute_ms"] + row["tp_comm_ms"] + row["pp_comm_ms"] + row["bubble_ms"]
-    assert row["bubble_ms"] / pipeline == pytest.approx((pp - 1) / (m + pp - 1))
+    slots = row["compute_ms"] + row["tp_comm_ms"] + row["bubble_ms"]
+    assert row["bubble_ms"] / slots == pytest.approx((pp - 1) / (m + pp - 1))
     assert row["bubble_fraction"] == pytest.approx((pp - 1) / (m + pp - 1))
-    # each micro-batch: its stage's layers, one hop out and one back of its activations
-    hop = 5.0 + mbs * MODEL.seq_len * MODEL.hidden_size * 4 / 4e3
-    assert row["pp_comm_ms"] == pytest.approx(m * 2 * hop / 1e3)
+    # a slot is one micro-batch through the stage's layers; m + pp - 1 of them
     assert row["compute_ms"] == pytest.approx(m * MODEL.layers / pp * LAYER_US / 1e3)
+    assert slots == pytest.approx((m + pp - 1) * MODEL.layers / pp * LAYER_US / 1e3)
+    # on the critical path: the first micro-batch's activation out through pp - 1 hops, the
+    # last one's gradient back through as many; the others' hops hide behind compute
+    hop = 5.0 + mbs * MODEL.seq_len * MODEL.hidden_size * 4 / 4e3
+    assert row["pp_comm_ms"] == pytest.approx(2 * (pp - 1) * hop / 1e3)
+    assert row["predicted_step_ms"] == pytest.approx(slots + row["pp_comm_ms"])
+
+
+@pytest.mark.parametrize("dp,zero,tensors,params", [
+    (1, 0, 4, 1.0), (4, 0, 4, 1.0), (4, 1, 1, 0.25), (4, 2, 4, 0.25), (4, 3, 4, 0.25)])
+def test_the_optimizer_costs_per_layer_held_and_per_parameter_updated(dp, zero, tensors,
+                                                                       params):
+    inputs = hand_inputs(mbs=MODEL.batch // dp, optimizer_us_per_layer=50.0,
+                         optimizer_us_per_param=0.002, overlap={"ddp": 1.0, "fsdp": 1.0})
+    inputs.fits += [CommFit(op=op, ranks=4, span="node", alpha_us=1, beta_gbps=1)
+                    for op in ("all_gather", "reduce_scatter")]
+    row = one_row(Layout(tp=1, pp=1, dp=dp, zero=zero, micro_batches=1), inputs)
+    # ZeRO-1 gives each of the dp replicas whole tensors; FSDP shards every tensor dp ways
+    expected = tensors * 50.0 + params * MODEL.params * 0.002
+    assert row["optimizer_ms"] == pytest.approx(expected / 1e3)
 
 
 def test_tensor_parallel_all_reduces_four_per_layer_of_the_activations():
@@ -78,6 +97,32 @@ def test_tensor_parallel_all_reduces_four_per_layer_of_the_activations():
     assert row["tp_comm_ms"] == pytest.approx(MODEL.layers * 4 * (10.0 + activation / 1e3) / 1e3)
     assert row["predicted_step_ms"] == pytest.approx(
         row["compute_ms"] + row["tp_comm_ms"])
+
+
+def test_a_tp_layer_timed_whole_holds_its_all_reduces():
+    inputs = hand_inputs(tp=2, mbs=32)
+    inputs.compute = [replace(c, with_tp_comm=True) for c in inputs.compute]
+    row = one_row(Layout(tp=2, pp=1, dp=1, micro_batches=1), inputs)
+    # the layer's time is the step's, its all-reduces' share (from the fit) shown as TP's
+    assert row["predicted_step_ms"] == pytest.approx(MODEL.layers * LAYER_US / 1e3)
+    activation = 32 * MODEL.seq_len * MODEL.hidden_size * 4
+    share = min(LAYER_US, 4 * (10.0 + activation / 1e3))
+    assert row["tp_comm_ms"] == pytest.approx(MODEL.layers * share / 1e3)
+    # another shape is scaled from a layer timed without TP's communication, then adds it
+    inputs.compute.append(ComputePoint(tp=1, tokens=16 * MODEL.seq_len, layer_us=50.0,
+                                       flops=MODEL.flops_per_layer(16 * MODEL.seq_len, 1)))
+    row = one_row(Layout(tp=2, pp=1, dp=1, micro_batches=2), inputs)
+    scaled = 50.0 * MODEL.flops_per_layer(16 * MODEL.seq_len, 2) / MODEL.flops_per_layer(
+        16 * MODEL.seq_len, 1)
+    assert row["compute_ms"] == pytest.approx(2 * MODEL.layers * scaled / 1e3)
+
+
+@pytest.mark.parametrize("zero,m,refused", [(0, 2, True), (1, 2, True), (0, 4, False),
+                                            (3, 2, False)])
+def test_ddp_in_a_pipeline_needs_more_micro_batches_than_stages(zero, m, refused):
+    layout = Layout(tp=1, pp=2, dp=2, zero=zero, micro_batches=m)
+    reasons = problems(layout, MODEL)
+    assert any("more micro-batches than pp" in r for r in reasons) == refused
 
 
 def test_a_group_size_not_measured_is_scaled_as_a_ring():

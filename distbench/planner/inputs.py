@@ -1,7 +1,8 @@
 """What a plan is predicted from, all measured: alpha-beta fits of the collectives per group size
 and span, the time of one transformer layer's forward and backward at the shapes it was timed
-on, the optimizer's cost per parameter, and how much of the data-parallel communication hid
-behind compute. inputs.json holds them; a later `plan --from` reads them back. Torch-free.
+on, the optimizer's cost per layer and per parameter, and how much of the data-parallel
+communication hid behind compute. inputs.json holds them; a later `plan --from` reads them
+back. Torch-free.
 
 Each comes with its source (a run directory and what in it), and each scaling applied to reach
 a point that was not measured is stated in `Inputs.notes` by the lookup that applies it."""
@@ -63,10 +64,17 @@ class Inputs:
     # the model the compute points were timed on (hidden, ffn, heads, seq): a plan for another
     # model scales them by FLOPs
     compute_model: dict | None = None
+    # AdamW's step: optimizer_us_per_layer for each layer's tensors it holds (a kernel each,
+    # whatever their size) plus optimizer_us_per_param per parameter, fitted on one layer of two
+    # widths
     optimizer_us_per_param: float | None = None
+    optimizer_us_per_layer: float = 0.0
     # fraction of the data-parallel collectives' time hidden behind backward, by "ddp"/"fsdp";
     # negative when a step's collectives cost more than alone (hooks, copies, a busy CPU)
     overlap: dict[str, float] = field(default_factory=dict)
+    # the layout (Layout.label) each overlap was measured on, where a plan's workers measured it:
+    # a validation of that layout is in-sample
+    overlap_layouts: dict[str, str] = field(default_factory=dict)
     gpus_per_node: int | None = None
     memory_per_gpu: int | None = None  # bytes
     device: str = ""

@@ -1,13 +1,15 @@
 """The step time of a layout, predicted from measured inputs (planner.inputs), term by term.
 Torch-free: docs/plan.md states each term, where its input comes from and what it ignores.
 
-Per micro-batch, a pipeline stage runs its layers' forward and backward (`compute`), the TP
+Per micro-batch, a pipeline stage runs its layers' forward and backward (`compute`) and the TP
 all-reduces of those layers (two in forward, two in backward, of the micro-batch's activations;
-they block, so all of them count) and, with pp > 1, one activation hop out in forward and one
-gradient hop back in backward. 1F1B and GPipe take (m + pp - 1) such slots for m micro-batches;
-the pp - 1 extra are the bubble. After the last backward, the data-parallel replicas sync their
+they block, so all of them count): one slot. 1F1B and GPipe take (m + pp - 1) slots for m
+micro-batches; the pp - 1 extra are the bubble. The pipeline's hops are sent without waiting,
+so only those of the first micro-batch's forward and the last one's backward hold the critical
+path: 2 (pp - 1) one-way hops. After the last backward, the data-parallel replicas sync their
 gradients (and, with ZeRO, their parameters); the fraction of that hidden behind backward is
-measured (`Inputs.overlap`). Then the optimizer steps over the parameters this rank updates.
+measured (`Inputs.overlap`). Then the optimizer steps over the tensors and parameters this rank
+updates.
 """
 
 from __future__ import annotations
@@ -99,9 +101,13 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
     if with_tp:
         tp_mb = min(tp_mb, compute_mb)
         compute_mb -= tp_mb
-    pp_mb = 2 * inputs.comm_us("sendrecv", 2, span["pp"], activation) if p > 1 else 0.0
-    slot = compute_mb + tp_mb + pp_mb
-    pipeline = (m + p - 1) * slot
+    hop = inputs.comm_us("sendrecv", 2, span["pp"], activation) if p > 1 else 0.0
+    slot = compute_mb + tp_mb
+    # the sends are posted without waiting: in the steady state a stage's next input arrived
+    # while it computed, so only the first micro-batch's activation (pp - 1 hops out) and the
+    # last one's gradient (pp - 1 hops back) sit on the critical path
+    pp_comm = 2 * (p - 1) * hop
+    pipeline = (m + p - 1) * slot + pp_comm
 
     grads = params_per_rank(model, layout) * elt_bytes
     dp_comm, overlap = dp_collectives_us(inputs, layout, span["dp"], grads)
@@ -111,11 +117,14 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
     if rate is None:
         inputs.note("no optimizer measurement: its step counted as 0")
         rate = 0.0
-    updated = params_per_rank(model, layout) / (d if z >= 1 else 1)
-    optimizer = updated * rate
+    # ZeRO-1 hands each replica whole tensors, a 1/dp share of them; FSDP shards every tensor
+    shards = d if z >= 1 else 1
+    tensors = per_stage / (d if z == 1 else 1)
+    optimizer = (tensors * inputs.optimizer_us_per_layer
+                 + params_per_rank(model, layout) / shards * rate)
 
     return Prediction(layout=layout, step_us=pipeline + dp_exposed + optimizer,
-                      compute_us=m * compute_mb, tp_comm_us=m * tp_mb, pp_comm_us=m * pp_mb,
+                      compute_us=m * compute_mb, tp_comm_us=m * tp_mb, pp_comm_us=pp_comm,
                       bubble_us=(p - 1) * slot, dp_comm_us=dp_comm, dp_exposed_us=dp_exposed,
                       optimizer_us=optimizer)
 

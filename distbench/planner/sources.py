@@ -198,8 +198,12 @@ def merge(into: Inputs, other: Inputs) -> None:
         into.compute, into.compute_model = list(other.compute), other.compute_model
     if into.optimizer_us_per_param is None:
         into.optimizer_us_per_param = other.optimizer_us_per_param
+        into.optimizer_us_per_layer = other.optimizer_us_per_layer
     for kind, value in other.overlap.items():
-        into.overlap.setdefault(kind, value)
+        if kind not in into.overlap:
+            into.overlap[kind] = value
+            if kind in other.overlap_layouts:
+                into.overlap_layouts[kind] = other.overlap_layouts[kind]
     into.gpus_per_node = into.gpus_per_node or other.gpus_per_node
     into.memory_per_gpu = into.memory_per_gpu or other.memory_per_gpu
     into.device = into.device or other.device
