@@ -212,7 +212,7 @@ PLAN = Output("plan.csv", csv=(
 # step took. Stable contract: add columns at the end, never rename.
 VALIDATION = Output("validation.csv", csv=(
     "model", "tp", "pp", "dp", "zero", "micro_batches", "predicted_step_ms",
-    "measured_step_ms", "error_pct", "status", "note",
+    "measured_step_ms", "error_pct", "in_sample", "status", "note",
 ), console=(
     Column("tp", "tp", "", 4, ident=True),
     Column("pp", "pp", "", 4, ident=True),

@@ -18,6 +18,7 @@ import gc
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -39,8 +40,9 @@ from distbench.run.memory import release
 from distbench.run.session import Session
 from distbench.steps import mesh_model, step3d
 
-# a timed point runs at least this long (and REPS times), so a stall of a few ms is a minority
-MIN_POINT_S = 0.05
+# each of an input point's REPS repetitions fills this share of --min-time, so that a stall of a
+# few ms is a minority of each
+POINT_SHARE = 0.05
 REPS = 3
 SEED = 4321
 
@@ -73,19 +75,23 @@ def run(s: Session, output) -> int:
                       f"is for {gpus}: validating the same model's plan for the workers")
         rows = planning.make_plan(model, inputs, rt.world, rt.world // max(1, rt.nnodes),
                                   memory, opts.dtype, opts.zero)
-    return validate(s, model, dtype, rows, details)
+    return validate(s, model, dtype, rows, details, measured)
 
 
-def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dict) -> int:
+def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dict,
+             inputs: Inputs) -> int:
     """The chosen layouts stepped for real (step.csv), each against its prediction
     (validation.csv), written as measured; then the mean absolute percentage error and the
-    Spearman rank correlation over those that ran."""
+    Spearman rank correlation over those that ran, and the error over those out of sample (no
+    input was measured on them: the overlaps were measured on pure data-parallel layouts)."""
     opts = s.opts
     chosen = planning.pick_validation(rows, opts.validations, s.rt.world)
     s.console.log(f"validating {plural(len(chosen), 'layout')} for real: "
                   + ", ".join(planning.label(r) for r in chosen))
     step_sink, val_sink = s.sink(contracts.STEP), s.sink(contracts.VALIDATION)
+    calibrated = {label: kind for kind, label in inputs.overlap_layouts.items()}
     pairs: list[tuple[float, float]] = []
+    unseen: list[tuple[float, float]] = []
     bad: list[str] = []
     found: dict = {"layouts": []}
     details["validation"] = found
@@ -97,24 +103,33 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
         ok = row.get("status") == "ok" and row.get("step_us")
         measured = row["step_us"] / 1e3 if ok else None
         err = (predicted / measured - 1) * 100 if ok else None
+        kind = calibrated.get(layout.label())
+        notes = [f"in-sample: the {kind} overlap was measured on this layout"] if kind else []
         val = {"model": model.name, **layout.to_json(), "predicted_step_ms": predicted,
-               "measured_step_ms": measured, "error_pct": err, "status": row.get("status"),
-               "note": row.get("note") or ""}
+               "measured_step_ms": measured, "error_pct": err, "in_sample": int(bool(kind)),
+               "status": row.get("status"),
+               "note": "; ".join(notes + ([row["note"]] if row.get("note") else []))}
         val_sink.append(val)
         found["layouts"].append(val)
         if ok:
             pairs.append((predicted, measured))
+            if not kind:
+                unseen.append((predicted, measured))
         if s.record is not None:
             s.record.update(plan=details)
         s.console.log(f"  {layout.label()}: predicted {predicted:.2f} ms, measured "
                       + (f"{measured:.2f} ms ({err:+.1f}%)" if ok else str(row.get("status"))))
     mape, rho = planning.validation_summary(pairs) if pairs else (None, None)
-    found.update(mape_pct=mape, spearman=rho, layouts_measured=len(pairs))
+    unseen_mape = planning.validation_summary(unseen)[0] if unseen else None
+    found.update(mape_pct=mape, spearman=rho, layouts_measured=len(pairs),
+                 out_of_sample_mape_pct=unseen_mape, out_of_sample_layouts=len(unseen))
     if s.record is not None:
         s.record.update(plan=details)
     if pairs:
         s.console.log(f"prediction error over {plural(len(pairs), 'layout')}: MAPE "
-                      f"{mape:.1f}%, Spearman {rho:.2f}")
+                      f"{mape:.1f}%, Spearman {rho:.2f}" + (
+                          f"; MAPE {unseen_mape:.1f}% over the {len(unseen)} out of sample"
+                          if unseen and len(unseen) < len(pairs) else ""))
     fail_if_wrong(bad)
     return EXIT_OK
 
@@ -132,7 +147,8 @@ def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int) -> Inputs:
     elt = element_bytes(s.opts.dtype)
     inputs.fits = measure_fits(s, model, layouts, elt)
     inputs.compute = measure_compute(s, model, layouts, dtype)
-    inputs.optimizer_us_per_param = measure_optimizer(s, model, dtype)
+    inputs.optimizer_us_per_layer, inputs.optimizer_us_per_param = measure_optimizer(
+        s, model, dtype)
     inputs.overlap = measure_overlap(s, model, dtype, inputs)
     return inputs
 
@@ -144,16 +160,18 @@ def _agreed_us(seconds: float, device) -> float:
     return float(t.item())
 
 
-def _time_us(fn: Callable[[], object], device) -> float:
-    """fn's time per call: warmed up, calibrated to MIN_POINT_S, the median of REPS runs, the
-    slowest rank's. Every rank runs as many calls (the count is agreed), so collectives pair."""
+def _time_us(s: Session, fn: Callable[[], object]) -> float:
+    """fn's time per call: warmed up, each of REPS repetitions calibrated to fill POINT_SHARE of
+    --min-time, their median, the slowest rank's. Every rank runs as many calls (the count is
+    agreed), so collectives pair."""
+    device = s.rt.device
     fn()
     timing.sync(device)
     t0 = time.perf_counter()
     fn()
     timing.sync(device)
     once = _agreed_us(time.perf_counter() - t0, device) / 1e6
-    n = max(3, min(500, math.ceil(MIN_POINT_S / max(once, 1e-6))))
+    n = max(3, min(500, math.ceil(s.opts.min_time * POINT_SHARE / max(once, 1e-6))))
     reps = []
     for _ in range(REPS):
         dist.barrier()
@@ -204,7 +222,7 @@ def measure_fits(s: Session, model: ModelSpec, layouts: list[Layout], elt: int) 
                 continue
             s.step(f"plan inputs: {op} on groups of {g}", opts.timeout)
             hops = 2 if op == "sendrecv" else 1  # a ping-pong is two one-way hops
-            times = [_time_us(_collective(op, size, group, mine, rt), rt.device) / hops
+            times = [_time_us(s, _collective(op, size, group, mine, rt)) / hops
                      for size in sizes]
             f = fit(sizes, times)
             fits.append(CommFit(op=op, ranks=g, span=span, alpha_us=f.alpha_us,
@@ -260,7 +278,7 @@ def measure_compute(s: Session, model: ModelSpec, layouts: list[Layout], dtype
         def step(layer=layer, x=x, dy=dy) -> None:
             layer(x).backward(dy)
 
-        us = _time_us(step, s.rt.device)
+        us = _time_us(s, step)
         tokens = mbs * model.seq_len
         out.append(ComputePoint(tp=tp, tokens=tokens, layer_us=us,
                                 flops=model.flops_per_layer(tokens, tp), source="measured here",
@@ -289,17 +307,29 @@ def _one_layer(s: Session, model: ModelSpec, tp: int, mbs: int, dtype):
     return layer, x, dy
 
 
-def measure_optimizer(s: Session, model: ModelSpec, dtype) -> float:
-    """AdamW's step over one layer's parameters, per parameter."""
+def measure_optimizer(s: Session, model: ModelSpec, dtype) -> tuple[float, float]:
+    """AdamW's step: (microseconds per layer held, per parameter), from one layer of the model
+    and one of half its width (the same tensors, a quarter of the parameters). A step costs a
+    few kernels per tensor whatever its size, which per parameter alone would charge a stage
+    of many small shards too little."""
     s.step("plan inputs: the optimizer", s.opts.timeout)
-    layer = mesh_model.make_stage(model, range(1), s.rt.device, dtype)
-    for p in layer.parameters():
-        p.grad = torch.ones_like(p)
-    opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
-    us = _time_us(opt.step, s.rt.device)
-    n = sum(p.numel() for p in layer.parameters())
-    s.console.log(f"  AdamW: {us / n * 1e3:.3f} ns per parameter")
-    return us / n
+    half = replace(model, hidden_size=max(model.heads, model.hidden_size // 2 // model.heads
+                                          * model.heads), ffn_size=max(1, model.ffn_size // 2))
+    points = []
+    for shape in (model, half):
+        layer = mesh_model.make_stage(shape, range(1), s.rt.device, dtype)
+        for p in layer.parameters():
+            p.grad = torch.ones_like(p)
+        opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+        points.append((sum(p.numel() for p in layer.parameters()),
+                       _time_us(s, opt.step)))
+        layer = opt = None
+    (n1, t1), (n2, t2) = points
+    per_param = max(0.0, (t1 - t2) / (n1 - n2)) if n1 != n2 else t1 / n1
+    per_layer = max(0.0, t1 - per_param * n1)
+    s.console.log(f"  AdamW: {per_layer:.0f} us per layer + {per_param * 1e3:.3f} ns per "
+                  "parameter")
+    return per_layer, per_param
 
 
 def measure_overlap(s: Session, model: ModelSpec, dtype, inputs: Inputs) -> dict[str, float]:
@@ -328,6 +358,7 @@ def measure_overlap(s: Session, model: ModelSpec, dtype, inputs: Inputs) -> dict
         modelled, _ = dp_collectives_us(Inputs(fits=inputs.fits, overlap={kind: 0.0}), layout,
                                         span, params_per_rank(model, layout) * elt)
         out[kind] = min(1.0, 1 - exposed / modelled)
+        inputs.overlap_layouts[kind] = layout.label()
         s.console.log(f"  {kind}: {exposed / 1e3:.2f} ms exposed in a step of "
                       f"{row['step_us'] / 1e3:.2f} ms; the fits give its collectives "
                       f"{modelled / 1e3:.2f} ms (overlap {out[kind] * 100:.0f}%)")

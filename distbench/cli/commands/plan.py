@@ -6,6 +6,7 @@ layouts for real). docs/plan.md gives the model."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from distbench.core.options import (
     one_of,
     option,
     pick,
+    require,
     with_example,
 )
 from distbench.core.sizes import SizeError, parse_size
@@ -120,8 +122,14 @@ class PlanOptions(RunOptions):
     validations: int = option(0, "Layouts to run for real after planning (the best and "
                               "others).", flag="validate", check=at_least(0, "--validate 4"))
     top: int = option(5, "Layouts shown and summarised.", check=at_least(1, "--top 5"))
-    iters: int = option(10, "Timed steps per measurement and validation run.",
-                        check=iterations("--iters 10"))
+    iters: int | None = option(None, "Timed steps of each layout run (the overlap's and the "
+                               "validation's). Default: calibrated to --min-time.",
+                               check=iterations("--iters 10", optional=True), show_default=False)
+    min_time: float = option(
+        3.0, "Seconds of timed steps per layout run; each input point (a collective at one "
+        "size, a layer, the optimizer) fills a twentieth of it three times.",
+        check=require(lambda v: v > 0 and math.isfinite(v), "must be a number of seconds above "
+                      "0, got {value}", "--min-time 1.0", float))
     warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
 
     def validate_nodes(self, gpus: int, per_node: int) -> None:

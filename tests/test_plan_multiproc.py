@@ -1,0 +1,101 @@
+"""plan on 2 real gloo workers: the inputs measured, the plan made from them, two layouts
+validated for real; then a 1024-GPU plan from that run with nothing started. The arithmetic
+and reading earlier runs: test_plan.py."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import helpers
+import pytest
+from helpers import Run, distbench
+from test_docs_contracts import documented_columns
+
+from distbench.planner.inputs import Inputs
+from distbench.planner.plan import validation_summary
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.procs(3)]  # 2 workers and their launcher
+
+TINY = "layers=2,hidden=16,ffn=32,heads=2,seq=4,batch=4"
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> Run:
+    return distbench(tmp_path_factory.mktemp("plan-validate"), "plan", "--workers", "2",
+                     "--model", TINY, "--validate", "2", "--min-time", "0.1", timeout=240)
+
+
+def test_the_workers_measure_plan_and_validate(planned):
+    res = planned
+    assert res.code == 0, res.stderr
+    for name in ("plan.csv", "validation.csv", "step.csv"):
+        with open(res.run_dir / name) as f:
+            assert f.readline().strip().split(",") == documented_columns(name)
+    inputs = Inputs.from_json(json.loads((res.run_dir / "inputs.json").read_text()))
+    # every op on the one group size of 2 ranks in one node, fitted
+    assert {(f.op, f.ranks, f.span) for f in inputs.fits} == {
+        (op, 2, "node") for op in ("all_reduce", "all_gather", "reduce_scatter", "sendrecv")}
+    assert all(f.alpha_us >= 0 and f.beta_gbps > 0 for f in inputs.fits)
+    # one layer at each (tp, tokens) a layout runs, timed
+    plan = res.rows("plan.csv")
+    shapes = {(int(r["tp"]), int(r["micro_batch_size"]) * 4) for r in plan}
+    assert {(c.tp, c.tokens) for c in inputs.compute} == shapes
+    assert all(c.layer_us > 0 and c.with_tp_comm == (c.tp > 1) for c in inputs.compute)
+    assert inputs.optimizer_us_per_param is not None and inputs.optimizer_us_per_param >= 0
+    assert inputs.optimizer_us_per_layer >= 0
+    assert set(inputs.overlap) == {"ddp", "fsdp"}
+    assert inputs.overlap_layouts == {"ddp": "tp1 pp1 dp2 zero0 m1",
+                                      "fsdp": "tp1 pp1 dp2 zero3 m1"}
+    # the plan: every layout of 2 ranks, ranked fastest first
+    assert {(r["tp"], r["pp"], r["dp"]) for r in plan} == {("1", "1", "2"), ("2", "1", "1"),
+                                                          ("1", "2", "1")}
+    ranked = sorted((r for r in plan if r["rank"]), key=lambda r: int(r["rank"]))
+    steps = [float(r["predicted_step_ms"]) for r in ranked]
+    assert steps == sorted(steps) and len(ranked) == len(plan)
+    # two layouts stepped for real: the predicted best, then one unlike it
+    val = res.rows("validation.csv")
+    stepped = res.rows("step.csv")
+    assert len(val) == len(stepped) == 2
+    assert (val[0]["tp"], val[0]["pp"], val[0]["dp"], val[0]["zero"],
+            val[0]["micro_batches"]) == tuple(ranked[0][k] for k in (
+                "tp", "pp", "dp", "zero", "micro_batches"))
+    assert (val[1]["tp"], val[1]["pp"], val[1]["dp"]) != (val[0]["tp"], val[0]["pp"],
+                                                          val[0]["dp"])
+    pairs = []
+    for v, st in zip(val, stepped, strict=True):
+        assert v["status"] == st["status"] == "ok", (v, st["note"])
+        assert [v[k] for k in ("tp", "pp", "dp", "zero")] == [st[k] for k in
+                                                              ("tp", "pp", "dp", "zero")]
+        predicted, measured = float(v["predicted_step_ms"]), float(v["measured_step_ms"])
+        assert measured == pytest.approx(float(st["step_us"]) / 1e3, rel=1e-5)
+        assert float(v["error_pct"]) == pytest.approx((predicted / measured - 1) * 100,
+                                                      rel=1e-4, abs=1e-3)
+        label = f"tp{v['tp']} pp{v['pp']} dp{v['dp']} zero{v['zero']} m{v['micro_batches']}"
+        in_sample = label in inputs.overlap_layouts.values()
+        assert v["in_sample"] == str(int(in_sample))
+        assert ("in-sample" in v["note"]) == in_sample
+        pairs.append((predicted, measured))
+    meta = res.meta()
+    assert meta["status"] == "ok" and meta["exit_code"] == 0
+    found = meta["plan"]["validation"]
+    mape, rho = validation_summary(pairs)
+    assert found["mape_pct"] == pytest.approx(mape)
+    assert found["spearman"] == pytest.approx(rho)
+    assert found["layouts_measured"] == 2
+    assert f"MAPE {mape:.1f}%" in res.stderr
+
+
+def test_a_1024_gpu_plan_from_that_run_starts_nothing(planned, tmp_path):
+    start = time.monotonic()
+    got = helpers.cli(tmp_path, "plan", "--from", str(planned.run_dir), "--gpus", "1024",
+                      "--gpus-per-node", "8", "--model", "7b", "--out", str(tmp_path / "out"),
+                      dispatch=True)
+    assert got.returncode == 0, got.stderr
+    assert time.monotonic() - start < 10
+    rows = Run(0, "", "", tmp_path / "out").rows("plan.csv")
+    assert rows and all(r["world_size"] == "1024" for r in rows)
+    assert all(r["fits"] in ("0", "1") and float(r["memory_per_rank_bytes"]) > 0 for r in rows)
+    # the compute of the workers' tiny model, scaled to 7b's layers by FLOPs, and said
+    text = (Run(0, "", "", tmp_path / "out").run_dir / "plan.md").read_text()
+    assert "scaled by FLOPs" in text and "of the measured model" in text
