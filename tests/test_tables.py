@@ -44,6 +44,15 @@ def test_format_table_returns_header_then_rows():
     assert format_table(COLS, [], title="x") == format_header(COLS, "x")
 
 
+def test_a_cell_wider_than_its_column_never_runs_into_its_neighbour():
+    # a plan's step of a 7b model scaled from a CPU's measurements: 12 characters in 10
+    wide = (Column("a", "a", "", 10, ".2f"), Column("b", "b", "", 10, ".2f"))
+    assert format_row(wide, {"a": 169573627.809, "b": 9246128.12}) == \
+        "169573627.81 9246128.12"
+    assert format_row(wide, {"a": 1.0, "b": 2.0}) == "      1.00      2.00"
+    assert format_row(wide, {"a": 123456.789, "b": 2.0}) == " 123456.79      2.00"
+
+
 def test_a_header_without_units_has_no_line_of_blanks():
     """compare's and accept's columns have no units: a unit line would be '#' and spaces."""
     bare = (Column("name", "name", "", 6), Column("ok", "ok", "", 4))

@@ -81,7 +81,11 @@ class Output:
 
 
 def _line(columns: Sequence[Column], cells: Iterable[str]) -> str:
-    return "".join(cell.rjust(col.width) for col, cell in zip(columns, cells, strict=False))
+    """The cells right-aligned in their columns; one that fills its column or overflows it (a
+    plan's step of a 7b model scaled from a CPU: 169573627.81 ms) keeps a space before it, so
+    it never runs into its neighbour."""
+    return "".join(cell.rjust(col.width) if len(cell) < col.width or i == 0 else " " + cell
+                   for i, (col, cell) in enumerate(zip(columns, cells, strict=False)))
 
 
 def format_header(columns: Sequence[Column], title: str) -> list[str]:
