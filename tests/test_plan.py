@@ -22,6 +22,7 @@ from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.planner.layouts import Layout, enumerate_layouts, problems
 from distbench.planner.models import PRESETS, ModelSpec
 from distbench.planner.plan import make_plan, pick_validation, validation_summary
+from distbench.planner.predict import DP_KINDS
 
 MODEL = ModelSpec(name="custom", layers=4, hidden_size=64, ffn_size=256, heads=4, seq_len=16,
                   batch=32)
@@ -77,12 +78,68 @@ def test_the_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1(pp, m):
     assert row["predicted_step_ms"] == pytest.approx(slots + row["pp_comm_ms"])
 
 
+def test_on_a_shared_device_the_bubble_runs_at_the_speed_of_one_rank_alone():
+    inputs = hand_inputs(mbs=8, alone_ratio=0.5)
+    row = one_row(Layout(tp=1, pp=4, dp=1, micro_batches=4), inputs)
+    stage = MODEL.layers / 4 * LAYER_US
+    assert row["compute_ms"] == pytest.approx(4 * stage / 1e3)
+    assert row["bubble_ms"] == pytest.approx(3 * 0.5 * stage / 1e3)
+    assert row["predicted_step_ms"] == pytest.approx(
+        row["compute_ms"] + row["bubble_ms"] + row["pp_comm_ms"])
+    # without a pipeline there is no bubble to run faster in
+    flat = one_row(Layout(tp=1, pp=1, dp=1, micro_batches=1), hand_inputs(mbs=32,
+                                                                         alone_ratio=0.5))
+    assert flat["predicted_step_ms"] == pytest.approx(MODEL.layers * LAYER_US / 1e3)
+
+
+def test_the_pipeline_schedule_costs_its_measured_work_in_every_slot():
+    from distbench.planner.predict import pipeline_overhead_us
+
+    calibration = Layout(tp=1, pp=4, dp=1, micro_batches=8)
+    bare = one_row(calibration, hand_inputs(mbs=4))["predicted_step_ms"] * 1e3
+    # a pure pipeline step that took 11 slots x 30 us more than predicted
+    inputs = hand_inputs(mbs=4)
+    got = pipeline_overhead_us(bare + 11 * 30.0, MODEL, calibration, inputs, 4, 8)
+    assert got == pytest.approx(30.0)
+    assert pipeline_overhead_us(bare - 100.0, MODEL, calibration, inputs, 4, 8) == 0.0
+    assert inputs.pipeline_us_per_microbatch == 0.0  # the inputs are left as they were
+    # another pipeline pays it in each of its m + pp - 1 slots, beside its hops
+    inputs.pipeline_us_per_microbatch = 30.0
+    row = one_row(Layout(tp=1, pp=2, dp=1, micro_batches=16), replace(inputs, compute=[
+        ComputePoint(tp=1, tokens=2 * MODEL.seq_len, layer_us=LAYER_US,
+                     flops=MODEL.flops_per_layer(2 * MODEL.seq_len, 1))]))
+    hop = 5.0 + 2 * MODEL.seq_len * MODEL.hidden_size * 4 / 4e3
+    assert row["pp_comm_ms"] == pytest.approx((2 * hop + 17 * 30.0) / 1e3)
+    assert one_row(Layout(tp=1, pp=1, dp=1, micro_batches=1), hand_inputs(
+        mbs=32, pipeline_us_per_microbatch=30.0))["pp_comm_ms"] == 0
+
+
+def test_a_step_that_exposed_more_than_its_collectives_charges_the_wrapper_per_layer():
+    from distbench.planner.predict import split_exposed
+
+    assert split_exposed(30.0, 40.0, 4) == (pytest.approx(0.25), 0.0)
+    assert split_exposed(-5.0, 40.0, 4) == (1.0, 0.0)  # noise below compute: all hidden
+    assert split_exposed(60.0, 40.0, 4) == (0.0, pytest.approx(5.0))
+    inputs = hand_inputs(wrapper_us_per_layer={"ddp": 7.0})
+    grads = MODEL.params * 4
+    all_reduce = 20.0 + grads / 2e3
+    row = one_row(Layout(tp=1, pp=1, dp=4, zero=0, micro_batches=1), inputs)
+    assert row["dp_exposed_ms"] == pytest.approx((all_reduce + MODEL.layers * 7.0) / 1e3)
+    assert not any("overlap measured" in n for n in inputs.notes)
+    # a pipeline stage wraps its own layers only; FSDP's figure is another's
+    inputs = hand_inputs(mbs=4, wrapper_us_per_layer={"ddp": 7.0, "zero3": 1000.0},
+                         overlap={"ddp": 0.0})
+    row = one_row(Layout(tp=1, pp=2, dp=2, zero=0, micro_batches=4), inputs)
+    half = 10.0 + grads / 2 / 1e3
+    assert row["dp_exposed_ms"] == pytest.approx((half + MODEL.layers / 2 * 7.0) / 1e3)
+
+
 @pytest.mark.parametrize("dp,zero,tensors,params", [
     (1, 0, 4, 1.0), (4, 0, 4, 1.0), (4, 1, 1, 0.25), (4, 2, 4, 0.25), (4, 3, 4, 0.25)])
 def test_the_optimizer_costs_per_layer_held_and_per_parameter_updated(dp, zero, tensors,
                                                                        params):
     inputs = hand_inputs(mbs=MODEL.batch // dp, optimizer_us_per_layer=50.0,
-                         optimizer_us_per_param=0.002, overlap={"ddp": 1.0, "fsdp": 1.0})
+                         optimizer_us_per_param=0.002, overlap=dict.fromkeys(DP_KINDS, 1.0))
     inputs.fits += [CommFit(op=op, ranks=4, span="node", alpha_us=1, beta_gbps=1)
                     for op in ("all_gather", "reduce_scatter")]
     row = one_row(Layout(tp=1, pp=1, dp=dp, zero=zero, micro_batches=1), inputs)
@@ -202,7 +259,7 @@ def test_validation_summary_on_known_values():
 
 def test_pick_validation_takes_the_best_then_spans_the_space():
     inputs = hand_inputs()
-    inputs.overlap = {"ddp": 0.5, "fsdp": 0.5}
+    inputs.overlap = dict.fromkeys(DP_KINDS, 0.5)
     inputs.fits.append(CommFit(op="all_gather", ranks=4, span="node", alpha_us=1, beta_gbps=1))
     inputs.fits.append(CommFit(op="reduce_scatter", ranks=4, span="node", alpha_us=1,
                                beta_gbps=1))
@@ -267,7 +324,7 @@ def test_earlier_runs_are_read_into_fits_overlap_and_the_topology(tmp_path):
     assert fit["all_reduce", 8, "node"].alpha_us == pytest.approx(20.0, rel=0.01)
     assert fit["all_reduce", 16, "nodes"].beta_gbps == pytest.approx(20.0, rel=0.01)
     assert fit["sendrecv", 2, "nodes"].alpha_us == pytest.approx(30.0, rel=0.01)
-    assert inputs.overlap == {"ddp": pytest.approx(0.6), "fsdp": pytest.approx(0.4)}
+    assert inputs.overlap == {"ddp": pytest.approx(0.6), "zero3": pytest.approx(0.4)}
     assert (inputs.gpus_per_node, inputs.memory_per_gpu) == (8, 85520809984)
     assert len(inputs.sources) == 5
 

@@ -61,6 +61,10 @@ class ComputePoint:
 class Inputs:
     fits: list[CommFit] = field(default_factory=list)
     compute: list[ComputePoint] = field(default_factory=list)
+    # a layer's time with one rank per node computing, over its time with every rank at once:
+    # below 1 where a node's ranks share one device (CPU cores), about 1 with a GPU each. The
+    # pipeline's bubble slots run at the first: only some of a node's ranks compute in them
+    alone_ratio: float = 1.0
     # the model the compute points were timed on (hidden, ffn, heads, seq): a plan for another
     # model scales them by FLOPs
     compute_model: dict | None = None
@@ -69,11 +73,19 @@ class Inputs:
     # widths
     optimizer_us_per_param: float | None = None
     optimizer_us_per_layer: float = 0.0
-    # fraction of the data-parallel collectives' time hidden behind backward, by "ddp"/"fsdp";
-    # negative when a step's collectives cost more than alone (hooks, copies, a busy CPU)
+    # fraction of the data-parallel collectives' time hidden behind backward, by ZeRO stage as
+    # dp.csv names them: "ddp", "zero1", "zero2", "zero3"
     overlap: dict[str, float] = field(default_factory=dict)
-    # the layout (Layout.label) each overlap was measured on, where a plan's workers measured it:
-    # a validation of that layout is in-sample
+    # a step that exposed more than its collectives cost alone: what the data-parallel wrapper
+    # adds beyond them, per layer it wraps (hooks, copies, its threads taking the cores), by
+    # ZeRO stage as `overlap`; a stage has this or an overlap, never both
+    wrapper_us_per_layer: dict[str, float] = field(default_factory=dict)
+    # the pipeline schedule's own work per micro-batch and stage (its sends' and receives' cost
+    # to the ranks, its bookkeeping) beyond the hops on the critical path, measured on a pure
+    # pipeline step; 0 when not measured
+    pipeline_us_per_microbatch: float = 0.0
+    # the layout (Layout.label) each of the above was measured on (a ZeRO stage's name, "pipeline"),
+    # where a plan's workers measured it: a validation of that layout is in-sample
     overlap_layouts: dict[str, str] = field(default_factory=dict)
     gpus_per_node: int | None = None
     memory_per_gpu: int | None = None  # bytes

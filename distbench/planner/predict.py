@@ -4,18 +4,21 @@ Torch-free: docs/plan.md states each term, where its input comes from and what i
 Per micro-batch, a pipeline stage runs its layers' forward and backward (`compute`) and the TP
 all-reduces of those layers (two in forward, two in backward, of the micro-batch's activations;
 they block, so all of them count): one slot. 1F1B and GPipe take (m + pp - 1) slots for m
-micro-batches; the pp - 1 extra are the bubble. The pipeline's hops are sent without waiting,
-so only those of the first micro-batch's forward and the last one's backward hold the critical
-path: 2 (pp - 1) one-way hops. After the last backward, the data-parallel replicas sync their
-gradients (and, with ZeRO, their parameters); the fraction of that hidden behind backward is
-measured (`Inputs.overlap`). Then the optimizer steps over the tensors and parameters this rank
-updates.
+micro-batches; the pp - 1 extra are the bubble, in which only some of a node's ranks compute:
+on a device its ranks share, at the measured speed of one rank alone (`Inputs.alone_ratio`).
+The pipeline's hops are sent without waiting, so only those of the first micro-batch's forward
+and the last one's backward hold the critical path: 2 (pp - 1) one-way hops; the schedule's own
+work per micro-batch is measured (`Inputs.pipeline_us_per_microbatch`). After the last
+backward, the data-parallel replicas sync their gradients (and, with ZeRO, their parameters);
+what of that hides behind backward, or what the wrapper adds to it, is measured
+(`Inputs.overlap`, `Inputs.wrapper_us_per_layer`). Then the optimizer steps over the tensors
+and parameters this rank updates.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from distbench.planner.inputs import Inputs
 from distbench.planner.layouts import Layout
@@ -103,15 +106,22 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
         compute_mb -= tp_mb
     hop = inputs.comm_us("sendrecv", 2, span["pp"], activation) if p > 1 else 0.0
     slot = compute_mb + tp_mb
+    # in the fill and drain only some of a node's ranks compute: on a shared device they run as
+    # fast as one rank alone
+    bubble_slot = compute_mb * min(1.0, inputs.alone_ratio) + tp_mb
     # the sends are posted without waiting: in the steady state a stage's next input arrived
     # while it computed, so only the first micro-batch's activation (pp - 1 hops out) and the
     # last one's gradient (pp - 1 hops back) sit on the critical path
     pp_comm = 2 * (p - 1) * hop
-    pipeline = (m + p - 1) * slot + pp_comm
+    if p > 1:  # every slot, the bubble's too, is some stage's micro-batch
+        pp_comm += (m + p - 1) * inputs.pipeline_us_per_microbatch
+    pipeline = m * slot + (p - 1) * bubble_slot + pp_comm
 
     grads = params_per_rank(model, layout) * elt_bytes
     dp_comm, overlap = dp_collectives_us(inputs, layout, span["dp"], grads)
     dp_exposed = dp_comm * (1 - overlap)
+    if d > 1:
+        dp_exposed += per_stage * inputs.wrapper_us_per_layer.get(dp_kind(z), 0.0)
 
     rate = inputs.optimizer_us_per_param
     if rate is None:
@@ -125,8 +135,39 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
 
     return Prediction(layout=layout, step_us=pipeline + dp_exposed + optimizer,
                       compute_us=m * compute_mb, tp_comm_us=m * tp_mb, pp_comm_us=pp_comm,
-                      bubble_us=(p - 1) * slot, dp_comm_us=dp_comm, dp_exposed_us=dp_exposed,
+                      bubble_us=(p - 1) * bubble_slot, dp_comm_us=dp_comm, dp_exposed_us=dp_exposed,
                       optimizer_us=optimizer)
+
+
+# the data-parallel figures are kept by ZeRO stage, named as dp.csv's modes: DDP, DDP with
+# ZeroRedundancyOptimizer, FSDP2 keeping the gathered parameters, FSDP2 resharding them
+DP_KINDS = ("ddp", "zero1", "zero2", "zero3")
+
+
+def dp_kind(zero: int) -> str:
+    """The name a ZeRO stage's data-parallel figures are kept under (dp.csv's mode)."""
+    return DP_KINDS[zero]
+
+
+def split_exposed(exposed_us: float, collectives_us: float, layers: int
+                  ) -> tuple[float, float]:
+    """(overlap, wrapper cost per layer) of a data-parallel step that exposed `exposed_us`
+    beyond its compute where its collectives cost `collectives_us` alone: a step that exposed
+    less hid the rest behind backward; one that exposed more hid nothing and the wrapper's own
+    work (per layer it wraps) is the excess. One measurement cannot tell both apart."""
+    if exposed_us <= collectives_us:
+        return 1 - max(exposed_us, 0.0) / collectives_us, 0.0
+    return 0.0, (exposed_us - collectives_us) / layers
+
+
+def pipeline_overhead_us(measured_step_us: float, model: ModelSpec, layout: Layout,
+                         inputs: Inputs, elt_bytes: int, gpus_per_node: int) -> float:
+    """The pipeline schedule's own work per micro-batch and stage that a pure pipeline step of
+    `layout` (dp 1) showed: what it took beyond the model's prediction without that work,
+    spread over its m + pp - 1 slots; 0 when it took less."""
+    bare = replace(inputs, pipeline_us_per_microbatch=0.0, notes=[])
+    predicted = predict(model, layout, bare, elt_bytes, gpus_per_node).step_us
+    return max(0.0, (measured_step_us - predicted) / (layout.micro_batches + layout.pp - 1))
 
 
 def dp_collectives_us(inputs: Inputs, layout: Layout, span: str, grad_bytes: float
@@ -144,10 +185,11 @@ def dp_collectives_us(inputs: Inputs, layout: Layout, span: str, grad_bytes: flo
     def c(op: str) -> float:
         return inputs.comm_us(op, d, span, grad_bytes)
 
-    kind = "ddp" if z <= 1 else "fsdp"
+    kind = dp_kind(z)
     overlap = inputs.overlap.get(kind)
     if overlap is None:
-        inputs.note(f"no {kind} overlap measured: its collectives counted as exposed")
+        if kind not in inputs.wrapper_us_per_layer:
+            inputs.note(f"no {kind} overlap measured: its collectives counted as exposed")
         overlap = 0.0
     if z == 0:
         return c("all_reduce"), overlap

@@ -6,8 +6,8 @@ Torch-free.
 - p2p: "sendrecv", the pipeline's hop, from the ping-pong rows (their time is the one-way
   time, half the round trip); a run with only ring rows gives it from those (each rank sends
   and receives at once: the steady state of 1F1B), noted;
-- dp: the measured overlap, "ddp" from the ddp rows and "fsdp" from the zero2/zero3 rows
-  (overlap_pct / 100, the median over rows);
+- dp: the measured overlap of each mode ("ddp", "zero1", "zero2", "zero3", the ZeRO stages'
+  names in a plan), overlap_pct / 100, the median over the mode's rows;
 - plan: its inputs.json, as measured there;
 - accept: its accept.csv's collective and ping-pong checks, fitted where one op on one group
   was measured at two sizes or more (a profile's latency and bandwidth checks); an accept run
@@ -27,12 +27,12 @@ import pandas as pd
 from distbench.core.errors import ReadError
 from distbench.core.options import OptionError
 from distbench.planner.inputs import INPUTS_JSON, OPS, CommFit, Inputs
+from distbench.planner.predict import DP_KINDS
 from distbench.results import alphabeta, reader
 
 FLAG = "--from"
 EXAMPLE = "--from results/20250101T000000Z-collective"
 COLLECTIVE_OPS = tuple(op for op in OPS if op != "sendrecv")
-FSDP_MODES = ("zero2", "zero3")
 
 
 def read(paths: list[Path]) -> Inputs:
@@ -64,7 +64,8 @@ def read_one(path: Path) -> Inputs:
         _dp(got, run.tables["dp.csv"], f"{path}/dp.csv")
     if "accept.csv" in run.tables:
         _accept(got, run, f"{path}/accept.csv")
-    measured = got.fits or got.compute or got.overlap or got.optimizer_us_per_param is not None
+    measured = (got.fits or got.compute or got.overlap or got.wrapper_us_per_layer
+                or got.optimizer_us_per_param is not None)
     _topology(got, run, f"{path}/topo.json")
     if not measured:
         raise OptionError(FLAG, f"{path} holds nothing a plan reads (collective.csv, p2p.csv, "
@@ -140,8 +141,8 @@ def _dp(inputs: Inputs, frame: pd.DataFrame, source: str) -> None:
     if "status" in rows.columns:
         rows = rows[rows["status"].astype(str) == "ok"]
     rows = rows[pd.to_numeric(rows["overlap_pct"], errors="coerce").notna()]
-    for kind, modes in (("ddp", ("ddp",)), ("fsdp", FSDP_MODES)):
-        pct = rows[rows["mode"].isin(modes)]["overlap_pct"].astype(float)
+    for kind in DP_KINDS:
+        pct = rows[rows["mode"] == kind]["overlap_pct"].astype(float)
         if len(pct):
             inputs.overlap[kind] = min(1.0, max(0.0, statistics.median(pct) / 100))
             inputs.sources.append(f"{source}: {kind} overlap {inputs.overlap[kind]:.0%} "
@@ -196,14 +197,22 @@ def merge(into: Inputs, other: Inputs) -> None:
             into.fits.append(f)
     if other.compute and not into.compute:
         into.compute, into.compute_model = list(other.compute), other.compute_model
+        into.alone_ratio = other.alone_ratio
     if into.optimizer_us_per_param is None:
         into.optimizer_us_per_param = other.optimizer_us_per_param
         into.optimizer_us_per_layer = other.optimizer_us_per_layer
-    for kind, value in other.overlap.items():
-        if kind not in into.overlap:
-            into.overlap[kind] = value
-            if kind in other.overlap_layouts:
-                into.overlap_layouts[kind] = other.overlap_layouts[kind]
+    if not into.pipeline_us_per_microbatch and other.pipeline_us_per_microbatch:
+        into.pipeline_us_per_microbatch = other.pipeline_us_per_microbatch
+        if "pipeline" in other.overlap_layouts:
+            into.overlap_layouts["pipeline"] = other.overlap_layouts["pipeline"]
+    for kind in {*other.overlap, *other.wrapper_us_per_layer}:
+        if kind in into.overlap or kind in into.wrapper_us_per_layer:
+            continue
+        for mine, theirs in ((into.overlap, other.overlap),
+                             (into.wrapper_us_per_layer, other.wrapper_us_per_layer),
+                             (into.overlap_layouts, other.overlap_layouts)):
+            if kind in theirs:
+                mine[kind] = theirs[kind]
     into.gpus_per_node = into.gpus_per_node or other.gpus_per_node
     into.memory_per_gpu = into.memory_per_gpu or other.memory_per_gpu
     into.device = into.device or other.device

@@ -7,8 +7,12 @@ as it does in a step, and agreed as the slowest rank's (a step waits for it):
   on every group size the world divides into, every group of a size at once, over a size sweep
   from a TP activation to a stage's gradients, fitted T = alpha + S / beta;
 - one layer's forward and backward at each (tp, tokens) the candidate layouts run;
-- AdamW's step per parameter;
-- DDP's and FSDP's overlap: 1 - exposed / alone of a pure data-parallel step (ZeRO 0 and 3).
+- AdamW's step per layer and per parameter;
+- one layer with one rank per node computing alone, against every rank at once;
+- each ZeRO stage's overlap, or its wrapper's own cost per layer, from a pure data-parallel step
+  at that stage against its collectives as the fits price them;
+- the pipeline schedule's own work per micro-batch, from a pure pipeline step against its
+  prediction.
 Every rank ends up with the same inputs, so every rank makes the same plan and picks the same
 layouts to validate."""
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -43,6 +48,10 @@ from distbench.steps import mesh_model, step3d
 # each of an input point's REPS repetitions fills this share of --min-time, so that a stall of a
 # few ms is a minority of each
 POINT_SHARE = 0.05
+# a layer's point fills this many times as much: a TP layer here takes 30-80 ms, which a
+# collective's share would time 3 times a repetition, and a compute point weighs on every
+# layout's prediction (a collective's size on few)
+LAYER_POINT_SHARE = 4 * POINT_SHARE
 REPS = 3
 SEED = 4321
 
@@ -83,7 +92,7 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
     """The chosen layouts stepped for real (step.csv), each against its prediction
     (validation.csv), written as measured; then the mean absolute percentage error and the
     Spearman rank correlation over those that ran, and the error over those out of sample (no
-    input was measured on them: the overlaps were measured on pure data-parallel layouts)."""
+    input was measured on them: the data-parallel and pipeline figures come from pure layouts)."""
     opts = s.opts
     chosen = planning.pick_validation(rows, opts.validations, s.rt.world)
     s.console.log(f"validating {plural(len(chosen), 'layout')} for real: "
@@ -104,7 +113,7 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
         measured = row["step_us"] / 1e3 if ok else None
         err = (predicted / measured - 1) * 100 if ok else None
         kind = calibrated.get(layout.label())
-        notes = [f"in-sample: the {kind} overlap was measured on this layout"] if kind else []
+        notes = [f"in-sample: the {kind} figure was measured on this layout"] if kind else []
         val = {"model": model.name, **layout.to_json(), "predicted_step_ms": predicted,
                "measured_step_ms": measured, "error_pct": err, "in_sample": int(bool(kind)),
                "status": row.get("status"),
@@ -146,10 +155,11 @@ def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int) -> Inputs:
     layouts = list(enumerate_layouts(model, rt.world, gpn, tuple(s.opts.zero)))
     elt = element_bytes(s.opts.dtype)
     inputs.fits = measure_fits(s, model, layouts, elt)
-    inputs.compute = measure_compute(s, model, layouts, dtype)
+    inputs.compute = measure_compute(s, model, layouts, dtype, inputs)
     inputs.optimizer_us_per_layer, inputs.optimizer_us_per_param = measure_optimizer(
         s, model, dtype)
-    inputs.overlap = measure_overlap(s, model, dtype, inputs)
+    measure_overlap(s, model, dtype, inputs)
+    measure_pipeline(s, model, dtype, inputs, gpn)
     return inputs
 
 
@@ -160,26 +170,28 @@ def _agreed_us(seconds: float, device) -> float:
     return float(t.item())
 
 
-def _time_us(s: Session, fn: Callable[[], object]) -> float:
-    """fn's time per call: warmed up, each of REPS repetitions calibrated to fill POINT_SHARE of
+def _time_us(s: Session, fn: Callable[[], object], active: bool = True,
+             share: float = POINT_SHARE) -> float:
+    """fn's time per call: warmed up, each of REPS repetitions calibrated to fill `share` of
     --min-time, their median, the slowest rank's. Every rank runs as many calls (the count is
-    agreed), so collectives pair."""
+    agreed), so collectives pair; a rank not `active` runs none and waits at the barriers (fn
+    must then start no collective)."""
     device = s.rt.device
-    fn()
-    timing.sync(device)
-    t0 = time.perf_counter()
-    fn()
-    timing.sync(device)
-    once = _agreed_us(time.perf_counter() - t0, device) / 1e6
-    n = max(3, min(500, math.ceil(s.opts.min_time * POINT_SHARE / max(once, 1e-6))))
+
+    def run(n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n if active else 0):
+            fn()
+        timing.sync(device)
+        return time.perf_counter() - t0
+
+    run(1)
+    once = _agreed_us(run(1), device) / 1e6
+    n = max(3, min(500, math.ceil(s.opts.min_time * share / max(once, 1e-6))))
     reps = []
     for _ in range(REPS):
         dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        timing.sync(device)
-        reps.append(_agreed_us((time.perf_counter() - t0) / n, device))
+        reps.append(_agreed_us(run(n) / n, device))
     return sorted(reps)[len(reps) // 2]
 
 
@@ -263,14 +275,17 @@ def _collective(op: str, size: int, group, members: list[int], rt) -> Callable[[
     return pingpong
 
 
-def measure_compute(s: Session, model: ModelSpec, layouts: list[Layout], dtype
-                    ) -> list[ComputePoint]:
+def measure_compute(s: Session, model: ModelSpec, layouts: list[Layout], dtype,
+                    inputs: Inputs) -> list[ComputePoint]:
     """One layer's forward and backward at each (tp, micro-batch) of the layouts, every rank at
     once: with tp 1 a plain layer, with tp > 1 torch's TP layer on groups of tp consecutive
     ranks, as the step runs it (DTensor's dispatch and the four all-reduces inside, since on a
-    CPU the dispatch costs as much as the matmuls)."""
+    CPU the dispatch costs as much as the matmuls). With tp 1 also with one rank per node
+    computing alone: `inputs.alone_ratio`, the median of the two's ratio."""
     points = sorted({(lay.tp, lay.micro_batch_size(model)) for lay in layouts})
     out = []
+    alone: list[float] = []
+    firsts = _first_of_each_node(s)
     for tp, mbs in points:
         s.step(f"plan inputs: one layer at tp {tp}, micro-batch {mbs}", s.opts.timeout)
         layer, x, dy = _one_layer(s, model, tp, mbs, dtype)
@@ -278,8 +293,11 @@ def measure_compute(s: Session, model: ModelSpec, layouts: list[Layout], dtype
         def step(layer=layer, x=x, dy=dy) -> None:
             layer(x).backward(dy)
 
-        us = _time_us(s, step)
+        us = _time_us(s, step, share=LAYER_POINT_SHARE)
         tokens = mbs * model.seq_len
+        if tp == 1:
+            alone.append(_time_us(s, step, active=s.rt.rank in firsts,
+                                  share=LAYER_POINT_SHARE) / us)
         out.append(ComputePoint(tp=tp, tokens=tokens, layer_us=us,
                                 flops=model.flops_per_layer(tokens, tp), source="measured here",
                                 with_tp_comm=tp > 1))
@@ -287,7 +305,21 @@ def measure_compute(s: Session, model: ModelSpec, layouts: list[Layout], dtype
         layer = x = dy = step = None
         gc.collect()
         release(s.rt.device)
+    if alone:
+        inputs.alone_ratio = min(1.0, statistics.median(alone))
+        s.console.log(f"  one rank per node alone: {inputs.alone_ratio:.2f} x the time with "
+                      "every rank computing")
     return out
+
+
+def _first_of_each_node(s: Session) -> set[int]:
+    """The lowest rank of each node."""
+    if not s.rt.ranks:
+        return {0}
+    first: dict = {}
+    for r in s.rt.ranks:
+        first.setdefault(r.get("node"), r["rank"])
+    return set(first.values())
 
 
 def _one_layer(s: Session, model: ModelSpec, tp: int, mbs: int, dtype):
@@ -332,23 +364,52 @@ def measure_optimizer(s: Session, model: ModelSpec, dtype) -> tuple[float, float
     return per_layer, per_param
 
 
-def measure_overlap(s: Session, model: ModelSpec, dtype, inputs: Inputs) -> dict[str, float]:
-    """How much of the data-parallel collectives a step exposes, measured on a pure
-    data-parallel step of the whole world, DDP (ZeRO 0) and FSDP (ZeRO 3): 1 - exposed /
-    the model's own time for those collectives (predict.dp_collectives_us from the fits just
-    measured), at most 1. So the share that hid behind compute; negative when the step's
-    collectives cost more than the fits say (more calls than the model's, hooks, copies, a busy
-    CPU). Exposed is the step's time beyond its compute-only time (step.csv)."""
-    from distbench.planner.predict import dp_collectives_us, params_per_rank
+def measure_pipeline(s: Session, model: ModelSpec, dtype, inputs: Inputs, gpn: int) -> None:
+    """The pipeline schedule's own work per micro-batch, into `inputs`: a pure pipeline step
+    of the whole world (pp = world, m the fewest from 2 pp up that split the batch), held
+    against its prediction from the inputs measured so far (predict.pipeline_overhead_us).
+    Nothing when the model's layers or batch do not split that way."""
+    from distbench.planner.layouts import divisors, problems
+    from distbench.planner.predict import pipeline_overhead_us
 
     world = s.rt.world
-    out: dict[str, float] = {}
-    if world == 1 or model.batch % world:
-        return out
+    counts = [k for k in divisors(model.batch) if k >= 2 * world] or [
+        k for k in divisors(model.batch) if k >= world]
+    if world == 1 or not counts:
+        return
+    layout = Layout(tp=1, pp=world, dp=1, micro_batches=counts[0])
+    if problems(layout, model):
+        return
+    row, _ = step3d.measure_layout(s, model, layout, dtype, [], check=False)
+    if row.get("status") != "ok" or not row.get("step_us"):
+        return
     elt = element_bytes(s.opts.dtype)
-    for kind, zero in (("ddp", 0), ("fsdp", 3)):
-        if zero not in s.opts.zero:
-            continue
+    inputs.pipeline_us_per_microbatch = pipeline_overhead_us(row["step_us"], model, layout,
+                                                             inputs, elt, gpn)
+    inputs.overlap_layouts["pipeline"] = layout.label()
+    s.console.log(f"  pipeline: a step of {row['step_us'] / 1e3:.2f} ms; its schedule's own "
+                  f"work {inputs.pipeline_us_per_microbatch / 1e3:.2f} ms per micro-batch")
+
+
+def measure_overlap(s: Session, model: ModelSpec, dtype, inputs: Inputs) -> None:
+    """What a pure data-parallel step of the whole world exposes of its communication, at each
+    ZeRO stage asked for, into `inputs`: exposed, the step's time beyond its compute-only time
+    (step.csv), against the model's time for its collectives (predict.dp_collectives_us from
+    the fits just measured), split by predict.split_exposed into the share that hid behind
+    backward, or the wrapper's own cost per layer."""
+    from distbench.planner.predict import (
+        dp_collectives_us,
+        dp_kind,
+        params_per_rank,
+        split_exposed,
+    )
+
+    world = s.rt.world
+    if world == 1 or model.batch % world:
+        return
+    elt = element_bytes(s.opts.dtype)
+    for zero in sorted(s.opts.zero):
+        kind = dp_kind(zero)
         layout = Layout(tp=1, pp=1, dp=world, zero=zero, micro_batches=1)
         row, _ = step3d.measure_layout(s, model, layout, dtype, [], check=False)
         exposed = row.get("dp_exposed_us")
@@ -357,9 +418,15 @@ def measure_overlap(s: Session, model: ModelSpec, dtype, inputs: Inputs) -> dict
         span = "node" if s.rt.nnodes == 1 else "nodes"
         modelled, _ = dp_collectives_us(Inputs(fits=inputs.fits, overlap={kind: 0.0}), layout,
                                         span, params_per_rank(model, layout) * elt)
-        out[kind] = min(1.0, 1 - exposed / modelled)
+        overlap, wrapper = split_exposed(exposed, modelled, model.layers)
+        if wrapper:
+            inputs.wrapper_us_per_layer[kind] = wrapper
+        else:
+            inputs.overlap[kind] = overlap
         inputs.overlap_layouts[kind] = layout.label()
         s.console.log(f"  {kind}: {exposed / 1e3:.2f} ms exposed in a step of "
                       f"{row['step_us'] / 1e3:.2f} ms; the fits give its collectives "
-                      f"{modelled / 1e3:.2f} ms (overlap {out[kind] * 100:.0f}%)")
-    return out
+                      f"{modelled / 1e3:.2f} ms: " + (
+                          f"{overlap:.0%} of them hidden" if not wrapper else
+                          f"none hidden, and {wrapper / 1e3:.2f} ms per layer of the "
+                          "wrapper's own"))

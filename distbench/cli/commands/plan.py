@@ -126,8 +126,8 @@ class PlanOptions(RunOptions):
                                "validation's). Default: calibrated to --min-time.",
                                check=iterations("--iters 10", optional=True), show_default=False)
     min_time: float = option(
-        3.0, "Seconds of timed steps per layout run; each input point (a collective at one "
-        "size, a layer, the optimizer) fills a twentieth of it three times.",
+        3.0, "Seconds of timed steps per layout run; each input point fills three times a "
+        "twentieth of it (a collective at one size, the optimizer) or a fifth (a layer).",
         check=require(lambda v: v > 0 and math.isfinite(v), "must be a number of seconds above "
                       "0, got {value}", "--min-time 1.0", float))
     warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
