@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast lint bench clean
+.PHONY: venv run test test-fast lint bench bench-plan clean
 
 venv: $(STAMP)
 
@@ -46,6 +46,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/report_speed.py
 	$(PY) benchmarks/false_alarms.py
 	$(PY) benchmarks/worker_footprint.py
+
+# The planner's error on this machine: plan --workers 4 --validate 6, 3 times (about 12 minutes)
+bench-plan: $(STAMP)
+	$(PY) benchmarks/plan_accuracy.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
