@@ -144,6 +144,15 @@ DP = Output("dp.csv", csv=(
          "comm_alone_us", "exposed_comm_us", "overlap_pct", "state_bytes_per_rank", "status"))
 
 
+# A layout's columns as step and validation show them (plan's rank first, its own widths)
+LAYOUT_COLUMNS = (
+    Column("tp", "tp", "", 4, ident=True),
+    Column("pp", "pp", "", 4, ident=True),
+    Column("dp", "dp", "", 4, ident=True),
+    Column("zero", "zero", "", 5, ident=True),
+    Column("micro_batches", "micro", "batches", 8, ident=True),
+)
+
 # step
 # One row per layout: the parts add up as predicted (docs/plan.md) and as measured.
 # Stable contract: add columns at the end, never rename.
@@ -157,11 +166,7 @@ STEP = Output("step.csv", csv=(
     "dp_bytes_per_step", "state_bytes_per_rank", "peak_mem_bytes", "samples_per_s",
     "max_abs_err", "backend", "status", "note",
 ), console=(
-    Column("tp", "tp", "", 4, ident=True),
-    Column("pp", "pp", "", 4, ident=True),
-    Column("dp", "dp", "", 4, ident=True),
-    Column("zero", "zero", "", 5, ident=True),
-    Column("micro_batches", "micro", "batches", 8, ident=True),
+    *LAYOUT_COLUMNS,
     Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
     Column("compute_only_us", "compute", "(ms)", 10, us_as_ms(".2f")),
     Column("tp_comm_alone_us", "tp comm", "alone(ms)", 10, us_as_ms(".2f")),
@@ -214,11 +219,7 @@ VALIDATION = Output("validation.csv", csv=(
     "model", "tp", "pp", "dp", "zero", "micro_batches", "predicted_step_ms",
     "measured_step_ms", "error_pct", "in_sample", "status", "note",
 ), console=(
-    Column("tp", "tp", "", 4, ident=True),
-    Column("pp", "pp", "", 4, ident=True),
-    Column("dp", "dp", "", 4, ident=True),
-    Column("zero", "zero", "", 5, ident=True),
-    Column("micro_batches", "micro", "batches", 8, ident=True),
+    *LAYOUT_COLUMNS,
     Column("predicted_step_ms", "predicted", "(ms)", 11, ".2f"),
     Column("measured_step_ms", "measured", "(ms)", 11, ".2f"),
     Column("error_pct", "error", "(%)", 8, ".1f"),

@@ -20,6 +20,7 @@ from distbench.planner.inputs import Inputs
 from distbench.planner.layouts import ZERO_STAGES, Layout, enumerate_layouts
 from distbench.planner.models import ModelSpec
 from distbench.planner.predict import predict
+from distbench.results.writer import csv_cell
 
 PLAN_MD = "plan.md"
 PLAN_PNG = "plan.png"
@@ -153,22 +154,12 @@ def validation_summary(pairs: Sequence[tuple[float, float]]) -> tuple[float, flo
 # ---------------------------------------------------------------------------------------------
 # Writing
 
-def _cell(value):
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return value
-
-
 def write_csv(path: Path, columns: Sequence[str], rows: Iterable[dict]) -> None:
     with open(path, "w", newline="") as fh:
         out = csv.writer(fh)
         out.writerow(columns)
         for r in rows:
-            out.writerow([_cell(r.get(c)) for c in columns])
+            out.writerow([csv_cell(r.get(c)) for c in columns])
 
 
 def write_plan(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *,

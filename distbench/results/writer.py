@@ -113,7 +113,7 @@ class CsvSink:
         unknown = set(row) - set(self.columns)
         if unknown:  # a misspelt key would otherwise leave a silently empty cell
             raise KeyError(f"not columns of {self.path.name}: {sorted(unknown)}")
-        self._out.write(self._line({k: _cell(row.get(k)) for k in self.columns}))
+        self._out.write(self._line({k: csv_cell(row.get(k)) for k in self.columns}))
         index, self._rows = self._rows, self._rows + 1
         if samples_us:
             if self._samples is None:
@@ -137,7 +137,9 @@ class NullSink:
         pass
 
 
-def _cell(value):
+def csv_cell(value):
+    """A value as every CSV of distbench writes it: none empty, a bool 0/1, a float to 6
+    significant digits (in full where those would lose its integer part)."""
     if value is None:
         return ""
     if isinstance(value, bool):
