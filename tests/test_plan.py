@@ -329,6 +329,26 @@ def test_earlier_runs_are_read_into_fits_overlap_and_the_topology(tmp_path):
     assert len(inputs.sources) == 5
 
 
+def test_a_plans_figures_are_read_back_a_zero_one_too(tmp_path):
+    saved = hand_inputs(wrapper_us_per_layer={"zero3": 30.0}, overlap={"ddp": 0.2},
+                        pipeline_us_per_microbatch=0.0, alone_ratio=0.5,
+                        overlap_layouts={"ddp": "tp1 pp1 dp4 zero0 m1",
+                                         "zero3": "tp1 pp1 dp4 zero3 m1",
+                                         "pipeline": "tp1 pp4 dp1 zero0 m8"})
+    (tmp_path / "plan").mkdir()
+    saved.write(tmp_path / "plan")
+    # a later run's figures do not replace the first one's, its measured 0 included
+    later = hand_inputs(pipeline_us_per_microbatch=99.0, overlap={"ddp": 0.9},
+                        overlap_layouts={"pipeline": "x", "ddp": "y"})
+    (tmp_path / "later").mkdir()
+    later.write(tmp_path / "later")
+    got = sources.read([tmp_path / "plan", tmp_path / "later"])
+    assert got.pipeline_us_per_microbatch == 0.0
+    assert got.overlap_layouts == saved.overlap_layouts
+    assert (got.overlap, got.wrapper_us_per_layer, got.alone_ratio) == (
+        {"ddp": 0.2}, {"zero3": 30.0}, 0.5)
+
+
 def test_an_accept_run_with_one_size_per_check_is_refused(tmp_path):
     run = tmp_path / "accept"
     run.mkdir()

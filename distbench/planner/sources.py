@@ -201,7 +201,8 @@ def merge(into: Inputs, other: Inputs) -> None:
     if into.optimizer_us_per_param is None:
         into.optimizer_us_per_param = other.optimizer_us_per_param
         into.optimizer_us_per_layer = other.optimizer_us_per_layer
-    if not into.pipeline_us_per_microbatch and other.pipeline_us_per_microbatch:
+    # a pipeline figure of 0 is a measurement too (the schedule cost nothing beyond the model)
+    if "pipeline" not in into.overlap_layouts and not into.pipeline_us_per_microbatch:
         into.pipeline_us_per_microbatch = other.pipeline_us_per_microbatch
         if "pipeline" in other.overlap_layouts:
             into.overlap_layouts["pipeline"] = other.overlap_layouts["pipeline"]
