@@ -61,6 +61,29 @@ def _signal_self(signum):
     return body
 
 
+class _FailsAsTheLauncherStopsUs(RuntimeError):
+    """A collective's error (a peer died) whose text is read as the launcher's SIGTERM lands:
+    the signal arrives while session.run handles the failure."""
+
+    signalled = False
+
+    def __str__(self):
+        if not self.signalled:  # the launcher sends one SIGTERM
+            self.signalled = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts this
+        return "Connection reset by peer"
+
+
+def test_the_launchers_sigterm_while_a_failure_is_handled_still_ends_the_run(one_rank):
+    def body(s):
+        raise _FailsAsTheLauncherStopsUs()
+    got_code, meta = _run(one_rank, body)
+    assert (got_code, meta["status"], meta["exit_code"]) == (143, "terminated", 143)
+    assert meta["error"] == ("stopped by SIGTERM in startup while handling: Connection reset "
+                             "by peer")
+
+
 @pytest.mark.parametrize("body,code,status", [
     (lambda s: 0, 0, "ok"),
     (lambda s: 1, 1, "wrong"),

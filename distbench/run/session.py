@@ -297,25 +297,29 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     session = Session(command, opts, rt, watchdog)
     status, code, error = "ok", EXIT_OK, None
     try:
-        session.open_run_dir()
-        code = body(session)
-        status = "ok" if code == EXIT_OK else "wrong"
-    except RunFailure as e:
-        status, code, error = e.status, e.exit_code, str(e)
+        try:
+            session.open_run_dir()
+            code = body(session)
+            status = "ok" if code == EXIT_OK else "wrong"
+        except RunFailure as e:
+            status, code, error = e.status, e.exit_code, str(e)
+        except KeyboardInterrupt:
+            status, code = "interrupted", EXIT_INTERRUPTED
+            error = f"interrupted in {session.current}"
+        except OSError as e:
+            status, code = "failed", EXIT_FAILED
+            where = e.filename or session.run_dir
+            what = f"cannot write {where}" if where else f"{session.current} failed"
+            error = f"{what}: {e.strerror or one_line(e, _ERROR_CHARS)} (in {session.current})"
+        except Exception as e:
+            status, code = "failed", EXIT_FAILED
+            error = f"{session.current} failed: {type(e).__name__}: {one_line(e, _ERROR_CHARS)}"
+    # outside the handlers above: the launcher's SIGTERM also comes while one of them runs (a
+    # peer died, this rank's collective failed, and the agent stops the rest), seen in CI
     except Terminated as e:
         cause = f" while handling: {one_line(e.__context__, _ERROR_CHARS)}" if e.__context__ else ""
         status, code = "terminated", for_signal(e.signum)
         error = f"stopped by {signal.Signals(e.signum).name} in {session.current}{cause}"
-    except KeyboardInterrupt:
-        status, code, error = "interrupted", EXIT_INTERRUPTED, f"interrupted in {session.current}"
-    except OSError as e:
-        status, code = "failed", EXIT_FAILED
-        where = e.filename or session.run_dir
-        what = f"cannot write {where}" if where else f"{session.current} failed"
-        error = f"{what}: {e.strerror or one_line(e, _ERROR_CHARS)} (in {session.current})"
-    except Exception as e:
-        status, code = "failed", EXIT_FAILED
-        error = f"{session.current} failed: {type(e).__name__}: {one_line(e, _ERROR_CHARS)}"
     finally:
         # Writing run.json must not be cut short by the launcher's SIGTERM. Ignored, not
         # blocked: a mask would cover this thread only, and Python runs handlers here anyway.
