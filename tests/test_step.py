@@ -8,9 +8,9 @@ import helpers
 import pytest
 from helpers import LAUNCHER_VARS, assert_one_line_error
 
-from distbench.cli.commands.step import StepCommandOptions, default_micro_batches
+from distbench.cli.commands.step import StepCommandOptions
 from distbench.core.options import OptionError, build
-from distbench.planner.layouts import Layout
+from distbench.planner.layouts import Layout, default_micro_batches
 from distbench.planner.models import PRESETS
 from distbench.steps.step3d import attribute_exposed, bubble_time, check_model
 

@@ -77,6 +77,20 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+def default_micro_batches(model: ModelSpec, pp: int, dp: int) -> int:
+    """1 without a pipeline; else the fewest micro-batches from 2 x pp up that split a replica's
+    share of the batch (bubble (pp-1)/(3pp-1): a third of pp's minimum's), else from pp up, else
+    2 x pp (which problems() then refuses)."""
+    if pp == 1:
+        return 1
+    share = model.batch // dp if model.batch % dp == 0 else 0
+    for low in (2 * pp, pp):
+        fits = [k for k in divisors(share) if k >= low] if share else []
+        if fits:
+            return fits[0]
+    return 2 * pp
+
+
 def enumerate_layouts(model: ModelSpec, gpus: int, gpus_per_node: int,
                       zero_stages: tuple[int, ...] = ZERO_STAGES) -> Iterator[Layout]:
     """Every valid layout on exactly `gpus` ranks: tp a divisor of the GPUs per node, pp a

@@ -366,18 +366,17 @@ def measure_optimizer(s: Session, model: ModelSpec, dtype) -> tuple[float, float
 
 def measure_pipeline(s: Session, model: ModelSpec, dtype, inputs: Inputs, gpn: int) -> None:
     """The pipeline schedule's own work per micro-batch, into `inputs`: a pure pipeline step
-    of the whole world (pp = world, m the fewest from 2 pp up that split the batch), held
-    against its prediction from the inputs measured so far (predict.pipeline_overhead_us).
-    Nothing when the model's layers or batch do not split that way."""
-    from distbench.planner.layouts import divisors, problems
+    of the whole world (pp = world, the step command's micro-batches), held against its
+    prediction from the inputs measured so far (predict.pipeline_overhead_us). Nothing when
+    the model's layers or batch do not split that way."""
+    from distbench.planner.layouts import default_micro_batches, problems
     from distbench.planner.predict import pipeline_overhead_us
 
     world = s.rt.world
-    counts = [k for k in divisors(model.batch) if k >= 2 * world] or [
-        k for k in divisors(model.batch) if k >= world]
-    if world == 1 or not counts:
+    if world == 1:
         return
-    layout = Layout(tp=1, pp=world, dp=1, micro_batches=counts[0])
+    layout = Layout(tp=1, pp=world, dp=1,
+                    micro_batches=default_micro_batches(model, world, 1))
     if problems(layout, model):
         return
     row, _ = step3d.measure_layout(s, model, layout, dtype, [], check=False)

@@ -19,7 +19,13 @@ from distbench.core.options import (
     redefault,
     with_example,
 )
-from distbench.planner.layouts import ZERO_STAGES, Layout, divisors, problems
+from distbench.planner.layouts import (
+    ZERO_STAGES,
+    Layout,
+    default_micro_batches,
+    divisors,
+    problems,
+)
 from distbench.planner.models import EXAMPLE as MODEL_EXAMPLE
 from distbench.planner.models import PRESETS, ModelSpec, model_text, parse_model
 
@@ -58,20 +64,6 @@ def _zero_stages(option_name: str, text) -> list[int]:
 
 with_example(_model, MODEL_EXAMPLE)
 with_example(_zero_stages, ZERO_EXAMPLE)
-
-
-def default_micro_batches(model: ModelSpec, pp: int, dp: int) -> int:
-    """1 without a pipeline; else the fewest micro-batches from 2 x pp up that split a replica's
-    share of the batch (bubble (pp-1)/(3pp-1): a third of pp's minimum's), else from pp up, else
-    2 x pp (which problems() then refuses)."""
-    if pp == 1:
-        return 1
-    share = model.batch // dp if model.batch % dp == 0 else 0
-    for low in (2 * pp, pp):
-        fits = [k for k in divisors(share) if k >= low] if share else []
-        if fits:
-            return fits[0]
-    return 2 * pp
 
 
 @dataclass(kw_only=True)
