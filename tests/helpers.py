@@ -311,8 +311,12 @@ def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[
 def assert_one_line_error(proc: subprocess.CompletedProcess | Run, secs: float | None,
                           option: str, ours: bool) -> str:
     """Bad input: exit 2, one stderr line naming the option (ours also give an example), no
-    traceback, nothing on stdout, and refused before any worker could start (within `secs`, for
-    a real process; run in-process, the caller checks that nothing was dispatched)."""
+    traceback, nothing on stdout, and refused before any worker could start: within `secs`, for
+    a real process refused before it imports torch. Refused after torch's import (what the
+    backend `auto` resolves to, the memory where the workers would run), the time is the
+    import's, which the machine's load sets (5.4 s in CI): those callers pass None and prove
+    "before any worker" by the run directory that is not there, which the launcher makes before
+    it starts one. Run in-process, the caller checks that nothing was dispatched."""
     where = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert proc.returncode == 2, where
     assert "Traceback" not in proc.stderr + proc.stdout, where

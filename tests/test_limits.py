@@ -136,12 +136,14 @@ def test_work_sized_past_the_memory_is_refused_before_workers(tmp_path, args, op
     _nothing_created(tmp_path, out)
 
 
-@pytest.mark.multiproc  # the real command, from its interpreter's start: refused within seconds
+@pytest.mark.multiproc  # the real command, from its interpreter's start
 def test_the_real_command_refuses_work_past_the_memory_before_workers(tmp_path):
+    """Sized after torch's import, whose time the machine's load sets: the run directory the
+    launcher would make before its first worker is not there."""
     args, option = TOO_BIG[0]
     out = tmp_path / "results"
     proc = distbench(out, *args, "--backend", "gloo", cwd=tmp_path)
-    line = assert_one_line_error(proc, proc.secs, option, ours=True)
+    line = assert_one_line_error(proc, None, option, ours=True)
     assert "GiB" in line or "TiB" in line, line
     _nothing_created(tmp_path, out)
 
