@@ -11,11 +11,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
+from distbench.core.options import pick
 from distbench.planner.models import ModelSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
 # torch.distributed.pipelining's schedules the step runs; 1F1B needs micro_batches >= pp
 SCHEDULE = "1f1b"
+
+
+def parse_zero(option_name: str, text, example: str) -> list[int]:
+    """--zero as step and plan take it: a comma list of stages or 'all', order kept (OptionError
+    with `example`)."""
+    return [int(name) for name in pick(tuple(map(str, ZERO_STAGES)), example)(option_name, text)]
 
 
 @dataclass(frozen=True, kw_only=True)

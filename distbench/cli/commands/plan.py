@@ -30,7 +30,7 @@ from distbench.core.options import (
 )
 from distbench.core.sizes import SizeError, parse_size
 from distbench.planner.gpus import DEFAULT_MFU, GPUS
-from distbench.planner.layouts import ZERO_STAGES
+from distbench.planner.layouts import parse_zero
 from distbench.planner.models import PRESETS, model_text, parse_model
 
 if TYPE_CHECKING:
@@ -56,8 +56,7 @@ def _dtype(option_name: str, text) -> str:
 
 
 def _zero(option_name: str, text) -> list[int]:
-    names = pick(tuple(map(str, ZERO_STAGES)), "--zero 1,3")(option_name, text)
-    return sorted(int(n) for n in names)
+    return sorted(parse_zero(option_name, text, "--zero 1,3"))
 
 
 def _memory(option_name: str, text) -> int | None:

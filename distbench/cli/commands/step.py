@@ -20,10 +20,10 @@ from distbench.core.options import (
     with_example,
 )
 from distbench.planner.layouts import (
-    ZERO_STAGES,
     Layout,
     default_micro_batches,
     divisors,
+    parse_zero,
     problems,
 )
 from distbench.planner.models import EXAMPLE as MODEL_EXAMPLE
@@ -44,22 +44,7 @@ def _model(option_name: str, text) -> str:
 
 
 def _zero_stages(option_name: str, text) -> list[int]:
-    raw = str(text).strip().lower()
-    if raw == "all":
-        return list(ZERO_STAGES)
-    out: list[int] = []
-    for part in raw.split(","):
-        try:
-            stage = int(part.strip())
-        except ValueError:
-            raise OptionError(option_name, f"{part.strip()!r} is not a ZeRO stage (0 to 3)",
-                              ZERO_EXAMPLE) from None
-        if stage not in ZERO_STAGES:
-            raise OptionError(option_name, f"ZeRO stage {stage} is not one of "
-                              f"{', '.join(map(str, ZERO_STAGES))}", ZERO_EXAMPLE)
-        if stage not in out:
-            out.append(stage)
-    return out
+    return parse_zero(option_name, text, ZERO_EXAMPLE)
 
 
 with_example(_model, MODEL_EXAMPLE)
