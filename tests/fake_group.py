@@ -69,3 +69,49 @@ def on_threads(world: int, fn: Callable[[int], object], barrier: threading.Barri
     if errors:
         raise errors[0]
     return results
+
+
+class ThreadWorld:
+    """torch.distributed's object collectives and subgroups among threads, as acceptance calls
+    them: every call is a call of every rank. Subclasses add what a test records or fakes."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=60)
+        # one board per parity of the call's number: a rank done reading one call writes the
+        # next on the other board, and cannot reach the one after before every rank has arrived
+        # at the next, done reading; so a call is one barrier, not two (128 threads woken at a
+        # barrier are much of what a 128-node schedule costs)
+        self.boards: tuple[list, list] = ([None] * world, [None] * world)
+        self.local = threading.local()
+
+    def start(self, rank: int) -> None:
+        """On the rank's own thread, before its first call."""
+        self.local.rank, self.local.calls = rank, 0
+
+    def patch(self, monkeypatch) -> None:
+        for name in ("all_gather_object", "broadcast_object_list",
+                     "new_subgroups_by_enumeration", "get_rank"):
+            monkeypatch.setattr(dist, name, getattr(self, name))
+
+    def everyone(self, obj) -> list:
+        """What every rank handed in to this call, by rank."""
+        board = self.boards[self.local.calls % 2]
+        board[self.local.rank] = obj
+        self.barrier.wait()
+        self.local.calls += 1
+        return list(board)
+
+    def all_gather_object(self, out: list, obj) -> None:
+        out[:] = self.everyone(obj)
+
+    def broadcast_object_list(self, objs: list, src: int = 0) -> None:
+        objs[:] = self.everyone(list(objs))[src]
+
+    def new_subgroups_by_enumeration(self, lists, timeout=None):
+        self.barrier.wait()
+        mine = next((tuple(r) for r in lists if self.local.rank in r), None)
+        return (("group", mine) if mine else None), []
+
+    def get_rank(self, group=None) -> int:
+        return self.local.rank if group is None else group[1].index(self.local.rank)

@@ -13,7 +13,6 @@ import csv
 import json
 import random
 import re
-import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from fake_group import on_threads
+from fake_group import ThreadWorld, on_threads
 from helpers import distbench_lines
 
 from distbench.accept import acceptance
@@ -46,42 +45,20 @@ SLOW_S = 0.1
 NAMED = re.compile(r"node (\S+) (?:failed|is in all)")
 
 
-class _World:
-    """torch.distributed as acceptance.run calls it, among threads: every call is a call of every
-    rank, and they meet at one barrier. A measurement's figures are synthetic: a healthy op
-    anywhere in [1, SPREAD) x HEALTHY_US on a log scale, SLOW_S more where the measured ranks hold
-    a slow one; drawn from the seed, the measurement's name and how many times this rank measured
-    it, so every rank of a target draws the same, and a retest draws afresh."""
+class _World(ThreadWorld):
+    """torch.distributed as acceptance.run calls it, among threads. A measurement's figures are
+    synthetic: a healthy op anywhere in [1, SPREAD) x HEALTHY_US on a log scale, SLOW_S more
+    where the measured ranks hold a slow one; drawn from the seed, the measurement's name and
+    how many times this rank measured it, so every rank of a target draws the same, and a
+    retest draws afresh."""
 
     def __init__(self, world: int, slow: set[int], seed: str):
-        self.world, self.slow, self.seed = world, slow, seed
-        self.barrier = threading.Barrier(world, timeout=60)
-        self.board: list = [None] * world
-        self.local = threading.local()
+        super().__init__(world)
+        self.slow, self.seed = slow, seed
 
     def start(self, rank: int) -> None:
-        self.local.rank, self.local.measured = rank, Counter()
-
-    def _everyone(self, obj) -> list:
-        self.board[self.local.rank] = obj
-        self.barrier.wait()
-        everyone = list(self.board)
-        self.barrier.wait()  # read by all before the next call writes
-        return everyone
-
-    def all_gather_object(self, out: list, obj) -> None:
-        out[:] = self._everyone(obj)
-
-    def broadcast_object_list(self, objs: list, src: int = 0) -> None:
-        objs[:] = self._everyone(list(objs))[src]
-
-    def new_subgroups_by_enumeration(self, lists, timeout=None):
-        self._everyone(None)
-        mine = next((tuple(r) for r in lists if self.local.rank in r), None)
-        return (("group", mine) if mine else None), []
-
-    def get_rank(self, group=None) -> int:
-        return self.local.rank if group is None else group[1].index(self.local.rank)
+        super().start(rank)
+        self.local.measured = Counter()
 
     def _stats(self, what: str, group) -> timing.Stats:
         self.local.measured[what] += 1
@@ -141,9 +118,7 @@ def accept_here(monkeypatch, capsys, run_dir: Path, nodes: int, per_node: int, s
     all on `host` as the tests run them, every rank of the `slow` nodes slowed both ways."""
     world = _World(nodes * per_node, {i * per_node + r for i in slow for r in range(per_node)},
                    seed=f"{nodes}x{per_node}-{slow}")
-    for name in ("all_gather_object", "broadcast_object_list", "new_subgroups_by_enumeration",
-                 "get_rank"):
-        monkeypatch.setattr(dist, name, getattr(world, name))
+    world.patch(monkeypatch)
     monkeypatch.setattr(dist, "destroy_process_group", lambda group=None: None)
     monkeypatch.setattr(series, "collective_once", world.collective_once)
     monkeypatch.setattr(series, "p2p_once", world.p2p_once)

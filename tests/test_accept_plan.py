@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from fake_group import on_threads
+from fake_group import ThreadWorld, on_threads
 from helpers import cli
 
 from distbench.accept import acceptance, check_plan
@@ -92,21 +92,13 @@ def test_the_estimate_follows_the_floors_and_the_sizes():
 
 # -- the schedule on a fake group of threads ---------------------------------------------------
 
-class _FakeWorld:
-    """Every rank is a thread; torch's collectives that accept's schedule calls meet at one
-    barrier (each is a call of every rank), and what each rank called is recorded."""
+class _FakeWorld(ThreadWorld):
+    """Every rank is a thread, and what each rank called is recorded."""
 
     def __init__(self, world: int, measure_s: float = 0.0):
-        self.world = world
-        self.barrier = threading.Barrier(world, timeout=60)
-        # one board per parity of the gather's number: a rank done reading one gather writes
-        # the next on the other board, and cannot reach the one after before every rank has
-        # arrived at the next, done reading; so a gather is one barrier, not two (128 threads
-        # woken at a barrier are much of what the 128-node schedule costs)
-        self.boards: tuple[list, list] = ([None] * world, [None] * world)
-        self.local = threading.local()
+        super().__init__(world)
         self.lock = threading.Lock()
-        self.events: list[tuple[int, str, int]] = []  # (batch, what, rank), in order
+        self.events: list[tuple[int, str, int]] = []  # (gather, what, rank), in order
         self.creations = [0] * world
         self.timeouts: set = set()
         self.host_names: list[list[str]] = [[] for _ in range(world)]
@@ -114,25 +106,16 @@ class _FakeWorld:
 
     def note(self, what: str) -> None:
         with self.lock:
-            self.events.append((self.local.batch, what, self.local.rank))
+            self.events.append((self.local.calls, what, self.local.rank))
 
-    def subgroups(self, lists, timeout=None):
+    def new_subgroups_by_enumeration(self, lists, timeout=None):
         self.creations[self.local.rank] += 1
         self.timeouts.add(timeout)
-        self.barrier.wait()
-        mine = next((tuple(r) for r in lists if self.local.rank in r), None)
-        return (("group", mine) if mine else None), []
+        return super().new_subgroups_by_enumeration(lists, timeout)
 
     def all_gather_object(self, out, obj):
         self.note("gather")
-        board = self.boards[self.local.batch % 2]
-        board[self.local.rank] = obj
-        self.barrier.wait()
-        out[:] = list(board)
-        self.local.batch += 1
-
-    def get_rank(self, group=None):
-        return self.local.rank if group is None else group[1].index(self.local.rank)
+        super().all_gather_object(out, obj)
 
     def measure(self, s, view, check, target, group):
         assert target.ranks[self.get_rank(group)] == self.local.rank
@@ -151,15 +134,13 @@ class _FakeWorld:
 def _run_schedule(monkeypatch, profile, lay: Layout, measure_s: float = 0.0,
                   timeout: float = 7.0) -> tuple[_FakeWorld, check_plan.Plan, list]:
     fake = _FakeWorld(lay.world, measure_s)
-    monkeypatch.setattr(dist, "new_subgroups_by_enumeration", fake.subgroups)
-    monkeypatch.setattr(dist, "all_gather_object", fake.all_gather_object)
-    monkeypatch.setattr(dist, "get_rank", fake.get_rank)
+    fake.patch(monkeypatch)
     monkeypatch.setattr(acceptance, "_measure", fake.measure)
     monkeypatch.setattr(acceptance, "release", lambda device: None)
     plan = check_plan.make(profile, lay, quick=False)
 
     def rank(r: int) -> list:
-        fake.local.rank, fake.local.batch = r, 0
+        fake.start(r)
         rt = SimpleNamespace(rank=r, world=lay.world, backend="gloo", device=torch.device("cpu"),
                              peers=SimpleNamespace(wait_on_host=fake.wait_on_host))
         s = SimpleNamespace(rt=rt, opts=SimpleNamespace(timeout=timeout),
