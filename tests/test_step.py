@@ -29,7 +29,9 @@ def _opts(**raw) -> StepCommandOptions:
 BAD = [
     ("product-not-the-world", ["--tp", "2", "--pp", "2", "--dp", "2"], "--tp/--pp/--dp",
      "2 x 2 x 2 must be the 4 ranks"),
-    ("tp-does-not-divide", ["--tp", "3"], "--tp", "3 x 1 x 0 must be the 4 ranks"),
+    ("tp-does-not-divide", ["--tp", "3"], "--tp", "tp 3 does not divide the 4 ranks"),
+    ("tp-pp-do-not-divide", ["--tp", "2", "--pp", "3"], "--tp/--pp",
+     "tp 2 x pp 3 does not divide the 4 ranks"),
     ("pp-does-not-divide-layers", ["--pp", "4", "--model",
                                    "layers=6,hidden=64,heads=4,seq=8,batch=8"], "--pp",
      "pp 4 must divide the layers (6)"),

@@ -130,6 +130,11 @@ class StepCommandOptions(RunOptions):
             raise OptionError("--model", f"no tp x pp x dp layout of {world} ranks fits "
                               f"{self.model}", "--model toy")
         for t, p, d in shapes:
+            if 0 in (t, p, d):  # the one left unset cannot take what the others leave
+                given = [f"{k} {v}" for k in ("tp", "pp", "dp")
+                         if (v := getattr(self, k)) is not None]
+                raise OptionError(self._named(), f"{' x '.join(given)} does not divide the "
+                                  f"{world} ranks", f"--tp {world} --pp 1 --dp 1")
             if t * p * d != world:
                 raise OptionError(self._named(), f"tp x pp x dp = {t} x {p} x {d} must be the "
                                   f"{world} ranks", f"--tp {world} --pp 1 --dp 1")
