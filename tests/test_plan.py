@@ -92,19 +92,30 @@ def test_on_a_shared_device_the_bubble_runs_at_the_speed_of_one_rank_alone():
     assert flat["predicted_step_ms"] == pytest.approx(MODEL.layers * LAYER_US / 1e3)
 
 
-def test_the_pipeline_schedule_costs_its_measured_work_in_every_slot():
-    from distbench.planner.predict import pipeline_overhead_us
+def _pure_pipeline(m: int, inputs: Inputs) -> tuple[Layout, float, float]:
+    """A pure 4-stage pipeline of m micro-batches: (layout, its step without the schedule's
+    work and bubble, its bubble at weight 1), from the model's own terms."""
+    layout = Layout(tp=1, pp=4, dp=1, micro_batches=m)
+    row = one_row(layout, replace(inputs, pipeline_us_per_microbatch=0.0, bubble_weight=0.0))
+    bubble = one_row(layout, replace(inputs, pipeline_us_per_microbatch=0.0,
+                                     bubble_weight=1.0))["bubble_ms"]
+    return layout, row["predicted_step_ms"] * 1e3, bubble * 1e3
 
-    calibration = Layout(tp=1, pp=4, dp=1, micro_batches=8)
-    bare = one_row(calibration, hand_inputs(mbs=4))["predicted_step_ms"] * 1e3
-    # a pure pipeline step that took 11 slots x 30 us more than predicted
-    inputs = hand_inputs(mbs=4)
-    got = pipeline_overhead_us(bare + 11 * 30.0, MODEL, calibration, inputs, 4, 8)
-    assert got == pytest.approx(30.0)
-    assert pipeline_overhead_us(bare - 100.0, MODEL, calibration, inputs, 4, 8) == 0.0
+
+def test_the_pipeline_schedule_costs_its_measured_work_in_every_slot():
+    from distbench.planner.predict import pipeline_calibration
+
+    inputs = hand_inputs(mbs=4, alone_ratio=0.5)
+    calibration, base, bubble = _pure_pipeline(8, inputs)
+    assert bubble > 0
+    # one pure pipeline step that took 11 slots x 30 us more than predicted: the bubble as
+    # the model has it (weight 1), the rest the schedule's work per slot
+    got = pipeline_calibration([(calibration, base + bubble + 11 * 30.0)], MODEL, inputs, 4, 8)
+    assert got == (pytest.approx(30.0), 1.0)
+    assert pipeline_calibration([(calibration, base - 100.0)], MODEL, inputs, 4, 8) == (0.0, 1.0)
     assert inputs.pipeline_us_per_microbatch == 0.0  # the inputs are left as they were
     # another pipeline pays it in each of its m + pp - 1 slots, beside its hops
-    inputs.pipeline_us_per_microbatch = 30.0
+    inputs = hand_inputs(mbs=4, pipeline_us_per_microbatch=30.0)
     row = one_row(Layout(tp=1, pp=2, dp=1, micro_batches=16), replace(inputs, compute=[
         ComputePoint(tp=1, tokens=2 * MODEL.seq_len, layer_us=LAYER_US,
                      flops=MODEL.flops_per_layer(2 * MODEL.seq_len, 1))]))
@@ -112,6 +123,37 @@ def test_the_pipeline_schedule_costs_its_measured_work_in_every_slot():
     assert row["pp_comm_ms"] == pytest.approx((2 * hop + 17 * 30.0) / 1e3)
     assert one_row(Layout(tp=1, pp=1, dp=1, micro_batches=1), hand_inputs(
         mbs=32, pipeline_us_per_microbatch=30.0))["pp_comm_ms"] == 0
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.25, 1.0])
+def test_two_pipeline_steps_fit_the_schedules_work_and_the_bubbles_weight(weight):
+    """m = pp and m = 2 pp, each planted with 30 us a slot and its bubble at `weight`: both
+    come back; a weight the steps put outside [0, 1] is held there and the work refitted."""
+    from distbench.planner.predict import pipeline_calibration
+
+    points = {m: _pure_pipeline(m, hand_inputs(mbs=32 // m, alone_ratio=0.5)) for m in (4, 8)}
+    inputs = hand_inputs(mbs=8, alone_ratio=0.5)
+    inputs.compute += hand_inputs(mbs=4).compute
+    steps = [(lay, base + weight * bubble + (m + 3) * 30.0)
+             for m, (lay, base, bubble) in points.items()]
+    work, got = pipeline_calibration(steps, MODEL, inputs, 4, 8)
+    assert (work, got) == (pytest.approx(30.0), pytest.approx(weight, abs=1e-9))
+    # the fill and drain cost less than nothing: weight 0, and the slots take the rest
+    steps = [(lay, base - 0.5 * bubble + (m + 3) * 30.0)
+             for m, (lay, base, bubble) in points.items()]
+    work, got = pipeline_calibration(steps, MODEL, inputs, 4, 8)
+    assert got == 0.0
+    excess = [(-0.5 * bubble + (m + 3) * 30.0, m + 3) for m, (_, _, bubble) in points.items()]
+    assert work == pytest.approx(sum(r * s for r, s in excess) / sum(s * s for _, s in excess))
+
+
+def test_the_bubble_is_charged_at_its_measured_weight():
+    layout = Layout(tp=1, pp=4, dp=1, micro_batches=8)
+    full = one_row(layout, hand_inputs(mbs=4, alone_ratio=0.5))
+    quarter = one_row(layout, hand_inputs(mbs=4, alone_ratio=0.5, bubble_weight=0.25))
+    assert quarter["bubble_ms"] == pytest.approx(0.25 * full["bubble_ms"])
+    assert full["predicted_step_ms"] - quarter["predicted_step_ms"] == pytest.approx(
+        0.75 * full["bubble_ms"])
 
 
 def test_a_step_that_exposed_more_than_its_collectives_charges_the_wrapper_per_layer():
@@ -331,10 +373,11 @@ def test_earlier_runs_are_read_into_fits_overlap_and_the_topology(tmp_path):
 
 def test_a_plans_figures_are_read_back_a_zero_one_too(tmp_path):
     saved = hand_inputs(wrapper_us_per_layer={"zero3": 30.0}, overlap={"ddp": 0.2},
-                        pipeline_us_per_microbatch=0.0, alone_ratio=0.5,
+                        pipeline_us_per_microbatch=0.0, alone_ratio=0.5, bubble_weight=0.0,
                         overlap_layouts={"ddp": "tp1 pp1 dp4 zero0 m1",
                                          "zero3": "tp1 pp1 dp4 zero3 m1",
-                                         "pipeline": "tp1 pp4 dp1 zero0 m8"})
+                                         "pipeline": "tp1 pp4 dp1 zero0 m4",
+                                         "pipeline 2": "tp1 pp4 dp1 zero0 m8"})
     (tmp_path / "plan").mkdir()
     saved.write(tmp_path / "plan")
     # a later run's figures do not replace the first one's, its measured 0 included
@@ -343,7 +386,7 @@ def test_a_plans_figures_are_read_back_a_zero_one_too(tmp_path):
     (tmp_path / "later").mkdir()
     later.write(tmp_path / "later")
     got = sources.read([tmp_path / "plan", tmp_path / "later"])
-    assert got.pipeline_us_per_microbatch == 0.0
+    assert (got.pipeline_us_per_microbatch, got.bubble_weight) == (0.0, 0.0)
     assert got.overlap_layouts == saved.overlap_layouts
     assert (got.overlap, got.wrapper_us_per_layer, got.alone_ratio) == (
         {"ddp": 0.2}, {"zero3": 30.0}, 0.5)

@@ -53,8 +53,8 @@ def test_the_workers_measure_plan_and_validate(planned):
     assert 0 < inputs.alone_ratio <= 1
     assert inputs.overlap_layouts == {
         **{kind: f"tp1 pp1 dp2 zero{z} m1" for z, kind in enumerate(DP_KINDS)},
-        "pipeline": "tp1 pp2 dp1 zero0 m4"}
-    assert inputs.pipeline_us_per_microbatch >= 0
+        "pipeline": "tp1 pp2 dp1 zero0 m2", "pipeline 2": "tp1 pp2 dp1 zero0 m4"}
+    assert inputs.pipeline_us_per_microbatch >= 0 and 0 <= inputs.bubble_weight <= 1
     # the plan: every layout of 2 ranks, ranked fastest first
     assert {(r["tp"], r["pp"], r["dp"]) for r in plan} == {("1", "1", "2"), ("2", "1", "1"),
                                                           ("1", "2", "1")}
@@ -113,5 +113,5 @@ def test_a_1024_gpu_plan_from_that_run_starts_nothing(planned, tmp_path):
     after = json.loads((run_dir / "inputs.json").read_text())
     for key in ("fits", "compute", "compute_model", "alone_ratio", "optimizer_us_per_param",
                 "optimizer_us_per_layer", "overlap", "wrapper_us_per_layer",
-                "pipeline_us_per_microbatch", "overlap_layouts"):
+                "pipeline_us_per_microbatch", "bubble_weight", "overlap_layouts"):
         assert after[key] == before[key], key

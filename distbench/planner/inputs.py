@@ -84,6 +84,11 @@ class Inputs:
     # to the ranks, its bookkeeping) beyond the hops on the critical path, measured on a pure
     # pipeline step; 0 when not measured
     pipeline_us_per_microbatch: float = 0.0
+    # what the bubble's pp - 1 slots cost, as a share of their compute at one rank alone's
+    # speed: 1 with a device per rank, where they idle; near 0 where the ranks share a node's
+    # cores, busy with the other stages' work anyway. Fitted with the figure above on two pure
+    # pipeline steps (m = pp and m = 2 pp); 1 when only one could be measured
+    bubble_weight: float = 1.0
     # the layout (Layout.label) each of the above was measured on (a ZeRO stage's name, "pipeline"),
     # where a plan's workers measured it: a validation of that layout is in-sample
     overlap_layouts: dict[str, str] = field(default_factory=dict)

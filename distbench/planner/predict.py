@@ -5,8 +5,11 @@ Per micro-batch, a pipeline stage runs its layers' forward and backward (`comput
 all-reduces of those layers (two in forward, two in backward, of the micro-batch's activations;
 they block, so all of them count): one slot. 1F1B and GPipe take (m + pp - 1) slots for m
 micro-batches; the pp - 1 extra are the bubble, in which only some of a node's ranks compute:
-on a device its ranks share, at the measured speed of one rank alone (`Inputs.alone_ratio`).
-The pipeline's hops are sent without waiting, so only those of the first micro-batch's forward
+on a device its ranks share, at the measured speed of one rank alone (`Inputs.alone_ratio`),
+its compute at the weight pure pipeline steps showed (`Inputs.bubble_weight`: 1 where a
+stage's rank idles in it, near 0 where the node's cores stay busy with the other stages'
+work). The
+pipeline's hops are sent without waiting, so only those of the first micro-batch's forward
 and the last one's backward hold the critical path: 2 (pp - 1) one-way hops; the schedule's own
 work per micro-batch is measured (`Inputs.pipeline_us_per_microbatch`). After the last
 backward, the data-parallel replicas sync their gradients (and, with ZeRO, their parameters);
@@ -107,8 +110,9 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
     hop = inputs.comm_us("sendrecv", 2, span["pp"], activation) if p > 1 else 0.0
     slot = compute_mb + tp_mb
     # in the fill and drain only some of a node's ranks compute: on a shared device they run as
-    # fast as one rank alone
-    bubble_slot = compute_mb * min(1.0, inputs.alone_ratio) + tp_mb
+    # fast as one rank alone, and their compute may cost less still (bubble_weight); the TP
+    # all-reduces wait on their peers whatever the cores do
+    bubble_slot = compute_mb * min(1.0, inputs.alone_ratio) * inputs.bubble_weight + tp_mb
     # the sends are posted without waiting: in the steady state a stage's next input arrived
     # while it computed, so only the first micro-batch's activation (pp - 1 hops out) and the
     # last one's gradient (pp - 1 hops back) sit on the critical path
@@ -160,14 +164,30 @@ def split_exposed(exposed_us: float, collectives_us: float, layers: int
     return 0.0, (exposed_us - collectives_us) / layers
 
 
-def pipeline_overhead_us(measured_step_us: float, model: ModelSpec, layout: Layout,
-                         inputs: Inputs, elt_bytes: int, gpus_per_node: int) -> float:
-    """The pipeline schedule's own work per micro-batch and stage that a pure pipeline step of
-    `layout` (dp 1) showed: what it took beyond the model's prediction without that work,
-    spread over its m + pp - 1 slots; 0 when it took less."""
-    bare = replace(inputs, pipeline_us_per_microbatch=0.0, notes=[])
-    predicted = predict(model, layout, bare, elt_bytes, gpus_per_node).step_us
-    return max(0.0, (measured_step_us - predicted) / (layout.micro_batches + layout.pp - 1))
+def pipeline_calibration(steps: list[tuple[Layout, float]], model: ModelSpec, inputs: Inputs,
+                         elt_bytes: int, gpus_per_node: int) -> tuple[float, float]:
+    """(the schedule's own work per micro-batch and stage, the bubble's weight) that pure
+    pipeline steps (layout, measured step) showed beyond the model without either: each step's
+    excess is its m + pp - 1 slots of the first plus its bubble's compute at one rank alone's
+    speed times the second. Two steps of different m fit both, the weight held to [0, 1] (then
+    the work refitted to both); one step keeps the weight at 1. The work is never below 0."""
+    rows = []
+    for layout, measured_us in steps:
+        bare = replace(inputs, pipeline_us_per_microbatch=0.0, bubble_weight=0.0, notes=[])
+        without = predict(model, layout, bare, elt_bytes, gpus_per_node)
+        full = predict(model, layout, replace(bare, bubble_weight=1.0), elt_bytes,
+                       gpus_per_node)
+        rows.append((measured_us - without.step_us, full.bubble_us - without.bubble_us,
+                     layout.micro_batches + layout.pp - 1))
+    weight = 1.0
+    if len(rows) >= 2:
+        (r1, b1, s1), (r2, b2, s2) = rows[:2]
+        det = b1 * s2 - b2 * s1
+        if det:
+            weight = min(1.0, max(0.0, (r1 * s2 - r2 * s1) / det))
+    # with the weight set, the work per slot that fits every step best (least squares)
+    work = sum(s * (r - weight * b) for r, b, s in rows) / sum(s * s for _, _, s in rows)
+    return max(0.0, work), weight
 
 
 def dp_collectives_us(inputs: Inputs, layout: Layout, span: str, grad_bytes: float

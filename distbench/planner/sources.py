@@ -204,8 +204,9 @@ def merge(into: Inputs, other: Inputs) -> None:
     # a pipeline figure of 0 is a measurement too (the schedule cost nothing beyond the model)
     if "pipeline" not in into.overlap_layouts and not into.pipeline_us_per_microbatch:
         into.pipeline_us_per_microbatch = other.pipeline_us_per_microbatch
-        if "pipeline" in other.overlap_layouts:
-            into.overlap_layouts["pipeline"] = other.overlap_layouts["pipeline"]
+        into.bubble_weight = other.bubble_weight
+        into.overlap_layouts.update({k: v for k, v in other.overlap_layouts.items()
+                                     if k.startswith("pipeline")})
     for kind in {*other.overlap, *other.wrapper_us_per_layer}:
         if kind in into.overlap or kind in into.wrapper_us_per_layer:
             continue

@@ -365,29 +365,38 @@ def measure_optimizer(s: Session, model: ModelSpec, dtype) -> tuple[float, float
 
 
 def measure_pipeline(s: Session, model: ModelSpec, dtype, inputs: Inputs, gpn: int) -> None:
-    """The pipeline schedule's own work per micro-batch, into `inputs`: a pure pipeline step
-    of the whole world (pp = world, the step command's micro-batches), held against its
-    prediction from the inputs measured so far (predict.pipeline_overhead_us). Nothing when
-    the model's layers or batch do not split that way."""
-    from distbench.planner.layouts import default_micro_batches, problems
-    from distbench.planner.predict import pipeline_overhead_us
+    """The pipeline schedule's own work per micro-batch and the bubble's weight, into `inputs`:
+    pure pipeline steps of the whole world (pp = world) at the fewest micro-batches 1F1B takes
+    (m from pp up) and at the step command's (m from 2 pp up), held against their prediction
+    from the inputs measured so far (predict.pipeline_calibration). Nothing when the model's
+    layers or batch do not split that way; one step when both counts are the same."""
+    from distbench.planner.layouts import default_micro_batches, divisors, problems
+    from distbench.planner.predict import pipeline_calibration
 
     world = s.rt.world
     if world == 1:
         return
-    layout = Layout(tp=1, pp=world, dp=1,
-                    micro_batches=default_micro_batches(model, world, 1))
-    if problems(layout, model):
-        return
-    row, _ = step3d.measure_layout(s, model, layout, dtype, [], check=False)
-    if row.get("status") != "ok" or not row.get("step_us"):
+    counts = [m for m in divisors(model.batch) if m >= world][:1]
+    counts += [m for m in [default_micro_batches(model, world, 1)] if m not in counts]
+    steps: list[tuple[Layout, float]] = []
+    for m in counts:
+        layout = Layout(tp=1, pp=world, dp=1, micro_batches=m)
+        if problems(layout, model):
+            continue
+        row, _ = step3d.measure_layout(s, model, layout, dtype, [], check=False)
+        if row.get("status") == "ok" and row.get("step_us"):
+            steps.append((layout, row["step_us"]))
+    if not steps:
         return
     elt = element_bytes(s.opts.dtype)
-    inputs.pipeline_us_per_microbatch = pipeline_overhead_us(row["step_us"], model, layout,
-                                                             inputs, elt, gpn)
-    inputs.overlap_layouts["pipeline"] = layout.label()
-    s.console.log(f"  pipeline: a step of {row['step_us'] / 1e3:.2f} ms; its schedule's own "
-                  f"work {inputs.pipeline_us_per_microbatch / 1e3:.2f} ms per micro-batch")
+    inputs.pipeline_us_per_microbatch, inputs.bubble_weight = pipeline_calibration(
+        steps, model, inputs, elt, gpn)
+    for i, (layout, _) in enumerate(steps):
+        inputs.overlap_layouts["pipeline" if i == 0 else f"pipeline {i + 1}"] = layout.label()
+    took = " and ".join(f"{us / 1e3:.2f} ms at m = {lay.micro_batches}" for lay, us in steps)
+    s.console.log(f"  pipeline: a step of {took}; its schedule's own work "
+                  f"{inputs.pipeline_us_per_microbatch / 1e3:.2f} ms per micro-batch, its "
+                  f"bubble at {inputs.bubble_weight:.2f} of one rank alone's compute")
 
 
 def measure_overlap(s: Session, model: ModelSpec, dtype, inputs: Inputs) -> None:
