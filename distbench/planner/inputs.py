@@ -89,8 +89,9 @@ class Inputs:
     # cores, busy with the other stages' work anyway. Fitted with the figure above on two pure
     # pipeline steps (m = pp and m = 2 pp); 1 when only one could be measured
     bubble_weight: float = 1.0
-    # the layout (Layout.label) each of the above was measured on (a ZeRO stage's name, "pipeline"),
-    # where a plan's workers measured it: a validation of that layout is in-sample
+    # the layout (Layout.label) each of the above was measured on (a ZeRO stage's name;
+    # "pipeline" and "pipeline 2" for the pipeline's two steps), where a plan's workers measured
+    # it: a validation of that layout is in-sample
     overlap_layouts: dict[str, str] = field(default_factory=dict)
     gpus_per_node: int | None = None
     memory_per_gpu: int | None = None  # bytes

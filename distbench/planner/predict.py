@@ -8,10 +8,10 @@ micro-batches; the pp - 1 extra are the bubble, in which only some of a node's r
 on a device its ranks share, at the measured speed of one rank alone (`Inputs.alone_ratio`),
 its compute at the weight pure pipeline steps showed (`Inputs.bubble_weight`: 1 where a
 stage's rank idles in it, near 0 where the node's cores stay busy with the other stages'
-work). The
-pipeline's hops are sent without waiting, so only those of the first micro-batch's forward
-and the last one's backward hold the critical path: 2 (pp - 1) one-way hops; the schedule's own
-work per micro-batch is measured (`Inputs.pipeline_us_per_microbatch`). After the last
+work). The pipeline's hops are sent without waiting, so only those of the first
+micro-batch's forward and the last one's backward hold the critical path: 2 (pp - 1) one-way
+hops; the schedule's own work per micro-batch is measured
+(`Inputs.pipeline_us_per_microbatch`). After the last
 backward, the data-parallel replicas sync their gradients (and, with ZeRO, their parameters);
 what of that hides behind backward, or what the wrapper adds to it, is measured
 (`Inputs.overlap`, `Inputs.wrapper_us_per_layer`). Then the optimizer steps over the tensors
