@@ -90,12 +90,16 @@ def default_micro_batches(model: ModelSpec, pp: int, dp: int) -> int:
     2 x pp (which problems() then refuses)."""
     if pp == 1:
         return 1
-    share = model.batch // dp if model.batch % dp == 0 else 0
-    for low in (2 * pp, pp):
-        fits = [k for k in divisors(share) if k >= low] if share else []
-        if fits:
-            return fits[0]
-    return 2 * pp
+    return fewest_micro_batches(model, dp, 2 * pp) or fewest_micro_batches(model, dp, pp) \
+        or 2 * pp
+
+
+def fewest_micro_batches(model: ModelSpec, dp: int, low: int) -> int | None:
+    """The fewest micro-batches from `low` up that split a replica's share of the batch; None
+    when none does (or dp does not split the batch)."""
+    if model.batch % dp:
+        return None
+    return next((k for k in divisors(model.batch // dp) if k >= low), None)
 
 
 def enumerate_layouts(model: ModelSpec, gpus: int, gpus_per_node: int,

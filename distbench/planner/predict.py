@@ -10,10 +10,9 @@ its compute at the weight pure pipeline steps showed (`Inputs.bubble_weight`: 1 
 stage's rank idles in it, near 0 where the node's cores stay busy with the other stages'
 work). The pipeline's hops are sent without waiting, so only those of the first
 micro-batch's forward and the last one's backward hold the critical path: 2 (pp - 1) one-way
-hops; the schedule's own work per micro-batch is measured
-(`Inputs.pipeline_us_per_microbatch`). After the last
-backward, the data-parallel replicas sync their gradients (and, with ZeRO, their parameters);
-what of that hides behind backward, or what the wrapper adds to it, is measured
+hops; the schedule's own work per micro-batch is measured (`Inputs.pipeline_us_per_microbatch`).
+After the last backward, the data-parallel replicas sync their gradients (and, with ZeRO, their
+parameters); what of that hides behind backward, or what the wrapper adds to it, is measured
 (`Inputs.overlap`, `Inputs.wrapper_us_per_layer`). Then the optimizer steps over the tensors
 and parameters this rank updates.
 """
@@ -171,9 +170,9 @@ def pipeline_calibration(steps: list[tuple[Layout, float]], model: ModelSpec, in
     excess is its m + pp - 1 slots of the first plus its bubble's compute at one rank alone's
     speed times the second. Two steps of different m fit both, the weight held to [0, 1] (then
     the work refitted to both); one step keeps the weight at 1. The work is never below 0."""
+    bare = replace(inputs, pipeline_us_per_microbatch=0.0, bubble_weight=0.0, notes=[])
     rows = []
     for layout, measured_us in steps:
-        bare = replace(inputs, pipeline_us_per_microbatch=0.0, bubble_weight=0.0, notes=[])
         without = predict(model, layout, bare, elt_bytes, gpus_per_node)
         full = predict(model, layout, replace(bare, bubble_weight=1.0), elt_bytes,
                        gpus_per_node)

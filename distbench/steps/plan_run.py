@@ -11,8 +11,8 @@ as it does in a step, and agreed as the slowest rank's (a step waits for it):
 - one layer with one rank per node computing alone, against every rank at once;
 - each ZeRO stage's overlap, or its wrapper's own cost per layer, from a pure data-parallel step
   at that stage against its collectives as the fits price them;
-- the pipeline schedule's own work per micro-batch, from a pure pipeline step against its
-  prediction.
+- the pipeline schedule's own work per micro-batch and the bubble's weight, from two pure
+  pipeline steps (m = pp and m = 2 pp) against their prediction.
 Every rank ends up with the same inputs, so every rank makes the same plan and picks the same
 layouts to validate."""
 
@@ -370,13 +370,13 @@ def measure_pipeline(s: Session, model: ModelSpec, dtype, inputs: Inputs, gpn: i
     (m from pp up) and at the step command's (m from 2 pp up), held against their prediction
     from the inputs measured so far (predict.pipeline_calibration). Nothing when the model's
     layers or batch do not split that way; one step when both counts are the same."""
-    from distbench.planner.layouts import default_micro_batches, divisors, problems
+    from distbench.planner.layouts import default_micro_batches, fewest_micro_batches, problems
     from distbench.planner.predict import pipeline_calibration
 
     world = s.rt.world
     if world == 1:
         return
-    counts = [m for m in divisors(model.batch) if m >= world][:1]
+    counts = [m for m in (fewest_micro_batches(model, 1, world),) if m is not None]
     counts += [m for m in [default_micro_batches(model, world, 1)] if m not in counts]
     steps: list[tuple[Layout, float]] = []
     for m in counts:
