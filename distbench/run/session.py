@@ -28,6 +28,7 @@ from distbench.core.options import OptionError
 from distbench.core.tables import Output
 from distbench.platform import env, lifeline
 from distbench.results import writer
+from distbench.run import comm_trace
 from distbench.run.console import Console
 from distbench.run.faults import Faults
 from distbench.run.peers import ROLL_CALL_GRACE_S, Lost, describe_lost, lost_to_json
@@ -296,10 +297,12 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     watchdog.disarm()
     session = Session(command, opts, rt, watchdog)
     status, code, error = "ok", EXIT_OK, None
+    trace = None
     try:
         try:
             session.open_run_dir()
-            code = body(session)
+            with comm_trace.recording(rt.rank) as trace:  # the test suite's, else nothing
+                code = body(session)
             status = "ok" if code == EXIT_OK else "wrong"
         except RunFailure as e:
             status, code, error = e.status, e.exit_code, str(e)
@@ -326,6 +329,8 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         for signum in TERMINATING_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         session.watchdog.disarm()
+        if trace is not None:
+            trace.dump(complete=status in AGREED)
         status, code = session._end(status, code, error)
     if status in AGREED:
         # Every rank is alive: leave together, so none closes its connections while a peer's

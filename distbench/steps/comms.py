@@ -8,24 +8,12 @@ buffers on this rank (an all-gather's whole output, a reduce-scatter's whole inp
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from distbench.core.accounting import allreduce_factor, ring_factor, unit_factor
-
-_COMM_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d")
-
-# dispatcher op names (trailing "_" dropped) -> one name per collective
-_CANONICAL = {
-    "all_reduce": "all_reduce", "allreduce": "all_reduce",
-    "all_gather_into_tensor": "all_gather", "_allgather_base": "all_gather",
-    "allgather_into_tensor": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
-    "broadcast": "broadcast",
-}
+from distbench.run.comm_trace import Call, Listener
 
 # busbw / algbw at n ranks, as nccl-tests' PERFORMANCE.md has it
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
@@ -34,53 +22,17 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
 }
 
 
-@dataclass(frozen=True)
-class Call:
-    op: str  # canonical name when known, else the dispatcher's
-    size_bytes: int
-    dtype: torch.dtype | None
-    root: int = 0  # broadcast's source rank; a send's or receive's peer (group ranks)
-    # the process group's name, which tells a mesh's dimensions apart; left out of equality:
-    # a call is the same collective on whichever group it is replayed
-    group: str = field(default="", compare=False)
-
-
-def _tensors(arg) -> list[torch.Tensor]:
-    if isinstance(arg, torch.Tensor):
-        return [arg]
-    if isinstance(arg, list | tuple):
-        return [t for t in arg if isinstance(t, torch.Tensor)]
-    return []
-
-
-class CommCounter(TorchDispatchMode):
+class CommCounter(Listener):
     """Counts the collectives (and their bytes) that run inside it, in order: what DTensor, DDP's
-    reducer, ZeroRedundancyOptimizer or FSDP really issued. Waits are not collectives."""
+    reducer, ZeroRedundancyOptimizer or FSDP really issued, and the pipeline's sends and
+    receives with the batch each was posted in. Waits are not collectives."""
 
     def __init__(self):
         super().__init__()
         self.calls: list[Call] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-
-        if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented  # let DTensor turn itself into plain ops and collectives
-        out = func(*args, **(kwargs or {}))
-        namespace = getattr(func, "namespace", "")
-        name = func._overloadpacket.__name__ if hasattr(func, "_overloadpacket") else str(func)
-        # waits and autograd wrappers (`_wrap_tensor_autograd`) are not collectives
-        collective = namespace in _COMM_NAMESPACES and not name.startswith(("wait", "_wrap"))
-        if collective or name == "shard_dim_alltoall":
-            key = name.rstrip("_")
-            op = _CANONICAL.get(key, key)
-            buffers = [t for a in args[:2] for t in _tensors(a)]
-            size = max((t.numel() * t.element_size() for t in buffers), default=0)
-            root = args[2] if op in ("broadcast", "send", "recv") and len(args) > 2 and \
-                isinstance(args[2], int) else 0
-            self.calls.append(Call(op, size, buffers[0].dtype if buffers else None, root,
-                                   _group_name(args)))
-        return out
+    def posted(self, call: Call) -> None:
+        self.calls.append(call)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -101,21 +53,6 @@ class CommCounter(TorchDispatchMode):
 
     def other_collectives(self) -> dict[str, int]:
         return {k: v for k, v in self.counts.items() if k != "all_reduce"}
-
-
-def _group_name(args) -> str:
-    """The group a call ran on: c10d's ops take the ProcessGroup (boxed), functional
-    collectives its name (their last text argument)."""
-    from torch._C._distributed_c10d import ProcessGroup
-
-    for a in args:
-        if isinstance(a, torch.ScriptObject):
-            try:
-                return ProcessGroup.unbox(a).group_name
-            except RuntimeError:  # another boxed argument (a ReduceOp)
-                continue
-    names = [a for a in args if isinstance(a, str)]
-    return names[-1] if names else ""
 
 
 def bus_bytes(calls: list[Call], world: int) -> float:
@@ -185,26 +122,33 @@ def replay(calls: list[Call], device: torch.device, before: Callable[[], None] |
 
 
 def replay_p2p(calls: list[Call], device: torch.device, group) -> Callable[[], None]:
-    """The sends and receives among `calls` (peers: ranks of `group`), alone: each posted in
-    the step's order without waiting, then all waited for. A pipeline's peers send and receive
-    in matching orders, so nothing deadlocks, and no compute holds a transfer back: the time the
-    transfers take by themselves. One buffer per distinct size."""
+    """The sends and receives among `calls` (peers: ranks of `group`), alone, posted as the step
+    posted them: the ops of one batch together (one batch_isend_irecv), an op posted alone
+    alone, in the step's order, each batch waited for before the next is posted. NCCL holds a
+    send until its peer posts the matching receive, and only a batch's ops progress together:
+    posted one by one, the two stages of a 1F1B pipeline would both send first and wait on each
+    other for ever (gloo buffers sends, and would not show it). No compute holds a transfer
+    back: the time the transfers take by themselves. One buffer per direction and size."""
     buffers: dict[tuple, torch.Tensor] = {}
-    posts: list[Callable[[], object]] = []
+    batches: list[list[dist.P2POp]] = []
+    last = None
     for c in calls:
         if c.op not in ("send", "recv") or c.dtype is None:
             continue
-        key = (c.size_bytes // c.dtype.itemsize, c.dtype)
+        key = (c.op, c.size_bytes // c.dtype.itemsize, c.dtype)
         if key not in buffers:
-            buffers[key] = torch.zeros(key[0], dtype=c.dtype, device=device)
-        buf = buffers[key]
-        if c.op == "send":
-            posts.append(lambda b=buf, r=c.root: dist.isend(b, group=group, group_dst=r))
+            buffers[key] = torch.zeros(key[1], dtype=c.dtype, device=device)
+        op = dist.P2POp(dist.isend if c.op == "send" else dist.irecv, buffers[key], group=group,
+                        group_peer=c.root)
+        if c.batch is not None and c.batch == last:
+            batches[-1].append(op)
         else:
-            posts.append(lambda b=buf, r=c.root: dist.irecv(b, group=group, group_src=r))
+            batches.append([op])
+        last = c.batch
 
     def run() -> None:
-        for work in [post() for post in posts]:
-            work.wait()
+        for ops in batches:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
 
     return run

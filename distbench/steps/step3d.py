@@ -34,6 +34,7 @@ from distbench.core.tables import Output, format_table, plural
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.planner.layouts import SCHEDULE, Layout
 from distbench.planner.models import ModelSpec, model_text, parse_model
+from distbench.run.comm_trace import ranks_of
 from distbench.run.memory import release
 from distbench.run.session import Session
 from distbench.steps import mesh_model
@@ -313,21 +314,10 @@ def split_by_dimension(calls: list[Call], mesh, layout: Layout
     seen: dict[str, str | None] = {}
     for c in calls:
         if c.group not in seen:
-            seen[c.group] = dims.get(_ranks_of(c.group))
+            seen[c.group] = dims.get(ranks_of(c.group))
         d = seen[c.group]
         (by_dim[d] if d else other).append(c)
     return by_dim, other
-
-
-def _ranks_of(group_name: str) -> tuple[int, ...]:
-    """The global ranks of a process group known by its name, as collectives carry it. torch
-    resolves names only through a private function: this is the one place that calls it."""
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    try:
-        return tuple(dist.get_process_group_ranks(_resolve_process_group(group_name)))
-    except (RuntimeError, ValueError):  # an unnamed or unknown group
-        return ()
 
 
 def _count(calls: list[Call]) -> dict[str, int]:
