@@ -8,6 +8,7 @@ import csv
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -214,17 +215,43 @@ def processes_of(args: tuple[str, ...] | list[str]) -> int:
     return workers + 1
 
 
+# The commands whose runs the suite holds to NCCL's rules (nccl_rules.py), whatever the test
+# asserts itself: every rank's posts are recorded (distbench.run.comm_trace) and checked once the
+# run has ended.
+TRACED = ("step", "plan", "pp", "p2p", "accept")
+
+
+@contextlib.contextmanager
+def nccl_rules_held(command: str | None, env: dict[str, str]) -> Iterator[None]:
+    """Around a run of `command` started with `env`: its ranks' posts recorded, then checked."""
+    if command not in TRACED:
+        yield
+        return
+    import nccl_rules
+
+    from distbench.run.comm_trace import TRACE_ENV
+
+    where = Path(tempfile.mkdtemp(prefix="distbench-trace-"))
+    env[TRACE_ENV] = str(where)
+    try:
+        yield
+        problems = nccl_rules.check(where)
+        assert not problems, f"distbench {command} broke NCCL's rules:\n" + "\n".join(problems)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def distbench(out: Path | None, *args: str, timeout: float = 180, cwd: Path | None = None,
               stdin: str | None = None, procs: int | None = None, **env: str) -> Run:
     """`distbench *args` as a user runs it, outside torchrun (a command that needs workers
     starts its own), with `--out out` unless out is None; in `cwd` (else out). `procs`: the
     most processes it can start at once, when processes_of cannot tell from the arguments
-    (workers set in a --config file)."""
+    (workers set in a --config file). The TRACED commands' posts are held to NCCL's rules."""
     procs = procs or processes_of(args)
     assert procs <= MAX_PROCESSES, f"distbench {' '.join(args)}: {procs} processes, too many"
     where = cwd or out
     assert where is not None, "a run needs a directory to start in"
-    with processes(procs):
+    with processes(procs), nccl_rules_held(args[0] if args else None, env):
         start = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-m", "distbench", *args, *(["--out", str(out)] if out else [])],
@@ -285,7 +312,8 @@ def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[
     """`nnodes` torchrun agents on 127.0.0.1, as a multi-node job would start them, each
     running `script` (distbench, or a test's own entry point) on its node's arguments."""
     port = free_port()
-    with processes(nnodes * (nproc + 1)):
+    command = per_node_args[0][0] if script == ("-m", "distbench") and per_node_args[0] else None
+    with processes(nnodes * (nproc + 1)), nccl_rules_held(command, env):
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
