@@ -10,6 +10,10 @@ strategies know nothing of it.
     DISTBENCH_TEST_DIE=1:65536           rank 1 is SIGKILLed when it reaches that size
     DISTBENCH_TEST_STALL_JOIN=1          rank 1 never joins: it hangs before the process group
                                          exists, and its peers wait in the rendezvous
+    DISTBENCH_TEST_FAIL=0:first steps    rank 0 fails (a RuntimeError that reads as CUDA's out of
+                                         memory) as it starts a guarded part of a training step
+                                         whose label holds the text (steps.recipe.attempt):
+                                         torch refusing on one rank while its peers go on
     DISTBENCH_TEST_SLOW_SEND=2:0.002     rank 2 waits 2 ms before every op in which it sends
     DISTBENCH_TEST_SLOW_RANK=2:0.002     rank 2 waits 2 ms before every op in which it sends or
                                          receives: slow in both directions, like a bad NIC
@@ -48,6 +52,7 @@ SLOW_RANK = PREFIX + "SLOW_RANK"
 NODE_SIZE = PREFIX + "NODE_SIZE"
 HOST = PREFIX + "HOST"
 STALL_JOIN = PREFIX + "STALL_JOIN"
+FAIL = PREFIX + "FAIL"
 
 
 def _rank_and(value: str | None, rank: int, kind: type) -> object | None:
@@ -88,6 +93,7 @@ class Faults:
     die_at: int | None = None
     delay_s: float = 0.0  # before each op this rank takes part in...
     delay_on_receive: bool = False  # ...as a sender, or as a receiver too
+    fail_in: str | None = None  # a guarded part whose label holds this text fails
 
     @classmethod
     def from_env(cls, rank: int, env: Mapping[str, str] = os.environ) -> Faults:
@@ -96,7 +102,8 @@ class Faults:
         return cls(corrupt=env.get(CORRUPT_RANK) == str(rank),
                    stall_at=_rank_and(env.get(STALL), rank, int),
                    die_at=_rank_and(env.get(DIE), rank, int),
-                   delay_s=both or send or 0.0, delay_on_receive=both is not None)
+                   delay_s=both or send or 0.0, delay_on_receive=both is not None,
+                   fail_in=_rank_and(env.get(FAIL), rank, str))
 
     @property
     def any(self) -> bool:
@@ -122,6 +129,11 @@ class Faults:
         if not self.delay_s:
             return None
         return lambda: time.sleep(self.delay_s)
+
+    def fail(self, label: str) -> None:
+        """Raise as torch does when a GPU runs out of memory, in the part named `label`."""
+        if self.fail_in and self.fail_in in label:
+            raise RuntimeError(f"CUDA out of memory (planted by {FAIL} in {label})")
 
     def corrupt_tensor(self, tensor) -> None:
         """For checks that compare with a reference outside the engine (tp, pp)."""

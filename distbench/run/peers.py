@@ -380,6 +380,22 @@ class Peers:
         except dist.DistError:
             return None
 
+    def post_failure(self, part: int, failure: dict) -> None:
+        """Say that this rank failed in guarded part number `part` (steps.recipe.attempt), unless
+        another rank said so first: {"rank", "error", "step"}."""
+        try:
+            self._own.compare_set(f"{self._run}failed/{part}", "", json.dumps(failure))
+        except dist.DistError:
+            pass  # the store is gone: the run is ending anyway
+
+    def failure(self, part: int) -> dict | None:
+        """What the first rank to fail in guarded part number `part` said, or None: none has."""
+        key = f"{self._run}failed/{part}"
+        try:
+            return json.loads(self._own.get(key)) if self._own.check([key]) else None
+        except dist.DistError:
+            return None
+
     def _not_ours(self, said: bytes) -> dict | None:
         first = json.loads(said)
         return first if first["rank"] != self.rank else None

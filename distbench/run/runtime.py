@@ -35,6 +35,13 @@ TICK_S = 0.1
 # (and a rank that refused its options waits for the others to read why): the watchdog, which
 # only backs that wait up, gives it this long past that.
 START_SLACK_S = 2.0
+# A rank that fails in a guarded part of a training step (steps.recipe) posts why; a peer left
+# waiting on it (a pipeline stage in a receive) ends the run this long after seeing it, unless
+# every rank has agreed by then (the part is skipped and the run goes on). Long enough for the
+# peers that are not waiting on it to finish the part: a build and two steps. How often the
+# watchdog looks for such a post: the store is asked once a second by each rank in such a part.
+FAILURE_GRACE_S = 15.0
+FAILURE_POLL_S = 1.0
 # On an NCCL error (a peer lost on another node) or timeout, ProcessGroupNCCL's watchdog thread
 # takes the whole process down in modes 1 (what torchrun and torch's launcher API put in every
 # worker's environment) and 3 (torch's default): no roll call, and run.json left "running". In
@@ -286,10 +293,19 @@ class Watchdog:
     def __init__(self, on_expire: Callable[[str, float], None],
                  progress: Callable[[], object] | None = None, stall_s: float = 0.0):
         self.on_expire = on_expire  # reassigned when the session takes over from startup
+        self.on_failure: Callable[[dict], None] = lambda failure: None  # the session's
         self._progress = progress
         self._stall_s = stall_s
         self._armed: _Armed | None = None  # replaced whole: the watcher reads it unlocked
+        self._failures: tuple[Callable[[], dict | None], float] | None = None  # likewise
         threading.Thread(target=self._watch, name="distbench-watchdog", daemon=True).start()
+
+    def watch_failures(self, posted: Callable[[], dict | None] | None, grace_s: float = 0.0
+                       ) -> None:
+        """While set, `posted()` (a failure some rank posted, or None) is asked every
+        FAILURE_POLL_S; once it names one, on_failure(it) is called grace_s later unless the
+        watch was ended (or replaced) by then. None ends the watch."""
+        self._failures = (posted, grace_s) if posted is not None else None
 
     def arm(self, seconds: float, what: str) -> None:
         self._armed = _Armed(time.monotonic() + seconds, seconds, what)
@@ -299,9 +315,21 @@ class Watchdog:
 
     def _watch(self) -> None:
         last, seen, since, looped, tick = None, None, 0.0, 0.0, time.monotonic()
+        watched, failure, polled, failed_at = None, None, 0.0, 0.0
         while True:
             time.sleep(TICK_S)
             armed, now = self._armed, time.monotonic()
+            failures = self._failures
+            if failures is not watched:
+                watched, failure, polled = failures, None, 0.0
+            if watched is not None and failure is None and now - polled >= FAILURE_POLL_S:
+                polled = now
+                failure = watched[0]()
+                failed_at = now
+            if failure is not None and now - failed_at > watched[1] \
+                    and self._failures is watched:
+                self.on_failure(failure)
+                return
             moved = self._progress() if self._progress is not None and self._stall_s else None
             if armed is not last:
                 last, seen, since, looped = armed, moved, now, 0.0

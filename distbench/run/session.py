@@ -32,7 +32,14 @@ from distbench.run import comm_trace
 from distbench.run.console import Console
 from distbench.run.faults import Faults
 from distbench.run.peers import ROLL_CALL_GRACE_S, Lost, describe_lost, lost_to_json
-from distbench.run.runtime import LOOP, RunFailure, Runtime, Watchdog, start
+from distbench.run.runtime import (
+    FAILURE_GRACE_S,
+    LOOP,
+    RunFailure,
+    Runtime,
+    Watchdog,
+    start,
+)
 
 # Outcomes every rank of a run reaches together (the verdict is agreed by collectives): rank 0
 # speaks for all, and all ranks are alive to leave together. A refused option is agreed too,
@@ -78,6 +85,9 @@ class Session:
         self._ending = threading.RLock()
         self.watchdog = watchdog or _watchdog(opts)  # the startup's, when it had one
         self.watchdog.on_expire = self._timed_out
+        self.watchdog.on_failure = self._failed
+        self._parts = 0  # guarded parts begun (watching_failures), alike on every rank
+        self._part: int | None = None  # the one running
         lifeline.on_loss = self._orphaned  # the startup's handler knew no step
         # (status, exit code, error) once run.json says how the run ended, from whichever
         # thread ends it: a command's own files can say the same (accept.json)
@@ -116,6 +126,38 @@ class Session:
         if self.rt.peers is not None:
             self.rt.peers.step = what  # what a roll call answer says this rank was doing
         self.watchdog.arm(seconds, what)
+
+    @contextmanager
+    def watching_failures(self) -> Iterator[None]:
+        """A guarded part (steps.recipe.agreed): within it a rank that fails says so to the
+        others (failed_here), and every rank's watchdog ends the run FAILURE_GRACE_S after a
+        failure is posted, unless the part is over by then (every rank agreed on it)."""
+        self._parts += 1
+        self._part = part = self._parts
+        peers = self.rt.peers
+        if peers is not None:
+            self.watchdog.watch_failures(lambda: peers.failure(part),
+                                         min(FAILURE_GRACE_S, self.opts.timeout))
+        try:
+            yield
+        finally:
+            self.watchdog.watch_failures(None)
+            self._part = None
+
+    def failed_here(self, label: str, reason: str) -> None:
+        """This rank failed in the guarded part running now: its peers are told."""
+        if self.rt.peers is not None and self._part is not None:
+            self.rt.peers.post_failure(self._part, {"rank": self.rt.rank, "error": reason,
+                                                    "step": label})
+
+    def _failed(self, failure: dict) -> None:
+        """A rank failed in a guarded part and the part did not end within the grace: some rank
+        is waiting on the failed one."""
+        message = f"rank {failure['rank']} failed in {failure['step']}: {failure['error']}"
+        if failure["rank"] != self.rt.rank:
+            message += f"; rank {self.rt.rank} was left waiting on it in {self.current}"
+        self._end("failed", EXIT_FAILED, message)
+        os._exit(EXIT_FAILED)
 
     def _timed_out(self, what: str, seconds: float) -> None:
         message = f"timed out after {seconds:.0f} s in {what} on rank {self.rt.rank}"
