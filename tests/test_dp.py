@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import helpers
@@ -35,8 +36,17 @@ from distbench.core.options import (
 from distbench.run.faults import SLOW_RANK, SLOW_SEND, Faults
 from distbench.steps import dp_formulas as f
 from distbench.steps import dp_model as strat
+from distbench.steps import recipe
 from distbench.steps import reference as refmod
-from distbench.steps.comms import Call, CommCounter, bus_bytes, replay, replayable
+from distbench.steps.comms import (
+    Call,
+    CommCounter,
+    bus_bytes,
+    op_bytes,
+    op_counts,
+    replay,
+    replayable,
+)
 from distbench.steps.models import StackShape, build_stack
 
 CPU = torch.device("cpu")
@@ -553,6 +563,40 @@ def test_master_adamw_steps_fp32_masters_and_rounds_them_into_the_parameter():
     assert torch.equal(idle.detach(), idle0) and torch.equal(m_idle, idle0.float())
 
 
+def test_master_adamw_holds_one_chunk_of_fp32_gradients_at_a_time(monkeypatch):
+    """Real trainers keep no fp32 copy of every gradient at once, and the planner counts none:
+    with chunks of 512 bytes, 8 parameters of 128 fp32 elements each step in 8 chunks, and while
+    any chunk steps only its own master has an fp32 gradient; the result is the same as one
+    AdamW over all of them."""
+    monkeypatch.setattr(strat.MasterAdamW, "CHUNK_BYTES", 512)
+    g = torch.Generator().manual_seed(3)
+    params = [torch.nn.Parameter(torch.randn(128, generator=g).to(torch.bfloat16))
+              for _ in range(8)]
+    grads = [torch.randn(128, generator=g).to(torch.bfloat16) for _ in params]
+    masters = [p.detach().float().clone().requires_grad_(True) for p in params]
+    opt = strat.MasterAdamW(params, lr=1e-2)
+    assert len(opt.chunks) == 8
+    held: list[int] = []
+    real_step = torch.optim.AdamW.step
+
+    def counting_step(self, *args, **kwargs):
+        held.append(sum(m.grad is not None for _, m in opt.pairs))
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", counting_step)
+    for p, grad in zip(params, grads, strict=True):
+        p.grad = grad
+    opt.step()
+    assert held == [1] * 8
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    whole = torch.optim.AdamW(masters, lr=1e-2)
+    for m, grad in zip(masters, grads, strict=True):
+        m.grad = grad.float()
+    whole.step()
+    for p, m in zip(params, masters, strict=True):
+        assert torch.equal(p.detach(), m.detach().to(torch.bfloat16))
+
+
 def test_half_precision_updates_are_lost_without_masters():
     """1.0 in bfloat16 has neighbours 1 - 2^-8 and 1 + 2^-7: a step of 1e-3 rounds back to 1.0
     every time, while the master accumulates 20 of them and the parameter follows."""
@@ -594,7 +638,7 @@ def test_optimizer_tensors_include_the_masters():
     tensors = strat.optimizer_tensors(opt)
     assert all(any(t is m for t in tensors) for m in masters)
     for m in masters:  # and the two states AdamW keeps for each master
-        state = opt.inner.state[m]
+        state = next(inner.state[m] for _, inner in opt.chunks if m in inner.state)
         assert any(t is state["exp_avg"] for t in tensors)
         assert any(t is state["exp_avg_sq"] for t in tensors)
     psi = 30 + 12
@@ -679,9 +723,10 @@ def test_comm_counter_sees_each_collective_with_nccl_tests_sizes(group):
     assert c.calls == [Call("all_reduce", 40, torch.float32), Call("broadcast", 24, torch.float64),
                        Call("all_gather", 24, torch.float32),
                        Call("reduce_scatter", 20, torch.float32)]
-    assert c.counts == {"all_reduce": 1, "broadcast": 1, "all_gather": 1, "reduce_scatter": 1}
-    assert c.allreduce_bytes() == 40
-    assert c.other_collectives() == {"broadcast": 1, "all_gather": 1, "reduce_scatter": 1}
+    assert op_counts(c.calls) == {"all_reduce": 1, "broadcast": 1, "all_gather": 1,
+                                  "reduce_scatter": 1}
+    assert op_bytes(c.calls) == {"all_reduce": 40, "broadcast": 24, "all_gather": 24,
+                                 "reduce_scatter": 20}
 
 
 def test_replay_issues_the_same_collectives_again(group):
@@ -778,7 +823,8 @@ def _skip_on(rank: int) -> list[dict]:
         rt=SimpleNamespace(rank=rank, world=2, nnodes=1, backend="gloo", device=CPU),
         opts=SimpleNamespace(block="mlp", dtype="float32", timeout=60, warmup=0, iters=2,
                              check=False),
-        step=lambda what, seconds: None, faults=Faults())
+        step=lambda what, seconds: None, faults=Faults(), watching_failures=nullcontext,
+        failed_here=lambda label, reason: None)
     batch = strat.local_batch(shape, 1, rank, CPU, torch.float32)
     return [steps._measure(s, mode, bucket, shape, torch.float32, batch, 0.001, None, shape,
                            True, [])[0] for mode, bucket in (("zero2", None), ("ddp", 25.0))]
@@ -787,7 +833,6 @@ def _skip_on(rank: int) -> list[dict]:
 def test_a_mode_one_rank_cannot_run_is_a_skipped_row_quoting_why(monkeypatch, capsys):
     from fake_group import run_ranks
 
-    from distbench.steps import dp as steps
 
     real = strat.build
 
@@ -800,8 +845,8 @@ def test_a_mode_one_rank_cannot_run_is_a_skipped_row_quoting_why(monkeypatch, ca
         return real(mode, *args, **kwargs)
 
     monkeypatch.setattr(strat, "build", build)
-    monkeypatch.setattr(strat, "_ddp", lambda module, device, bucket_mb: _NoAllReduce(module))
-    monkeypatch.setattr(steps, "_free", lambda device: None)  # collections cost, prove nothing
+    monkeypatch.setattr(strat, "ddp", lambda module, *args, **kwargs: _NoAllReduce(module))
+    monkeypatch.setattr(recipe, "free", lambda device: None)  # collections cost, prove nothing
     r0, r1 = run_ranks(monkeypatch, 2, _skip_on)
     for skipped, ran in (r0, r1):
         assert skipped["mode"] == "zero2" and skipped["status"] == "skipped"
@@ -812,5 +857,5 @@ def test_a_mode_one_rank_cannot_run_is_a_skipped_row_quoting_why(monkeypatch, ca
         assert ran["mode"] == "ddp" and ran["status"] == "ok" and ran["step_us"] > 0
     # the refusing rank says why at once, its peer may be waiting in a collective
     assert capsys.readouterr().err.splitlines() == [
-        "distbench: rank 1: dp zero2: NotImplementedError: reduce_scatter is not supported on "
-        "this backend"]
+        "distbench: rank 1: dp zero2 (build): NotImplementedError: reduce_scatter is not "
+        "supported on this backend"]

@@ -5,6 +5,7 @@ run and its check, the table, and option errors through the real command line.""
 from __future__ import annotations
 
 import ast
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -269,7 +270,8 @@ def test_the_sharded_model_is_gone_before_rank_0_builds_the_whole_one(group, mon
                         opts=SimpleNamespace(timeout=60, warmup=1, iters=2, check=False,
                                              dtype="float32"),
                         step=lambda what, seconds: None, faults=Faults(),
-                        console=SimpleNamespace(log=lambda line: None))
+                        console=SimpleNamespace(log=lambda line: None),
+                        watching_failures=nullcontext, failed_here=lambda label, why: None)
     row, _ = steps._measure_block(s, "mlp", sh, group, torch.float32, sh, True, [])
     assert alive_at_t1 == [False]
     assert row["t1_us"] > 0

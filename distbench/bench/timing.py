@@ -65,6 +65,51 @@ def events(n: int, device: torch.device) -> list:
     return made
 
 
+class Spans:
+    """Time summed over spans of a loop's iterations (start() and stop() around a part of each),
+    on the clock of the device that runs the part: CUDA events on a GPU, where the host only
+    queues the kernels and its clock would time their launch; perf_counter elsewhere. The
+    events are made before the loop (`expect`), so none is created inside it."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.reset()
+
+    def reset(self, expect: int = 0) -> None:
+        self._host, self._t0, self._used = 0.0, 0.0, 0
+        self._made = events(2 * expect, self.device) if self.cuda and expect else []
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def _event(self):
+        if self._used == len(self._made):  # more spans than expected: one more event
+            self._made.append(torch.cuda.Event(enable_timing=True))
+        self._used += 1
+        return self._made[self._used - 1]
+
+    def start(self) -> None:
+        if self.cuda:
+            self._event().record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self._event().record()
+        else:
+            self._host += time.perf_counter() - self._t0
+
+    def seconds(self) -> float:
+        """The spans' total so far (on a GPU, once the device has run them)."""
+        if not self.cuda:
+            return self._host
+        sync(self.device)
+        marks = self._made[:self._used]
+        return sum(a.elapsed_time(b) for a, b in zip(marks[::2], marks[1::2], strict=True)) / 1e3
+
+
 @contextmanager
 def _no_gc():
     """A collection mid-loop is a pause of the host's, not of the op's."""

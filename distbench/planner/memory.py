@@ -116,5 +116,20 @@ def memory(model: ModelSpec, layout: Layout, elt_bytes: int) -> Memory:
                   buffers=gathered, activations=activations)
 
 
+def step_inputs_bytes(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:
+    """What `distbench step` feeds a rank for the whole step, beside the memory above: its
+    replica's share of the samples (batch / dp of seq x hidden) on the first stage and of the
+    regression targets on the last; both without a pipeline. A real trainer feeds token ids,
+    which this leaves out."""
+    share = model.batch // layout.dp * model.seq_len * model.hidden_size * elt_bytes
+    return share * (2 if layout.pp == 1 else 1)
+
+
+def held_by_step(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:
+    """The most one rank of `layout` holds in `distbench step`: the model above and its
+    inputs."""
+    return memory(model, layout, elt_bytes).total + step_inputs_bytes(model, layout, elt_bytes)
+
+
 def fits(total: float, memory_per_gpu: float) -> bool:
     return total <= usable_bytes(memory_per_gpu)

@@ -1,6 +1,7 @@
-"""What the training-step commands (tp, pp, dp) share: t1, the whole problem timed on rank 0
-alone for the scaling view; the check against a single-rank reference, one verdict on every
-rank; and writing each row as it is measured.
+"""What the training-step commands (tp, pp, dp, step) share beside the measuring recipe
+(steps.recipe): t1, the whole problem timed on rank 0 alone for the scaling view; the check
+against a single-rank reference, one verdict on every rank; and writing each row as it is
+measured.
 """
 
 from __future__ import annotations
@@ -11,17 +12,16 @@ import torch
 import torch.distributed as dist
 
 from distbench.bench import timing
-from distbench.bench.measure import Settings, fail_if_wrong, timed_samples
+from distbench.bench.measure import fail_if_wrong
 from distbench.core.exitcodes import EXIT_OK
 from distbench.core.tables import Output, format_table
 from distbench.results.writer import CsvSink, NullSink
 from distbench.run.memory import release
 from distbench.run.peers import agree
 from distbench.run.session import Session
+from distbench.steps.recipe import broadcast_text
 from distbench.steps.reference import TensorCheck, TensorPair, check_tensors
 
-# Longest tensor name the agreed verdict carries; longer ones are cut.
-NAME_BYTES = 256
 NO_T1 = "t1: the whole problem does not fit on one device"
 
 
@@ -66,23 +66,6 @@ def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], 
     return float(t1.item())
 
 
-def timed_step(s: Session, what: str, step: Callable[[], object]) -> timing.Stats:
-    """warmup (fixed count), barrier, timed loop, cross-rank statistics: as every command."""
-    timed = timed_samples(Settings.of(s), step, what)
-    s.step(f"{what} (statistics)", s.opts.timeout)
-    return timing.summarize(timed.samples, 0, s.rt.device)
-
-
-def agree_reason(reason: str, device: torch.device) -> str:
-    """"" on every rank when no rank has a reason to give up; else, on every rank, the reason of
-    the lowest rank that has one (so rank 0, which writes the row, can quote it)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    first = torch.tensor([rank if reason else world], dtype=torch.int64, device=device)
-    dist.all_reduce(first, op=dist.ReduceOp.MIN)
-    src = int(first.item())
-    return "" if src == world else broadcast_text(reason, src, device)
-
-
 def check_against_reference(s: Session, pairs: list[TensorPair], rtol: float) -> TensorCheck:
     """`pairs` compared by reference.check_tensors, then agreed across ranks. The session's fault
     (tests only) lands on a copy of the first distributed tensor, since strategies hand out
@@ -112,16 +95,6 @@ def agree_check(c: TensorCheck, device: torch.device) -> TensorCheck:
     src = int(holder.item())
     name = "?" if src == world else broadcast_text(c.worst, src, device)
     return TensorCheck(max_err, ratio, name, int(wrong.item()))
-
-
-def broadcast_text(text: str, src: int, device: torch.device) -> str:
-    """`text` from rank `src` on every rank, cut to NAME_BYTES."""
-    buf = torch.zeros(NAME_BYTES, dtype=torch.uint8, device=device)
-    if dist.get_rank() == src:
-        data = text.encode()[:NAME_BYTES]
-        buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
-    dist.broadcast(buf, src=src)
-    return bytes(buf.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
 
 
 # One row of a training step: measure(bad) -> the CSV row and what run.json keeps of it; what

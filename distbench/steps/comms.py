@@ -34,25 +34,21 @@ class CommCounter(Listener):
     def posted(self, call: Call) -> None:
         self.calls.append(call)
 
-    @property
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for c in self.calls:
-            out[c.op] = out.get(c.op, 0) + 1
-        return out
 
-    @property
-    def bytes(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for c in self.calls:
-            out[c.op] = out.get(c.op, 0) + c.size_bytes
-        return out
+def op_counts(calls: list[Call]) -> dict[str, int]:
+    """How many calls of each op, in the order the ops first came."""
+    out: dict[str, int] = {}
+    for c in calls:
+        out[c.op] = out.get(c.op, 0) + 1
+    return out
 
-    def allreduce_bytes(self) -> int:
-        return self.bytes.get("all_reduce", 0)
 
-    def other_collectives(self) -> dict[str, int]:
-        return {k: v for k, v in self.counts.items() if k != "all_reduce"}
+def op_bytes(calls: list[Call]) -> dict[str, int]:
+    """The calls' bytes summed per op."""
+    out: dict[str, int] = {}
+    for c in calls:
+        out[c.op] = out.get(c.op, 0) + c.size_bytes
+    return out
 
 
 def bus_bytes(calls: list[Call], world: int) -> float:

@@ -15,29 +15,22 @@ so efficiency = t1 / step.
 from __future__ import annotations
 
 import gc
-import sys
-
-import torch
-import torch.distributed as dist
 
 from distbench.bench import timing
 from distbench.bench.measure import timing_cells
-from distbench.core.errors import one_line
 from distbench.core.tables import Output, format_table, plural
 from distbench.ops.dtypes import TORCH_DTYPES
-from distbench.run.memory import release
 from distbench.run.session import Session
 from distbench.steps import dp_formulas as formulas
 from distbench.steps import dp_model as strat
+from distbench.steps import recipe
 from distbench.steps.common import (
     NO_T1,
-    agree_reason,
     check_against_reference,
     time_on_rank0_alone,
-    timed_step,
     write_rows,
 )
-from distbench.steps.comms import CommCounter, bus_bytes, replay, replayable
+from distbench.steps.comms import bus_bytes, op_bytes, op_counts, replay, replayable
 from distbench.steps.models import StackShape
 from distbench.steps.reference import RTOL
 
@@ -75,8 +68,9 @@ def check_bucket(bucket: float | None, shape: StackShape, check_sh: StackShape, 
 
 
 def run(s: Session, output: Output) -> int:
-    # _free collects between rows; torch's own objects, loaded by now and alive to the end, are
-    # set aside so that each collection walks only what the rows made (2-3 CPU-s a rank a run)
+    # recipe.free collects between rows; torch's own objects, loaded by now and alive to the
+    # end, are set aside so that each collection walks only what the rows made (2-3 CPU-s a
+    # rank a run)
     gc.freeze()
     rt, opts = s.rt, s.opts
     shape = StackShape.from_options(opts)
@@ -128,34 +122,10 @@ def _label(mode: str, bucket: float | None) -> str:
     return mode if bucket is None else f"{mode} {bucket:g} MiB"
 
 
-def _attempt(s: Session, label: str, fn):
-    """fn()'s value and "", or None and why torch refused (its first line), which this rank
-    prints at once: its peers may be waiting in a collective it will never join."""
-    try:
-        return fn(), ""
-    except (RuntimeError, NotImplementedError) as e:  # torch's refusals, out of memory too
-        reason = f"{type(e).__name__}: {one_line(e, 200, mark='')}"
-        print(f"distbench: rank {s.rt.rank}: dp {label}: {reason}", file=sys.stderr, flush=True)
-        return None, reason
-
-
 def _first_steps(step, device) -> None:
     for _ in range(2):  # DDP rebuilds its buckets (a broadcast) as the second step starts
         step()
     timing.sync(device)
-
-
-def _free(device) -> None:
-    """FSDP's hooks hold its modules in reference cycles: collect them before the next row is
-    built (timed loops run with the collector off), then hand the memory back."""
-    gc.collect()
-    release(device)
-
-
-def _max_over_ranks(value: float, device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def _base_row(s: Session, mode: str, bucket: float | None, shape: StackShape, psi: int) -> dict:
@@ -178,56 +148,43 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     row = _base_row(s, mode, bucket, shape, psi)
     slow = s.faults.before_collective()
 
-    # Agreed twice: after the build (no rank steps into a collective a peer will never join)
-    # and after the first steps (a backend that lacks a collective fails there, on every rank).
-    # A failure on some ranks only, inside the steps (out of memory on one GPU), leaves the
-    # others in the mode's collectives until --timeout: the failing rank says why at once.
+    # Agreed twice (recipe.agreed): after the build (no rank steps into a collective a peer
+    # will never join) and after the first steps (a backend that lacks a collective fails
+    # there, on every rank).
     s.step(f"dp {label} (build)", opts.timeout)
-    trainer, reason = _attempt(s, label, lambda: strat.build(
+    trainer, reason = recipe.agreed(s, f"dp {label} (build)", lambda: strat.build(
         mode, opts.block, shape, SEED, device, dtype, bucket, batch,
         before_allreduce=slow))
-    reason = agree_reason(reason, device)
     if not reason:
         s.step(f"dp {label} (first steps)", opts.timeout)
-        _, reason = _attempt(s, label, lambda: _first_steps(trainer.step, device))
-        reason = agree_reason(reason, device)
+        _, reason = recipe.agreed(s, f"dp {label} (first steps)",
+                                  lambda: _first_steps(trainer.step, device))
     if reason:
         trainer = None
-        _free(device)
         note = f"cannot run here: {reason}"
         return {**row, "status": "skipped", "note": note}, {"skipped": note}
 
     notes: list[str] = []
     if n == 1:
         notes.append("1 rank: nothing to overlap; step - compute_only is the wrappers' own cost")
-    s.step(f"dp {label} (communication count)", opts.timeout)
-    with CommCounter() as counter:
-        state = trainer.measured_step()
-    timing.sync(device)
-    calls = counter.calls
+    state, calls = recipe.counted(s, f"dp {label}", trainer.measured_step)
     formula_bytes = formulas.bytes_per_step(mode, shapes, elt, n)
     counted_bytes = sum(c.size_bytes for c in calls)
     if counted_bytes != formula_bytes:
         notes.append(f"{mode} moved {counted_bytes} B per step, the formula says {formula_bytes} B")
-    state_bytes = _max_over_ranks(sum(state.values()), device)
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    st = timed_step(s, f"dp {label} step", trainer.step)
-    peak = None
-    if device.type == "cuda":
-        peak = _max_over_ranks(torch.cuda.max_memory_allocated(device), device)
+    state_bytes = recipe.max_over_ranks([sum(state.values())], device)[0]
+    st, peak = recipe.timed_with_peak(s, f"dp {label} step", trainer.step)
 
     s.step(f"dp {label} compute-only (build)", opts.timeout)
     plan = strat.compute_plan(trainer)
     trainer = None  # the mode's model and states go before compute-only's are built
-    _free(device)
+    recipe.free(device)
     compute_step = strat.build_compute_only(plan, opts.block, shape, SEED, device, dtype,
                                             bucket)
     _first_steps(compute_step, device)  # DDP's bucket rebuild, outside the timed steps
-    compute = timed_step(s, f"dp {label} compute-only", compute_step)
+    compute = recipe.timed(s, f"dp {label} compute-only", compute_step)
     compute_step = plan = None
-    _free(device)
+    recipe.free(device)
 
     ok_calls, left = replayable(calls)
     if left:
@@ -235,9 +192,9 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     alone_us = None
     if ok_calls:
         s.step(f"dp {label} communication alone (setup)", opts.timeout)
-        alone_us = timed_step(s, f"dp {label} communication alone",
-                          replay(ok_calls, device, slow)).time_us
-        _free(device)
+        alone_us = recipe.timed(s, f"dp {label} communication alone",
+                                replay(ok_calls, device, slow)).time_us
+        recipe.free(device)
 
     step_us, compute_us = st.time_us, compute.time_us
     exposed = step_us - compute_us
@@ -250,7 +207,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
         notes.append("no collectives issued: nothing to overlap")
     busbw = bus_bytes(ok_calls, n) / (alone_us / 1e6) / 1e9 if alone_us else None
     table = formulas.state_bytes(mode, shapes, opts.dtype, n)
-    info = {"collectives_counted": counter.counts, "bytes_counted": counter.bytes,
+    info = {"collectives_counted": op_counts(calls), "bytes_counted": op_bytes(calls),
             "bytes_per_step_formula": formula_bytes, "state_bytes_measured": state,
             "state_bytes_formula": table}
 
@@ -264,7 +221,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
                                         ref)
         c = check_against_reference(s, pairs, rtol)
         pairs = None
-        _free(device)
+        recipe.free(device)
         max_err = c.max_abs_err
         info["check"] = {"max_abs_err": max_err, "worst_err_over_tolerance": c.worst_ratio,
                          "worst": c.worst}

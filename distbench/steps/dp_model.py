@@ -41,22 +41,38 @@ def needs_master(dtype: torch.dtype) -> bool:
 
 class MasterAdamW(torch.optim.Optimizer):
     """AdamW on fp32 copies of half-precision parameters (the master weights), copied back after
-    each step. Takes parameter groups, so ZeroRedundancyOptimizer can build one per partition."""
+    each step. A chunk of parameters at a time: a chunk's gradients are made fp32 just before it
+    steps and dropped just after, so the step holds at most about CHUNK_BYTES of fp32 gradients,
+    not a copy of the whole model's (what the planner's memory counts: half-precision
+    gradients, fp32 masters and moments). Takes parameter groups, so ZeroRedundancyOptimizer
+    can build one per partition."""
+
+    CHUNK_BYTES = 64 * 2**20
 
     def __init__(self, params, **adamw):
         super().__init__(params, {})
         self.pairs = [(p, p.detach().float().clone()) for g in self.param_groups
                       for p in g["params"]]
-        self.inner = torch.optim.AdamW([m for _, m in self.pairs], **adamw)
+        self.chunks: list[tuple[list, torch.optim.Optimizer]] = []
+        chunk: list = []
+        for pair in self.pairs:
+            if chunk and 4 * (sum(m.numel() for _, m in chunk) + pair[1].numel()) \
+                    > self.CHUNK_BYTES:
+                self.chunks.append((chunk, torch.optim.AdamW([m for _, m in chunk], **adamw)))
+                chunk = []
+            chunk.append(pair)
+        if chunk:
+            self.chunks.append((chunk, torch.optim.AdamW([m for _, m in chunk], **adamw)))
 
     @torch.no_grad()
     def step(self, closure=None):
-        for p, m in self.pairs:
-            m.grad = None if p.grad is None else p.grad.float()
-        self.inner.step()
-        for p, m in self.pairs:
-            p.copy_(m)
-            m.grad = None  # the fp32 copy of the gradient lives only inside the step
+        for pairs, inner in self.chunks:
+            for p, m in pairs:
+                m.grad = None if p.grad is None else p.grad.float()
+            inner.step()
+            for p, m in pairs:
+                p.copy_(m)
+                m.grad = None  # the fp32 copy of the gradient lives only while its chunk steps
 
 
 def optimizer_class(dtype):
@@ -160,16 +176,19 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> list:
     if isinstance(opt, ZeroRedundancyOptimizer):
         return optimizer_tensors(opt.optim)
     if isinstance(opt, MasterAdamW):
-        return [m for _, m in opt.pairs] + optimizer_tensors(opt.inner)
+        return [m for _, m in opt.pairs] + [t for _, inner in opt.chunks
+                                            for t in optimizer_tensors(inner)]
     return [t for state in opt.state.values() for t in state.values()]
 
 
-def _ddp(module: nn.Module, device: torch.device, bucket_mb: float | None):
+def ddp(module: nn.Module, device: torch.device, bucket_mb: float | None = None, group=None):
+    """DDP as trainers run it (and as the planner's memory counts it): gradients as views of
+    its buckets, so each rank holds one copy of them, not two."""
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(module, device_ids=ids, bucket_cap_mb=bucket_mb,
-                                   gradient_as_bucket_view=True)
+                                   process_group=group, gradient_as_bucket_view=True)
 
 
 def _slowed_allreduce(before: Callable[[], None]):
@@ -202,7 +221,7 @@ def build(mode: str, kind: str, shape: StackShape, seed: int, device: torch.devi
         inner = inner.float()  # FSDP2's shards are the fp32 masters; it computes in dtype
     names = [name for name, _ in inner.named_parameters()]
     if not fsdp:
-        model = _ddp(inner, device, bucket_mb)
+        model = ddp(inner, device, bucket_mb)
         if before_allreduce is not None:
             model.register_comm_hook(None, _slowed_allreduce(before_allreduce))
         params = list(inner.parameters())
@@ -265,7 +284,7 @@ def build_compute_only(plan: ComputePlan, kind: str, shape: StackShape, seed: in
     if plan.shards is None:
         from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-        model = _ddp(inner, device, bucket_mb)
+        model = ddp(inner, device, bucket_mb)
         model.register_comm_hook(None, noop_hook)
         stepped = params if plan.stepped is None else [params[i] for i in plan.stepped]
         opt = adamw(stepped, device, dtype)

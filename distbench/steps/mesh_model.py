@@ -19,20 +19,22 @@ communication (compute-only).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from distbench.bench import timing
 from distbench.planner.layouts import Layout
 from distbench.planner.models import ModelSpec
 from distbench.steps.dp_model import (
     CHECK_EPS_SHARE,
     LR,
+    ddp,
     needs_master,
     optimizer_class,
     optimizer_tensors,
@@ -93,12 +95,17 @@ def make_stage(model: ModelSpec, indices: range, device, dtype, tp: int = 1) -> 
     return Stage({str(i): make_layer(model, i, device, dtype, tp) for i in indices})
 
 
-def global_batch(model: ModelSpec, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every sample of the step and its regression target, the same on every rank."""
-    g = torch.Generator().manual_seed(SEED)
-    dims = (model.batch, model.seq_len, model.hidden_size)
-    return (torch.randn(dims, generator=g).to(device=device, dtype=dtype),
-            torch.randn(dims, generator=g).to(device=device, dtype=dtype))
+def samples(model: ModelSpec, first: int, count: int, device, dtype, targets: bool = False
+            ) -> torch.Tensor:
+    """Samples first .. first + count - 1 of the step (or their regression targets), sample i
+    drawn from a generator of its own: a replica makes its share alone, the single-rank reference
+    the whole batch, and both hold the same values. Drawn on the CPU one sample at a time, so the
+    host holds one sample beside the device's share."""
+    out = torch.empty((count, model.seq_len, model.hidden_size), device=device, dtype=dtype)
+    for j in range(count):
+        g = torch.Generator().manual_seed(SEED * 1_000_003 + 2 * (first + j) + targets)
+        out[j].copy_(torch.randn((model.seq_len, model.hidden_size), generator=g))
+    return out
 
 
 def tp_plan(indices: range) -> dict:
@@ -126,8 +133,9 @@ class MeshModel:
     stage: Stage  # this rank's layers (TP-sharded, DP-wrapped in place by FSDP)
     model: nn.Module  # what forward runs: the DDP wrapper, or the stage
     optimizer: torch.optim.Optimizer
-    x: torch.Tensor  # this replica's samples (all micro-batches); first stage only under PP
-    target: torch.Tensor
+    # this replica's samples (all micro-batches) on the first stage, its targets on the last
+    x: torch.Tensor | None
+    target: torch.Tensor | None
     schedule: object | None  # Schedule1F1B when pp > 1
     localized: dict = field(default_factory=dict)  # name -> DTensor spec (TP under DDP)
     loss: torch.Tensor | None = None  # the last step's, on the last stage
@@ -229,13 +237,19 @@ def accumulate(model: nn.Module, layout: Layout, x: torch.Tensor, target: torch.
     return total
 
 
-def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: float = 1e-8
-          ) -> MeshModel:
-    """This rank's part of `layout` on a fresh mesh, from SEED."""
+def device_mesh(layout: Layout, device: torch.device):
+    """A fresh (pp, dp, tp) device mesh for `layout`, tp fastest (release_groups ends it)."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    return init_device_mesh(device.type, (layout.pp, layout.dp, layout.tp),
+                            mesh_dim_names=("pp", "dp", "tp"))
+
+
+def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: float = 1e-8,
+          mesh=None) -> MeshModel:
+    """This rank's part of `layout` on `mesh` (a fresh one when None), from SEED."""
     t, p, d = layout.tp, layout.pp, layout.dp
-    mesh = init_device_mesh(device.type, (p, d, t), mesh_dim_names=("pp", "dp", "tp"))
+    mesh = mesh if mesh is not None else device_mesh(layout, device)
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
     indices = stage_indices(model, pp_rank, p)
     fsdp = d > 1 and layout.zero >= 2
@@ -253,11 +267,23 @@ def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: fl
 
         pipe = PipelineStage(wrapped, pp_rank, p, device, group=mesh["pp"].get_group())
         schedule = Schedule1F1B(pipe, layout.micro_batches, loss_fn=F.mse_loss)
-    x, target = global_batch(model, device, dtype)
     share = model.batch // d
-    x, target = (x[dp_rank * share:(dp_rank + 1) * share],
-                 target[dp_rank * share:(dp_rank + 1) * share])
+    x = samples(model, dp_rank * share, share, device, dtype) if pp_rank == 0 else None
+    target = samples(model, dp_rank * share, share, device, dtype, targets=True) \
+        if pp_rank == p - 1 else None
     return MeshModel(layout, mesh, stage, wrapped, opt, x, target, schedule, localized)
+
+
+def release_groups(mesh) -> None:
+    """The mesh's process groups destroyed, once its layout is done: NCCL's communicators hold
+    device memory the caching allocator does not see, and a sweep of layouts would otherwise
+    keep every layout's. The default group, which a dimension spanning the whole world reuses,
+    stays. Every rank calls it at the same point."""
+    world = dist.group.WORLD
+    for name in mesh.mesh_dim_names:
+        group = mesh.get_group(name)
+        if group is not None and group is not world:
+            dist.destroy_process_group(group)
 
 
 def _data_parallel(stage: Stage, layout: Layout, mesh, device: torch.device, dtype
@@ -277,14 +303,10 @@ def _data_parallel(stage: Stage, layout: Layout, mesh, device: torch.device, dty
             fully_shard(layer, **kwargs)
         fully_shard(stage, **kwargs)
         return stage, {}
-    from torch.nn.parallel import DistributedDataParallel
-
     localized = {}
     if layout.tp > 1:
         localized = _localize_tp_shards(stage)
-    ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(stage, device_ids=ids,
-                                   process_group=mesh["dp"].get_group()), localized
+    return ddp(stage, device, group=mesh["dp"].get_group()), localized
 
 
 def _localize_tp_shards(stage: Stage) -> dict:
@@ -321,18 +343,18 @@ def _optimizer(stage: Stage, layout: Layout, mesh, device: torch.device, dtype, 
 class ComputeOnly:
     """The rank's TP-sharded layers as plain modules: its M micro-batches forward and backward
     (the last stage through the loss, the others fed a gradient as the pipeline feeds them),
-    then AdamW over tensors shaped as what the rank's optimizer steps. `fb_seconds` sums the
-    forward and backward part, for the bubble."""
+    then AdamW over tensors shaped as what the rank's optimizer steps. `forward_backward` sums
+    the forward and backward part, for the bubble."""
 
     stage: Stage
     first: bool
     last: bool
     micro: list[tuple[torch.Tensor, torch.Tensor]]
     optimizer: torch.optim.Optimizer
-    fb_seconds: float = 0.0
+    forward_backward: timing.Spans  # on the device's clock: CUDA events on a GPU
 
     def step(self) -> None:
-        t0 = time.perf_counter()
+        self.forward_backward.start()
         for p in self.stage.parameters():
             p.grad = None
         for x, other in self.micro:
@@ -341,7 +363,7 @@ class ComputeOnly:
                 (F.mse_loss(y, other) / len(self.micro)).backward()
             else:
                 y.backward(other)
-        self.fb_seconds += time.perf_counter() - t0
+        self.forward_backward.stop()
         self.optimizer.step()
 
 
@@ -365,7 +387,8 @@ def build_compute_only(model: ModelSpec, layout: Layout, pp_rank: int, shards: l
         t.grad = torch.zeros_like(t)
         tensors.append(t)
     opt_dtype = shards[0][1] if shards else dtype
-    return ComputeOnly(stage, first, last, micro, adamw(tensors, device, opt_dtype))
+    return ComputeOnly(stage, first, last, micro, adamw(tensors, device, opt_dtype),
+                       timing.Spans(device))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,7 +411,8 @@ def reference(model: ModelSpec, dtype) -> Reference:
 
     cpu = torch.device("cpu")
     whole = make_stage(model, range(model.layers), cpu, dtype)
-    x, target = global_batch(model, cpu, dtype)
+    x = samples(model, 0, model.batch, cpu, dtype)
+    target = samples(model, 0, model.batch, cpu, dtype, targets=True)
     loss = F.mse_loss(whole(x), target)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in whole.named_parameters()}

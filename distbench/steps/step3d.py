@@ -22,29 +22,22 @@ taken as exposed in full, up to what is left; DP's exposed share is the rest.
 from __future__ import annotations
 
 import gc
-import sys
 
 import torch
 import torch.distributed as dist
 
 from distbench.bench import timing
 from distbench.bench.measure import Settings, timed_samples, timing_cells
-from distbench.core.errors import one_line
 from distbench.core.tables import Output, format_table, plural
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.planner.layouts import SCHEDULE, Layout
+from distbench.planner.memory import held_by_step
 from distbench.planner.models import ModelSpec, model_text, parse_model
 from distbench.run.comm_trace import ranks_of
-from distbench.run.memory import release
 from distbench.run.session import Session
-from distbench.steps import mesh_model
-from distbench.steps.common import (
-    agree_reason,
-    check_against_reference,
-    timed_step,
-    write_rows,
-)
-from distbench.steps.comms import Call, CommCounter, replay, replay_p2p, replayable
+from distbench.steps import mesh_model, recipe
+from distbench.steps.common import check_against_reference, write_rows
+from distbench.steps.comms import Call, op_bytes, op_counts, replay, replay_p2p, replayable
 from distbench.steps.reference import RTOL
 
 DIMS = ("tp", "pp", "dp")
@@ -85,12 +78,28 @@ def run(s: Session, output: Output) -> int:
 def measure_layout(s: Session, model: ModelSpec, layout: Layout, dtype, bad: list[str],
                    check: bool) -> tuple[dict, dict]:
     """One layout measured on every rank: (the step.csv row, what run.json keeps of it). What it
-    found wrong goes into `bad`. Leaves nothing behind for the next layout: its modules are
-    collected and the memory handed back (its mesh's process groups stay, idle, to the end)."""
+    found wrong goes into `bad`. Refused before anything is built where a rank's device has no
+    room for it (recipe.fits_here). Leaves nothing behind for the next layout: its modules are
+    collected, the memory handed back and its mesh's process groups destroyed."""
+    device = s.rt.device
+    dtype_name = str(dtype).removeprefix("torch.")
+    row = _base_row(s, model, layout, dtype_name)
+    s.step(f"step {layout.label()} (memory)", s.opts.timeout)
+    reason = recipe.fits_here(s, held_by_step(model, layout, dtype.itemsize), layout.label())
+    if reason:
+        return _skipped(row, reason)
+    mesh = mesh_model.device_mesh(layout, device)
+    measured = _measure_on(s, mesh, model, layout, dtype, row, bad, check)
+    recipe.free(device)
+    mesh_model.release_groups(mesh)
+    return measured
+
+
+def _measure_on(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, row: dict,
+                bad: list[str], check: bool) -> tuple[dict, dict]:
     rt, timeout = s.rt, s.opts.timeout
     device, label = rt.device, f"step {layout.label()}"
     dtype_name = str(dtype).removeprefix("torch.")
-    row = _base_row(s, model, layout, dtype_name)
     notes: list[str] = []
     info: dict = {}
     verdict: dict = {}
@@ -102,16 +111,18 @@ def measure_layout(s: Session, model: ModelSpec, layout: Layout, dtype, bad: lis
             notes.append(f"checked on {model_text(cmodel)} (the model is too large for a "
                          "single-rank reference on every rank)")
             s.step(f"{label} (check)", timeout)
-            built, reason = _checked_build(s, cmodel, layout, dtype, ref, label)
+            built, reason = _checked_build(s, mesh, cmodel, layout, dtype, ref,
+                                           f"{label} (check)")
             if reason:
                 return _skipped(row, reason)
             verdict = _judge(s, built[1], cmodel, layout, dtype_name, bad)
             built = None
-            _free(device)
+            recipe.free(device)
 
     s.step(f"{label} (build and first steps)", timeout)
-    built, reason = _checked_build(s, model, layout, dtype, ref if cmodel == model else None,
-                                   label)
+    built, reason = _checked_build(s, mesh, model, layout, dtype,
+                                   ref if cmodel == model else None,
+                                   f"{label} (build and first steps)")
     if reason:
         return _skipped(row, reason)
     mm, pairs = built
@@ -124,40 +135,30 @@ def measure_layout(s: Session, model: ModelSpec, layout: Layout, dtype, bad: lis
         if verdict["wrong"]:
             notes.append(verdict["wrong"])
 
-    s.step(f"{label} (communication count)", timeout)
-    with CommCounter() as counter:
-        mm.step()
-    timing.sync(device)
-    state = _max_over_ranks([mm.state_bytes()], device)[0]
-    mesh = mm.mesh
-    by_dim, other = split_by_dimension(counter.calls, mesh, layout)
+    _, calls = recipe.counted(s, label, mm.step)
+    state = recipe.max_over_ranks([mm.state_bytes()], device)[0]
+    by_dim, other = split_by_dimension(calls, mesh, layout)
     if other:
-        notes.append(f"collectives on no mesh dimension's group: {_count(other)}")
-    dim_bytes = _max_over_ranks([sum(c.size_bytes for c in by_dim[d]) for d in DIMS], device)
-    info["collectives_counted"] = {d: _count(by_dim[d]) for d in DIMS}
-    info["bytes_counted"] = {d: _bytes(by_dim[d]) for d in DIMS}
+        notes.append(f"collectives on no mesh dimension's group: {op_counts(other)}")
+    dim_bytes = recipe.max_over_ranks([sum(c.size_bytes for c in by_dim[d]) for d in DIMS],
+                                      device)
+    info["collectives_counted"] = {d: op_counts(by_dim[d]) for d in DIMS}
+    info["bytes_counted"] = {d: op_bytes(by_dim[d]) for d in DIMS}
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    st = timed_step(s, label, mm.step)
-    peak = None
-    if device.type == "cuda":
-        peak = _max_over_ranks([torch.cuda.max_memory_allocated(device)], device)[0]
+    st, peak = recipe.timed_with_peak(s, label, mm.step)
 
     s.step(f"{label} compute-only (build)", timeout)
     pp_rank, shards = mm.pp_rank, mm.optimizer_shards()
     mm = None  # the layout's model and states go before compute-only's are built
-    _free(device)
+    recipe.free(device)
     compute, fb_us = _compute_only(s, model, layout, dtype, pp_rank, shards, label)
-    _free(device)
+    recipe.free(device)
 
     alone = {}
     for d in DIMS:
         alone[d], left = _alone(s, d, by_dim[d], mesh, layout, label)
         if left:
             notes.append(f"{d}: not replayed alone: {left}")
-    mesh = None
-    _free(device)
 
     step_us, compute_us = st.time_us, compute.time_us
     bubble_us = bubble_time(layout, fb_us)
@@ -204,15 +205,15 @@ def _skipped(row: dict, reason: str) -> tuple[dict, dict]:
 # Build, first steps, check
 
 
-def _checked_build(s: Session, model: ModelSpec, layout: Layout, dtype, ref, label: str):
+def _checked_build(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, ref,
+                   label: str):
     """((the built layout, the check's pairs or None), "") after two untimed steps, the first
     compared with `ref` when given; or (None, why) on every rank when some rank could not."""
-    rt = s.rt
-    device = rt.device
+    device = s.rt.device
 
     def build_and_step():
         eps = ref.eps if ref is not None else 1e-8
-        mm = mesh_model.build(model, layout, device, dtype, eps)
+        mm = mesh_model.build(model, layout, device, dtype, eps, mesh)
         pairs = None
         if ref is not None:
             pairs = mesh_model.check_step(mm, ref, _dp_mean(mm))
@@ -222,13 +223,7 @@ def _checked_build(s: Session, model: ModelSpec, layout: Layout, dtype, ref, lab
         timing.sync(device)
         return mm, pairs
 
-    built, reason = _attempt(s, label, build_and_step)
-    reason = agree_reason(reason, device)
-    if reason:
-        built = None
-        _free(device)
-        return None, reason
-    return built, ""
+    return recipe.agreed(s, label, build_and_step)
 
 
 def _judge(s: Session, pairs, cmodel: ModelSpec, layout: Layout, dtype_name: str,
@@ -257,17 +252,6 @@ def _dp_mean(mm: mesh_model.MeshModel):
         return t
 
     return mean
-
-
-def _attempt(s: Session, label: str, fn):
-    """fn()'s value and "", or None and why torch refused (its first line), which this rank
-    prints at once: its peers may be waiting in a collective it will never join."""
-    try:
-        return fn(), ""
-    except (RuntimeError, NotImplementedError, ValueError) as e:
-        reason = f"{type(e).__name__}: {one_line(e, 200, mark='')}"
-        print(f"distbench: rank {s.rt.rank}: {label}: {reason}", file=sys.stderr, flush=True)
-        return None, reason
 
 
 _REFERENCE: dict = {}
@@ -320,20 +304,6 @@ def split_by_dimension(calls: list[Call], mesh, layout: Layout
     return by_dim, other
 
 
-def _count(calls: list[Call]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for c in calls:
-        out[c.op] = out.get(c.op, 0) + 1
-    return out
-
-
-def _bytes(calls: list[Call]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for c in calls:
-        out[c.op] = out.get(c.op, 0) + c.size_bytes
-    return out
-
-
 def _alone(s: Session, dim: str, calls: list[Call], mesh, layout: Layout, label: str
            ) -> tuple[float, dict]:
     """The dimension's calls replayed alone on its group, timed on every rank at once (each
@@ -347,7 +317,7 @@ def _alone(s: Session, dim: str, calls: list[Call], mesh, layout: Layout, label:
         ok, left = replayable(calls)
         fn = replay(ok, s.rt.device, group=group)
     s.step(f"{label} {dim} communication alone (setup)", s.opts.timeout)
-    return timed_step(s, f"{label} {dim} communication alone", fn).time_us, left
+    return recipe.timed(s, f"{label} {dim} communication alone", fn).time_us, left
 
 
 def bubble_time(layout: Layout, forward_backward_us: float) -> float:
@@ -381,31 +351,16 @@ def _compute_only(s: Session, model: ModelSpec, layout: Layout, dtype, pp_rank: 
     rt = s.rt
     co = mesh_model.build_compute_only(model, layout, pp_rank, shards, rt.device, dtype)
 
-    def reset() -> None:
-        co.fb_seconds = 0.0
-
-    samples = timed_samples(Settings.of(s), co.step, f"{label} compute-only",
-                            before_loop=reset).samples
+    settings = Settings.of(s)
+    samples = timed_samples(settings, co.step, f"{label} compute-only",
+                            before_loop=lambda: co.forward_backward.reset(settings.iters or 0)
+                            ).samples
     s.step(f"{label} compute-only (statistics)", s.opts.timeout)
     st = timing.summarize(samples, 0, rt.device)
-    fb = torch.tensor([co.fb_seconds / len(samples) * 1e6], dtype=torch.float64,
-                      device=rt.device)
+    fb = torch.tensor([co.forward_backward.seconds() / len(samples) * 1e6],
+                      dtype=torch.float64, device=rt.device)
     dist.all_reduce(fb)
     return st, float(fb.item()) / rt.world
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def _free(device) -> None:
-    """FSDP's hooks hold its modules in reference cycles: collect them before the next part is
-    built (timed loops run with the collector off), then hand the memory back."""
-    gc.collect()
-    release(device)
-
-
-def _max_over_ranks(values: list[float], device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-

@@ -17,15 +17,15 @@ from distbench.core.tables import Output, format_table, plural
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.run.memory import release
 from distbench.run.session import Session
+from distbench.steps import recipe
 from distbench.steps import tp_model as strat
 from distbench.steps.common import (
     NO_T1,
     check_against_reference,
     time_on_rank0_alone,
-    timed_step,
     write_rows,
 )
-from distbench.steps.comms import CommCounter
+from distbench.steps.comms import op_bytes, op_counts
 from distbench.steps.models import StackShape, build_stack, make_inputs, make_step
 from distbench.steps.reference import RTOL
 
@@ -64,29 +64,36 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
                    ) -> tuple[dict, dict]:
     rt, opts = s.rt, s.opts
     n, device = rt.world, rt.device
+    base = {"block": kind, "dtype": opts.dtype, "world_size": n, "nnodes": rt.nnodes,
+            **shape.to_json(), "backend": rt.backend}
     s.step(f"tp {kind} (build)", opts.timeout)
-    tp_model = strat.build_sharded(kind, shape, mesh, device, dtype, SEED)
-    local = strat.build_local_shard(kind, shape, n, device, dtype, SEED)
-    x, dy = make_inputs(shape, SEED, device, dtype)
+    built, reason = recipe.agreed(s, f"tp {kind} (build)", lambda: (
+        strat.build_sharded(kind, shape, mesh, device, dtype, SEED),
+        strat.build_local_shard(kind, shape, n, device, dtype, SEED),
+        make_inputs(shape, SEED, device, dtype)))
+    if reason:
+        note = f"cannot run here: {reason}"
+        return {**base, "status": "skipped", "note": note}, {"skipped": note}
+    tp_model, local, (x, dy) = built
+    built = None
     elt = x.element_size()
     notes: list[str] = []
     if n == 1:
         notes.append("1 rank: no communication; step - compute_only is DTensor's own overhead")
 
     # One untimed step under the counter: what DTensor really sends, against the formula.
-    s.step(f"tp {kind} (communication count)", opts.timeout)
     tp_step = make_step(tp_model, x, dy)
-    with CommCounter() as counter:
-        tp_step()
+    _, calls = recipe.counted(s, f"tp {kind}", tp_step)
     ar_bytes = strat.allreduce_bytes(kind, shape, elt, n)
-    counted = counter.allreduce_bytes()
+    counts, counted = op_counts(calls), op_bytes(calls).get("all_reduce", 0)
     if counted != ar_bytes:
         notes.append(f"DTensor all-reduced {counted} B per step, the formula says {ar_bytes} B")
-    if counter.other_collectives():
-        notes.append(f"other collectives: {counter.other_collectives()}")
+    others = {op: k for op, k in counts.items() if op != "all_reduce"}
+    if others:
+        notes.append(f"other collectives: {others}")
 
-    st = timed_step(s, f"tp {kind} step", tp_step)
-    compute = timed_step(s, f"tp {kind} compute-only", make_step(local, x, dy))
+    st = recipe.timed(s, f"tp {kind} step", tp_step)
+    compute = recipe.timed(s, f"tp {kind} compute-only", make_step(local, x, dy))
     # tp_step holds the sharded model too: both go before rank 0 builds the whole one, with
     # what the allocator keeps of them
     del tp_model, local, tp_step
@@ -108,7 +115,7 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
 
     max_err = None
     info = {"allreduce_bytes_formula": ar_bytes, "allreduce_bytes_counted": counted,
-            "collectives_counted": counter.counts,
+            "collectives_counted": counts,
             "flops_per_rank_per_step": strat.flops_per_rank(kind, shape, n)}
     if opts.check:
         s.step(f"tp {kind} (check)", opts.timeout)
@@ -126,15 +133,14 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
                        f"by {max_err:.3g}, {ratio:.3g} x the tolerance ({rtol:g} x max|ref|)")
 
     row = {
-        "block": kind, "dtype": opts.dtype, "world_size": n, "nnodes": rt.nnodes,
-        **shape.to_json(),  # hidden_size, ffn_size, heads, seq_len, ...: the CSV's own names
+        **base,  # shape.to_json()'s hidden_size, ffn_size, heads, seq_len...: the CSV's names
         **timing_cells(st, "step_us"), "compute_only_us": compute.time_us,
         "comm_pct": comm * 100,  # percent, like cv_pct
         "tflops_per_rank": strat.flops_per_rank(kind, shape, n) / step_s / 1e12,
         "tokens_per_s": shape.tokens / step_s, "allreduce_bytes_per_step": ar_bytes,
         "implied_busbw_gbps": busbw, "t1_us": None if t1 is None else t1 * 1e6,
         "speedup": speedup, "efficiency": efficiency, "max_abs_err": max_err,
-        "backend": rt.backend, "status": "wrong" if any(t.startswith("WRONG") for t in notes)
+        "status": "wrong" if any(t.startswith("WRONG") for t in notes)
         else "ok", "note": "; ".join(notes),
     }
     return row, info
