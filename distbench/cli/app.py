@@ -8,6 +8,7 @@ import inspect
 import keyword
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -54,6 +55,24 @@ def dispatch(name: str, opts) -> int:
     from distbench.run import launch
 
     return launch.start_local(name, opts)
+
+
+def _machine_check(name: str) -> Callable[[object], None]:
+    """What this machine can hold, checked as the options are built, for a run that will start
+    local workers (not a dry run, and not a command that runs here alone: topo, or plan from
+    earlier runs)."""
+    entry = COMMANDS[name]
+
+    def check(opts) -> None:
+        if entry.dry_run is not None and getattr(opts, "dry_run", False):
+            return
+        if entry.run_local is not None and getattr(opts, "pure", True):
+            return
+        from distbench.run import launch
+
+        launch.check_machine(opts)
+    return check
+
 
 def _py_name(flag_name: str) -> str:
     """The handler's parameter for a flag; a Python keyword (plan's --from) gets a "_"."""
@@ -110,7 +129,8 @@ def _add(name: str, command: Command) -> None:
                 and not env.under_launcher():
             # first of all, before torch loads: a count past the machine is refused at once
             limits.check_workers(raw["workers"])
-        opts = build(command.options, raw, argv=env.user_argv(), world=env.world_size())
+        opts = build(command.options, raw, argv=env.user_argv(), world=env.world_size(),
+                     machine=_machine_check(name))
         raise typer.Exit(dispatch(name, opts))
 
     params = [*_parameters(command.options), CONFIG]

@@ -407,12 +407,14 @@ def cli_types(cls: type) -> dict[str, Any]:
     return {f.name: spec.cli_type or hints[f.name] for f, spec in option_fields(cls)}
 
 
-def build(cls: type, raw: dict[str, Any], argv: list[str], world: int | None = None):
+def build(cls: type, raw: dict[str, Any], argv: list[str], world: int | None = None,
+          machine: Callable[[Any], None] | None = None):
     """Validated options from raw values keyed by flag name (missing ones take the default).
     Checked in field order, the options every command shares first, so that of several bad
-    options the same one is named whichever command is run; --out is created last of all, so
-    a run with any other bad option leaves nothing behind. `world`: the ranks a launcher
-    started, where one did; --workers says it otherwise."""
+    options the same one is named whichever command is run; then `machine(opts)` (what this
+    machine can hold); --out is created last of all, so a run with any other bad option leaves
+    nothing behind. `world`: the ranks a launcher started, where one did; --workers says it
+    otherwise."""
     values = {}
     for f in fields(cls):
         spec = spec_of(f)
@@ -426,6 +428,8 @@ def build(cls: type, raw: dict[str, Any], argv: list[str], world: int | None = N
     world = opts.workers or world
     if world is not None:
         opts.check_world(world)
+    if machine is not None:
+        machine(opts)
     opts.out = check_writable_dir("--out", out, "--out results")
     return opts
 

@@ -15,6 +15,8 @@ TORCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 RUN_DIR_ENV = "DISTBENCH_RUN_DIR"  # the run directory it made
 ARGV_ENV = "DISTBENCH_ARGV"  # the command line as the user typed it, as JSON
 LAUNCHER_PID_ENV = "DISTBENCH_LAUNCHER_PID"  # its pid: workers end with it
+# the host memory each worker may hold beyond a bare worker's (limits.rank_budget), in bytes
+RANK_MEMORY_ENV = "DISTBENCH_RANK_MEMORY"
 
 
 def under_launcher() -> bool:
@@ -29,6 +31,12 @@ def started_by_us() -> bool:
 def given_run_dir() -> str | None:
     """The run directory our own launcher made, for a worker it started; else None."""
     return os.environ.get(RUN_DIR_ENV) or None
+
+
+def rank_memory() -> int | None:
+    """The host memory our own launcher gave each worker it started, in bytes; else None."""
+    given = os.environ.get(RANK_MEMORY_ENV)
+    return int(given) if given and started_by_us() else None
 
 
 def user_argv() -> list[str]:

@@ -24,6 +24,12 @@ WORKERS_PER_CORE = 4
 MEMORY_SHARE = 0.8
 
 
+def nvidia_devices() -> bool:
+    """Whether this machine shows an NVIDIA GPU's device node: without one CUDA cannot run, and
+    `--backend auto` is gloo, known without loading torch."""
+    return bool(list(Path("/dev").glob("nvidia[0-9]*")))
+
+
 def cores() -> int:
     """Cores this process may run on (a cgroup or taskset may give fewer than the machine has)."""
     try:
@@ -61,6 +67,16 @@ def _cgroup_left(root: Path = Path("/sys/fs/cgroup")) -> int | None:
         return max(0, int(limit) - int((where / "memory.current").read_text()))
     except (OSError, ValueError, StopIteration):
         return None
+
+
+def rank_budget(workers: int, memory: int | None = -1) -> int | None:
+    """The most host memory each of `workers` local workers may hold beyond WORKER_BYTES, as
+    check_workers allows it; None when the machine's memory cannot be read. `memory` stands in
+    for the machine's (tests); -1: read it."""
+    memory = available_memory() if memory == -1 else memory
+    if memory is None:
+        return None
+    return max(0, (int(memory * MEMORY_SHARE) - WORKER_BYTES) // max(1, workers) - WORKER_BYTES)
 
 
 def check_workers(workers: int, per_rank: int = 0, sized_by: tuple[str, str] = ("", ""), *,

@@ -25,6 +25,19 @@ from distbench.platform import env, limits
 from distbench.results import writer
 
 SHUTDOWN_GRACE_S = 5
+def check_machine(opts) -> None:
+    """Before anything exists on disk, and before torch loads: local workers this machine cannot
+    hold, refused (OptionError), where the backend is known without torch (gloo asked for, or
+    `auto` on a machine with no NVIDIA device). start_local checks again once torch says."""
+    if env.under_launcher() or opts.backend == "nccl" or \
+            (opts.backend == "auto" and limits.nvidia_devices()):
+        return
+    nproc = opts.workers or 2
+    opts.check_backend("gloo")  # in start_local's order, so a refusal reads the same
+    opts.check_world(nproc)
+    limits.check_workers(nproc, opts.host_bytes("gloo", nproc), opts.SIZED_BY)
+
+
 def start_local(command: str, opts) -> int:
     import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -70,6 +83,9 @@ def start_local(command: str, opts) -> int:
         os.environ[env.RUN_DIR_ENV] = str(run_dir)
         os.environ[env.ARGV_ENV] = json.dumps(opts.argv)  # what the user typed, for run.json
         os.environ[env.LAUNCHER_PID_ENV] = str(os.getpid())  # workers end with us
+        budget = limits.rank_budget(nproc) if backend != "nccl" else None
+        if budget is not None:  # what each may hold, as checked above (plan sizes itself by it)
+            os.environ[env.RANK_MEMORY_ENV] = str(budget)
         run_local_workers(nproc, ["-m", "distbench", command, *to_argv(opts)])
         return EXIT_OK
     except OSError as e:

@@ -32,18 +32,23 @@ from distbench.bench import timing
 from distbench.bench.measure import fail_if_wrong
 from distbench.core import contracts
 from distbench.core.dtypes import element_bytes
-from distbench.core.exitcodes import EXIT_OK
+from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_OK
+from distbench.core.sizes import format_size
 from distbench.core.tables import plural
 from distbench.ops import data
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.planner import plan as planning
+from distbench.planner import points
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
-from distbench.planner.layouts import Layout, enumerate_layouts
+from distbench.planner.layouts import Layout
+from distbench.planner.memory import held_by_step, usable_bytes
 from distbench.planner.models import ModelSpec
+from distbench.platform import env, limits
 from distbench.results.alphabeta import fit
-from distbench.run.memory import release
+from distbench.run.runtime import RunFailure
 from distbench.run.session import Session
-from distbench.steps import mesh_model, step3d
+from distbench.steps import mesh_model, recipe, step3d
+from distbench.steps.dp_model import adamw
 
 # each of an input point's REPS repetitions fills this share of --min-time, so that a stall of a
 # few ms is a minority of each
@@ -63,9 +68,11 @@ def run(s: Session, output) -> int:
     dtype = TORCH_DTYPES[opts.dtype]
     gpn = opts.gpus_per_node or rt.world // max(1, rt.nnodes)
     gpus = opts.gpus or rt.world
+    budget = rank_budget(s)
     s.console.log(f"plan: {model.describe()}; inputs measured on {plural(rt.world, 'rank')}, "
-                  f"{plural(rt.nnodes, 'node')}, backend {rt.backend}")
-    inputs = measure_inputs(s, model, dtype, gpn)
+                  f"{plural(rt.nnodes, 'node')}, backend {rt.backend}, within "
+                  f"{format_size(int(budget))} a rank")
+    inputs = measure_inputs(s, model, dtype, gpn, budget)
     measured = Inputs.from_json(inputs.to_json())
     details: dict = {"model": model.to_json(), "inputs": measured.to_json()}
     memory, memory_from = opts.memory_per_gpu(inputs), opts.memory_from(inputs)
@@ -84,7 +91,31 @@ def run(s: Session, output) -> int:
                       f"is for {gpus}: validating the same model's plan for the workers")
         rows = planning.make_plan(model, inputs, rt.world, rt.world // max(1, rt.nnodes),
                                   memory, opts.dtype, opts.zero)
-    return validate(s, model, dtype, rows, details, measured)
+    here = [r for r in rows if held_by_step(model, planning.layout_of(r), dtype.itemsize)
+            <= budget]
+    if len(here) < len(rows):
+        s.console.log(f"validating only among the {len(here)} layouts whose ranks fit in "
+                      f"{format_size(int(budget))} here")
+    return validate(s, model, dtype, here, details, measured)
+
+
+def rank_budget(s: Session) -> float:
+    """What one rank may hold while plan measures, the same on every rank (the least of
+    theirs): a GPU's memory less the planner's reserve; on the CPU what our launcher gave each
+    worker, else an even share of what this node's memory allows (platform.limits)."""
+    device = s.rt.device
+    if device.type == "cuda":
+        mine = usable_bytes(torch.cuda.get_device_properties(device).total_memory)
+    else:
+        mine = env.rank_memory()
+        if mine is None:
+            node = s.rt.ranks[s.rt.rank]["node"] if s.rt.ranks else 0
+            local = sum(1 for r in s.rt.ranks if r["node"] == node) or 1
+            mine = limits.rank_budget(local)
+    t = torch.tensor([math.inf if mine is None else float(mine)], dtype=torch.float64,
+                     device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return float(t.item())
 
 
 def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dict,
@@ -147,19 +178,28 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
 # the inputs
 
 
-def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int) -> Inputs:
+def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int, budget: float) -> Inputs:
+    """The inputs, measured only on what fits in `budget` a rank (planner.points): what does
+    not is skipped, and said."""
     rt = s.rt
     inputs = Inputs(gpus_per_node=gpn, device=str(rt.device.type), compute_model={
         "hidden_size": model.hidden_size, "ffn_size": model.ffn_size, "heads": model.heads,
         "seq_len": model.seq_len}, sources=["measured on the workers of this run"])
-    layouts = list(enumerate_layouts(model, rt.world, gpn, tuple(s.opts.zero)))
     elt = element_bytes(s.opts.dtype)
-    inputs.fits = measure_fits(s, model, layouts, elt)
-    inputs.compute = measure_compute(s, model, layouts, dtype, inputs)
+    layouts = points.fitting_layouts(model, rt.world, gpn, s.opts.zero, elt, budget)
+    if not layouts:
+        smallest, need = points.smallest_layout(model, rt.world, gpn, s.opts.zero, elt)
+        raise RunFailure(
+            f"--model: no layout of {model.name} on {rt.world} ranks fits in the "
+            f"{format_size(int(budget))} a rank may hold here" + (
+                f": the smallest, {smallest.label()}, needs about {format_size(int(need))}"
+                if smallest is not None else ""), status="bad_input", exit_code=EXIT_BAD_INPUT)
+    inputs.fits = measure_fits(s, model, layouts, elt, budget)
+    inputs.compute = measure_compute(s, model, layouts, dtype, inputs, budget)
     inputs.optimizer_us_per_layer, inputs.optimizer_us_per_param = measure_optimizer(
         s, model, dtype)
-    measure_overlap(s, model, dtype, inputs)
-    measure_pipeline(s, model, dtype, inputs, gpn)
+    measure_overlap(s, model, dtype, inputs, budget)
+    measure_pipeline(s, model, dtype, inputs, gpn, budget)
     return inputs
 
 
@@ -204,25 +244,14 @@ def _span(s: Session, members: list[int]) -> str:
     return "node" if len(nodes) == 1 else "nodes"
 
 
-def _sweep(model: ModelSpec, layouts: list[Layout], elt: int) -> list[int]:
-    """Sizes from the smallest TP activation to the largest gradient a layout syncs, in 4x
-    steps, multiples of 64 bytes so that every group size up to 8 splits them."""
-    acts = [lay.micro_batch_size(model) * model.seq_len * model.hidden_size * elt
-            for lay in layouts] or [4096]
-    grads = [model.params / (lay.tp * lay.pp) * elt for lay in layouts] or [4096]
-    lo, hi = max(1024, min(acts) // 4), max(max(grads), max(acts)) * 2
-    out, size = [], lo
-    while size < hi * 4:
-        out.append(int(size) // 64 * 64)
-        size *= 4
-    return out
-
-
-def measure_fits(s: Session, model: ModelSpec, layouts: list[Layout], elt: int) -> list[CommFit]:
+def measure_fits(s: Session, model: ModelSpec, layouts: list[Layout], elt: int,
+                 budget: float) -> list[CommFit]:
     """Each collective on every group size at once: groups of consecutive ranks (as TP's; DP's
-    and PP's of one node are strided, which on one node shares the same links)."""
+    and PP's of one node are strided, which on one node shares the same links), over the sweep
+    of planner.points."""
     rt, opts = s.rt, s.opts
-    sizes = _sweep(model, layouts, elt)
+    sizes, skipped = points.sweep_sizes(model, layouts, elt, budget)
+    _say_skipped(s, skipped, budget)
     fits: list[CommFit] = []
     for g in group_sizes(rt.world):
         blocks = [list(range(i, i + g)) for i in range(0, rt.world, g)]
@@ -275,20 +304,27 @@ def _collective(op: str, size: int, group, members: list[int], rt) -> Callable[[
     return pingpong
 
 
+def _say_skipped(s: Session, skipped: list[points.Skipped], budget: float) -> None:
+    for x in skipped:
+        s.console.log(f"  skipped: {x.what} would hold {format_size(int(x.need))}, past the "
+                      f"{format_size(int(budget))} a rank may hold here")
+
+
 def measure_compute(s: Session, model: ModelSpec, layouts: list[Layout], dtype,
-                    inputs: Inputs) -> list[ComputePoint]:
+                    inputs: Inputs, budget: float) -> list[ComputePoint]:
     """One layer's forward and backward at each (tp, micro-batch) of the layouts, every rank at
     once: with tp 1 a plain layer, with tp > 1 torch's TP layer on groups of tp consecutive
     ranks, as the step runs it (DTensor's dispatch and the four all-reduces inside, since on a
     CPU the dispatch costs as much as the matmuls). With tp 1 also with one rank per node
     computing alone: `inputs.alone_ratio`, the median of the two's ratio."""
-    points = sorted({(lay.tp, lay.micro_batch_size(model)) for lay in layouts})
+    shapes, skipped = points.compute_points(model, layouts, dtype.itemsize, budget)
+    _say_skipped(s, skipped, budget)
     out = []
     alone: list[float] = []
     firsts = _first_of_each_node(s)
-    for tp, mbs in points:
+    for tp, mbs in shapes:
         s.step(f"plan inputs: one layer at tp {tp}, micro-batch {mbs}", s.opts.timeout)
-        layer, x, dy = _one_layer(s, model, tp, mbs, dtype)
+        layer, x, dy, mesh = _one_layer(s, model, tp, mbs, dtype)
 
         def step(layer=layer, x=x, dy=dy) -> None:
             layer(x).backward(dy)
@@ -303,8 +339,9 @@ def measure_compute(s: Session, model: ModelSpec, layouts: list[Layout], dtype,
                                 with_tp_comm=tp > 1))
         s.console.log(f"  one layer at tp {tp}, {tokens} tokens: {us / 1e3:.2f} ms")
         layer = x = dy = step = None
-        gc.collect()
-        release(s.rt.device)
+        recipe.free(s.rt.device)
+        if mesh is not None:
+            mesh_model.release_groups(mesh)
     if alone:
         inputs.alone_ratio = min(1.0, statistics.median(alone))
         s.console.log(f"  one rank per node alone: {inputs.alone_ratio:.2f} x the time with "
@@ -323,8 +360,11 @@ def _first_of_each_node(s: Session) -> set[int]:
 
 
 def _one_layer(s: Session, model: ModelSpec, tp: int, mbs: int, dtype):
+    """One layer at (tp, micro-batch), its input and its output's gradient, and the mesh its TP
+    runs on (None at tp 1), for release_groups once the point is timed."""
     device = s.rt.device
     layer = mesh_model.make_stage(model, range(1), device, dtype)
+    mesh = None
     if tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import parallelize_module
@@ -336,12 +376,13 @@ def _one_layer(s: Session, model: ModelSpec, tp: int, mbs: int, dtype):
     dims = (mbs, model.seq_len, model.hidden_size)
     x = torch.randn(dims, generator=g).to(device, dtype).requires_grad_(True)
     dy = torch.randn(dims, generator=g).to(device, dtype)
-    return layer, x, dy
+    return layer, x, dy, mesh
 
 
 def measure_optimizer(s: Session, model: ModelSpec, dtype) -> tuple[float, float]:
-    """AdamW's step: (microseconds per layer held, per parameter), from one layer of the model
-    and one of half its width (the same tensors, a quarter of the parameters). A step costs a
+    """AdamW's step, the one the step runs (fused on a GPU, on fp32 masters in half precision):
+    (microseconds per layer held, per parameter), from one layer of the model and one of half
+    its width (the same tensors, a quarter of the parameters). A step costs a
     few kernels per tensor whatever its size, which per parameter alone would charge a stage
     of many small shards too little."""
     s.step("plan inputs: the optimizer", s.opts.timeout)
@@ -352,7 +393,7 @@ def measure_optimizer(s: Session, model: ModelSpec, dtype) -> tuple[float, float
         layer = mesh_model.make_stage(shape, range(1), s.rt.device, dtype)
         for p in layer.parameters():
             p.grad = torch.ones_like(p)
-        opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+        opt = adamw(list(layer.parameters()), s.rt.device, dtype)  # as the step's
         points.append((sum(p.numel() for p in layer.parameters()),
                        _time_us(s, opt.step)))
         layer = opt = None
@@ -364,7 +405,8 @@ def measure_optimizer(s: Session, model: ModelSpec, dtype) -> tuple[float, float
     return per_layer, per_param
 
 
-def measure_pipeline(s: Session, model: ModelSpec, dtype, inputs: Inputs, gpn: int) -> None:
+def measure_pipeline(s: Session, model: ModelSpec, dtype, inputs: Inputs, gpn: int,
+                     budget: float) -> None:
     """The pipeline schedule's own work per micro-batch and the bubble's weight, into `inputs`:
     pure pipeline steps of the whole world (pp = world) at the fewest micro-batches 1F1B takes
     (m from pp up) and at the step command's (m from 2 pp up), held against their prediction
@@ -381,7 +423,7 @@ def measure_pipeline(s: Session, model: ModelSpec, dtype, inputs: Inputs, gpn: i
     steps: list[tuple[Layout, float]] = []
     for m in counts:
         layout = Layout(tp=1, pp=world, dp=1, micro_batches=m)
-        if problems(layout, model):
+        if problems(layout, model) or _too_large(s, model, layout, dtype, budget):
             continue
         row, _ = step3d.measure_layout(s, model, layout, dtype, [], check=False)
         if row.get("status") == "ok" and row.get("step_us"):
@@ -399,7 +441,15 @@ def measure_pipeline(s: Session, model: ModelSpec, dtype, inputs: Inputs, gpn: i
                   f"bubble at {inputs.bubble_weight:.2f} of one rank alone's compute")
 
 
-def measure_overlap(s: Session, model: ModelSpec, dtype, inputs: Inputs) -> None:
+def _too_large(s: Session, model: ModelSpec, layout: Layout, dtype, budget: float) -> bool:
+    need = held_by_step(model, layout, dtype.itemsize)
+    if need <= budget:
+        return False
+    _say_skipped(s, [points.Skipped(f"the step {layout.label()}", need)], budget)
+    return True
+
+
+def measure_overlap(s: Session, model: ModelSpec, dtype, inputs: Inputs, budget: float) -> None:
     """What a pure data-parallel step of the whole world exposes of its communication, at each
     ZeRO stage asked for, into `inputs`: exposed, the step's time beyond its compute-only time
     (step.csv), against the model's time for its collectives (predict.dp_collectives_us from
@@ -419,6 +469,8 @@ def measure_overlap(s: Session, model: ModelSpec, dtype, inputs: Inputs) -> None
     for zero in sorted(s.opts.zero):
         kind = dp_kind(zero)
         layout = Layout(tp=1, pp=1, dp=world, zero=zero, micro_batches=1)
+        if _too_large(s, model, layout, dtype, budget):
+            continue
         row, _ = step3d.measure_layout(s, model, layout, dtype, [], check=False)
         exposed = row.get("dp_exposed_us")
         if row.get("status") != "ok" or exposed is None:

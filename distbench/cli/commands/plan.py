@@ -140,6 +140,24 @@ class PlanOptions(RunOptions):
         if self.gpus is not None and self.gpus_per_node is not None:
             self.validate_nodes(self.gpus, self.gpus_per_node)
 
+    SIZED_BY = ("--model", "--model toy")
+
+    def host_bytes(self, backend: str, world: int) -> int:
+        """On CPU, per worker: the most a rank holds while plan measures its inputs and
+        validates, within what a worker may hold here (planner.points): only what fits is
+        measured, and a model none of whose layouts fits needs its smallest layout's memory,
+        which the launcher then refuses with the figures."""
+        if backend == "nccl":
+            return 0
+        from distbench.core.dtypes import element_bytes
+        from distbench.planner import points
+        from distbench.platform import limits
+
+        budget = limits.rank_budget(world)
+        return int(points.need(self.model_spec, world, self.gpus_per_node or world, self.zero,
+                               element_bytes(self.dtype),
+                               math.inf if budget is None else budget))
+
     @property
     def model_spec(self):
         return parse_model("--model", self.model)

@@ -154,32 +154,22 @@ class StepCommandOptions(RunOptions):
         return "/".join(named) or "--model"
 
     def host_bytes(self, backend: str, world: int) -> int:
-        """On CPU, a rough bound per rank: the largest layout's share of the weights with their
-        gradients and two AdamW states, and its activations; plus the whole model and batch when
-        the single-rank reference runs on every rank."""
+        """On CPU, per rank: the most one rank of a layout asked for holds in a step
+        (planner.memory.held_by_step), and with --check the single-rank reference beside it (the
+        whole model on the whole batch, where it is small enough to run: step3d's
+        CHECK_MAX_FLOPS, 1e10, not imported here: it would bring torch in)."""
         if backend == "nccl":
             return 0
         from distbench.core.dtypes import element_bytes
+        from distbench.planner.memory import held_by_step
 
         model, elt = self.spec(), element_bytes(self.dtype)
-        h, f = model.hidden_size, model.ffn_size
-
-        def activations(samples: int, layers: int, tp: int) -> int:
-            return layers * samples * model.seq_len * (6 * h + (3 * h + 2 * f) // tp)
-
-        need = 0
-        for t, p, d in self.shapes(world) or [(1, 1, world)]:
-            if t * p * d != world or d < 1:
-                continue
-            share = model.batch // d
-            need = max(need, 4 * model.params // (t * p) + activations(share, model.layers // p,
-                                                                       t))
-        reference = 0
-        # steps.step3d.CHECK_MAX_FLOPS (not imported: it would bring torch in)
+        layouts, _ = self.layouts(world)
+        need = max((held_by_step(model, lay, elt) for lay in layouts), default=0.0)
         if self.check and model.layers * model.flops_per_layer(model.batch * model.seq_len) \
                 <= 1e10:
-            reference = 4 * model.params + activations(model.batch, model.layers, 1)
-        return elt * (need + reference)
+            need += held_by_step(model, Layout(tp=1, pp=1, dp=1), elt)
+        return int(need)
 
 
 OUTPUT = contracts.STEP

@@ -1,0 +1,114 @@
+"""What `distbench plan` measures on its workers, bounded by the memory one rank may hold there
+(`budget`: a GPU's usable memory, or a worker's share of the host's): only the layouts whose
+rank fits are measured or validated, the collective sweep stops at the largest collective such a
+layout issues and at what two buffers of it leave room for, and a layer is timed only at the
+(tp, micro-batch) points whose layer, inputs and activations fit. Torch-free: the launcher bounds
+a run by it before any worker starts (`need`), and the workers measure by it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from distbench.planner.layouts import Layout, enumerate_layouts
+from distbench.planner.memory import (
+    activation_elements_per_token,
+    held_by_step,
+    optimizer_bytes_per_param,
+)
+from distbench.planner.models import ModelSpec
+
+# The sweep's sizes: from a quarter of the smallest TP activation, in 4x steps, multiples of 64
+# bytes so that every group size up to 8 splits them, at least this many (an alpha-beta fit).
+SWEEP_STEP = 4
+SWEEP_FLOOR = 1024
+MIN_SIZES = 3
+# A collective's point holds at most two buffers of its size (all-gather's output and input,
+# reduce-scatter's input and output).
+BUFFERS_PER_POINT = 2
+
+
+@dataclass(frozen=True)
+class Skipped:
+    what: str
+    need: float  # bytes
+
+
+def fitting_layouts(model: ModelSpec, world: int, gpus_per_node: int, zero: Sequence[int],
+                    elt: int, budget: float) -> list[Layout]:
+    """The layouts of `world` ranks whose every rank holds at most `budget` bytes in a step."""
+    return [lay for lay in enumerate_layouts(model, world, gpus_per_node, tuple(zero))
+            if held_by_step(model, lay, elt) <= budget]
+
+
+def smallest_layout(model: ModelSpec, world: int, gpus_per_node: int, zero: Sequence[int],
+                    elt: int) -> tuple[Layout | None, float]:
+    """The layout of `world` ranks that holds the least per rank, and how much (None, 0: the
+    model has no layout on `world` ranks)."""
+    best: tuple[Layout | None, float] = (None, 0.0)
+    for lay in enumerate_layouts(model, world, gpus_per_node, tuple(zero)):
+        need = held_by_step(model, lay, elt)
+        if best[0] is None or need < best[1]:
+            best = (lay, need)
+    return best
+
+
+def sweep_sizes(model: ModelSpec, layouts: Sequence[Layout], elt: int, budget: float
+                ) -> tuple[list[int], list[Skipped]]:
+    """The collective sweep: from a quarter of the smallest TP activation the layouts carry, in
+    SWEEP_STEP steps, to the first size at or past the largest collective one of them issues (a
+    stage's gradients, or an activation); the sizes whose buffers would pass `budget` skipped."""
+    acts = [lay.micro_batch_size(model) * model.seq_len * model.hidden_size * elt
+            for lay in layouts] or [4096]
+    grads = [model.params / (lay.tp * lay.pp) * elt for lay in layouts] or [4096]
+    lo, hi = max(SWEEP_FLOOR, min(acts) // 4), max(max(grads), max(acts))
+    sizes: list[int] = []
+    size = lo
+    while len(sizes) < MIN_SIZES or sizes[-1] < hi:
+        sizes.append(int(size) // 64 * 64)
+        size *= SWEEP_STEP
+    kept = [n for n in sizes if BUFFERS_PER_POINT * n <= budget]
+    skipped = [Skipped(f"collectives of {n} bytes", BUFFERS_PER_POINT * n)
+               for n in sizes if n not in kept]
+    return kept, skipped
+
+
+def compute_point_bytes(model: ModelSpec, tp: int, micro_batch_size: int, elt: int) -> float:
+    """One TP shard of a layer timed forward and backward: its weights and gradients, the input
+    and the output's gradient, and the activations it keeps for backward."""
+    tokens = micro_batch_size * model.seq_len
+    return elt * (2 * model.params_per_layer / tp + 2 * tokens * model.hidden_size
+                  + tokens * activation_elements_per_token(model, tp))
+
+
+def compute_points(model: ModelSpec, layouts: Sequence[Layout], elt: int, budget: float
+                   ) -> tuple[list[tuple[int, int]], list[Skipped]]:
+    """The (tp, micro-batch size) points the layouts run a layer at, those that fit `budget`
+    first, the others skipped."""
+    points = sorted({(lay.tp, lay.micro_batch_size(model)) for lay in layouts})
+    kept = [p for p in points if compute_point_bytes(model, *p, elt) <= budget]
+    skipped = [Skipped(f"one layer at tp {t}, micro-batch {m}",
+                       compute_point_bytes(model, t, m, elt))
+               for t, m in points if (t, m) not in kept]
+    return kept, skipped
+
+
+def optimizer_point_bytes(model: ModelSpec, elt: int) -> float:
+    """AdamW timed on one whole layer: its weights, gradients and states."""
+    return model.params_per_layer * (2 * elt + optimizer_bytes_per_param(elt))
+
+
+def need(model: ModelSpec, world: int, gpus_per_node: int, zero: Sequence[int], elt: int,
+         budget: float) -> float:
+    """The most a rank holds while plan measures on `world` workers within `budget`: what fits
+    of the layouts, the sweep and the points. When no layout fits, what the smallest one would
+    hold: more than the budget, which the launcher then refuses with the figures."""
+    layouts = fitting_layouts(model, world, gpus_per_node, zero, elt, budget)
+    if not layouts:
+        return smallest_layout(model, world, gpus_per_node, zero, elt)[1]
+    sizes, _ = sweep_sizes(model, layouts, elt, budget)
+    points, _ = compute_points(model, layouts, elt, budget)
+    return max([held_by_step(model, lay, elt) for lay in layouts]
+               + [BUFFERS_PER_POINT * n for n in sizes]
+               + [compute_point_bytes(model, t, m, elt) for t, m in points]
+               + [optimizer_point_bytes(model, elt)])
