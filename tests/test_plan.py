@@ -19,7 +19,14 @@ from distbench.core.options import OptionError
 from distbench.planner import memory as mem
 from distbench.planner import sources
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
-from distbench.planner.layouts import Layout, enumerate_layouts, problems
+from distbench.planner.layouts import (
+    Layout,
+    default_micro_batches,
+    divisors,
+    enumerate_layouts,
+    micro_batch_counts,
+    problems,
+)
 from distbench.planner.models import PRESETS, ModelSpec
 from distbench.planner.plan import make_plan, pick_validation, validation_summary
 from distbench.planner.predict import DP_KINDS
@@ -286,6 +293,33 @@ def test_every_layout_uses_exactly_the_gpus_and_tp_stays_in_a_node():
     assert {lay.tp for lay in layouts} == {1, 2, 4, 8}
     assert {lay.zero for lay in layouts} == {0, 1, 2, 3}
     assert all(lay.micro_batches >= lay.pp for lay in layouts if lay.pp > 1)
+
+
+def test_divisors_are_every_divisor_found_in_square_root_time():
+    for n in range(1, 500):
+        assert divisors(n) == [k for k in range(1, n + 1) if n % k == 0], n
+    with helpers.within(5):  # counting up to n took hours for these (issue 30)
+        assert len(divisors(10**12)) == 169
+        assert divisors(999_999_999_989) == [1, 999_999_999_989]  # a prime
+
+
+def test_a_pipeline_weighs_a_ladder_of_micro_batch_counts_not_every_divisor():
+    # a power of two (every preset's batch): every divisor from pp up, as before the ladder
+    assert micro_batch_counts(PRESETS["7b"], 4, 8) == [4, 8, 16, 32, 64, 128]
+    assert micro_batch_counts(PRESETS["7b"], 1, 8) == [1]
+    assert micro_batch_counts(PRESETS["7b"], 2, 3) == []  # dp 3 does not split 1024
+    # 8,648,640 samples have 448 divisors: each a row of the plan, per tp, pp, dp and zero
+    big = replace(MODEL, batch=8_648_640)
+    with helpers.within(5):
+        counts = micro_batch_counts(big, 3, 1)
+    fit = [k for k in divisors(big.batch) if k >= 3]
+    assert len(fit) == 446 and len(counts) <= math.log2(big.batch) + 3, counts
+    assert set(counts) <= set(fit)
+    # the fewest, micro-batches of one sample, the step's default, and every divisor left out
+    # within 2x of a count below it
+    assert counts[0] == 3 and counts[-1] == big.batch
+    assert default_micro_batches(big, 3, 1) in counts
+    assert all(any(c <= k < 2 * c for c in counts) for k in fit)
 
 
 def test_validation_summary_on_known_values():
