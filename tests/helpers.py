@@ -362,6 +362,23 @@ def assert_one_line_error(proc: subprocess.CompletedProcess | Run, secs: float |
     return line
 
 
+@contextlib.contextmanager
+def within(seconds: float) -> Iterator[None]:
+    """Fail (TimeoutError) a block of this process still running after `seconds`, instead of
+    letting it hang the suite: arithmetic that grows with one input (issue 30) is stopped by
+    SIGALRM between two bytecodes. Main thread only."""
+    def fire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    saved = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, saved)
+
+
 def distbench_lines(stderr: str) -> list[str]:
     """What distbench itself said on stderr (torchrun's and torch's own lines left out)."""
     return [line for line in stderr.splitlines() if line.startswith("distbench:")]

@@ -72,19 +72,72 @@ def test_this_machine_is_read():
     assert memory is None or 0 < memory < 2**50
 
 
-def test_a_cgroup_limit_is_what_is_left_of_it(tmp_path, monkeypatch):
-    group = tmp_path / "job"
-    group.mkdir()
-    (group / "memory.max").write_text(f"{4 * GiB}\n")
-    (group / "memory.current").write_text(f"{GiB}\n")
-    cgroup = tmp_path / "self-cgroup"
-    cgroup.write_text("0::/job\n")
-    real = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: real(
-        cgroup if str(self) == "/proc/self/cgroup" else self, *a, **k))
-    assert limits._cgroup_left(tmp_path) == 3 * GiB
-    (group / "memory.max").write_text("max\n")
-    assert limits._cgroup_left(tmp_path) is None
+def _machine(tmp_path: Path, available: int | None, limit: str | None, current: int = 0) -> dict:
+    """available_memory's paths for a machine whose /proc/meminfo says `available` bytes are
+    available (None: no such file) and whose cgroup v2 has memory.max `limit` ("max": none;
+    None: no cgroup files) with `current` bytes in use."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    meminfo = tmp_path / "meminfo"
+    if available is not None:
+        meminfo.write_text(f"MemTotal:       {2 * available // 1024} kB\n"
+                           f"MemFree:        {available // 2048} kB\n"
+                           f"MemAvailable:   {available // 1024} kB\n")
+    group = tmp_path / "cgroup" / "job"
+    group.mkdir(parents=True)
+    if limit is not None:
+        (group / "memory.max").write_text(f"{limit}\n")
+        (group / "memory.current").write_text(f"{current}\n")
+    (tmp_path / "self-cgroup").write_text("0::/job\n")
+    return {"meminfo": meminfo, "cgroup_root": tmp_path / "cgroup",
+            "self_cgroup": tmp_path / "self-cgroup"}
+
+
+def test_a_cgroup_limit_is_what_is_left_of_it(tmp_path):
+    paths = _machine(tmp_path, None, str(4 * GiB), current=GiB)
+    assert limits._cgroup_left(paths["cgroup_root"], paths["self_cgroup"]) == 3 * GiB
+    (tmp_path / "cgroup" / "job" / "memory.max").write_text("max\n")
+    assert limits._cgroup_left(paths["cgroup_root"], paths["self_cgroup"]) is None
+
+
+def test_a_containers_limit_bounds_the_run_not_the_hosts_memory(tmp_path, monkeypatch):
+    """A container on a large host: /proc/meminfo shows the host's 64 GiB available, the
+    cgroup allows 2 GiB. The bound is 2 GiB; planning on 64 would let the kernel kill the run
+    (or its neighbours) past the limit."""
+    paths = _machine(tmp_path, 64 * GiB, str(3 * GiB), current=GiB)
+    assert limits._meminfo_available(paths["meminfo"]) == 64 * GiB
+    assert limits.available_memory(**paths) == 2 * GiB
+    # check_workers reads the machine through available_memory: it refuses 3 GiB of work
+    # naming the cgroup's 2 GiB, not the host's 64
+    real = limits.available_memory
+    monkeypatch.setattr(limits, "available_memory", lambda: real(**paths))
+    per_rank = (3 * GiB - 3 * limits.WORKER_BYTES) // 2  # 2 workers and the launcher: 3 GiB
+    with pytest.raises(OptionError) as e:
+        limits.check_workers(2, per_rank, ("--sizes", "--sizes 8:128M:x2"), ncores=64)
+    text = str(e.value)
+    assert "need about 3 GiB of memory" in text, text
+    assert f"this machine has {format_size(2 * GiB)} available" in text, text
+
+
+def test_no_cgroup_limit_leaves_the_kernels_figure(tmp_path):
+    assert limits.available_memory(**_machine(tmp_path, 64 * GiB, "max")) == 64 * GiB
+    # a cgroup v1 machine, or none: no memory.max to read
+    assert limits.available_memory(**_machine(tmp_path / "v1", 64 * GiB, None)) == 64 * GiB
+
+
+def test_a_limit_read_without_meminfo_is_the_bound(tmp_path):
+    assert limits.available_memory(**_machine(tmp_path, None, str(2 * GiB))) == 2 * GiB
+
+
+def test_memory_nothing_can_read_is_none(tmp_path):
+    """No bound is then applied (check_workers returns): better than refusing every run."""
+    assert limits.available_memory(**_machine(tmp_path, None, None)) is None
+    # files that are there but not readable as such: a directory, and nonsense
+    paths = _machine(tmp_path / "odd", None, "lots")
+    paths["meminfo"].mkdir()
+    assert limits.available_memory(**paths) is None
+    paths["meminfo"].rmdir()
+    paths["meminfo"].write_text("MemAvailable: some kB\n")
+    assert limits.available_memory(**paths) is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,8 +19,15 @@ from distbench.core.options import OptionError
 from distbench.planner import memory as mem
 from distbench.planner import sources
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
-from distbench.planner.layouts import Layout, enumerate_layouts, problems
-from distbench.planner.models import PRESETS, ModelSpec
+from distbench.planner.layouts import (
+    Layout,
+    default_micro_batches,
+    divisors,
+    enumerate_layouts,
+    micro_batch_counts,
+    problems,
+)
+from distbench.planner.models import PRESETS, ModelSpec, parse_model
 from distbench.planner.plan import make_plan, pick_validation, validation_summary
 from distbench.planner.predict import DP_KINDS
 
@@ -288,6 +295,45 @@ def test_every_layout_uses_exactly_the_gpus_and_tp_stays_in_a_node():
     assert all(lay.micro_batches >= lay.pp for lay in layouts if lay.pp > 1)
 
 
+def test_divisors_are_every_divisor_found_in_square_root_time():
+    for n in range(1, 500):
+        assert divisors(n) == [k for k in range(1, n + 1) if n % k == 0], n
+    with helpers.within(5):  # counting up to n took hours for these (issue 30)
+        assert len(divisors(10**12)) == 169
+        assert divisors(999_999_999_989) == [1, 999_999_999_989]  # a prime
+
+
+def test_a_pipeline_weighs_a_ladder_of_micro_batch_counts_not_every_divisor():
+    # a power of two (every preset's batch): every divisor from pp up, as before the ladder
+    assert micro_batch_counts(PRESETS["7b"], 4, 8) == [4, 8, 16, 32, 64, 128]
+    assert micro_batch_counts(PRESETS["7b"], 1, 8) == [1]
+    assert micro_batch_counts(PRESETS["7b"], 2, 3) == []  # dp 3 does not split 1024
+    # 8,648,640 samples have 448 divisors: each a row of the plan, per tp, pp, dp and zero
+    big = replace(MODEL, batch=8_648_640)
+    with helpers.within(5):
+        counts = micro_batch_counts(big, 3, 1)
+    fit = [k for k in divisors(big.batch) if k >= 3]
+    assert len(fit) == 446 and len(counts) <= math.log2(big.batch) + 3, counts
+    assert set(counts) <= set(fit)
+    # the fewest, micro-batches of one sample, the step's default, and every divisor left out
+    # within 2x of a count below it
+    assert counts[0] == 3 and counts[-1] == big.batch
+    assert default_micro_batches(big, 3, 1) in counts
+    assert all(any(c <= k < 2 * c for c in counts) for k in fit)
+
+
+def test_the_largest_plan_accepted_is_tens_of_thousands_of_layouts():
+    """The most layouts a search over the bounds found (highly composite layers, GPUs per node,
+    GPUs and batch): 840 layers and 840 GPUs per node (32 divisors each), 705,600 GPUs, a
+    batch of 16,228,800: 35,221 layouts, planned in 4.4 to 5.0 s here (docs/plan.md). With every
+    divisor as a micro-batch count it was 182,854, and each divisor counted up to n."""
+    model = parse_model("--model", "layers=840,hidden=53760,ffn=215040,heads=840,seq=4096,"
+                        "batch=16228800")
+    with helpers.within(10):
+        count = sum(1 for _ in enumerate_layouts(model, 705_600, 840))
+    assert 30_000 < count <= 40_000, count
+
+
 def test_validation_summary_on_known_values():
     assert validation_summary([(1, 1), (2, 2), (3, 3)]) == (0.0, pytest.approx(1.0))
     mape, rho = validation_summary([(3, 1), (2, 2), (1, 3)])
@@ -469,6 +515,45 @@ def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, args, option):
     got = _plan(tmp_path, "--from", str(run), *args)
     helpers.assert_one_line_error(got, None, option, ours=True)
     assert not (tmp_path / "out").exists()
+
+
+TOY = "hidden=128,ffn=512,heads=4,seq=32"
+
+
+@pytest.mark.parametrize("given,option,needle", [
+    ({"--model": f"layers=1000000000,{TOY},batch=16"}, "--model",
+     "layers must be at most 1,024"),
+    ({"--model": f"layers=4,{TOY},batch=1000000000000"}, "--model",
+     "batch must be at most 16,777,216"),
+    ({"--gpus": "2000000"}, "--gpus", "must be at most 1,048,576"),
+    ({"--gpus-per-node": "2048"}, "--gpus-per-node", "must be at most 1,024"),
+], ids=["layers", "batch", "gpus", "gpus-per-node"])
+def test_one_number_past_any_real_model_or_cluster_is_refused_at_once(tmp_path, given, option,
+                                                                      needle):
+    """Each made the plan's arithmetic spin for minutes (issue 30), or ran a plan of a node
+    no machine has."""
+    run = synthetic_run(tmp_path / "run")
+    args = {"--gpus": "8", "--gpus-per-node": "8", **given}
+    with helpers.within(5):
+        got = _plan(tmp_path, "--from", str(run), *(x for kv in args.items() for x in kv))
+    line = helpers.assert_one_line_error(got, None, option, ours=True)
+    assert needle in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_largest_values_accepted_together_plan_in_seconds(tmp_path):
+    run = synthetic_run(tmp_path / "run")
+    start = time.monotonic()
+    with helpers.within(30):
+        got = _plan(tmp_path, "--from", str(run), "--gpus", str(2**20), "--gpus-per-node",
+                    "1024", "--dtype", "bfloat16", "--model",
+                    "layers=1024,hidden=1048576,ffn=4194304,heads=65536,seq=16777216,"
+                    "batch=16777216")
+    secs = time.monotonic() - start
+    print(f"the largest plan accepted: {secs:.2f} s")
+    assert got.returncode == 0, got.stderr
+    assert secs < 10
+    assert "4181 layouts, 0 fit in memory" in got.stderr, got.stderr
 
 
 @pytest.mark.parametrize("make", ["missing", "empty", "tp"])

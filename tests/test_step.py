@@ -77,6 +77,37 @@ def test_a_world_the_model_does_not_fit_everywhere_keeps_only_valid_layouts(no_l
                                                                  (2, 1, 2), (2, 2, 1)]
 
 
+SHAPE = {"layers": 4, "hidden": 128, "ffn": 512, "heads": 4, "seq": 32, "batch": 16}
+
+
+def _shape(**changed: int) -> str:
+    return ",".join(f"{k}={v}" for k, v in {**SHAPE, **changed}.items())
+
+
+@pytest.mark.parametrize("key, value, most", [
+    ("layers", 10**9, "1,024"), ("hidden", 2**21, "1,048,576"), ("ffn", 2**23, "4,194,304"),
+    ("heads", 2**17, "65,536"), ("seq", 2**25, "16,777,216"),
+    ("batch", 10**12, "16,777,216")])
+def test_a_shape_past_any_real_model_is_refused_at_once(tmp_path, key, value, most):
+    """batch=10^12 made the layouts' arithmetic spin for hours (issue 30); each bound is
+    several times the largest public model's figure (planner.models.MAX_SHAPE)."""
+    out = tmp_path / "results"
+    with helpers.within(5):
+        proc = helpers.cli(tmp_path, "step", "--workers", "4", "--model",
+                           _shape(**{key: value}), "--out", str(out))
+    line = assert_one_line_error(proc, None, "--model", ours=True)
+    assert f"{key} must be at most {most} (several times the largest model's), got " \
+        f"{value:,}" in line, line
+    assert not out.exists()
+
+
+def test_the_largest_batch_accepted_is_laid_out_at_once(tmp_path):
+    with helpers.within(5):
+        proc = helpers.cli(tmp_path, "step", "--workers", "4", "--model",
+                           _shape(batch=2**24), "--out", str(tmp_path / "results"))
+    assert proc.returncode == 0, proc.stderr  # dispatched: the memory is judged there
+
+
 @pytest.mark.parametrize("given, want", [
     (dict(tp=2), (2, 1, 2)), (dict(pp=2), (1, 2, 2)), (dict(dp=2), (2, 1, 2)),
     (dict(tp=2, dp=1), (2, 2, 1)), (dict(tp=1, pp=1, dp=4), (1, 1, 4)),

@@ -8,6 +8,7 @@ tp x dp ranks apart."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
@@ -81,7 +82,10 @@ def problems(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None)
 
 
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """n's divisors, ascending, in O(sqrt n): each k up to sqrt(n) that divides n, and n // k.
+    A count up to n itself took minutes for a batch of 10^12 (issue 30)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
 
 
 def default_micro_batches(model: ModelSpec, pp: int, dp: int) -> int:
@@ -102,12 +106,37 @@ def fewest_micro_batches(model: ModelSpec, dp: int, low: int) -> int | None:
     return next((k for k in divisors(model.batch // dp) if k >= low), None)
 
 
+def micro_batch_counts(model: ModelSpec, pp: int, dp: int) -> list[int]:
+    """The micro-batch counts a plan weighs for `pp` stages and `dp` replicas: 1 without a
+    pipeline (more only trades time for activation memory); with one, a ladder of the counts
+    from pp up that split a replica's share of the batch: the fewest, then each the fewest at
+    least twice the last taken, the most (micro-batches of one sample) and the step's default
+    (default_micro_batches). Empty when none splits it.
+
+    A ladder, not every divisor: each count is a row of the plan, and a batch of millions has
+    hundreds of divisors (8,648,640 has 448), which made a plan of one model minutes long. A
+    rung's bubble (pp-1)/(m+pp-1) and activations (about 1/m of the replica's share) are within
+    2x of the next rung's; at most log2(batch) + 3 counts, whatever the batch. A batch that is
+    a power of two (every preset's) keeps every divisor, as before."""
+    if pp == 1:
+        return [1]
+    if model.batch % dp:
+        return []
+    fit = [k for k in divisors(model.batch // dp) if k >= pp]
+    if not fit:
+        return []
+    ladder = [fit[0]]
+    for k in fit[1:]:
+        if k >= 2 * ladder[-1]:
+            ladder.append(k)
+    return sorted({*ladder, fit[-1], default_micro_batches(model, pp, dp)})
+
+
 def enumerate_layouts(model: ModelSpec, gpus: int, gpus_per_node: int,
                       zero_stages: tuple[int, ...] = ZERO_STAGES) -> Iterator[Layout]:
     """Every valid layout on exactly `gpus` ranks: tp a divisor of the GPUs per node, pp a
-    divisor of the layers, dp what is left, each ZeRO stage (0 alone when dp is 1) and every
-    micro-batch count that divides a replica's share of the batch (at least pp of them; 1 when
-    pp is 1, since more only trades time for activation memory)."""
+    divisor of the layers, dp what is left, each ZeRO stage (0 alone when dp is 1) and each
+    of micro_batch_counts()."""
     for t in divisors(gpus_per_node):
         for p in divisors(model.layers):
             if gpus % (t * p):
@@ -115,7 +144,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, gpus_per_node: int,
             d = gpus // (t * p)
             if model.batch % d:
                 continue
-            counts = [1] if p == 1 else [k for k in divisors(model.batch // d) if k >= p]
+            counts = micro_batch_counts(model, p, d)
             for z in (zero_stages if d > 1 else (0,)):
                 for m in counts:
                     layout = Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m)

@@ -77,6 +77,18 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
 KEYS = {"layers": "layers", "hidden": "hidden_size", "ffn": "ffn_size", "heads": "heads",
         "seq": "seq_len", "batch": "batch"}
 
+# The most a shape may say of each key. A plan's and a step's layouts are arithmetic over the
+# layers' and the batch's divisors, and a number with no bound made that arithmetic run for
+# minutes (layers=10^9, batch=10^12; issue 30). Each bound is many times the largest public
+# model's figure, so no real model is refused: 126 layers (Llama 3.1 405B; PaLM 118, GPT-3
+# 96); hidden 20,480 (MT-NLG 530B; Llama 3.1 405B 16,384); ffn 73,728 (PaLM 540B; Llama 3.1
+# 405B 53,248), and 4 x 2^20, the default for the largest hidden, is allowed; 128 heads;
+# contexts of about a million tokens (10M claimed for Llama 4 Scout); global batches of a few
+# million tokens (16M for Llama 3.1 405B: 2,048 samples of 8,192), so 2^24 samples even of one
+# token each. Within these the largest plan is seconds (docs/plan.md gives the figures).
+MAX_SHAPE = {"layers": 1024, "hidden": 2**20, "ffn": 2**22, "heads": 2**16, "seq": 2**24,
+             "batch": 2**24}
+
 
 def parse_model(option: str, text) -> ModelSpec:
     """A preset's name, or an explicit shape `layers=4,hidden=128,ffn=512,heads=4,seq=32,
@@ -100,6 +112,9 @@ def parse_model(option: str, text) -> ModelSpec:
                               EXAMPLE) from None
         if number < 1:
             raise OptionError(option, f"{key} must be at least 1, got {number}", EXAMPLE)
+        if number > MAX_SHAPE[key]:
+            raise OptionError(option, f"{key} must be at most {MAX_SHAPE[key]:,} (several times "
+                              f"the largest model's), got {number:,}", EXAMPLE)
         values[KEYS[key]] = number
     if "hidden_size" in values:
         values.setdefault("ffn_size", 4 * values["hidden_size"])

@@ -38,16 +38,25 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def available_memory() -> int | None:
+MEMINFO = Path("/proc/meminfo")
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # where cgroup v2 is mounted
+SELF_CGROUP = Path("/proc/self/cgroup")  # this process's cgroup, under that root
+
+
+def available_memory(meminfo: Path = MEMINFO, cgroup_root: Path = CGROUP_ROOT,
+                     self_cgroup: Path = SELF_CGROUP) -> int | None:
     """Bytes a new process can still use: the kernel's MemAvailable, or what this cgroup's
-    limit leaves, whichever is less; None when neither can be read."""
-    found = [v for v in (_meminfo_available(), _cgroup_left()) if v is not None]
+    limit leaves, whichever is less (a container's limit is far below what the host has
+    available, and the kernel kills past it); None when neither can be read. The paths stand
+    in for the machine's (tests)."""
+    found = [v for v in (_meminfo_available(meminfo), _cgroup_left(cgroup_root, self_cgroup))
+             if v is not None]
     return min(found) if found else None
 
 
-def _meminfo_available() -> int | None:
+def _meminfo_available(meminfo: Path = MEMINFO) -> int | None:
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
@@ -55,11 +64,11 @@ def _meminfo_available() -> int | None:
     return None
 
 
-def _cgroup_left(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+def _cgroup_left(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> int | None:
     """cgroup v2's memory.max less memory.current, for the cgroup this process is in."""
     try:
         rel = next(line.split("::", 1)[1] for line in
-                   Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+                   self_cgroup.read_text().splitlines() if line.startswith("0::"))
         where = root / rel.strip().lstrip("/")
         limit = (where / "memory.max").read_text().strip()
         if limit == "max":

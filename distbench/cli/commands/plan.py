@@ -42,6 +42,21 @@ HELP = ("Plan a model's layouts (TP, PP, DP, ZeRO, micro-batches) on a cluster: 
 
 # What a GPU is taken to hold when nothing says: an 80 GB part (A100/H100), said in the output.
 ASSUMED_MEMORY = 80 * 2**30
+# The most GPUs a plan is for, and per node: the layouts are arithmetic over their divisors,
+# and no bound let one number make a plan long (issue 30). Several times the largest real
+# figures: clusters of about 200,000 GPUs, NVLink domains of 72 GPUs (GB200 NVL72; 576
+# announced), where TP may stay.
+MAX_GPUS = 2**20
+MAX_GPUS_PER_NODE = 1024
+
+
+def _count(high: int, largest: str, example: str):
+    """A whole number from 1 to `high`, or None."""
+    low = at_least(1, example, optional=True)
+    top = require(lambda v: v <= high, f"must be at most {high:,} (several times {largest}), "
+                  "got {value:,}", example, optional=True)
+    return with_example(lambda option_name, value: top(option_name, low(option_name, value)),
+                        example)
 
 
 def _model(option_name: str, text) -> str:
@@ -95,11 +110,12 @@ class PlanOptions(RunOptions):
     model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape "
                         "layers=4,hidden=128,ffn=512,heads=4,seq=32,batch=16.", check=_model)
     gpus: int | None = option(None, "GPUs to plan for. Default: the workers' world.",
-                              check=at_least(1, "--gpus 1024", optional=True),
+                              check=_count(MAX_GPUS, "the largest clusters'", "--gpus 1024"),
                               show_default=False)
     gpus_per_node: int | None = option(
         None, "GPUs per node (TP stays inside one). Default: the --from topology's, else the "
-        "workers' per node.", check=at_least(1, "--gpus-per-node 8", optional=True),
+        "workers' per node.",
+        check=_count(MAX_GPUS_PER_NODE, "the largest NVLink domains'", "--gpus-per-node 8"),
         show_default=False)
     gpu_memory: int | None = option(
         None, "Memory per GPU (80G). Default: the topology's, else --gpu's, else 80 GiB "
