@@ -191,7 +191,18 @@ def test_a_check_that_is_no_table_says_what_it_got(tmp_path):
     line = _accept(tmp_path, "--profile", _profile_file(tmp_path, text))
     assert ("mine.toml: key 'check': must be [[check]] tables, one per check (keys: name, "
             "scope, command, op, pattern, dtype, size, metric, vs, fail, warn, fail_no_nvls, "
-            "warn_no_nvls), got \"x\"") in line, line
+            "warn_no_nvls, floors_by_nodes), got \"x\"") in line, line
+
+
+def test_a_malformed_floors_by_nodes_row_is_refused_before_any_worker(tmp_path):
+    """Issue 30: a cluster check's floors by node count, one row out of order: one line
+    naming the row and the key, exit 2, no worker and no run directory."""
+    rows = ("[[check.floors_by_nodes]]\nnodes = 4\nfail = 90000\n\n"
+            "[[check.floors_by_nodes]]\nnodes = 2\nfail = 90000\n")
+    text = _edit(TINY, "fail = 90000\n", "\n" + rows)
+    line = _accept(tmp_path, "--profile", _profile_file(tmp_path, text))
+    assert ("mine.toml: check 'cluster all_reduce latency' floors_by_nodes row 2 key 'nodes': "
+            "2 after 4: list the rows by node count, ascending, each count once") in line, line
 
 
 # ---------------------------------------------------------------------------------------------

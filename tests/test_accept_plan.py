@@ -228,3 +228,27 @@ def test_a_dry_run_refuses_a_cluster_it_cannot_plan(tmp_path, argv, message):
     assert done.returncode == 2
     assert done.stderr.startswith(f"distbench: error: {message}"), done.stderr
     assert len(done.stderr.splitlines()) == 1 and list(Path(tmp_path).iterdir()) == []
+
+
+@pytest.mark.parametrize("nodes,floor", [
+    (1, "the profile's floor for 1 node (fail below 440, warn below 455 GB/s with NVLS; fail "
+        "below 340, warn below 352 without)"),
+    (4, "the profile's floor for 4 nodes (fail below 336, warn below 347 GB/s)"),
+    (16, "the profile's floor for 248 nodes (fail below 322, warn below 332 GB/s); none is given "
+         "for 16 nodes: the nearest count above"),
+    (512, "the profile's floor for 248 nodes (fail below 322, warn below 332 GB/s); "
+          "extrapolated to 512 nodes: none is given beyond 248"),
+])
+def test_a_dry_run_names_the_cluster_floor_for_the_planned_node_count(nodes, floor):
+    """Issue 30: the cluster floor goes by node count; the plan says which row it will judge
+    by, and times the check at that row's warn figure."""
+    plan = check_plan.make(H100, Layout.uniform(nodes, 8), quick=False)
+    lines = check_plan.lines(plan)
+    at = lines.index(next(x for x in lines if x.startswith("  cluster all_reduce busbw")))
+    assert lines[at + 2] == f"      judged by {floor}"
+    assert sum("judged by" in x for x in lines) == 1  # only a check with floors by node count
+    cluster = plan.checks[-1]
+    warn = cluster.check.for_nodes(nodes)[0].warn
+    calls = H100.warmup + H100.iters + 1
+    call = 2 * (8 * nodes - 1) / (8 * nodes) * 8 * 2**30 / (warn * 1e9)
+    assert cluster.seconds == pytest.approx(calls * call + check_plan.SETUP_S + check_plan.ROUND_S)

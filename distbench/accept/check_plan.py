@@ -215,6 +215,8 @@ def _issued(check: Check, profile: Profile, rounds: list[list[Target]]
     figure the estimate assumes."""
     calls = profile.warmup + profile.iters + 1  # the last: the correctness check
     n = len(rounds[0][0].ranks) if rounds and rounds[0] else 0
+    if rounds and rounds[0]:  # floors by node count: the row for the target's
+        check = check.for_nodes(len(rounds[0][0].nodes))[0]
     if n < 2:
         return ["nothing: one rank per target"], 0.0
     elt = element_bytes(check.dtype)
@@ -237,6 +239,24 @@ def _seconds_per_call(check: Check, acc, size: int, n: int) -> float:
     return size * (bus / algbw) / (busbw * 1e9)
 
 
+def floors_line(check: Check, nodes: int) -> str:
+    """Which floors an absolute check with floors by node count judges a target of `nodes`
+    nodes by, and the lines: "the profile's floor for 4 nodes (fail below 336, warn below 347
+    GB/s)", and why that row where it is not the count's own."""
+    used, floor_for, caveat = check.for_nodes(nodes)
+    side = "below" if check.higher_is_better else "above"
+
+    def both(fail: float | None, warn: float | None) -> str:
+        return ", ".join(f"{what} {side} {value:g}" for what, value in (("fail", fail),
+                                                                       ("warn", warn))
+                         if value is not None)
+
+    lines = f"{both(used.fail, used.warn)} {used.unit}"
+    if used.fail_no_nvls is not None or used.warn_no_nvls is not None:
+        lines += f" with NVLS; {both(used.fail_no_nvls, used.warn_no_nvls)} without"
+    return f"the profile's floor{floor_for} ({lines}){caveat}"
+
+
 def lines(plan: Plan) -> list[str]:
     """The plan as an operator reads it before booking the nodes; the last line sums it up."""
     lay = plan.layout
@@ -257,6 +277,8 @@ def lines(plan: Plan) -> list[str]:
                    f"{plural(c.creations, 'group creation')} per rank{reuse}; "
                    f"about {c.seconds / 60:.1f} min")
         out += [f"      each measuring rank issues {x}" for x in c.issued]
+        if c.check.by_nodes and c.rounds and c.rounds[0]:
+            out.append(f"      judged by {floors_line(c.check, len(c.rounds[0][0].nodes))}")
     out.append("  after each measurement: the cross-rank statistics in the target's group, a "
                "barrier on the host (the launcher's store), then one all_gather_object of the "
                "round's results on every rank")

@@ -72,11 +72,26 @@ _TOP_REQUIRED = ("name", "description", "settings", "check")
 _MATCH_KEYS = ("gpu", "exclude", "gpus_per_node")
 _SETTINGS_KEYS = ("iters", "warmup", "baseline_tolerance")
 _CHECK_KEYS = ("name", "scope", "command", "op", "pattern", "dtype", "size", "metric", "vs",
-               "fail", "warn", "fail_no_nvls", "warn_no_nvls")
+               "fail", "warn", "fail_no_nvls", "warn_no_nvls", "floors_by_nodes")
+_FLOOR_KEYS = ("fail", "warn", "fail_no_nvls", "warn_no_nvls")
+# a row of [[check.floors_by_nodes]]: the floors for a cluster of that many nodes
+_ROW_KEYS = ("nodes", *_FLOOR_KEYS)
 _CHECK_REQUIRED = ("name", "scope", "command", "size", "metric", "vs")
 # what a check names its operation with, per command (as the command-line flags do)
 _OP_KEY = {"collective": "op", "p2p": "pattern"}
 DEFAULT_DTYPE = "float32"  # as --dtype
+
+
+@dataclass(frozen=True)
+class NodeFloors:
+    """A cluster check's floors for clusters of `nodes` nodes: one row of the check's
+    [[check.floors_by_nodes]], each citing the figure published for that many nodes."""
+
+    nodes: int
+    fail: float | None
+    warn: float | None
+    fail_no_nvls: float | None = None
+    warn_no_nvls: float | None = None
 
 
 class ProfileError(OptionError):
@@ -107,10 +122,34 @@ class Check:
     # check's figure holds either way
     fail_no_nvls: float | None = None
     warn_no_nvls: float | None = None
+    # a cluster check's floors by node count, ascending (then fail, warn and the floors without
+    # NVLS above are None until for_nodes() picks a row): what a healthy cluster reaches across
+    # its network changes with its size. (): the floors above hold at any size
+    by_nodes: tuple[NodeFloors, ...] = ()
 
     @property
     def unit(self) -> str:
         return METRICS[self.metric]["unit"]
+
+    def for_nodes(self, nodes: int) -> tuple[Check, str, str]:
+        """The check with the floors for a target of `nodes` nodes, with which row that is and
+        any caveat, as a verdict's note says them (" for 4 nodes", "; extrapolated ...";
+        both "" for a check without floors by node count). The row of that count, else of the
+        nearest count above it (past two nodes a cluster's busbw does not grow as nodes are
+        added, so a healthy cluster reaches at least the larger count's figure), else, beyond
+        the table, its last row, which the caveat calls extrapolated."""
+        if not self.by_nodes:
+            return self, "", ""
+        row = next((r for r in self.by_nodes if r.nodes >= nodes), None)
+        caveat = ""
+        if row is None:
+            row = self.by_nodes[-1]
+            caveat = f"; extrapolated to {_nodes(nodes)}: none is given beyond {row.nodes}"
+        elif row.nodes != nodes:
+            caveat = f"; none is given for {_nodes(nodes)}: the nearest count above"
+        return (replace(self, fail=row.fail, warn=row.warn, fail_no_nvls=row.fail_no_nvls,
+                        warn_no_nvls=row.warn_no_nvls, by_nodes=()),
+                f" for {_nodes(row.nodes)}", caveat)
 
     def floors(self, nvls: bool | None) -> Check:
         """The check with the floors for NVLS in use (True), or not or unknown: where unknown
@@ -243,6 +282,10 @@ def _shown(path: Path) -> str:
         return str(Path(os.path.abspath(path)).relative_to(Path.cwd()))
     except (ValueError, OSError):  # elsewhere, or the current directory is gone
         return str(path)
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,9 +524,15 @@ def _check(r: _Reader, raw: dict, index: int) -> Check:
         raise r.error(f"{where} key 'vs'", "a cluster check is one measurement over every "
                       "rank: it has no peers to be judged against (use vs = \"absolute\", or "
                       "scope \"node\" or \"pair\")")
+    if "floors_by_nodes" in raw:
+        by_nodes = _by_nodes(r, raw, where, scope, metric, vs)
+        return Check(name=name, scope=scope, command=command, op=op, dtype=dtype, size=size,
+                     metric=metric, vs=vs, fail=None, warn=None, by_nodes=by_nodes)
     fail, warn = _floors(r, raw, where, metric, vs, "")
     if fail is None and warn is None:
-        raise r.error(f"{where} key 'fail'", "missing: a check needs fail, warn or both")
+        raise r.error(f"{where} key 'fail'", "missing: a check needs fail, warn or both"
+                      + (" (or, by node count, [[check.floors_by_nodes]] rows)"
+                         if scope == "cluster" and vs == "absolute" else ""))
     if vs == "peers":
         for key in ("fail_no_nvls", "warn_no_nvls"):
             if key in raw:
@@ -493,6 +542,50 @@ def _check(r: _Reader, raw: dict, index: int) -> Check:
     return Check(name=name, scope=scope, command=command, op=op, dtype=dtype, size=size,
                  metric=metric, vs=vs, fail=fail, warn=warn, fail_no_nvls=fail_no_nvls,
                  warn_no_nvls=warn_no_nvls)
+
+
+def _by_nodes(r: _Reader, raw: dict, where: str, scope: str, metric: str,
+              vs: str) -> tuple[NodeFloors, ...]:
+    """A cluster check's [[check.floors_by_nodes]] rows: each a node count (a whole number, at
+    least 1, ascending and each once) and its floors, checked as a check's own are."""
+    key = f"{where} key 'floors_by_nodes'"
+    if vs != "absolute":
+        raise r.error(key, "only an absolute check has floors by node count (a peers check "
+                      "is a fraction of what its peers reach, at any size)")
+    if scope != "cluster":
+        raise r.error(key, f"only a cluster check runs on a number of nodes that varies (a "
+                      f"{scope} check runs on {'one node' if scope == 'node' else 'two'}): "
+                      "give it fail and warn")
+    beside = next((k for k in _FLOOR_KEYS if k in raw), None)
+    if beside is not None:
+        raise r.error(f"{where} key {beside!r}", "a check with [[check.floors_by_nodes]] takes "
+                      "its floors from those rows only: give them in each row instead")
+    rows = raw["floors_by_nodes"]
+    if not isinstance(rows, list) or not all(isinstance(x, dict) for x in rows):
+        raise r.error(key, f"must be [[check.floors_by_nodes]] tables, one per node count "
+                      f"(keys: {', '.join(_ROW_KEYS)}), got {_toml(rows)}")
+    if not rows:
+        raise r.error(key, "no rows: give at least one [[check.floors_by_nodes]] table")
+    out: list[NodeFloors] = []
+    for i, row in enumerate(rows, 1):
+        at = f"{where} floors_by_nodes row {i}"
+        stray = next((k for k in row if k not in _ROW_KEYS and k in _CHECK_KEYS), None)
+        if stray is not None:  # TOML puts a key written after a row's header in the row
+            raise r.error(f"{at} key {stray!r}", f"not a key of a row (valid: "
+                          f"{', '.join(_ROW_KEYS)}): a key written after "
+                          "[[check.floors_by_nodes]] belongs to that row; the check's own keys "
+                          "go before its first row")
+        r.keys(row, at, _ROW_KEYS, ("nodes",))
+        nodes = r.integer(row["nodes"], f"{at} key 'nodes'", 1)
+        if out and nodes <= out[-1].nodes:
+            raise r.error(f"{at} key 'nodes'", f"{nodes} after {out[-1].nodes}: list the rows "
+                          "by node count, ascending, each count once")
+        fail, warn = _floors(r, row, at, metric, vs, "")
+        if fail is None and warn is None:
+            raise r.error(f"{at} key 'fail'", "missing: a row needs fail, warn or both")
+        fail_no_nvls, warn_no_nvls = _floors(r, row, at, metric, vs, "_no_nvls")
+        out.append(NodeFloors(nodes, fail, warn, fail_no_nvls, warn_no_nvls))
+    return tuple(out)
 
 
 def _floors(r: _Reader, raw: dict, where: str, metric: str, vs: str,

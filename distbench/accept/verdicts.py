@@ -160,11 +160,14 @@ def _unfit(profile: Profile, r: Result, names: list[str]) -> str:
 
 
 def _absolute(check: Check, profile: Profile, r: Result, names: list[str]) -> Verdict:
-    """Against the profile's floors: those for NVLS where every node of the target has it, the
-    ones without where any has not or it is unknown (no healthy node fails for want of
-    evidence), and the row says which."""
+    """Against the profile's floors: for the target's node count where the check has floors
+    by node count (the row's note names the count, and says so where the table has no row
+    for it); those for NVLS where every node of the target has it, the ones without where any
+    has not or it is unknown (no healthy node fails for want of evidence), and the row says
+    which."""
+    check, floor_for, caveat = check.for_nodes(len(r.nodes))
     if check.fail_no_nvls is None and check.warn_no_nvls is None:
-        graded, why = check, "the profile's floor"
+        graded, why = check, f"the profile's floor{floor_for}{caveat}"
     else:
         facts = [profile.nodes[i] if i < len(profile.nodes) else
                  NodeFacts(names[i], (), nvls_why="unknown: no snapshot") for i in r.nodes]
@@ -172,12 +175,14 @@ def _absolute(check: Check, profile: Profile, r: Result, names: list[str]) -> Ve
         unknown = next((f for f in facts if f.nvls is None), None)
         graded = check.floors(not off and not unknown)
         if off:
-            why = f"the profile's floor without NVLS ({off.name}: {off.nvls_why})"
+            why = f"the profile's floor{floor_for} without NVLS ({off.name}: {off.nvls_why})"
         elif unknown:
-            why = (f"the profile's floor without NVLS: whether NVLS is in use is unknown "
-                   f"({unknown.name}: {unknown.nvls_why})")
+            why = (f"the profile's floor{floor_for} without NVLS: whether NVLS is in use is "
+                   f"unknown ({unknown.name}: {unknown.nvls_why})")
         else:
-            why = f"the profile's floor with NVLS ({facts[0].name}: {facts[0].nvls_why})"
+            why = (f"the profile's floor{floor_for} with NVLS ({facts[0].name}: "
+                   f"{facts[0].nvls_why})")
+        why += caveat
     floor = graded.fail if graded.fail is not None else graded.warn
     return Verdict(r, GRADES[graded.grade(r.value)], graded.fail, graded.warn, None,
                    graded.fraction(r.value, floor), why)
