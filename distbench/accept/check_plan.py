@@ -6,10 +6,16 @@ from the same code, so the two cannot drift apart.
 Process groups. On NCCL every group creation is a collective of the whole world (an NCCL split
 of the default communicator, which every rank joins, member or not), so what a run costs at
 64 to 128 nodes is the number of creations, not their size. A round's disjoint groups are made
-in one call (Groups.for_round), and kept while the checks that follow have the same scope: the
-pair checks reuse the rounds of the first. Creations per rank: one for the node checks, one per
-pair round (N-1 for N nodes), none for the cluster (the default group): they grow with the node
-count, not with the N(N-1)/2 pairs. Pure: no torch (the caller hands Groups its maker)."""
+in one call (Groups.for_round), and a rank holds one round's groups at most: each NCCL
+communicator holds device memory torch's allocator does not see (hundreds of MB), so the N-1
+pair rounds' groups kept at once would take tens of GB per GPU at 128 nodes, and the large
+checks after them would not fit. A round releases the groups held unless they are its own: the
+node checks share the node groups (one round, the same each check), and each pair check makes
+its rounds afresh (a pair round's groups cannot serve the next pair check's same round without
+measuring the checks out of order, and each check is finished before the next starts).
+Creations per rank: one for the node checks, one per pair round per pair check (N-1 each for
+N nodes), none for the cluster (the default group): they grow with the node count, not with
+the N(N-1)/2 pairs. Pure: no torch (the caller hands Groups its maker)."""
 
 from __future__ import annotations
 
@@ -126,10 +132,11 @@ Maker = Callable[[list[tuple[int, ...]]], dict[tuple[int, ...], object]]
 
 
 class Groups:
-    """The process groups a run holds, by their ranks. `make(lists)` creates the groups of
-    disjoint rank lists in one call on every rank (an NCCL split), and returns this rank's
-    group by its ranks (other ranks' lists may map to anything: they are never used here). A
-    target of the whole world uses the default group (None)."""
+    """The process groups of one round at most, by their ranks. `make(lists)` creates the
+    groups of disjoint rank lists in one call on every rank (an NCCL split), and returns this
+    rank's group by its ranks (other ranks' lists may map to anything: they are never used
+    here); `release(group)` frees one. A target of the whole world uses the default group
+    (None)."""
 
     def __init__(self, world: int, make: Maker, release: Callable[[object], None] = lambda g: None):
         self.world = world
@@ -138,13 +145,16 @@ class Groups:
         self.created = 0  # creation calls this rank joined
 
     def for_round(self, targets: list[Target]) -> list[object]:
-        """Each target's group; the missing ones made now, in one call. Every rank calls this
-        with the same targets and holds the same keys, so every rank makes the same calls."""
-        missing = [t.ranks for t in targets if len(t.ranks) < self.world
-                   and t.ranks not in self.held]
-        if missing:
-            made = self._make(missing)
-            self.held.update({ranks: made.get(ranks) for ranks in missing})
+        """Each target's group. The groups held serve the round if it needs no other (the next
+        node check, a retest of some of the round's targets); otherwise they are released and
+        the round's made, in one call. Every rank calls this with the same targets and holds
+        the same keys, so every rank makes and releases alike."""
+        wanted = [t.ranks for t in targets if len(t.ranks) < self.world]
+        if not wanted or not set(wanted) <= self.held.keys():
+            self.release()
+        if wanted and not self.held:
+            made = self._make(wanted)
+            self.held = {ranks: made.get(ranks) for ranks in wanted}
             self.created += 1
         return [None if len(t.ranks) >= self.world else self.held[t.ranks] for t in targets]
 
@@ -152,14 +162,13 @@ class Groups:
         for group in self.held.values():
             if group is not None:
                 self._release(group)
-        self.held.clear()
+        self.held = {}
 
 
 @dataclass
 class CheckPlan:
     check: Check
     rounds: list[list[Target]]
-    fresh: bool  # the groups held so far are released first (the scope changed)
     creations: int = 0  # group creations per rank for this check
     issued: list[str] = field(default_factory=list)  # what one measuring rank issues
     seconds: float = 0.0
@@ -190,13 +199,9 @@ def make(profile: Profile, lay: Layout, quick: bool) -> Plan:
     add rounds only where a target fails)."""
     plans: list[CheckPlan] = []
     groups = Groups(lay.world, lambda lists: {r: r for r in lists})
-    scope = None
     for check in profile.checks:
         rounds = rounds_of(check, lay, quick)
-        plan = CheckPlan(check, rounds, fresh=check.scope != scope)
-        scope = check.scope
-        if plan.fresh:
-            groups.release()
+        plan = CheckPlan(check, rounds)
         before = groups.created
         for targets in rounds:
             groups.for_round(targets)
@@ -251,7 +256,8 @@ def lines(plan: Plan) -> list[str]:
         targets = sum(len(r) for r in rounds)
         groups = ("the default group" if sizes == [lay.world] else
                   f"groups of {'/'.join(map(str, sizes))} ranks")
-        reuse = "" if c.creations or c.check.scope == "cluster" else ", reusing the groups above"
+        kept = not c.creations and sizes and sizes != [lay.world]
+        reuse = ", reusing the groups above" if kept else ""
         out.append(f"  {c.check.name} [{c.check.scope}]: {plural(targets, 'target')} in "
                    f"{plural(len(rounds), 'round')}, {groups}, "
                    f"{plural(c.creations, 'group creation')} per rank{reuse}; "
@@ -265,7 +271,7 @@ def lines(plan: Plan) -> list[str]:
                f"peers: {ASSUMED_BUSBW_GBPS['node']:.0f} GB/s busbw in a node, "
                f"{ASSUMED_BUSBW_GBPS['pair']:.0f} between nodes), plus {SETUP_S:.0f} s per "
                f"measurement, {CREATE_S:.0f} s per group creation and {ROUND_S} s per round; "
-               "retests add rounds only where a target fails")
+               "retests add rounds (and group creations) only where a target fails")
     out.append(f"plan: {plural(len(plan.checks), 'check')}, {plural(plan.rounds, 'round')}, "
                f"{plural(plan.creations, 'group creation')} per rank, about "
                f"{math.ceil(plan.seconds / 60)} min")
