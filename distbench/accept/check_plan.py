@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 
 from distbench.accept import schedule
 from distbench.accept.profiles import Check, Profile
-from distbench.bench.series import SENDRECV
-from distbench.core.accounting import bandwidth, layout
+from distbench.core.accounting import SENDRECV, bandwidth, layout
 from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
 from distbench.core.tables import plural
