@@ -25,7 +25,9 @@ import torch.distributed as dist
 from fake_group import ThreadWorld, on_threads
 from helpers import distbench_lines
 
-from distbench.accept import acceptance
+from distbench.accept import acceptance, check_plan
+from distbench.accept.check_plan import Layout
+from distbench.accept.profiles import resolve
 from distbench.bench import series, timing
 from distbench.core import contracts, noise
 from distbench.core.accounting import layout
@@ -63,11 +65,13 @@ class _World(ThreadWorld):
         self.held: list[list] = [[] for _ in range(world)]
         self.made, self.freed, self.most = [0] * world, [0] * world, [0] * world
         self.stale: list = []
+        self.calls = [0] * world  # creation calls joined, member or not
 
     def new_subgroups_by_enumeration(self, lists, timeout=None):
         mine, subgroups = super().new_subgroups_by_enumeration(lists, timeout)
         rank = self.local.rank
         with self.lock:
+            self.calls[rank] += 1
             if mine is not None:
                 self.held[rank].append(mine)
                 self.made[rank] += 1
@@ -263,3 +267,9 @@ def test_a_rank_holds_one_rounds_groups_at_most_and_frees_them_all(monkeypatch, 
     assert world.most == [1] * world.world, world.most
     assert world.stale == []  # one round's groups alive at a time, over all ranks
     assert world.freed == world.made and world.held == [[]] * world.world, world.held
+    # the plan a dry run prints counts what the run made, retests aside
+    plan = check_plan.make(resolve("cpu-gloo"), Layout.uniform(nodes, 2), quick=False)
+    if not slow:
+        assert world.calls == [plan.creations] * world.world
+    else:
+        assert min(world.calls) >= plan.creations

@@ -217,6 +217,85 @@ def test_nccl_splits_the_world_once_per_round_with_the_timeout(monkeypatch):
     assert calls == [([[0, 1], [2, 3]], timedelta(seconds=42.0))]
 
 
+# Small clusters of every shape a run meets: nodes of one rank and of two, cyclic placement,
+# nodes of different sizes, several nodes on one host (the tests' agents).
+LAYOUTS = {**{f"{n}x{k}": Layout.uniform(n, k) for n in range(1, 8) for k in (1, 2)},
+           "5x2-cyclic": _cyclic(5, 2),
+           "4-mixed-2hosts": Layout(["a", "b", "c", "d"], [(0, 1), (2,), (3, 4, 5), (6,)],
+                                    ["h", "h", "g", "g"])}
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["circle", "quick"])
+@pytest.mark.parametrize("lay", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_the_plan_counts_what_making_every_round_would_find(lay, quick):
+    """What a dry run says of a check without making its targets (their count, group sizes,
+    first size, batches, and which rounds share their groups) is what its rounds, made, hold."""
+    for check in CPU.checks:
+        rounds = check_plan.rounds_of(check, lay, quick)
+        made = list(rounds)
+        assert len(made) == len(rounds)
+        assert rounds.targets == sum(len(r) for r in made)
+        assert rounds.sizes() == sorted({len(t.ranks) for r in made for t in r})
+        assert rounds.first_size() == (len(made[0][0].ranks) if made else 0)
+        assert rounds.batches() == sum(len(check_plan.by_machine(r, lay.hosts)) for r in made)
+        wanted = [frozenset(t.ranks for t in r if len(t.ranks) < lay.world) for r in made]
+        keys = [rounds.key(i) for i in range(len(rounds))]
+        assert [k is None for k in keys] == [not w for w in wanted]
+        for other in CPU.checks:  # another check's rounds: the same key, the same groups
+            theirs = check_plan.rounds_of(other, lay, quick)
+            for i, j in itertools.product(range(len(rounds)), range(len(theirs))):
+                if keys[i] is not None and keys[i] == theirs.key(j):
+                    assert wanted[i] == frozenset(
+                        t.ranks for t in theirs[j] if len(t.ranks) < lay.world)
+    # the run holds them by these keys, and a retest's round by its ranks: what the plan
+    # counts is what a rank holding them makes
+    plan = check_plan.make(CPU, lay, quick)
+    held: list = []
+    groups = Groups(lay.world, lambda lists: (held.append(lists), {r: r for r in lists})[1])
+    for step in plan.checks:
+        for i, targets in enumerate(step.rounds):
+            groups.for_round(targets, step.rounds.key(i))
+    assert groups.created == plan.creations == len(held)
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["circle", "quick"])
+def test_a_dry_run_makes_no_target_of_a_pair_check(monkeypatch, quick):
+    """3000 nodes took 69 s: the plan made all 4.5 million targets of each pair check to count
+    them. It counts them now, making none: the work grows with the nodes, not the pairs."""
+    made = []
+
+    def counted(*args, **kwargs):
+        made.append(args[0])
+        return Target(*args, **kwargs)
+
+    Target = check_plan.Target
+    monkeypatch.setattr(check_plan, "Target", counted)
+    plan = check_plan.make(H100, Layout.uniform(400, 8), quick)
+    text = check_plan.lines(plan)
+    assert len(made) <= 400, (len(made), made[:5])
+    pairs = [line for line in text if "[pair]" in line]
+    assert len(pairs) == 3
+    assert all(f"{400 // 2 if quick else 400 * 399 // 2} targets in "
+               f"{1 if quick else 399} round" in line for line in pairs), pairs
+
+
+@pytest.mark.alone  # the bound is the behaviour: not another test's load on the 2 cores
+@pytest.mark.parametrize("nodes", [3000, 100_000])
+def test_a_dry_run_of_thousands_of_nodes_answers_in_seconds(tmp_path, nodes):
+    """Issue 30: 3000 nodes took 69 s and 100000 more than a minute; each must answer within
+    5 s (CPU time in this process: the command's own work, whatever else the machine runs)."""
+    started = time.process_time()
+    done = cli(tmp_path, "accept", "--dry-run", "--nodes", str(nodes), "--gpus-per-node", "8",
+               "--profile", "h100-sxm-8", "--out", str(tmp_path / "out"), dispatch=True)
+    took = time.process_time() - started
+    assert done.returncode == 0, done.stderr
+    assert took < 5, f"{took:.1f} s"
+    rounds = 4 + 3 * (nodes - 1) + 1
+    assert done.stdout.splitlines()[-1].startswith(
+        f"plan: 8 checks, {rounds} rounds, {1 + 3 * (nodes - 1)} group creations per rank")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_dry_run_of_128_nodes_prints_the_plan_in_seconds_and_writes_nothing(tmp_path):
     """In this process (a worker it started would fail the test), the real dispatch."""
     started = time.monotonic()

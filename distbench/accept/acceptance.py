@@ -118,8 +118,8 @@ def measure_check(s: Session, m: Settings, step: check_plan.CheckPlan, groups: G
     if not step.rounds:  # a pair check on one node
         return [verdicts.Result(step.check, "pairs", (), 0,
                                 note="one node: no pair of nodes to measure")]
-    return [r for targets in step.rounds
-            for r in _round(s, m, step.check, targets, groups, lay, met)]
+    return [r for i, targets in enumerate(step.rounds)
+            for r in _round(s, m, step.check, targets, groups, lay, met, step.rounds.key(i))]
 
 
 def _group_maker(rt, timeout_s: float):
@@ -145,12 +145,13 @@ def _group_maker(rt, timeout_s: float):
 
 
 def _round(s: Session, m: Settings, check: Check, targets: list[Target], groups: Groups,
-           lay: Layout, met: Iterator[int]) -> list[verdicts.Result]:
+           lay: Layout, met: Iterator[int], key: object = None) -> list[verdicts.Result]:
     """One round: the ranks of each target measure it (in batches that share no machine), the
     others wait on the host; rank 0 gets every target's result. `met` numbers the host
-    barriers, alike on every rank."""
+    barriers, alike on every rank; `key` names the round's groups (Rounds.key; a retest's
+    round has none)."""
     rt = s.rt
-    of = dict(zip(targets, groups.for_round(targets), strict=True))
+    of = dict(zip(targets, groups.for_round(targets, key), strict=True))
     found: list[verdicts.Result] = []
     for batch in by_machine(targets, lay.hosts):
         mine = None
