@@ -314,6 +314,12 @@ def test_a_dry_run_of_128_nodes_prints_the_plan_in_seconds_and_writes_nothing(tm
     (["--dry-run", "--nodes", "4"], "--gpus-per-node: a dry run plans for a cluster"),
     (["--nodes", "4"], "--nodes: only plans a cluster, with --dry-run"),
     (["--dry-run", "--nodes", "0", "--gpus-per-node", "8"], "--nodes: must be at least 1"),
+    # the largest a dry run plans, and why
+    (["--dry-run", "--nodes", "100001", "--gpus-per-node", "8"],
+     "--nodes: must be at most 100000, got 100001: a dry run counts each round of every check"),
+    (["--dry-run", "--nodes", "100000", "--gpus-per-node", "11"],
+     "--gpus-per-node: 100000 nodes of 11 are 1100000 ranks, and a dry run plans at most "
+     "1048576: it lists every rank"),
 ])
 def test_a_dry_run_refuses_a_cluster_it_cannot_plan(tmp_path, argv, message):
     done = cli(tmp_path, "accept", *argv)
