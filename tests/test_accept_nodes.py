@@ -13,6 +13,7 @@ import csv
 import json
 import random
 import re
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,9 @@ import torch.distributed as dist
 from fake_group import ThreadWorld, on_threads
 from helpers import distbench_lines
 
-from distbench.accept import acceptance
+from distbench.accept import acceptance, check_plan
+from distbench.accept.check_plan import Layout
+from distbench.accept.profiles import resolve
 from distbench.bench import series, timing
 from distbench.core import contracts, noise
 from distbench.core.accounting import layout
@@ -55,6 +58,35 @@ class _World(ThreadWorld):
     def __init__(self, world: int, slow: set[int], seed: str):
         super().__init__(world)
         self.slow, self.seed = slow, seed
+        # the process groups each rank holds (made and not yet destroyed), and how many it
+        # made, destroyed and held at once at most; groups alive, anywhere, that the creation
+        # call that just ended did not make
+        self.lock = threading.Lock()
+        self.held: list[list] = [[] for _ in range(world)]
+        self.made, self.freed, self.most = [0] * world, [0] * world, [0] * world
+        self.stale: list = []
+        self.calls = [0] * world  # creation calls joined, member or not
+
+    def new_subgroups_by_enumeration(self, lists, timeout=None):
+        mine, subgroups = super().new_subgroups_by_enumeration(lists, timeout)
+        rank = self.local.rank
+        with self.lock:
+            self.calls[rank] += 1
+            if mine is not None:
+                self.held[rank].append(mine)
+                self.made[rank] += 1
+                self.most[rank] = max(self.most[rank], len(self.held[rank]))
+            # past the call's barrier every rank has released what it would: what is alive
+            # now is this round's, or a group kept from another round
+            this_round = {("group", tuple(r)) for r in lists}
+            self.stale += [g for held in self.held for g in held if g not in this_round]
+        return mine, subgroups
+
+    def destroy_process_group(self, group=None) -> None:
+        assert group is not None, "the default group destroyed by accept"
+        with self.lock:
+            self.held[self.local.rank].remove(group)  # ValueError: not held, or freed twice
+            self.freed[self.local.rank] += 1
 
     def start(self, rank: int) -> None:
         super().start(rank)
@@ -89,6 +121,7 @@ class Accepted:
     ends: list[tuple[str, int]]  # each rank's (status, exit code): run() returned or raised
     stdout: str  # rank 0's: the rows, and with a baseline the comparison
     stderr: str  # rank 0's
+    world: _World  # what the ranks called
 
     def named(self) -> set[str]:
         return {m for line in self.acc["culprits"] for m in NAMED.findall(line)}
@@ -119,7 +152,7 @@ def accept_here(monkeypatch, capsys, run_dir: Path, nodes: int, per_node: int, s
     world = _World(nodes * per_node, {i * per_node + r for i in slow for r in range(per_node)},
                    seed=f"{nodes}x{per_node}-{slow}")
     world.patch(monkeypatch)
-    monkeypatch.setattr(dist, "destroy_process_group", lambda group=None: None)
+    monkeypatch.setattr(dist, "destroy_process_group", world.destroy_process_group)
     monkeypatch.setattr(series, "collective_once", world.collective_once)
     monkeypatch.setattr(series, "p2p_once", world.p2p_once)
     ranks = [{"rank": r, "node": r // per_node, "local_rank": r % per_node, "host": host,
@@ -141,7 +174,7 @@ def accept_here(monkeypatch, capsys, run_dir: Path, nodes: int, per_node: int, s
         rows = list(csv.DictReader(f))
     said = capsys.readouterr()
     return Accepted(json.loads((run_dir / "accept.json").read_text()), rows, ends, said.out,
-                    said.err)
+                    said.err, world)
 
 
 def _assert_files_agree(run: Accepted) -> None:
@@ -214,3 +247,29 @@ def test_the_same_nodes_without_a_fault_fail_nothing_and_name_no_one(monkeypatch
             "INCONCLUSIVE", 5, "inconclusive"), run.acc["summary"]
         node_checks = {v["verdict"] for v in run.acc["verdicts"] if v["scope"] == "node"}
         assert node_checks == {"SKIP"}
+
+
+GROUPS = [(n, slow) for n in (3, 4, 5) for slow in ([], [2])]
+
+
+@pytest.mark.parametrize("nodes,slow", GROUPS, ids=[
+    f"{n}nodes-{'slow' + str(s[0]) if s else 'healthy'}" for n, s in GROUPS])
+def test_a_rank_holds_one_rounds_groups_at_most_and_frees_them_all(monkeypatch, capsys,
+                                                                   tmp_path, nodes, slow):
+    """Every NCCL communicator holds device memory torch's allocator does not see (hundreds of
+    MB): a rank that kept each pair round's group would hold N-1 of them at once. Each rank
+    holds one group at most (a round's targets share no rank), and the groups alive anywhere
+    are one round's, through the rounds, the retests a slow node causes, and from one check to
+    the next; and every group it made is destroyed by the end."""
+    run = accept_here(monkeypatch, capsys, tmp_path, nodes, 2, slow)
+    world = run.world
+    assert all(made > 1 for made in world.made), world.made  # node groups and pair rounds
+    assert world.most == [1] * world.world, world.most
+    assert world.stale == []  # one round's groups alive at a time, over all ranks
+    assert world.freed == world.made and world.held == [[]] * world.world, world.held
+    # the plan a dry run prints counts what the run made, retests aside
+    plan = check_plan.make(resolve("cpu-gloo"), Layout.uniform(nodes, 2), quick=False)
+    if not slow:
+        assert world.calls == [plan.creations] * world.world
+    else:
+        assert min(world.calls) >= plan.creations

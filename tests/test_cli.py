@@ -174,12 +174,15 @@ def test_bad_config_value_fails_like_the_flag(in_process, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# 2. Bad input and --help never import torch.
+# 2. Bad input, --help and accept --dry-run never import torch.
 # --------------------------------------------------------------------------------------------
 
 NO_TORCH = {"bad-sizes": ["collective", "--sizes", "1Q"], "help": ["--help"],
             "collective-help": ["collective", "--help"], "p2p-bad": ["p2p", "--pattern", "star"],
-            "tp-bad": ["tp", "--heads", "7"], "pp-bad": ["pp", "--schedule", "zb"]}
+            "tp-bad": ["tp", "--heads", "7"], "pp-bad": ["pp", "--schedule", "zb"],
+            # accept's plan: torch would take most of a dry run's time, at any node count
+            "accept-dry-run": ["accept", "--dry-run", "--nodes", "128", "--gpus-per-node", "8",
+                               "--profile", "h100-sxm-8"]}
 
 
 @pytest.mark.multiproc
@@ -200,7 +203,7 @@ def test_no_torch_import(tmp_path):
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stderr
     for name, argv in NO_TORCH.items():
-        expected_exit = "exit 0" if "--help" in argv else "exit 2"
+        expected_exit = "exit 0" if "--help" in argv or "--dry-run" in argv else "exit 2"
         assert f"{name} {expected_exit}" in lines, proc.stdout + proc.stderr
         assert f"{name} torch-imported False" in lines, proc.stdout
 

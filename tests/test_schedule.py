@@ -6,7 +6,13 @@ import itertools
 
 import pytest
 
-from distbench.accept.schedule import circle_rounds, quick_round, retest_rounds
+from distbench.accept.schedule import (
+    circle_count,
+    circle_round,
+    circle_rounds,
+    quick_round,
+    retest_rounds,
+)
 
 
 @pytest.mark.parametrize("nodes", range(2, 10))
@@ -19,6 +25,30 @@ def test_the_circle_meets_every_pair_once_in_disjoint_rounds(nodes):
         busy = [n for pair in r for n in pair]
         assert len(busy) == len(set(busy))  # a node is in one pair of a round at most
         assert len(r) == nodes // 2
+
+
+def _turning(nodes: int) -> list[list[tuple[int, int]]]:
+    """The circle method as first written: every round made by turning the last one's."""
+    ring: list = list(range(nodes)) + ([None] if nodes % 2 else [])
+    m = len(ring)
+    rounds = []
+    for _ in range(m - 1):
+        pairs = [(ring[i], ring[m - 1 - i]) for i in range(m // 2)]
+        rounds.append(sorted((min(a, b), max(a, b)) for a, b in pairs
+                             if a is not None and b is not None))
+        ring = [ring[0], ring[-1], *ring[1:-1]]
+    return [r for r in rounds if r]
+
+
+@pytest.mark.parametrize("nodes", [*range(1, 41), 127, 128])
+def test_any_round_is_made_alone_as_turning_the_circle_makes_it(nodes):
+    """circle_round(n, r) without rounds 0 to r - 1: what a dry run of thousands of nodes asks
+    for, round 0 alone, and what the run makes one round at a time."""
+    expected = _turning(nodes)
+    assert circle_count(nodes) == len(expected)
+    assert [circle_round(nodes, r) for r in range(circle_count(nodes))] == expected
+    with pytest.raises(IndexError):
+        circle_round(nodes, circle_count(nodes))
 
 
 def test_small_counts():

@@ -1,7 +1,8 @@
 """`distbench accept` on every rank: agree on the profile (profile_choice.py), then run its
 plan (check_plan.py): for each check measure every target (each node, each pair of nodes, the
-cluster), the targets of a round at the same time in process groups of their own, made once per
-round and kept while the scope stays the same, and hand the results to rank 0, which judges
+cluster), the targets of a round at the same time in process groups of their own, made for the
+round and released before the next round's (a rank holds one round's groups at most), and hand
+the results to rank 0, which judges
 them (verdicts.py), has the failures retested, and writes the check's rows before the next
 check starts; once every check is judged, the verdict (files.py)."""
 
@@ -114,13 +115,11 @@ def _shown(row: dict) -> dict:
 def measure_check(s: Session, m: Settings, step: check_plan.CheckPlan, groups: Groups,
                   lay: Layout, met: Iterator[int]) -> list[verdicts.Result]:
     """One check of the plan, every round of it, on every rank; rank 0 gets the results."""
-    if step.fresh:  # a new scope: the groups of the last one are not used again
-        groups.release()
     if not step.rounds:  # a pair check on one node
         return [verdicts.Result(step.check, "pairs", (), 0,
                                 note="one node: no pair of nodes to measure")]
-    return [r for targets in step.rounds
-            for r in _round(s, m, step.check, targets, groups, lay, met)]
+    return [r for i, targets in enumerate(step.rounds)
+            for r in _round(s, m, step.check, targets, groups, lay, met, step.rounds.key(i))]
 
 
 def _group_maker(rt, timeout_s: float):
@@ -128,7 +127,11 @@ def _group_maker(rt, timeout_s: float):
     run's timeout (torch's default would be NCCL's 10 minutes). NCCL splits the default
     communicator once (non-members get None); elsewhere torch makes the groups one by one.
     Not new_group(use_local_synchronization=True): torch names such a group by how many groups
-    the rank holds, which differs between ranks that sat different rounds out."""
+    the rank holds, which differs between ranks that sat different rounds out. NCCL can let a
+    split communicator share its parent's resources (ncclConfig_t.splitShare), which would make
+    each round's groups cheaper in device memory; torch 2.13's ProcessGroupNCCL.NCCLConfig, as
+    its type stubs list it (blocking, cga_cluster_size, min_ctas, max_ctas), does not offer it,
+    so the groups are split with torch's defaults and released after each round instead."""
     timeout = timedelta(seconds=timeout_s)
 
     def make(lists: list[tuple[int, ...]]) -> dict:
@@ -142,12 +145,13 @@ def _group_maker(rt, timeout_s: float):
 
 
 def _round(s: Session, m: Settings, check: Check, targets: list[Target], groups: Groups,
-           lay: Layout, met: Iterator[int]) -> list[verdicts.Result]:
+           lay: Layout, met: Iterator[int], key: object = None) -> list[verdicts.Result]:
     """One round: the ranks of each target measure it (in batches that share no machine), the
     others wait on the host; rank 0 gets every target's result. `met` numbers the host
-    barriers, alike on every rank."""
+    barriers, alike on every rank; `key` names the round's groups (Rounds.key; a retest's
+    round has none)."""
     rt = s.rt
-    of = dict(zip(targets, groups.for_round(targets), strict=True))
+    of = dict(zip(targets, groups.for_round(targets, key), strict=True))
     found: list[verdicts.Result] = []
     for batch in by_machine(targets, lay.hosts):
         mine = None

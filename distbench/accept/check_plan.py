@@ -1,26 +1,34 @@
 """What an acceptance does, before it does it: each check's targets (each node, each pair of
 nodes, the cluster) in rounds of targets that share no node, the process groups those rounds
 need, and an estimate of the wall time. `accept` runs this plan; `accept --dry-run` prints it,
-from the same code, so the two cannot drift apart.
+from the same code, so the two cannot drift apart. A check's rounds are made when asked for
+(Rounds): the run makes them one at a time, and a dry run counts them without making any (a
+pair check has N(N-1)/2 targets, 4.5 million at 3000 nodes): 100000 nodes plan in about 2 s.
 
 Process groups. On NCCL every group creation is a collective of the whole world (an NCCL split
 of the default communicator, which every rank joins, member or not), so what a run costs at
 64 to 128 nodes is the number of creations, not their size. A round's disjoint groups are made
-in one call (Groups.for_round), and kept while the checks that follow have the same scope: the
-pair checks reuse the rounds of the first. Creations per rank: one for the node checks, one per
-pair round (N-1 for N nodes), none for the cluster (the default group): they grow with the node
-count, not with the N(N-1)/2 pairs. Pure: no torch (the caller hands Groups its maker)."""
+in one call (Groups.for_round), and a rank holds one round's groups at most: each NCCL
+communicator holds device memory torch's allocator does not see (hundreds of MB), so the N-1
+pair rounds' groups kept at once would take tens of GB per GPU at 128 nodes, and the large
+checks after them would not fit. A round releases the groups held unless they are its own: the
+node checks share the node groups (one round, the same each check), and each pair check makes
+its rounds afresh (a pair round's groups cannot serve the next pair check's same round without
+measuring the checks out of order, and each check is finished before the next starts).
+Creations per rank: one for the node checks, one per pair round per pair check (N-1 each for
+N nodes), none for the cluster (the default group): they grow with the node count, not with
+the N(N-1)/2 pairs. Pure: no torch (the caller hands Groups its maker)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from distbench.accept import schedule
 from distbench.accept.profiles import Check, Profile
-from distbench.bench.series import SENDRECV
-from distbench.core.accounting import bandwidth, layout
+from distbench.core.accounting import SENDRECV, bandwidth, layout
 from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
 from distbench.core.tables import plural
@@ -94,15 +102,103 @@ def target_of(scope: str, nodes: tuple[int, ...], lay: Layout) -> Target:
     return Target("cluster", nodes, tuple(sorted(r for i in nodes for r in lay.node_ranks[i])))
 
 
-def rounds_of(check: Check, lay: Layout, quick: bool) -> list[list[Target]]:
+class Rounds(Sequence[list[Target]]):
+    """A check's targets, in rounds of targets that share no node, each made when asked for: a
+    pair check has N(N-1)/2 targets (4.5 million at 3000 nodes, in 2999 rounds), which a run
+    makes one round at a time and a dry run counts without making them."""
+
+    def __init__(self, scope: str, lay: Layout, quick: bool):
+        self.scope, self.lay, self.quick = scope, lay, quick
+        nodes = len(lay.names)
+        self._quick = schedule.quick_round(nodes) if scope == "pair" and quick else None
+        if scope != "pair":
+            self._count = 1
+        elif self._quick is not None:
+            self._count = len(self._quick)
+        else:
+            self._count = schedule.circle_count(nodes)
+        # the round made last, kept for whoever asks for it next (ranks as threads share one
+        # plan, and each asks for every round)
+        self._last: tuple[int, list[Target]] | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, r: int) -> list[Target]:  # type: ignore[override]
+        last = self._last
+        if last is not None and last[0] == r:
+            return last[1]
+        if not 0 <= r < self._count:
+            raise IndexError(f"round {r} of {self._count}")
+        lay, nodes = self.lay, len(self.lay.names)
+        if self.scope == "cluster":
+            targets = [target_of("cluster", tuple(range(nodes)), lay)]
+        elif self.scope == "node":
+            targets = [target_of("node", (i,), lay) for i in range(nodes)]
+        else:
+            pairs = self._quick[r] if self._quick is not None else schedule.circle_round(nodes, r)
+            targets = [pair_target(a, b, lay) for a, b in pairs]
+        self._last = (r, targets)
+        return targets
+
+    def key(self, r: int) -> tuple | None:
+        """What names round r's process groups, without making its targets: equal keys, equal
+        groups (the node round of every node check, round r of every pair check); None where
+        the round needs none (every target is the whole world: one node, or the pair of
+        two)."""
+        nodes = len(self.lay.names)
+        if self.scope == "cluster" or nodes < (2 if self.scope == "node" else 3):
+            return None
+        return (self.scope, self.quick, r)
+
+    @property
+    def targets(self) -> int:
+        nodes = len(self.lay.names)
+        if self.scope == "pair" and self._quick is None:
+            return nodes * (nodes - 1) // 2
+        return sum(len(r) for r in self._quick) if self._quick is not None else (
+            nodes if self.scope == "node" else 1)
+
+    def first_size(self) -> int:
+        """The rank count of the first round's first target (0: no round), without making the
+        round (100000 node targets, or 50000 pairs, at 100000 nodes)."""
+        if not self._count:
+            return 0
+        if self.scope == "cluster":
+            return self.lay.world
+        first = (0,) if self.scope == "node" else (
+            self._quick[0][0] if self._quick is not None else
+            schedule.circle_round(len(self.lay.names), 0)[0])
+        return sum(len(self.lay.node_ranks[i]) for i in first)
+
+    def first_nodes(self) -> int:
+        """The node count of each target: the cluster's, one, or a pair's two."""
+        return {"cluster": len(self.lay.names), "node": 1}.get(self.scope, 2)
+
+    def sizes(self) -> list[int]:
+        """The targets' rank counts, ascending."""
+        per_node = Counter(len(r) for r in self.lay.node_ranks)
+        if self.scope == "cluster":
+            return [self.lay.world]
+        if self.scope == "node":
+            return sorted(per_node)
+        if self._quick is not None:
+            return sorted({sum(len(self.lay.node_ranks[i]) for i in pair)
+                           for r in self._quick for pair in r})
+        # every pair of two nodes meets once
+        return sorted({a + b for a in per_node for b in per_node if a != b or per_node[a] > 1})
+
+    def batches(self) -> int:
+        """How many batches the rounds are measured in (by_machine): one a round where every
+        node is a machine of its own."""
+        if len(set(self.lay.hosts)) == len(self.lay.hosts):
+            return len(self)
+        return sum(len(by_machine(targets, self.lay.hosts)) for targets in self)
+
+
+def rounds_of(check: Check, lay: Layout, quick: bool) -> Rounds:
     """The check's targets, in rounds of targets that share no node."""
-    if check.scope == "cluster":
-        return [[target_of("cluster", tuple(range(len(lay.names))), lay)]]
-    if check.scope == "node":
-        return [[target_of("node", (i,), lay) for i in range(len(lay.names))]]
-    pairs = schedule.quick_round(len(lay.names)) if quick else schedule.circle_rounds(
-        len(lay.names))
-    return [[pair_target(a, b, lay) for a, b in r] for r in pairs]
+    return Rounds(check.scope, lay, quick)
 
 
 def by_machine(targets: list[Target], hosts: list[str]) -> list[list[Target]]:
@@ -126,40 +222,54 @@ Maker = Callable[[list[tuple[int, ...]]], dict[tuple[int, ...], object]]
 
 
 class Groups:
-    """The process groups a run holds, by their ranks. `make(lists)` creates the groups of
-    disjoint rank lists in one call on every rank (an NCCL split), and returns this rank's
-    group by its ranks (other ranks' lists may map to anything: they are never used here). A
-    target of the whole world uses the default group (None)."""
+    """The process groups of one round at most, by their ranks. `make(lists)` creates the
+    groups of disjoint rank lists in one call on every rank (an NCCL split), and returns this
+    rank's group by its ranks (other ranks' lists may map to anything: they are never used
+    here); `release(group)` frees one. A target of the whole world uses the default group
+    (None)."""
 
     def __init__(self, world: int, make: Maker, release: Callable[[object], None] = lambda g: None):
         self.world = world
         self._make, self._release = make, release
         self.held: dict[tuple[int, ...], object] = {}
+        self.key: object = None  # what names the round whose groups are held
         self.created = 0  # creation calls this rank joined
 
-    def for_round(self, targets: list[Target]) -> list[object]:
-        """Each target's group; the missing ones made now, in one call. Every rank calls this
-        with the same targets and holds the same keys, so every rank makes the same calls."""
-        missing = [t.ranks for t in targets if len(t.ranks) < self.world
-                   and t.ranks not in self.held]
-        if missing:
-            made = self._make(missing)
-            self.held.update({ranks: made.get(ranks) for ranks in missing})
-            self.created += 1
+    def for_round(self, targets: list[Target], key: object = None) -> list[object]:
+        """Each target's group. `key` names the round's groups (Rounds.key); without one (a
+        retest's round) its ranks do, and the groups held serve it if it needs no other (a
+        retest of some of the round's targets). Every rank calls this with the same targets
+        and key, so every rank makes and releases alike."""
+        wanted = [t.ranks for t in targets if len(t.ranks) < self.world]
+        if key is None and wanted:
+            key = self.key if self.held and set(wanted) <= self.held.keys() else frozenset(wanted)
+        self.hold(key, wanted)
         return [None if len(t.ranks) >= self.world else self.held[t.ranks] for t in targets]
+
+    def hold(self, key: object, wanted: list[tuple[int, ...]] | None = None) -> None:
+        """Hold the groups of the round `key` names (None: it needs none), releasing those of
+        any other round first; made in one call from `wanted`, their rank lists. A dry run
+        counts the creations with no lists: its maker makes nothing."""
+        if key is not None and key == self.key:
+            return
+        self.release()
+        if key is not None:
+            made = self._make(wanted or [])
+            self.held = {ranks: made.get(ranks) for ranks in wanted or []}
+            self.key = key
+            self.created += 1
 
     def release(self) -> None:
         for group in self.held.values():
             if group is not None:
                 self._release(group)
-        self.held.clear()
+        self.held, self.key = {}, None
 
 
 @dataclass
 class CheckPlan:
     check: Check
-    rounds: list[list[Target]]
-    fresh: bool  # the groups held so far are released first (the scope changed)
+    rounds: Rounds
     creations: int = 0  # group creations per rank for this check
     issued: list[str] = field(default_factory=list)  # what one measuring rank issues
     seconds: float = 0.0
@@ -189,34 +299,28 @@ def make(profile: Profile, lay: Layout, quick: bool) -> Plan:
     """The acceptance of `profile` on this layout, as `accept` runs it (retests aside: they
     add rounds only where a target fails)."""
     plans: list[CheckPlan] = []
-    groups = Groups(lay.world, lambda lists: {r: r for r in lists})
-    scope = None
+    groups = Groups(lay.world, lambda lists: {})
     for check in profile.checks:
         rounds = rounds_of(check, lay, quick)
-        plan = CheckPlan(check, rounds, fresh=check.scope != scope)
-        scope = check.scope
-        if plan.fresh:
-            groups.release()
+        plan = CheckPlan(check, rounds)
         before = groups.created
-        for targets in rounds:
-            groups.for_round(targets)
+        for r in range(len(rounds)):  # as the run holds them, by their keys: no target made
+            groups.hold(rounds.key(r))
         plan.creations = groups.created - before
         plan.issued, per_measurement = _issued(check, profile, rounds)
-        batches = sum(len(by_machine(t, lay.hosts)) for t in rounds)
-        plan.seconds = (batches * (per_measurement + SETUP_S) + len(rounds) * ROUND_S
+        plan.seconds = (rounds.batches() * (per_measurement + SETUP_S) + len(rounds) * ROUND_S
                         + plan.creations * CREATE_S)
         plans.append(plan)
     return Plan(profile, lay, quick, plans)
 
 
-def _issued(check: Check, profile: Profile, rounds: list[list[Target]]
-            ) -> tuple[list[str], float]:
+def _issued(check: Check, profile: Profile, rounds: Rounds) -> tuple[list[str], float]:
     """What a measuring rank issues per round, and the seconds one measurement takes at the
     figure the estimate assumes."""
     calls = profile.warmup + profile.iters + 1  # the last: the correctness check
-    n = len(rounds[0][0].ranks) if rounds and rounds[0] else 0
-    if rounds and rounds[0]:  # floors by node count: the row for the target's
-        check = check.for_nodes(len(rounds[0][0].nodes))[0]
+    n = rounds.first_size()
+    if n:  # floors by node count: the row for the target's
+        check = check.for_nodes(rounds.first_nodes())[0]
     if n < 2:
         return ["nothing: one rank per target"], 0.0
     elt = element_bytes(check.dtype)
@@ -267,11 +371,12 @@ def lines(plan: Plan) -> list[str]:
            + (", --quick" if plan.quick else "")]
     for c in plan.checks:
         rounds = c.rounds
-        sizes = sorted({len(t.ranks) for r in rounds for t in r})
-        targets = sum(len(r) for r in rounds)
-        groups = ("the default group" if sizes == [lay.world] else
+        sizes = rounds.sizes() if rounds else []
+        targets = rounds.targets if rounds else 0
+        groups = ("no group" if not sizes else "the default group" if sizes == [lay.world] else
                   f"groups of {'/'.join(map(str, sizes))} ranks")
-        reuse = "" if c.creations or c.check.scope == "cluster" else ", reusing the groups above"
+        kept = not c.creations and sizes and sizes != [lay.world]
+        reuse = ", reusing the groups above" if kept else ""
         out.append(f"  {c.check.name} [{c.check.scope}]: {plural(targets, 'target')} in "
                    f"{plural(len(rounds), 'round')}, {groups}, "
                    f"{plural(c.creations, 'group creation')} per rank{reuse}; "
@@ -287,7 +392,7 @@ def lines(plan: Plan) -> list[str]:
                f"peers: {ASSUMED_BUSBW_GBPS['node']:.0f} GB/s busbw in a node, "
                f"{ASSUMED_BUSBW_GBPS['pair']:.0f} between nodes), plus {SETUP_S:.0f} s per "
                f"measurement, {CREATE_S:.0f} s per group creation and {ROUND_S} s per round; "
-               "retests add rounds only where a target fails")
+               "retests add rounds (and group creations) only where a target fails")
     out.append(f"plan: {plural(len(plan.checks), 'check')}, {plural(plan.rounds, 'round')}, "
                f"{plural(plan.creations, 'group creation')} per rank, about "
                f"{math.ceil(plan.seconds / 60)} min")

@@ -12,7 +12,7 @@ import torch
 from distbench.bench import timing
 from distbench.bench.engine import NO_FIT, Point, Series, bandwidth_point
 from distbench.bench.measure import Settings, Skipped, measure_case, stats_columns
-from distbench.core.accounting import Accounting, Layout, layout, min_bytes, unit_factor
+from distbench.core.accounting import SENDRECV, Layout, layout, min_bytes
 from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
 from distbench.core.tables import format_matrix
@@ -26,9 +26,6 @@ from distbench.run.runtime import rank_names
 
 if TYPE_CHECKING:
     from distbench.run.session import Session
-
-# p2p ring (send to r+1, receive from r-1), nccl-tests' sendrecv
-SENDRECV = Accounting(split=False, factor=unit_factor)
 
 
 def allocate(op, ctx, count: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:

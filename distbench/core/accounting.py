@@ -31,6 +31,11 @@ class Accounting:
     factor: Callable[[int], float]  # busbw / algbw at n ranks
 
 
+# p2p ring (send to r+1, receive from r-1), nccl-tests' sendrecv: what accept's plan estimates
+# a p2p check by, without the torch its measurement needs
+SENDRECV = Accounting(split=False, factor=unit_factor)
+
+
 @dataclass(frozen=True)
 class Layout:
     per_rank_count: int  # elements each rank contributes (the torch call's count)

@@ -11,13 +11,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distbench.core import contracts
-from distbench.core.options import OptionError, RunOptions, at_least, option, with_example
+from distbench.core.options import (
+    OptionError,
+    RunOptions,
+    at_least,
+    option,
+    require,
+    with_example,
+)
 from distbench.platform import env
 
 if TYPE_CHECKING:
     from distbench.run.session import Session
 
 HELP = "Cluster acceptance: a hardware profile's checks, a verdict, and the bad node named."
+
+# What a dry run plans at most. It makes no target, but it counts every round of every check
+# (N - 1 per pair check) and lists every rank: 100000 nodes of 8 GPUs, 800000 ranks, plan in
+# about 2 s on a 2-core machine, and no cluster built is as large.
+MAX_NODES = 100_000
+MAX_RANKS = 2**20
 
 
 def _profile(option_name: str, value) -> str:
@@ -54,6 +67,14 @@ def _baseline(option_name: str, value) -> str | None:
 
 with_example(_baseline, "--baseline results/<run>")
 
+_fewest_nodes = at_least(1, "--nodes 128", optional=True)
+_most_nodes = require(
+    lambda v: v <= MAX_NODES, f"must be at most {MAX_NODES}, got {{value}}: a dry run counts "
+    f"each round of every check (N - 1 per pair check), and {MAX_NODES} nodes, more than any "
+    "cluster built, plan in seconds", "--nodes 128", optional=True)
+_nodes = with_example(lambda option, value: _most_nodes(option, _fewest_nodes(option, value)),
+                      "--nodes 128")
+
 
 def _profiles_help() -> str:
     from distbench.accept.profiles import available
@@ -75,11 +96,11 @@ class AcceptOptions(RunOptions):
     dry_run: bool = option(False, "Print the plan (checks, rounds, process groups, an estimate "
                            "of the wall time) for --nodes nodes of --gpus-per-node GPUs, and "
                            "exit: no worker starts, no file is written.")
-    nodes: int | None = option(None, "Nodes to plan for, with --dry-run.",
-                               check=at_least(1, "--nodes 128", optional=True),
-                               show_default=False)
+    nodes: int | None = option(None, f"Nodes to plan for, with --dry-run (at most {MAX_NODES}).",
+                               check=_nodes, show_default=False)
     gpus_per_node: int | None = option(
-        None, "Ranks (GPUs) per node to plan for, with --dry-run.",
+        None, f"Ranks (GPUs) per node to plan for, with --dry-run (at most {MAX_RANKS} ranks "
+        "in all).",
         check=at_least(1, "--gpus-per-node 8", optional=True), show_default=False)
 
     def validate(self) -> None:
@@ -93,6 +114,12 @@ class AcceptOptions(RunOptions):
             flag = "--nodes" if self.nodes is not None else "--gpus-per-node"
             raise OptionError(flag, "only plans a cluster, with --dry-run (a real run takes "
                               "its size from the launcher)", example)
+        if self.dry_run and self.nodes * self.gpus_per_node > MAX_RANKS:
+            raise OptionError("--gpus-per-node", f"{self.nodes} nodes of {self.gpus_per_node} "
+                              f"are {self.nodes * self.gpus_per_node} ranks, and a dry run "
+                              f"plans at most {MAX_RANKS}: it lists every rank, and "
+                              f"{MAX_NODES} nodes of 8 GPUs, more than any cluster built, are "
+                              f"{MAX_NODES * 8}", example)
         if self.dry_run:
             self._check_sizes(self.nodes * self.gpus_per_node, self.gpus_per_node,
                               f"--nodes {self.nodes} --gpus-per-node {self.gpus_per_node}")
