@@ -105,7 +105,9 @@ def test_the_largest_batch_accepted_is_laid_out_at_once(tmp_path):
     with helpers.within(5):
         proc = helpers.cli(tmp_path, "step", "--workers", "4", "--model",
                            _shape(batch=2**24), "--out", str(tmp_path / "results"))
-    assert proc.returncode == 0, proc.stderr  # dispatched: the memory is judged there
+    # the arithmetic done in time: every layout's memory judged, and the run refused for it
+    line = assert_one_line_error(proc, None, "--model", ours=True)
+    assert "4 workers and their launcher need about" in line
 
 
 @pytest.mark.parametrize("given, want", [
