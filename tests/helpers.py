@@ -217,7 +217,7 @@ def processes_of(args: tuple[str, ...] | list[str]) -> int:
 
 # The commands whose runs the suite holds to NCCL's rules (nccl_rules.py), whatever the test
 # asserts itself: every rank's posts are recorded (distbench.run.comm_trace) and checked once the
-# run has ended.
+# run has ended, and a run that ended well must hold no process group but the default one.
 TRACED = ("step", "plan", "pp", "p2p", "accept")
 
 
@@ -237,6 +237,9 @@ def nccl_rules_held(command: str | None, env: dict[str, str]) -> Iterator[None]:
         yield
         problems = nccl_rules.check(where)
         assert not problems, f"distbench {command} broke NCCL's rules:\n" + "\n".join(problems)
+        leaked = nccl_rules.leaked_groups(where)
+        assert not leaked, (f"distbench {command} ended holding process groups beside the "
+                            f"default one, by rank: {leaked}")
     finally:
         shutil.rmtree(where, ignore_errors=True)
 

@@ -96,3 +96,37 @@ def test_a_wrong_gradient_fails_the_run_after_writing_its_row(tmp_path):
     assert len(errors) == 1
     assert "wrong results: step tp2 pp2 dp1 zero0 m4 float32: layers.0.attn.qkv.weight " \
            "gradient" in errors[0]
+
+
+def test_a_rank_that_fails_while_its_peer_waits_on_it_ends_the_run_at_once(tmp_path):
+    """Stage 0 of a 2-stage pipeline runs out of memory as the layout starts (planted) while
+    stage 1 waits for its first activation: the waiting rank learns it through the store, and
+    the run ends within the grace (15 s), naming the rank and why, instead of after --timeout
+    (120 s here, which the run used to wait out)."""
+    res = distbench(tmp_path, "step", "--workers", "2", "--pp", "2", "--micro-batches", "4",
+                    "--timeout", "120", *FAST, DISTBENCH_TEST_FAIL="0:first steps",
+                    timeout=180)
+    assert res.code == 3, res.stderr
+    assert res.secs < 70, res.secs
+    meta = res.meta()
+    assert meta["status"] == "failed" and meta["exit_code"] == 3
+    assert meta["error"].startswith(
+        "rank 0 failed in step tp1 pp2 dp1 zero0 m4 (build and first steps): RuntimeError: "
+        "CUDA out of memory (planted"), meta["error"]
+    assert "timed out" not in res.stderr
+
+
+def test_a_layout_every_rank_refuses_is_skipped_and_the_run_goes_on(tmp_path):
+    """Both ranks fail the pipeline's layout alike: they agree on it at once, its row is
+    skipped quoting why, and the next layouts run."""
+    res = distbench(tmp_path, "step", "--workers", "2", *FAST,
+                    DISTBENCH_TEST_FAIL="0,1:step tp1 pp2", timeout=180)
+    assert res.code == 0, res.stderr
+    rows = {(r["tp"], r["pp"], r["dp"]): r for r in res.rows("step.csv")}
+    assert set(rows) == {("1", "1", "2"), ("1", "2", "1"), ("2", "1", "1")}
+    skipped = rows["1", "2", "1"]
+    assert skipped["status"] == "skipped" and skipped["step_us"] == ""
+    assert skipped["note"].startswith("cannot run here: RuntimeError: CUDA out of memory "
+                                      "(planted"), skipped["note"]
+    assert all(r["status"] == "ok" for k, r in rows.items() if k != ("1", "2", "1"))
+    assert res.meta()["status"] == "ok"

@@ -267,11 +267,21 @@ def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: fl
 
         pipe = PipelineStage(wrapped, pp_rank, p, device, group=mesh["pp"].get_group())
         schedule = Schedule1F1B(pipe, layout.micro_batches, loss_fn=F.mse_loss)
-    share = model.batch // d
-    x = samples(model, dp_rank * share, share, device, dtype) if pp_rank == 0 else None
-    target = samples(model, dp_rank * share, share, device, dtype, targets=True) \
-        if pp_rank == p - 1 else None
+    x, target = replica_inputs(model, layout, pp_rank, dp_rank, device, dtype)
     return MeshModel(layout, mesh, stage, wrapped, opt, x, target, schedule, localized)
+
+
+def replica_inputs(model: ModelSpec, layout: Layout, pp_rank: int, dp_rank: int, device,
+                   dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """What a rank is fed for the whole step: its replica's share of the samples where they
+    enter (the first stage) and of the targets where the loss is taken (the last); None where
+    it uses neither (a middle stage)."""
+    share = model.batch // layout.dp
+    first = dp_rank * share
+    x = samples(model, first, share, device, dtype) if pp_rank == 0 else None
+    target = samples(model, first, share, device, dtype, targets=True) \
+        if pp_rank == layout.pp - 1 else None
+    return x, target
 
 
 def release_groups(mesh) -> None:
