@@ -101,6 +101,20 @@ class Spans:
         else:
             self._host += time.perf_counter() - self._t0
 
+    def wrap(self, fn: Callable) -> Callable:
+        """fn, each call a span."""
+        def timed(*args, **kwargs):
+            if self.cuda:
+                self.start()
+                out = fn(*args, **kwargs)
+                self.stop()
+                return out
+            t0 = time.perf_counter()  # its own start: a wrapped call may run inside another
+            out = fn(*args, **kwargs)
+            self._host += time.perf_counter() - t0
+            return out
+        return timed
+
     def seconds(self) -> float:
         """The spans' total so far (on a GPU, once the device has run them)."""
         if not self.cuda:

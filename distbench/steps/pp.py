@@ -123,7 +123,7 @@ def _measure_schedule(s: Session, schedule: str, shape: PipelineShape,
         return row
     # The first steps also exchange the stages' shapes (torch's metadata inference).
     samples = timed_samples(Settings.of(s), pipe.step, what, before_loop=pipe.clock.reset).samples
-    compute = pipe.clock.total() / len(samples)  # this rank's compute seconds per step
+    compute = pipe.clock.seconds() / len(samples)  # this rank's compute seconds per step
 
     err, wrong = 0.0, 0
     if opts.check:

@@ -19,12 +19,11 @@ events on the current stream on GPU, read once at the end of the timed loop.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
+from distbench.bench import timing
 from distbench.ops import p2p
 from distbench.steps.models import Block, PipelineShape, loss_fn, make_batch, make_stage
 from distbench.steps.reference import TensorPair
@@ -107,42 +106,6 @@ def check_shape(shape: PipelineShape) -> PipelineShape:
 # Compute timing
 
 
-class ComputeClock:
-    """Sums the time spent inside wrapped compute calls."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.seconds = 0.0
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-
-    def wrap(self, fn: Callable) -> Callable:
-        def timed(*args, **kwargs):
-            if self.device.type == "cuda":
-                start, end = (torch.cuda.Event(enable_timing=True),
-                              torch.cuda.Event(enable_timing=True))
-                start.record()
-                out = fn(*args, **kwargs)
-                end.record()
-                self._events.append((start, end))
-                return out
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            self.seconds += time.perf_counter() - t0
-            return out
-        return timed
-
-    def reset(self) -> None:
-        self.seconds = 0.0
-        self._events.clear()
-
-    def total(self) -> float:
-        if self._events:
-            self._events[-1][1].synchronize()
-            self.seconds += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
-            self._events.clear()
-        return self.seconds
-
-
 # ---------------------------------------------------------------------------------------------
 # Pipelines: one object per schedule on each rank, with the same surface
 
@@ -152,7 +115,7 @@ class Pipeline:
 
     schedule: str
     shape: PipelineShape
-    clock: ComputeClock
+    clock: timing.Spans  # the rank's compute inside the step, on the device's clock
     layers: dict[int, Block]  # global layer index -> the block this rank holds
     holds_last: bool
     loss: torch.Tensor | None  # the step's loss, on the rank holding the last stage
@@ -173,7 +136,7 @@ class NaivePipeline(Pipeline):
     def __init__(self, shape: PipelineShape, rank: int, world: int, device: torch.device):
         self.schedule = "naive"
         self.shape, self.rank, self.world = shape, rank, world
-        self.clock = ComputeClock(device)
+        self.clock = timing.Spans(device)
         rng = stage_ranges(shape.layers, world)[rank]
         self.module = make_stage(rng, shape, device)
         self.layers = dict(zip(rng, self.module, strict=True))
@@ -220,7 +183,7 @@ class TorchPipeline(Pipeline):
 
         self.schedule = schedule
         self.shape = shape
-        self.clock = ComputeClock(device)
+        self.clock = timing.Spans(device)
         v = shape.virtual_stages if schedule == "interleaved-1f1b" else 1
         n_stages = world * v
         ranges = stage_ranges(shape.layers, n_stages)
