@@ -496,6 +496,18 @@ def _bad_text(case_id: str, old: str | None, new: str | None) -> str:
     return _edit(VALID, old, new)
 
 
+def _refused(path: Path, shown: str, key: str, says: str) -> None:
+    """Loading `path` is refused in one line naming the file as `shown`, the key and why, with
+    an example."""
+    with pytest.raises(ProfileError) as e:
+        profiles.load(path)
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith(f"--profile: {shown}: {key}: "), message
+    assert says in message, message
+    assert message.endswith(" (example: --profile h100-sxm-8)")
+
+
 @pytest.mark.parametrize("case_id,old,new,key,says", BAD, ids=[c[0] for c in BAD])
 def test_a_bad_profile_is_one_line_naming_the_file_and_the_key(tmp_path, monkeypatch, case_id,
                                                                old, new, key, says):
@@ -504,13 +516,7 @@ def test_a_bad_profile_is_one_line_naming_the_file_and_the_key(tmp_path, monkeyp
     path.parent.mkdir(parents=True)
     text = _bad_text(case_id, old, new)
     path.write_text(text)
-    with pytest.raises(ProfileError) as e:
-        profiles.load(path)
-    message = str(e.value)
-    assert "\n" not in message
-    assert message.startswith(f"--profile: configs/profiles/x.toml: {key}: "), message
-    assert says in message, message
-    assert message.endswith(" (example: --profile h100-sxm-8)")
+    _refused(path, "configs/profiles/x.toml", key, says)
 
 
 def test_the_issues_example_message(tmp_path, monkeypatch):
@@ -683,13 +689,7 @@ def test_a_malformed_floors_by_nodes_table_is_one_line_naming_the_row_and_key(
     else:
         valid = _edit(VALID, old, new)
     path.write_text(valid + cluster)
-    with pytest.raises(ProfileError) as e:
-        profiles.load(path)
-    message = str(e.value)
-    assert "\n" not in message
-    assert message.startswith(f"--profile: x.toml: {key}: "), message
-    assert says in message, message
-    assert message.endswith(" (example: --profile h100-sxm-8)")
+    _refused(path, "x.toml", key, says)
 
 
 def test_parse_reads_text_sent_from_another_node():
