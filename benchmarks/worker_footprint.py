@@ -1,12 +1,14 @@
 """What one worker holds in memory: the figure behind distbench.platform.limits.WORKER_BYTES, which
-the local launcher multiplies by --workers before it starts any. Runs small self-launched runs
-of each command and samples the peak resident memory (VmHWM) of every worker and of the
-launcher, from /proc, until they end.
+the local launcher multiplies by --workers before it starts any, and each command's own bound
+beside it. Runs small self-launched runs of each command and samples the peak resident memory
+(VmHWM) of every worker and of the launcher, from /proc, until they end.
 
     python benchmarks/worker_footprint.py [--workers 2] [--commands collective,dp]
+    python benchmarks/worker_footprint.py --workers 4 --commands plan --args "--validate 6"
 
-Prints one line per command (the largest worker's and the launcher's peak) and the bound in
-use. Runs go to a temporary directory that is removed at the end; on the 2-core VM the
+Prints one line per command: each worker's peak and the launcher's, and the bound the launcher
+checked the run against per worker (WORKER_BYTES + the command's host_bytes: what no rank may
+pass). Runs go to a temporary directory that is removed at the end; on the 2-core VM the
 default takes about a minute.
 """
 
@@ -30,41 +32,62 @@ SMALL = {
            "--iters", "2"],
     "pp": ["--hidden-size", "64", "--seq-len", "16", "--iters", "2"],
     "dp": ["--hidden-size", "64", "--ffn-size", "128", "--seq-len", "16", "--iters", "2"],
+    "step": ["--iters", "2", "--warmup", "1"],
+    "plan": ["--validate", "1", "--min-time", "0.5"],
 }
 
 
-def measure(command: str, workers: int, out: Path) -> tuple[int, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "distbench", command, *SMALL[command],
+def bound(command: str, argv: list[str], workers: int) -> int:
+    """What the launcher lets each worker hold for this run: WORKER_BYTES + host_bytes."""
+    from distbench.cli.commands import COMMANDS
+    from distbench.core.options import build
+
+    raw, it = {}, iter(argv)
+    for flag in it:
+        name = flag.removeprefix("--")
+        raw[name] = next(it)
+    opts = build(COMMANDS[command].options, raw, argv=[])
+    return WORKER_BYTES + opts.host_bytes("gloo", workers)
+
+
+def measure(command: str, argv: list[str], workers: int, out: Path) -> tuple[list[int], int]:
+    proc = subprocess.Popen([sys.executable, "-m", "distbench", command, *argv,
                              "--backend", "gloo", "--workers", str(workers), "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    worker, launcher = 0, 0
-    deadline = time.monotonic() + 300
+    peaks: dict[int, int] = {}
+    launcher = 0
+    deadline = time.monotonic() + 900
     while proc.poll() is None and time.monotonic() < deadline:
         launcher = max(launcher, status_kib(proc.pid, "VmHWM"))
         for child in children(proc.pid):
-            worker = max(worker, status_kib(child, "VmHWM"))
+            peaks[child] = max(peaks.get(child, 0), status_kib(child, "VmHWM"))
         time.sleep(0.05)
     if proc.poll() is None:
         proc.kill()
     _, err = proc.communicate()
     if proc.returncode != 0:
         raise SystemExit(f"{command} failed ({proc.returncode}): {err.strip()[-400:]}")
-    return worker * 1024, launcher * 1024
+    return [k * 1024 for _, k in sorted(peaks.items())], launcher * 1024
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--commands", default="collective,dp")
+    parser.add_argument("--args", default=None,
+                        help="the command's options instead of the small run's, e.g. "
+                        "\"--validate 6\" (flags with a value each)")
     args = parser.parse_args()
     mib = 2**20
     worst = 0
     with tempfile.TemporaryDirectory() as tmp:
         for command in args.commands.split(","):
-            worker, launcher = measure(command, args.workers, Path(tmp) / command)
-            worst = max(worst, worker)
-            print(f"{command:11s} worker peak {worker / mib:6.0f} MiB   launcher peak "
-                  f"{launcher / mib:6.0f} MiB")
+            argv = args.args.split() if args.args is not None else SMALL[command]
+            workers, launcher = measure(command, argv, args.workers, Path(tmp) / command)
+            worst = max(worst, *workers)
+            each = " ".join(f"{w / mib:.0f}" for w in workers)
+            print(f"{command:11s} workers' peaks {each} MiB; launcher {launcher / mib:.0f} MiB; "
+                  f"bound a worker {bound(command, argv, args.workers) / mib:.0f} MiB")
     print(f"largest worker {worst / mib:.0f} MiB; limits.WORKER_BYTES = {WORKER_BYTES / mib:.0f} "
           f"MiB ({'holds' if WORKER_BYTES >= worst else 'TOO SMALL'})")
 

@@ -1,7 +1,8 @@
 """One training step of planner.models' transformer stack laid out on a 3-D device mesh, composed
 the way torchtitan composes torch's own APIs:
 
-1. the mesh: init_device_mesh(device, (pp, dp, tp), names ("pp", "dp", "tp")), tp fastest;
+1. the mesh: init_device_mesh(device, (pp, dp, tp)) with dimensions named pp, dp and tp (made
+   unique per mesh: FreshMesh), tp fastest, its groups destroyed once the layout is done;
 2. each rank builds only its pipeline stage's layers, layer i's weights from (seed, i), in a
    ModuleDict keyed by the global index, so parameter names are the whole model's;
 3. TP: parallelize_module on mesh["tp"], column-wise qkv and up, row-wise out and down;
@@ -18,6 +19,7 @@ communication (compute-only).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -237,12 +239,30 @@ def accumulate(model: nn.Module, layout: Layout, x: torch.Tensor, target: torch.
     return total
 
 
-def device_mesh(layout: Layout, device: torch.device):
-    """A fresh (pp, dp, tp) device mesh for `layout`, tp fastest (release_groups ends it)."""
-    from torch.distributed.device_mesh import init_device_mesh
+class FreshMesh:
+    """A device mesh of its own, its dimensions reached by their plain names (mesh["tp"]), ended
+    by release_groups. torch's DeviceMesh underneath names them uniquely ("tp3"): DTensor caches
+    its sharding decisions keyed by a mesh's equality, which its shape and names decide, so a
+    later mesh of the same shape would run its collectives on an earlier mesh's groups, which
+    are destroyed by then ("Could not resolve the process group registered under the name 63")."""
 
-    return init_device_mesh(device.type, (layout.pp, layout.dp, layout.tp),
-                            mesh_dim_names=("pp", "dp", "tp"))
+    _made = itertools.count()
+
+    def __init__(self, device: torch.device, dims: dict[str, int]):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        k = next(FreshMesh._made)
+        self.names = {d: f"{d}{k}" for d in dims}
+        self.device_mesh = init_device_mesh(device.type, tuple(dims.values()),
+                                            mesh_dim_names=tuple(self.names.values()))
+
+    def __getitem__(self, dim: str):
+        return self.device_mesh[self.names[dim]]
+
+
+def device_mesh(layout: Layout, device: torch.device) -> FreshMesh:
+    """A fresh (pp, dp, tp) device mesh for `layout`, tp fastest (release_groups ends it)."""
+    return FreshMesh(device, {"pp": layout.pp, "dp": layout.dp, "tp": layout.tp})
 
 
 def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: float = 1e-8,
@@ -290,8 +310,8 @@ def release_groups(mesh) -> None:
     keep every layout's. The default group, which a dimension spanning the whole world reuses,
     stays. Every rank calls it at the same point."""
     world = dist.group.WORLD
-    for name in mesh.mesh_dim_names:
-        group = mesh.get_group(name)
+    for name in mesh.names:
+        group = mesh[name].get_group()
         if group is not None and group is not world:
             dist.destroy_process_group(group)
 

@@ -366,11 +366,9 @@ def _one_layer(s: Session, model: ModelSpec, tp: int, mbs: int, dtype):
     layer = mesh_model.make_stage(model, range(1), device, dtype)
     mesh = None
     if tp > 1:
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import parallelize_module
 
-        mesh = init_device_mesh(device.type, (s.rt.world // tp, tp),
-                                mesh_dim_names=("rest", "tp"))
+        mesh = mesh_model.FreshMesh(device, {"rest": s.rt.world // tp, "tp": tp})
         parallelize_module(layer, mesh["tp"], mesh_model.tp_plan(range(1)))
     g = torch.Generator().manual_seed(SEED)
     dims = (mbs, model.seq_len, model.hidden_size)

@@ -286,9 +286,8 @@ def check_model(model: ModelSpec, layout: Layout) -> ModelSpec:
 def split_by_dimension(calls: list[Call], mesh, layout: Layout
                        ) -> tuple[dict[str, list[Call]], list[Call]]:
     """The counted calls by the mesh dimension whose ranks their process group holds; the calls
-    on no dimension's ranks apart. Told by ranks, not by the group itself: a later mesh of the
-    same shape may run its DTensor collectives on groups an earlier one made. A dimension of
-    size 1 issues nothing."""
+    on no dimension's ranks apart, told by the ranks a call's group holds. A dimension of size 1
+    issues nothing."""
     dims = {}
     for d in DIMS:
         if getattr(layout, d) > 1:
