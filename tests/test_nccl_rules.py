@@ -144,3 +144,20 @@ def test_the_old_unbatched_replay_is_caught_and_the_batched_one_passes(tmp_path)
     traced = nccl_rules.read(tmp_path / "batched")
     assert {e["op"] for t in traced.values() for e in t.events} == {"send", "recv"}
     assert nccl_rules.check(tmp_path / "batched") == []
+
+
+def test_groups_left_at_the_end_of_a_run_that_ended_well_are_named(tmp_path):
+    """NCCL's communicators hold device memory until destroyed: a run that ended as every rank
+    agreed must hold none but the default group (a run cut short is not held to it)."""
+    ranks = {0: [allreduce()], 1: [allreduce()]}
+    write(tmp_path, ranks)
+    assert nccl_rules.leaked_groups(tmp_path) == {}
+    for r in (0, 1):
+        path = tmp_path / f"rank{r}.jsonl"
+        lines = path.read_text().splitlines()
+        end = json.loads(lines[-1])
+        end["alive"] = {"7": [0, 1]}
+        path.write_text("\n".join([*lines[:-1], json.dumps(end)]) + "\n")
+    assert nccl_rules.leaked_groups(tmp_path) == {0: {"7": [0, 1]}, 1: {"7": [0, 1]}}
+    write(tmp_path, ranks, complete=False)
+    assert nccl_rules.leaked_groups(tmp_path) == {}
