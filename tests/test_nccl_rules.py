@@ -16,11 +16,11 @@ HERE = Path(__file__).parent
 
 
 def write(where: Path, ranks: dict[int, list[dict]], complete: bool = True,
-          groups: dict | None = None) -> Path:
+          groups: dict | None = None, alive: dict | None = None) -> Path:
     world = len(ranks)
     for r, events in ranks.items():
         end = {"end": True, "rank": r, "world": world, "complete": complete,
-               "groups": groups or {"0": list(range(world))}, "alive": {}}
+               "groups": groups or {"0": list(range(world))}, "alive": alive or {}}
         (where / f"rank{r}.jsonl").write_text(
             "\n".join(json.dumps(e) for e in [*events, end]) + "\n")
     return where
@@ -152,12 +152,7 @@ def test_groups_left_at_the_end_of_a_run_that_ended_well_are_named(tmp_path):
     ranks = {0: [allreduce()], 1: [allreduce()]}
     write(tmp_path, ranks)
     assert nccl_rules.leaked_groups(tmp_path) == {}
-    for r in (0, 1):
-        path = tmp_path / f"rank{r}.jsonl"
-        lines = path.read_text().splitlines()
-        end = json.loads(lines[-1])
-        end["alive"] = {"7": [0, 1]}
-        path.write_text("\n".join([*lines[:-1], json.dumps(end)]) + "\n")
+    write(tmp_path, ranks, alive={"7": [0, 1]})
     assert nccl_rules.leaked_groups(tmp_path) == {0: {"7": [0, 1]}, 1: {"7": [0, 1]}}
-    write(tmp_path, ranks, complete=False)
+    write(tmp_path, ranks, complete=False, alive={"7": [0, 1]})
     assert nccl_rules.leaked_groups(tmp_path) == {}
