@@ -42,10 +42,17 @@ def bound(command: str, argv: list[str], workers: int) -> int:
     from distbench.cli.commands import COMMANDS
     from distbench.core.options import build
 
+    def value(text: str):
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
     raw, it = {}, iter(argv)
     for flag in it:
-        name = flag.removeprefix("--")
-        raw[name] = next(it)
+        raw[flag.removeprefix("--")] = value(next(it))
     opts = build(COMMANDS[command].options, raw, argv=[])
     return WORKER_BYTES + opts.host_bytes("gloo", workers)
 

@@ -12,10 +12,11 @@ from distbench.core.options import OptionError
 from distbench.core.sizes import format_size
 
 # A worker's peak resident memory before its buffers: Python, torch and a gloo process group,
-# and for tp, pp and dp torch's autograd and optimizers. Measured by
-# benchmarks/worker_footprint.py on torch 2.13 CPU: 250 MiB (collective) to 340 MiB (dp); the
-# launcher holds about 235 MiB, and counts as one more worker.
-WORKER_BYTES = 384 * 2**20
+# and for tp, pp, dp, step and plan torch's autograd, optimizers, DTensor, FSDP and pipelining.
+# Measured by benchmarks/worker_footprint.py on torch 2.13 CPU at 4 workers: 250 MiB
+# (collective), 385 MiB (step), 415 to 475 MiB (plan --validate 6: rank 0 also draws the plan
+# with matplotlib); the launcher holds about 235 MiB, and counts as one more worker.
+WORKER_BYTES = 512 * 2**20
 # Workers per core: oversubscribed ranks share cores and time slower (tests run 4 workers on
 # 2 cores), but a run of hundreds of ranks per core measures nothing but the scheduler.
 WORKERS_PER_CORE = 4
