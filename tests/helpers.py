@@ -218,7 +218,7 @@ def processes_of(args: tuple[str, ...] | list[str]) -> int:
 # The commands whose runs the suite holds to NCCL's rules (nccl_rules.py), whatever the test
 # asserts itself: every rank's posts are recorded (distbench.run.comm_trace) and checked once the
 # run has ended, and a run that ended well must hold no process group but the default one.
-TRACED = ("step", "plan", "pp", "p2p", "accept")
+TRACED = ("step", "plan", "pp", "p2p", "accept", "dp", "tp", "collective")
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from distbench.planner import points
 from distbench.planner.layouts import enumerate_layouts
 from distbench.planner.memory import held_by_step, usable_bytes
 from distbench.planner.models import PRESETS
+from distbench.platform import limits
 
 GIB = 2**30
 ZERO = (0, 1, 2, 3)
@@ -83,10 +84,11 @@ def test_toy_on_4_workers_fits_easily():
     ("plan", "--workers", "2", "--model", "7b"),
     ("step", "--workers", "4", "--model", "7b"),
 ])
-def test_a_model_this_machine_cannot_hold_is_refused_at_once(tmp_path, argv):
+def test_a_model_this_machine_cannot_hold_is_refused_at_once(tmp_path, monkeypatch, argv):
     """In this process, with the real dispatch: a worker it started would fail the test (not
-    multiproc). Each needs hundreds of GiB a worker. gloo named, so that a GPU machine checks
-    the host's memory too."""
+    multiproc). Each needs hundreds of GiB a worker, against the 24 GiB planted as this
+    machine's; gloo named, so that a GPU machine checks the host's memory too."""
+    monkeypatch.setattr(limits, "available_memory", lambda: 24 * GIB)
     out = tmp_path / "results"
     with helpers.within(5):
         proc = helpers.cli(tmp_path, *argv, "--backend", "gloo", "--out", str(out),

@@ -131,49 +131,62 @@ def test_the_bubbles_compute_is_timed_on_the_gpu_not_by_the_host(cuda_events):
     assert co.forward_backward.seconds() == pytest.approx(0.010)
 
 
-# ---- a rank that failed, seen by the others' watchdogs -----------------------------------------
+# ---- a rank that failed, seen by every rank's failure watch -----------------------------------
+
+FAILURE = {"rank": 0, "error": "RuntimeError: CUDA out of memory", "step": "build"}
+
 
 @pytest.fixture
 def fast_poll(monkeypatch):
     monkeypatch.setattr(runtime, "FAILURE_POLL_S", 0.05)
 
 
-def _watchdog(seen: list) -> runtime.Watchdog:
-    dog = runtime.Watchdog(lambda what, seconds: None)
-    dog.on_failure = seen.append
-    return dog
-
-
-def test_a_posted_failure_ends_the_run_after_the_grace(fast_poll):
-    seen: list = []
-    dog = _watchdog(seen)
-    failure = {"rank": 0, "error": "RuntimeError: CUDA out of memory", "step": "build"}
+def _wait_for(seen: list, seconds: float) -> None:
     start = time.monotonic()
-    dog.watch_failures(lambda: failure, grace_s=0.3)
-    while not seen and time.monotonic() - start < 5:
+    while not seen and time.monotonic() - start < seconds:
         time.sleep(0.02)
-    assert seen == [failure]
+
+
+def test_a_failure_while_a_rank_waits_ends_the_run_after_the_grace(fast_poll):
+    seen: list = []
+    start = time.monotonic()
+    runtime.FailureWatch(lambda: FAILURE, lambda: False, 0.3, seen.append)
+    _wait_for(seen, 5)
+    assert seen == [FAILURE]
     assert 0.3 <= time.monotonic() - start < 2
 
 
-def test_a_failure_every_rank_agreed_on_in_time_ends_nothing(fast_poll):
-    """Every rank reached the agreement within the grace: the part is skipped, the run goes
-    on."""
+def test_a_failure_every_rank_reached_the_end_of_ends_nothing(fast_poll):
+    """Every rank came to the part's end (they all failed alike, or the failed rank's peers were
+    not waiting on it): the part is skipped, the run goes on."""
     seen: list = []
-    dog = _watchdog(seen)
-    dog.watch_failures(lambda: {"rank": 1, "error": "x", "step": "y"}, grace_s=0.5)
+    runtime.FailureWatch(lambda: FAILURE, lambda: True, 0.1, seen.append)
+    time.sleep(0.6)
+    assert seen == []
+
+
+def test_a_watch_stopped_within_the_grace_never_fires(fast_poll):
+    seen: list = []
+    watch = runtime.FailureWatch(lambda: FAILURE, lambda: False, 0.5, seen.append)
     time.sleep(0.2)
-    dog.watch_failures(None)
+    watch.stop()
     time.sleep(0.8)
     assert seen == []
 
 
-def test_no_failure_posted_ends_nothing(fast_poll):
+def test_no_failure_posted_ends_nothing_and_a_silent_store_is_asked_again(fast_poll):
     seen: list = []
-    dog = _watchdog(seen)
-    dog.watch_failures(lambda: None, grace_s=0.1)
-    time.sleep(0.5)
-    assert seen == []
+    answers = iter([RuntimeError("store timeout"), None, None])
+
+    def failure():
+        answer = next(answers, FAILURE)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    runtime.FailureWatch(failure, lambda: False, 0.1, seen.append)
+    _wait_for(seen, 5)
+    assert seen == [FAILURE]  # the watch outlived the store's silence and saw the post
 
 
 # ---- DDP, the inputs and the optimizer, as trainers hold them ----------------------------------
@@ -192,7 +205,7 @@ def test_the_steps_ddp_keeps_one_copy_of_the_gradients(monkeypatch):
     group = object()
     mesh = {"dp": SimpleNamespace(get_group=lambda: group)}
     stage = mesh_model.make_stage(SMALL, range(2), CPU, torch.float32)
-    mesh_model._data_parallel(stage, Layout(tp=1, pp=1, dp=2), mesh, CPU, torch.float32)
+    mesh_model._data_parallel(stage, Layout(tp=1, pp=1, dp=2), mesh, CPU, None)
     assert made == [{"device_ids": None, "bucket_cap_mb": None, "process_group": group,
                      "gradient_as_bucket_view": True}]
 

@@ -66,53 +66,51 @@ def events(n: int, device: torch.device) -> list:
 
 
 class Spans:
-    """Time summed over spans of a loop's iterations (start() and stop() around a part of each),
-    on the clock of the device that runs the part: CUDA events on a GPU, where the host only
-    queues the kernels and its clock would time their launch; perf_counter elsewhere. The
-    events are made before the loop (`expect`), so none is created inside it."""
+    """Time summed over spans of a loop's iterations (start() and stop() around a part of each,
+    or calls of a function wrap() made), on the clock of the device that runs the part: CUDA
+    events on a GPU, where the host only queues the kernels and its clock would time their
+    launch; perf_counter elsewhere. A span may run inside another: each is timed whole. The
+    events are made before the loop (`expect` spans), so none is created inside it."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.reset()
 
     def reset(self, expect: int = 0) -> None:
-        self._host, self._t0, self._used = 0.0, 0.0, 0
+        self._host = 0.0
+        self._open: list = []  # the spans begun and not ended, innermost last
+        self._done: list[tuple] = []  # (start, end) events of the spans ended, on a GPU
         self._made = events(2 * expect, self.device) if self.cuda and expect else []
 
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def _event(self):
-        if self._used == len(self._made):  # more spans than expected: one more event
-            self._made.append(torch.cuda.Event(enable_timing=True))
-        self._used += 1
-        return self._made[self._used - 1]
-
     def start(self) -> None:
         if self.cuda:
-            self._event().record()
+            event = self._made.pop() if self._made else torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._open.append(event)
         else:
-            self._t0 = time.perf_counter()
+            self._open.append(time.perf_counter())
 
     def stop(self) -> None:
+        begun = self._open.pop()
         if self.cuda:
-            self._event().record()
+            end = self._made.pop() if self._made else torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._done.append((begun, end))
         else:
-            self._host += time.perf_counter() - self._t0
+            self._host += time.perf_counter() - begun
 
     def wrap(self, fn: Callable) -> Callable:
         """fn, each call a span."""
         def timed(*args, **kwargs):
-            if self.cuda:
-                self.start()
-                out = fn(*args, **kwargs)
+            self.start()
+            try:
+                return fn(*args, **kwargs)
+            finally:
                 self.stop()
-                return out
-            t0 = time.perf_counter()  # its own start: a wrapped call may run inside another
-            out = fn(*args, **kwargs)
-            self._host += time.perf_counter() - t0
-            return out
         return timed
 
     def seconds(self) -> float:
@@ -120,8 +118,7 @@ class Spans:
         if not self.cuda:
             return self._host
         sync(self.device)
-        marks = self._made[:self._used]
-        return sum(a.elapsed_time(b) for a, b in zip(marks[::2], marks[1::2], strict=True)) / 1e3
+        return sum(a.elapsed_time(b) for a, b in self._done) / 1e3
 
 
 @contextmanager

@@ -57,20 +57,20 @@ def dispatch(name: str, opts) -> int:
     return launch.start_local(name, opts)
 
 
-def _machine_check(name: str) -> Callable[[object], None]:
+def _machine_check(name: str) -> Callable[[object, int | None], None]:
     """What this machine can hold, checked as the options are built, for a run that will start
     local workers (not a dry run, and not a command that runs here alone: topo, or plan from
     earlier runs)."""
     entry = COMMANDS[name]
 
-    def check(opts) -> None:
+    def check(opts, world: int | None) -> None:
         if entry.dry_run is not None and getattr(opts, "dry_run", False):
             return
         if entry.run_local is not None and getattr(opts, "pure", True):
             return
         from distbench.run import launch
 
-        launch.check_machine(opts)
+        launch.check_machine(opts, world)
     return check
 
 

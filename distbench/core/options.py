@@ -408,11 +408,11 @@ def cli_types(cls: type) -> dict[str, Any]:
 
 
 def build(cls: type, raw: dict[str, Any], argv: list[str], world: int | None = None,
-          machine: Callable[[Any], None] | None = None):
+          machine: Callable[[Any, int | None], None] | None = None):
     """Validated options from raw values keyed by flag name (missing ones take the default).
     Checked in field order, the options every command shares first, so that of several bad
-    options the same one is named whichever command is run; then `machine(opts)` (what this
-    machine can hold); --out is created last of all, so a run with any other bad option leaves
+    options the same one is named whichever command is run; then `machine(opts, world)` (what
+    this machine can hold); --out is created last of all, so a run with any other bad option leaves
     nothing behind. `world`: the ranks a launcher started, where one did; --workers says it
     otherwise."""
     values = {}
@@ -429,7 +429,7 @@ def build(cls: type, raw: dict[str, Any], argv: list[str], world: int | None = N
     if world is not None:
         opts.check_world(world)
     if machine is not None:
-        machine(opts)
+        machine(opts, world)
     opts.out = check_writable_dir("--out", out, "--out results")
     return opts
 

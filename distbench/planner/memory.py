@@ -125,10 +125,22 @@ def step_inputs_bytes(model: ModelSpec, layout: Layout, elt_bytes: int) -> float
     return share * (2 if layout.pp == 1 else 1)
 
 
+def build_bytes(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:
+    """What a rank holds while `distbench step` builds its stage, a layer at a time: the layers
+    already split (their parameters, as above) and the next one whole, before TP and FSDP split
+    it (in fp32 where FSDP keeps fp32 masters of a half-precision model)."""
+    fsdp = layout.dp > 1 and layout.zero >= 2
+    whole = model.params_per_layer * (MASTER_BYTES if fsdp and elt_bytes < MASTER_BYTES
+                                      else elt_bytes)
+    return memory(model, layout, elt_bytes).params + whole
+
+
 def held_by_step(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:
-    """The most one rank of `layout` holds in `distbench step`: the model above and its
-    inputs."""
-    return memory(model, layout, elt_bytes).total + step_inputs_bytes(model, layout, elt_bytes)
+    """The most one rank of `layout` holds in `distbench step`: the model above and its inputs
+    in the step, or its build, whichever is more."""
+    return max(memory(model, layout, elt_bytes).total
+               + step_inputs_bytes(model, layout, elt_bytes),
+               build_bytes(model, layout, elt_bytes))
 
 
 def fits(total: float, memory_per_gpu: float) -> bool:

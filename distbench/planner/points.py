@@ -75,10 +75,12 @@ def sweep_sizes(model: ModelSpec, layouts: Sequence[Layout], elt: int, budget: f
 
 def compute_point_bytes(model: ModelSpec, tp: int, micro_batch_size: int, elt: int) -> float:
     """One TP shard of a layer timed forward and backward: its weights and gradients, the input
-    and the output's gradient, and the activations it keeps for backward."""
+    and the output's gradient, and the activations it keeps for backward; or the layer whole,
+    as it is built before TP splits it, where that is more."""
     tokens = micro_batch_size * model.seq_len
-    return elt * (2 * model.params_per_layer / tp + 2 * tokens * model.hidden_size
-                  + tokens * activation_elements_per_token(model, tp))
+    return elt * max(model.params_per_layer,
+                     2 * model.params_per_layer / tp + 2 * tokens * model.hidden_size
+                     + tokens * activation_elements_per_token(model, tp))
 
 
 def compute_points(model: ModelSpec, layouts: Sequence[Layout], elt: int, budget: float

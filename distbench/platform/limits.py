@@ -25,10 +25,11 @@ WORKERS_PER_CORE = 4
 MEMORY_SHARE = 0.8
 
 
-def nvidia_devices() -> bool:
-    """Whether this machine shows an NVIDIA GPU's device node: without one CUDA cannot run, and
-    `--backend auto` is gloo, known without loading torch."""
-    return bool(list(Path("/dev").glob("nvidia[0-9]*")))
+def nvidia_devices(dev: Path = Path("/dev")) -> bool:
+    """Whether this machine shows a GPU's device node (NVIDIA's, or WSL2's /dev/dxg, through
+    which CUDA runs there): without one CUDA cannot run, and `--backend auto` is gloo, known
+    without loading torch."""
+    return bool(list(dev.glob("nvidia[0-9]*"))) or (dev / "dxg").exists()
 
 
 def cores() -> int:
@@ -84,9 +85,13 @@ def rank_budget(workers: int, memory: int | None = -1) -> int | None:
     check_workers allows it; None when the machine's memory cannot be read. `memory` stands in
     for the machine's (tests); -1: read it."""
     memory = available_memory() if memory == -1 else memory
-    if memory is None:
-        return None
-    return max(0, (int(memory * MEMORY_SHARE) - WORKER_BYTES) // max(1, workers) - WORKER_BYTES)
+    return None if memory is None else max(0, _room(workers, memory))
+
+
+def _room(workers: int, memory: int) -> int:
+    """What each of `workers` workers may hold beyond WORKER_BYTES when they and their launcher
+    (one more WORKER_BYTES) share MEMORY_SHARE of `memory`; below 0 when not even that fits."""
+    return (int(memory * MEMORY_SHARE) - WORKER_BYTES) // max(1, workers) - WORKER_BYTES
 
 
 def check_workers(workers: int, per_rank: int = 0, sized_by: tuple[str, str] = ("", ""), *,
@@ -104,10 +109,10 @@ def check_workers(workers: int, per_rank: int = 0, sized_by: tuple[str, str] = (
     memory = available_memory() if memory == -1 else memory
     if memory is None:
         return
+    if per_rank <= _room(workers, memory):
+        return
     each = WORKER_BYTES + per_rank
     need, allowed = workers * each + WORKER_BYTES, int(memory * MEMORY_SHARE)
-    if need <= allowed:
-        return
     fit = (allowed - WORKER_BYTES) // each
     flags, example = sized_by if fit < min(2, workers) and sized_by[0] else \
         ("--workers", f"--workers {max(fit, 1)}")

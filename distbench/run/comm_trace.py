@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -175,10 +176,11 @@ class Listener(TorchDispatchMode):
             self._batches.__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-
-        if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented  # DTensor turns itself into plain ops and collectives
+        # DTensor turns itself into plain ops and collectives. Looked up, never imported: a
+        # run that uses none (collective, p2p) would pay the import inside its first timed op
+        dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+        if dtensor is not None and any(issubclass(t, dtensor) for t in types):
+            return NotImplemented
         call = call_of(func, args)
         if call is not None:
             self.posted(call)

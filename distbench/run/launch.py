@@ -25,14 +25,17 @@ from distbench.platform import env, limits
 from distbench.results import writer
 
 SHUTDOWN_GRACE_S = 5
-def check_machine(opts) -> None:
+
+
+def check_machine(opts, world: int | None) -> None:
     """Before anything exists on disk, and before torch loads: local workers this machine cannot
     hold, refused (OptionError), where the backend is known without torch (gloo asked for, or
-    `auto` on a machine with no NVIDIA device). start_local checks again once torch says."""
+    `auto` on a machine with no GPU device node). `world`: the ranks the options were checked
+    for (--workers), else the 2 a CPU run starts. start_local checks again once torch says."""
     if env.under_launcher() or opts.backend == "nccl" or \
             (opts.backend == "auto" and limits.nvidia_devices()):
         return
-    nproc = opts.workers or 2
+    nproc = world or 2
     opts.check_backend("gloo")  # in start_local's order, so a refusal reads the same
     opts.check_world(nproc)
     limits.check_workers(nproc, opts.host_bytes("gloo", nproc), opts.SIZED_BY)

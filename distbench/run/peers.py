@@ -380,6 +380,8 @@ class Peers:
         except dist.DistError:
             return None
 
+    # -- guarded parts of a training step (steps.recipe) --------------------------------------
+
     def post_failure(self, part: int, failure: dict) -> None:
         """Say that this rank failed in guarded part number `part` (steps.recipe.attempt), unless
         another rank said so first: {"rank", "error", "step"}."""
@@ -388,13 +390,34 @@ class Peers:
         except dist.DistError:
             pass  # the store is gone: the run is ending anyway
 
-    def failure(self, part: int) -> dict | None:
-        """What the first rank to fail in guarded part number `part` said, or None: none has."""
+    def end_part(self, part: int, timeout_s: float) -> dict | None:
+        """This rank has reached the end of guarded part `part`: once every rank has, what the
+        first to fail in it said (None: no rank failed). The agreement goes through the store,
+        not the process group, whose collectives a rank that failed mid-part would pair with its
+        peers' (NCCL pairs by order). Raises DistError when some rank has not come within
+        timeout_s."""
+        if not self._arrive(self._own, f"{self._run}part/{part}", timeout_s):
+            raise dist.DistError(f"not every rank reached the end of part {part} within "
+                                 f"{timeout_s:.0f} s")
         key = f"{self._run}failed/{part}"
-        try:
-            return json.loads(self._own.get(key)) if self._own.check([key]) else None
-        except dist.DistError:
-            return None
+        return json.loads(self._own.get(key)) if self._own.check([key]) else None
+
+    def watch_client(self):
+        """A store connection for the failure watch's thread alone (made once): its questions
+        must not queue behind the main thread's waits."""
+        if getattr(self, "_watching", None) is None:
+            self._watching = self._client()
+        return self._watching
+
+    def failure(self, part: int, s=None) -> dict | None:
+        """What the first rank to fail in guarded part number `part` said, or None: none has."""
+        s = s or self._own
+        key = f"{self._run}failed/{part}"
+        return json.loads(s.get(key)) if s.check([key]) else None
+
+    def all_ended(self, part: int, s=None) -> bool:
+        """Whether every rank has reached the end of guarded part `part`."""
+        return (s or self._own).add(f"{self._run}part/{part}", 0) >= self.world
 
     def _not_ours(self, said: bytes) -> dict | None:
         first = json.loads(said)

@@ -35,11 +35,12 @@ TICK_S = 0.1
 # (and a rank that refused its options waits for the others to read why): the watchdog, which
 # only backs that wait up, gives it this long past that.
 START_SLACK_S = 2.0
-# A rank that fails in a guarded part of a training step (steps.recipe) posts why; a peer left
-# waiting on it (a pipeline stage in a receive) ends the run this long after seeing it, unless
-# every rank has agreed by then (the part is skipped and the run goes on). Long enough for the
-# peers that are not waiting on it to finish the part: a build and two steps. How often the
-# watchdog looks for such a post: the store is asked once a second by each rank in such a part.
+# A rank that fails in a guarded part of a training step (steps.recipe) posts why; while some
+# rank has not reached the part's end (a pipeline stage waiting in a receive on the failed one),
+# every rank ends the run this long after seeing the post, unless all have reached it by then
+# (the part is skipped and the run goes on). Long enough for the peers that are not waiting on
+# it to finish the part: a build and two steps. How often a rank looks: once a second, through
+# a store connection of its own, while it is in such a part.
 FAILURE_GRACE_S = 15.0
 FAILURE_POLL_S = 1.0
 # On an NCCL error (a peer lost on another node) or timeout, ProcessGroupNCCL's watchdog thread
@@ -278,6 +279,45 @@ def _unwritten(stamp: float) -> bool:
 LOOP = Progress()
 
 
+class FailureWatch:
+    """While a guarded part runs: every FAILURE_POLL_S, `failure()` (what a rank that failed in
+    the part posted, or None) and `everyone()` (whether every rank has reached the part's end);
+    once a failure has stood for `grace_s` with some rank still short of the end, `on_failure`
+    (which ends the process). stop() ends the watch, and once it has returned the watch never
+    fires: the two share a lock. A question the store cannot answer is asked again."""
+
+    def __init__(self, failure: Callable[[], dict | None], everyone: Callable[[], bool],
+                 grace_s: float, on_failure: Callable[[dict], None]):
+        self._failure, self._everyone = failure, everyone
+        self._grace_s, self._on_failure = grace_s, on_failure
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, name="distbench-failure-watch",
+                         daemon=True).start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped.set()
+
+    def _watch(self) -> None:
+        since = None
+        while not self._stopped.wait(FAILURE_POLL_S):
+            try:
+                failure = self._failure()
+                short = failure is not None and not self._everyone()
+            except Exception:  # noqa: BLE001 - the store did not answer: ask again
+                continue
+            if not short:
+                since = None
+                continue
+            since = since if since is not None else time.monotonic()
+            if time.monotonic() - since >= self._grace_s:
+                with self._lock:
+                    if not self._stopped.is_set():
+                        self._on_failure(failure)
+                return
+
+
 class Watchdog:
     """Ends a run whose ranks stop making progress (a lost launcher is the lifeline's to see).
     Runs beside the main thread, which may be blocked inside a collective (GIL released) at
@@ -293,19 +333,10 @@ class Watchdog:
     def __init__(self, on_expire: Callable[[str, float], None],
                  progress: Callable[[], object] | None = None, stall_s: float = 0.0):
         self.on_expire = on_expire  # reassigned when the session takes over from startup
-        self.on_failure: Callable[[dict], None] = lambda failure: None  # the session's
         self._progress = progress
         self._stall_s = stall_s
         self._armed: _Armed | None = None  # replaced whole: the watcher reads it unlocked
-        self._failures: tuple[Callable[[], dict | None], float] | None = None  # likewise
         threading.Thread(target=self._watch, name="distbench-watchdog", daemon=True).start()
-
-    def watch_failures(self, posted: Callable[[], dict | None] | None, grace_s: float = 0.0
-                       ) -> None:
-        """While set, `posted()` (a failure some rank posted, or None) is asked every
-        FAILURE_POLL_S; once it names one, on_failure(it) is called grace_s later unless the
-        watch was ended (or replaced) by then. None ends the watch."""
-        self._failures = (posted, grace_s) if posted is not None else None
 
     def arm(self, seconds: float, what: str) -> None:
         self._armed = _Armed(time.monotonic() + seconds, seconds, what)
@@ -315,21 +346,9 @@ class Watchdog:
 
     def _watch(self) -> None:
         last, seen, since, looped, tick = None, None, 0.0, 0.0, time.monotonic()
-        watched, failure, polled, failed_at = None, None, 0.0, 0.0
         while True:
             time.sleep(TICK_S)
             armed, now = self._armed, time.monotonic()
-            failures = self._failures
-            if failures is not watched:
-                watched, failure, polled = failures, None, 0.0
-            if watched is not None and failure is None and now - polled >= FAILURE_POLL_S:
-                polled = now
-                failure = watched[0]()
-                failed_at = now
-            if failure is not None and now - failed_at > watched[1] \
-                    and self._failures is watched:
-                self.on_failure(failure)
-                return
             moved = self._progress() if self._progress is not None and self._stall_s else None
             if armed is not last:
                 last, seen, since, looped = armed, moved, now, 0.0

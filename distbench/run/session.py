@@ -35,6 +35,7 @@ from distbench.run.peers import ROLL_CALL_GRACE_S, Lost, describe_lost, lost_to_
 from distbench.run.runtime import (
     FAILURE_GRACE_S,
     LOOP,
+    FailureWatch,
     RunFailure,
     Runtime,
     Watchdog,
@@ -85,7 +86,6 @@ class Session:
         self._ending = threading.RLock()
         self.watchdog = watchdog or _watchdog(opts)  # the startup's, when it had one
         self.watchdog.on_expire = self._timed_out
-        self.watchdog.on_failure = self._failed
         self._parts = 0  # guarded parts begun (watching_failures), alike on every rank
         self._part: int | None = None  # the one running
         lifeline.on_loss = self._orphaned  # the startup's handler knew no step
@@ -130,19 +130,36 @@ class Session:
     @contextmanager
     def watching_failures(self) -> Iterator[None]:
         """A guarded part (steps.recipe.agreed): within it a rank that fails says so to the
-        others (failed_here), and every rank's watchdog ends the run FAILURE_GRACE_S after a
-        failure is posted, unless the part is over by then (every rank agreed on it)."""
+        others (failed_here), and every rank ends the run FAILURE_GRACE_S after a failure is
+        posted while some rank is still short of the part's end (end_part)."""
         self._parts += 1
         self._part = part = self._parts
-        peers = self.rt.peers
+        peers, watch = self.rt.peers, None
         if peers is not None:
-            self.watchdog.watch_failures(lambda: peers.failure(part),
-                                         min(FAILURE_GRACE_S, self.opts.timeout))
+            store = peers.watch_client()
+            watch = FailureWatch(lambda: peers.failure(part, store),
+                                 lambda: peers.all_ended(part, store),
+                                 min(FAILURE_GRACE_S, self.opts.timeout), self._failed)
         try:
             yield
         finally:
-            self.watchdog.watch_failures(None)
+            if watch is not None:
+                watch.stop()
             self._part = None
+
+    def end_part(self, reason: str) -> str | None:
+        """At the end of the guarded part running now, through the store: "" when no rank failed
+        in it, else the first failure's reason, on every rank alike; None without a store
+        (a test's stand-in session), for the caller to agree over the process group."""
+        peers = self.rt.peers
+        if peers is None or self._part is None:
+            return None
+        try:
+            failure = peers.end_part(self._part, self.opts.timeout)
+        except dist.DistError as e:
+            raise RunFailure(f"{self.current}: {one_line(e, _ERROR_CHARS)}", status="timeout"
+                             ) from None
+        return "" if failure is None else failure["error"]
 
     def failed_here(self, label: str, reason: str) -> None:
         """This rank failed in the guarded part running now: its peers are told."""
@@ -371,8 +388,12 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         for signum in TERMINATING_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         session.watchdog.disarm()
-        if trace is not None:
-            trace.dump(complete=status in AGREED)
+        if trace is not None:  # the test suite's record: never a reason to lose run.json
+            try:
+                trace.dump(complete=status in AGREED)
+            except OSError as e:
+                print(f"distbench: rank {rt.rank}: cannot write the trace: {e}",
+                      file=sys.stderr, flush=True)
         status, code = session._end(status, code, error)
     if status in AGREED:
         # Every rank is alive: leave together, so none closes its connections while a peer's

@@ -110,16 +110,12 @@ def samples(model: ModelSpec, first: int, count: int, device, dtype, targets: bo
     return out
 
 
-def tp_plan(indices: range) -> dict:
+def layer_tp_plan() -> dict:
+    """One layer's TP plan (Megatron's): qkv and up column-wise, out and down row-wise."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    plan = {}
-    for i in indices:
-        plan[f"layers.{i}.attn.qkv"] = ColwiseParallel()
-        plan[f"layers.{i}.attn.out"] = RowwiseParallel()
-        plan[f"layers.{i}.mlp.up"] = ColwiseParallel()
-        plan[f"layers.{i}.mlp.down"] = RowwiseParallel()
-    return plan
+    return {"attn.qkv": ColwiseParallel(), "attn.out": RowwiseParallel(),
+            "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,18 +264,24 @@ def device_mesh(layout: Layout, device: torch.device) -> FreshMesh:
 def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: float = 1e-8,
           mesh=None) -> MeshModel:
     """This rank's part of `layout` on `mesh` (a fresh one when None), from SEED."""
-    t, p, d = layout.tp, layout.pp, layout.dp
+    t, p = layout.tp, layout.pp
     mesh = mesh if mesh is not None else device_mesh(layout, device)
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
     indices = stage_indices(model, pp_rank, p)
-    fsdp = d > 1 and layout.zero >= 2
-    stage = make_stage(model, indices, device, torch.float32 if fsdp and needs_master(dtype)
-                       else dtype)
-    if t > 1:
-        from torch.distributed.tensor.parallel import parallelize_module
+    shard = _fsdp(layout, mesh, dtype)
+    built = torch.float32 if shard is not None and needs_master(dtype) else dtype
+    layers = {}
+    for i in indices:  # whole one layer at a time: the stage whole would not fit where it runs
+        layer = make_layer(model, i, device, built)
+        if t > 1:
+            from torch.distributed.tensor.parallel import parallelize_module
 
-        parallelize_module(stage, mesh["tp"], tp_plan(indices))
-    wrapped, localized = _data_parallel(stage, layout, mesh, device, dtype)
+            parallelize_module(layer, mesh["tp"], layer_tp_plan())
+        if shard is not None:
+            shard(layer)
+        layers[str(i)] = layer
+    stage = Stage(layers)
+    wrapped, localized = _data_parallel(stage, layout, mesh, device, shard)
     opt = _optimizer(stage, layout, mesh, device, dtype, eps)
     schedule = None
     if p > 1:
@@ -316,22 +318,29 @@ def release_groups(mesh) -> None:
             dist.destroy_process_group(group)
 
 
-def _data_parallel(stage: Stage, layout: Layout, mesh, device: torch.device, dtype
-                   ) -> tuple[nn.Module, dict]:
-    """The stage wrapped for the layout's ZeRO stage on mesh["dp"] (FSDP2 wraps in place), and
-    the DTensor specs of the TP shards DDP holds as plain tensors."""
+def _fsdp(layout: Layout, mesh, dtype) -> Callable[[nn.Module], object] | None:
+    """fully_shard on mesh["dp"] as the layout's ZeRO stage asks (2: reshard_after_forward
+    false, 3: true; computing in half precision on fp32 masters), or None below ZeRO 2."""
+    if layout.dp == 1 or layout.zero < 2:
+        return None
+    from distbench.steps.dp_model import _fully_shard
+
+    fully_shard, policy = _fully_shard()
+    kwargs = {"mesh": mesh["dp"], "reshard_after_forward": layout.zero == 3}
+    if needs_master(dtype):
+        kwargs["mp_policy"] = policy(param_dtype=dtype, reduce_dtype=dtype)
+    return lambda module: fully_shard(module, **kwargs)
+
+
+def _data_parallel(stage: Stage, layout: Layout, mesh, device: torch.device,
+                   shard: Callable[[nn.Module], object] | None) -> tuple[nn.Module, dict]:
+    """The stage wrapped for the layout's data parallelism on mesh["dp"]: FSDP2's root over
+    layers `shard` has wrapped already (in place), or DDP; and the DTensor specs of the TP
+    shards DDP holds as plain tensors."""
     if layout.dp == 1:
         return stage, {}
-    if layout.zero >= 2:
-        from distbench.steps.dp_model import _fully_shard
-
-        fully_shard, policy = _fully_shard()
-        kwargs = {"mesh": mesh["dp"], "reshard_after_forward": layout.zero == 3}
-        if needs_master(dtype):
-            kwargs["mp_policy"] = policy(param_dtype=dtype, reduce_dtype=dtype)
-        for layer in stage.layers.values():
-            fully_shard(layer, **kwargs)
-        fully_shard(stage, **kwargs)
+    if shard is not None:
+        shard(stage)
         return stage, {}
     localized = {}
     if layout.tp > 1:

@@ -205,9 +205,7 @@ def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int, budget: float)
 
 def _agreed_us(seconds: float, device) -> float:
     """The slowest rank's time, in microseconds, on every rank."""
-    t = torch.tensor([seconds * 1e6], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return recipe.max_over_ranks([seconds * 1e6], device)[0]
 
 
 def _time_us(s: Session, fn: Callable[[], object], active: bool = True,
@@ -363,13 +361,13 @@ def _one_layer(s: Session, model: ModelSpec, tp: int, mbs: int, dtype):
     """One layer at (tp, micro-batch), its input and its output's gradient, and the mesh its TP
     runs on (None at tp 1), for release_groups once the point is timed."""
     device = s.rt.device
-    layer = mesh_model.make_stage(model, range(1), device, dtype)
+    layer = mesh_model.make_layer(model, 0, device, dtype)
     mesh = None
     if tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
 
         mesh = mesh_model.FreshMesh(device, {"rest": s.rt.world // tp, "tp": tp})
-        parallelize_module(layer, mesh["tp"], mesh_model.tp_plan(range(1)))
+        parallelize_module(layer, mesh["tp"], mesh_model.layer_tp_plan())
     g = torch.Generator().manual_seed(SEED)
     dims = (mbs, model.seq_len, model.hidden_size)
     x = torch.randn(dims, generator=g).to(device, dtype).requires_grad_(True)

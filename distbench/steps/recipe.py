@@ -1,16 +1,17 @@
 """The one way the training-step commands (tp, dp, step, and plan's steps) measure a step, so
 that what one of them learns the others keep:
 
-1. `fits_here`: what the part will hold against what the device has left, agreed by every rank
-   before anything is built (on a GPU a part that does not fit is a skipped row, not a rank out
-   of memory while its peers wait on it);
+1. `fits_here` (step's layouts): what the part will hold against what the device has left,
+   agreed by every rank before anything is built (on a GPU a part that does not fit is a
+   skipped row, not a rank out of memory while its peers wait on it);
 2. `agreed`: the build and the first steps, which torch may refuse on some ranks only (out of
    memory, a combination it does not support), run guarded. The rank that fails says why at once,
-   on stderr and to its peers through the launcher's store; every rank then agrees on the
-   lowest rank's reason, and the row is skipped on every rank alike. A peer left waiting on the
-   failed rank (a pipeline stage in a receive) never reaches that agreement: its watchdog sees
-   the failure posted and ends the run FAILURE_GRACE_S later, naming the failed rank and why,
-   instead of after --timeout;
+   on stderr and to its peers through the launcher's store; every rank then agrees, through the
+   store too (a collective now could pair with a peer's unfinished one on NCCL), on the first
+   failure's reason, and the row is skipped on every rank alike. A peer left waiting on the
+   failed rank (a pipeline stage in a receive) never reaches that agreement: every rank's
+   failure watch sees the failure posted and ends the run FAILURE_GRACE_S later, naming the
+   failed rank and why, instead of after --timeout;
 3. `counted`: one step under the dispatcher's collective counter;
 4. `timed`: warmup, barrier, timed loop and cross-rank statistics, as every command times, and
    on a GPU the peak memory of the timed steps;
@@ -55,6 +56,8 @@ def attempt(s: Session, label: str, fn: Callable[[], T]) -> tuple[T | None, str]
     try:
         s.faults.fail(label)
         return fn(), ""
+    except dist.DistError:  # a peer lost, a communicator aborted: not a refusal to agree on
+        raise
     except REFUSALS as e:
         reason = f"{type(e).__name__}: {one_line(e, 200, mark='')}"
         print(f"distbench: rank {s.rt.rank}: {label}: {reason}", file=sys.stderr, flush=True)
@@ -68,7 +71,8 @@ def agreed(s: Session, label: str, fn: Callable[[], T]) -> tuple[T | None, str]:
     throughout (the module's text)."""
     with s.watching_failures():
         value, reason = attempt(s, label, fn)
-        reason = agree_reason(reason, s.rt.device)
+        agreed_reason = s.end_part(reason)
+        reason = agree_reason(reason, s.rt.device) if agreed_reason is None else agreed_reason
     if reason:
         value = None
         free(s.rt.device)
