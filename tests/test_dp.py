@@ -824,7 +824,7 @@ def _skip_on(rank: int) -> list[dict]:
         opts=SimpleNamespace(block="mlp", dtype="float32", timeout=60, warmup=0, iters=2,
                              check=False),
         step=lambda what, seconds: None, faults=Faults(), watching_failures=nullcontext,
-        failed_here=lambda label, reason: None, end_part=lambda reason: None)
+        failed_here=lambda label, reason: None, end_part=lambda: None)
     batch = strat.local_batch(shape, 1, rank, CPU, torch.float32)
     return [steps._measure(s, mode, bucket, shape, torch.float32, batch, 0.001, None, shape,
                            True, [])[0] for mode, bucket in (("zero2", None), ("ddp", 25.0))]

@@ -272,7 +272,7 @@ def test_the_sharded_model_is_gone_before_rank_0_builds_the_whole_one(group, mon
                         step=lambda what, seconds: None, faults=Faults(),
                         console=SimpleNamespace(log=lambda line: None),
                         watching_failures=nullcontext, failed_here=lambda label, why: None,
-                        end_part=lambda reason: None)
+                        end_part=lambda: None)
     row, _ = steps._measure_block(s, "mlp", sh, group, torch.float32, sh, True, [])
     assert alive_at_t1 == [False]
     assert row["t1_us"] > 0

@@ -45,12 +45,11 @@ def smallest_layout(model: ModelSpec, world: int, gpus_per_node: int, zero: Sequ
                     elt: int) -> tuple[Layout | None, float]:
     """The layout of `world` ranks that holds the least per rank, and how much (None, 0: the
     model has no layout on `world` ranks)."""
-    best: tuple[Layout | None, float] = (None, 0.0)
-    for lay in enumerate_layouts(model, world, gpus_per_node, tuple(zero)):
-        need = held_by_step(model, lay, elt)
-        if best[0] is None or need < best[1]:
-            best = (lay, need)
-    return best
+    layouts = list(enumerate_layouts(model, world, gpus_per_node, tuple(zero)))
+    if not layouts:
+        return None, 0.0
+    best = min(layouts, key=lambda lay: held_by_step(model, lay, elt))
+    return best, held_by_step(model, best, elt)
 
 
 def sweep_sizes(model: ModelSpec, layouts: Sequence[Layout], elt: int, budget: float

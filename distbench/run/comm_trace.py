@@ -5,7 +5,7 @@ collectives, DDP's reducer, FSDP, ZeroRedundancyOptimizer, torch's pipeline sche
 
 Two users:
 - the training-step commands count what one step issued, and replay it alone
-  (steps.comms.CommCounter, which builds on `call_of` and `marking_batches`);
+  (steps.comms.CommCounter, a `Listener` as the recorder below is);
 - the test suite records a whole run, DISTBENCH_TEST_COMM_TRACE=DIR (one file per rank,
   `rank<R>.jsonl`), and holds it to NCCL's rules (tests/nccl_rules.py): gloo buffers sends and
   forgives a pair of ranks that both send first, NCCL does not.
@@ -203,9 +203,6 @@ class Recorder(Listener):
         self._lock = threading.Lock()  # DDP's reducer posts from autograd's threads on CUDA
 
     def posted(self, c: Call) -> None:
-        self._record(c)
-
-    def _record(self, c: Call) -> None:
         with self._lock:
             if c.group not in self.groups:
                 self.groups[c.group] = list(ranks_of(c.group)) if c.group else \

@@ -194,6 +194,7 @@ class Peers:
         self._run = "run/"  # this run's keys; begin_run scopes them by rank 0's nonce
         self.listening = threading.Event()
         self.names: list[str] = []  # every rank as rank_names places it, once the run is set up
+        self._watching = None  # watch_client's connection, made on first use
 
     @classmethod
     def connect(cls, timeout_s: float) -> Peers:
@@ -399,13 +400,12 @@ class Peers:
         if not self._arrive(self._own, f"{self._run}part/{part}", timeout_s):
             raise dist.DistError(f"not every rank reached the end of part {part} within "
                                  f"{timeout_s:.0f} s")
-        key = f"{self._run}failed/{part}"
-        return json.loads(self._own.get(key)) if self._own.check([key]) else None
+        return self.failure(part)
 
     def watch_client(self):
         """A store connection for the failure watch's thread alone (made once): its questions
         must not queue behind the main thread's waits."""
-        if getattr(self, "_watching", None) is None:
+        if self._watching is None:
             self._watching = self._client()
         return self._watching
 

@@ -147,7 +147,7 @@ class Session:
                 watch.stop()
             self._part = None
 
-    def end_part(self, reason: str) -> str | None:
+    def end_part(self) -> str | None:
         """At the end of the guarded part running now, through the store: "" when no rank failed
         in it, else the first failure's reason, on every rank alike; None without a store
         (a test's stand-in session), for the caller to agree over the process group."""

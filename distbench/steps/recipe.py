@@ -71,7 +71,7 @@ def agreed(s: Session, label: str, fn: Callable[[], T]) -> tuple[T | None, str]:
     throughout (the module's text)."""
     with s.watching_failures():
         value, reason = attempt(s, label, fn)
-        agreed_reason = s.end_part(reason)
+        agreed_reason = s.end_part()
         reason = agree_reason(reason, s.rt.device) if agreed_reason is None else agreed_reason
     if reason:
         value = None
