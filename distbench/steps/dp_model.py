@@ -233,8 +233,14 @@ def build(mode: str, kind: str, shape: StackShape, seed: int, device: torch.devi
             opt = ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class(dtype), lr=LR,
                                           eps=eps, **_fused(device))
     else:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+
         fully_shard, policy = _fully_shard()
-        kwargs = {"reshard_after_forward": mode == "zero3"}
+        # FSDP2 without a mesh makes one on torch's default accelerator: on a GPU machine a gloo
+        # run's CPU trainer would then be sharded onto cuda:0 (seen on the first GPU, issue 34)
+        kwargs = {"reshard_after_forward": mode == "zero3",
+                  "mesh": DeviceMesh.from_group(dist.group.WORLD, device.type)}
         if needs_master(dtype):
             kwargs["mp_policy"] = policy(param_dtype=dtype, reduce_dtype=dtype)
         for block in inner.blocks:
