@@ -165,7 +165,8 @@ def write_csv(path: Path, columns: Sequence[str], rows: Iterable[dict]) -> None:
 def write_plan(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *,
                gpus: int | None = None, gpus_per_node: int | None = None,
                memory_per_gpu: float | None = None, memory_from: str = "", dtype: str = "",
-               top: int = 5, measured: Inputs | None = None) -> list[Path]:
+               top: int = 5, measured: Inputs | None = None,
+               per_node_from: str = "") -> list[Path]:
     """plan.csv, plan.md, plan.png and inputs.json in `run_dir`; the paths written. The
     cluster's figures default to the rows'. `measured`: the inputs as measured, before any
     synthesis or lookup note, for inputs.json (a later plan --from reads it as measurements);
@@ -181,7 +182,7 @@ def write_plan(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs
     (measured or inputs).write(run_dir)
     text = summary_md(rows, model, inputs, gpus=gpus, gpus_per_node=gpus_per_node,
                       memory_per_gpu=memory_per_gpu, memory_from=memory_from, dtype=dtype,
-                      top=top)
+                      top=top, per_node_from=per_node_from)
     (run_dir / PLAN_MD).write_text(text)
     plot(rows, run_dir / PLAN_PNG, title=f"{model.name} on {gpus} GPUs ({dtype})")
     return [run_dir / n for n in (PLAN.file, PLAN_MD, PLAN_PNG, "inputs.json")]
@@ -222,6 +223,8 @@ def _why_top(best: dict, runner: dict | None) -> list[str]:
 
 def _pruned(rows: list[dict]) -> list[str]:
     out = [r for r in rows if not r["fits"]]
+    if not rows:
+        return ["No layout to prune."]
     if not out:
         return ["Every layout fits in memory."]
     by_zero: dict[int, int] = {}
@@ -237,11 +240,12 @@ def _pruned(rows: list[dict]) -> list[str]:
 
 def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
                gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str,
-               top: int = 5) -> str:
+               top: int = 5, per_node_from: str = "") -> str:
     fitting = [r for r in rows if r["fits"]]
     lines = [f"# Plan: {model.name} on {gpus} GPUs", "",
              f"- model: {model.describe()}",
-             f"- cluster: {gpus} GPUs, {gpus_per_node} per node, "
+             f"- cluster: {gpus} GPUs, {gpus_per_node} per node"
+             + (f" ({per_node_from})" if per_node_from else "") + ", "
              f"{_gib(memory_per_gpu)} per GPU" + (f" ({memory_from})" if memory_from else ""),
              f"- dtype: {dtype}; AdamW; the 1F1B schedule",
              f"- memory model: parameters, gradients and AdamW states by ZeRO stage, ZeRO-3's "
@@ -258,8 +262,10 @@ def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
              for r in fitting[:top]], align="rl" + "r" * (len(TERMS) + 2))
         lines += ["", "## Why", "", *_why_top(fitting[0], fitting[1] if len(fitting) > 1 else
                                               None)]
-    else:
+    elif rows:
         lines += ["No layout fits in memory."]
+    else:
+        lines += ["No layout uses exactly these GPUs."]
     lines += ["", "## Pruned", "", *_pruned(rows), "", "## Inputs", ""]
     lines += [f"- {s}" for s in inputs.sources] or ["- none recorded"]
     if inputs.notes:

@@ -80,7 +80,8 @@ def run(s: Session, output) -> int:
     if s.run_dir is not None:
         planning.write_plan(s.run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=gpn,
                             memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
-                            top=opts.top, measured=measured)
+                            top=opts.top, measured=measured, per_node_from=(
+                                "--gpus-per-node" if opts.gpus_per_node else "the workers'"))
     s.console.lines(planning.top_lines(rows, opts.top))
     if s.record is not None:
         s.record.update(plan=details)
