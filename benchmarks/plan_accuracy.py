@@ -71,7 +71,9 @@ def main() -> None:
                   f" predicted {float(r['predicted_step_ms']):8.2f} ms, measured "
                   f"{float(r['measured_step_ms']):8.2f} ms, {float(r['error_pct']):+6.1f}%{mark}")
         oos = found.get("out_of_sample_mape_pct")
-        print(f"  MAPE {found['mape_pct']:.1f}%, Spearman {found['spearman']:.2f}"
+        rho = found["spearman"]  # None over too few layouts (plan.MIN_RANKED)
+        print(f"  MAPE {found['mape_pct']:.1f}%, Spearman "
+              + ("none (too few layouts)" if rho is None else f"{rho:.2f}")
               + (f", MAPE {oos:.1f}% over the {found['out_of_sample_layouts']} out of sample"
                  if oos is not None else ""))
         every += [r for r in rows if r["status"] == "ok"]

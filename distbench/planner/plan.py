@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 from distbench.core.contracts import PLAN
@@ -98,24 +98,43 @@ def label(row: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 # Validation: which layouts to run for real, and how far the predictions were
 
-def pick_validation(rows: Sequence[dict], k: int, world: int) -> list[dict]:
-    """K layouts on `world` ranks that fit, to run for real: the predicted best half (at least
-    one), then, one at a time, the layout that differs from those chosen in the most of tp, pp,
-    dp and zero (the better ranked first among equals), so the real runs span the space.
-    Deterministic."""
+def pick_validation(rows: Sequence[dict], k: int, world: int,
+                    in_sample: Collection[str] = ()) -> list[dict]:
+    """K layouts on `world` ranks that fit, to run for real, out of sample first (`in_sample`:
+    the labels an input was measured on, whose validation would check the measurement against
+    itself): the predicted best half (at least one), then, one at a time, the layout that
+    differs from those chosen in the most of tp, pp, dp and zero (the better ranked first among
+    equals), so the real runs span the space. In-sample layouts come last, the better ranked
+    first, only once no other is left. At most as many as fit; deterministic."""
     pool = sorted((r for r in rows if r["fits"] and r["world_size"] == world),
                   key=lambda r: (r["rank"], r["tp"], r["pp"], r["zero"], r["micro_batches"]))
     if k <= 0 or not pool:
         return []
-    chosen = pool[:max(1, (k + 1) // 2)][:k]
+    outside = [r for r in pool if label(r) not in in_sample]
+    chosen = outside[:max(1, (k + 1) // 2)][:k]
     dims = ("tp", "pp", "dp", "zero")
-    while len(chosen) < min(k, len(pool)):
+    while len(chosen) < min(k, len(outside)):
         seen = {d: {r[d] for r in chosen} for d in dims}
-        left = [r for r in pool if r not in chosen]
+        left = [r for r in outside if r not in chosen]
         chosen.append(max(left, key=lambda r: (sum(r[d] not in seen[d] for d in dims),
-                                               -pool.index(r))))
-    return chosen
+                                               -outside.index(r))))
+    return chosen + [r for r in pool if label(r) in in_sample][:k - len(chosen)]
 
+
+def validation_notes(asked: int, chosen: Sequence[dict], in_sample: Collection[str], *,
+                     world: int, fitting: int) -> list[str]:
+    """What a validation did not run as asked: fewer layouts than --validate K (all that fit
+    on the workers), and the layouts in sample it had to take."""
+    notes = []
+    if len(chosen) < asked:
+        notes.append(f"--validate {asked}: only {plural(fitting, 'layout')} of the plan for the "
+                     f"{world} workers fit here; {len(chosen)} validated")
+    inside = [label(r) for r in chosen if label(r) in in_sample]
+    if inside:
+        notes.append(f"{plural(len(inside), 'layout')} in sample, as too few others fit (an "
+                     f"input was measured on each: its error is the machine's noise, not the "
+                     f"model's): {', '.join(inside)}")
+    return notes
 
 def _average_ranks(values: Sequence[float]) -> list[float]:
     """1-based ranks, ties given the average of the ranks they span."""
@@ -151,6 +170,56 @@ def validation_summary(pairs: Sequence[tuple[float, float]]) -> tuple[float, flo
     return mape, (cov / math.sqrt(va * vb) if va and vb else math.nan)
 
 
+# a rank correlation over fewer layouts takes so few values that even a perfect one comes by
+# chance (over 2 it is +1 or -1, over 3 it is 1 one time in 6; over 4 one time in 24)
+MIN_RANKED = 4
+
+
+def validation_lines(pairs: Sequence[tuple[float, float]],
+                     unseen: Sequence[tuple[float, float]]) -> list[str]:
+    """The prediction error of a validation, (predicted, measured) pairs of every layout that
+    ran and of those out of sample: MAPE over those out of sample (over all too when some were
+    in sample), and Spearman's rank correlation over all of them from MIN_RANKED layouts up
+    (below, why not)."""
+    if not pairs:
+        return ["no layout ran: no prediction error"]
+    mape, rho = validation_summary(pairs)
+    lines = []
+    if unseen:
+        lines.append(f"prediction error over {plural(len(unseen), 'layout')} out of sample: "
+                     f"MAPE {validation_summary(unseen)[0]:.1f}%")
+    if len(unseen) < len(pairs):
+        lines.append(f"over all {plural(len(pairs), 'layout')}, "
+                     f"{len(pairs) - len(unseen)} in sample: MAPE {mape:.1f}%")
+    if len(pairs) < MIN_RANKED:
+        lines.append(f"no rank correlation: over fewer than {MIN_RANKED} layouts it takes so "
+                     f"few values that even a perfect one comes by chance (over "
+                     f"{len(pairs)}: validate more)")
+    elif math.isnan(rho):
+        lines.append("no rank correlation: the predictions or the measurements are all equal")
+    else:
+        lines.append(f"Spearman {rho:.2f} over {plural(len(pairs), 'layout')}")
+    return lines
+
+
+def validation_md(found: dict, notes: Sequence[str], lines: Sequence[str]) -> str:
+    """plan.md's section on a validation: each layout run against its prediction, what was
+    capped or in sample, and the error."""
+    out = ["", "## Validation", ""]
+    rows = [[f"{v['tp']}/{v['pp']}/{v['dp']}/{v['zero']}/{v['micro_batches']}",
+             f"{v['predicted_step_ms']:.2f}",
+             "" if v["measured_step_ms"] is None else f"{v['measured_step_ms']:.2f}",
+             "" if v["error_pct"] is None else f"{v['error_pct']:+.1f}%",
+             "yes" if v["in_sample"] else "no", str(v["status"])]
+            for v in found.get("layouts", [])]
+    if rows:
+        out += markdown_table(["tp/pp/dp/zero/m", "predicted (ms)", "measured (ms)", "error",
+                               "in sample", "status"], rows, align="lrrrll")
+        out.append("")
+    out += [f"- {n}" for n in [*notes, *lines]]
+    return "\n".join(out) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing
 
@@ -165,7 +234,8 @@ def write_csv(path: Path, columns: Sequence[str], rows: Iterable[dict]) -> None:
 def write_plan(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *,
                gpus: int | None = None, gpus_per_node: int | None = None,
                memory_per_gpu: float | None = None, memory_from: str = "", dtype: str = "",
-               top: int = 5, measured: Inputs | None = None) -> list[Path]:
+               top: int = 5, measured: Inputs | None = None,
+               per_node_from: str = "") -> list[Path]:
     """plan.csv, plan.md, plan.png and inputs.json in `run_dir`; the paths written. The
     cluster's figures default to the rows'. `measured`: the inputs as measured, before any
     synthesis or lookup note, for inputs.json (a later plan --from reads it as measurements);
@@ -181,7 +251,7 @@ def write_plan(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs
     (measured or inputs).write(run_dir)
     text = summary_md(rows, model, inputs, gpus=gpus, gpus_per_node=gpus_per_node,
                       memory_per_gpu=memory_per_gpu, memory_from=memory_from, dtype=dtype,
-                      top=top)
+                      top=top, per_node_from=per_node_from)
     (run_dir / PLAN_MD).write_text(text)
     plot(rows, run_dir / PLAN_PNG, title=f"{model.name} on {gpus} GPUs ({dtype})")
     return [run_dir / n for n in (PLAN.file, PLAN_MD, PLAN_PNG, "inputs.json")]
@@ -222,6 +292,8 @@ def _why_top(best: dict, runner: dict | None) -> list[str]:
 
 def _pruned(rows: list[dict]) -> list[str]:
     out = [r for r in rows if not r["fits"]]
+    if not rows:
+        return ["No layout to prune."]
     if not out:
         return ["Every layout fits in memory."]
     by_zero: dict[int, int] = {}
@@ -237,11 +309,12 @@ def _pruned(rows: list[dict]) -> list[str]:
 
 def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
                gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str,
-               top: int = 5) -> str:
+               top: int = 5, per_node_from: str = "") -> str:
     fitting = [r for r in rows if r["fits"]]
     lines = [f"# Plan: {model.name} on {gpus} GPUs", "",
              f"- model: {model.describe()}",
-             f"- cluster: {gpus} GPUs, {gpus_per_node} per node, "
+             f"- cluster: {gpus} GPUs, {gpus_per_node} per node"
+             + (f" ({per_node_from})" if per_node_from else "") + ", "
              f"{_gib(memory_per_gpu)} per GPU" + (f" ({memory_from})" if memory_from else ""),
              f"- dtype: {dtype}; AdamW; the 1F1B schedule",
              f"- memory model: parameters, gradients and AdamW states by ZeRO stage, ZeRO-3's "
@@ -258,8 +331,10 @@ def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
              for r in fitting[:top]], align="rl" + "r" * (len(TERMS) + 2))
         lines += ["", "## Why", "", *_why_top(fitting[0], fitting[1] if len(fitting) > 1 else
                                               None)]
-    else:
+    elif rows:
         lines += ["No layout fits in memory."]
+    else:
+        lines += ["No layout uses exactly these GPUs."]
     lines += ["", "## Pruned", "", *_pruned(rows), "", "## Inputs", ""]
     lines += [f"- {s}" for s in inputs.sources] or ["- none recorded"]
     if inputs.notes:

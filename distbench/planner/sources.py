@@ -26,6 +26,7 @@ import pandas as pd
 
 from distbench.core.errors import ReadError
 from distbench.core.options import OptionError
+from distbench.planner import inputs_check
 from distbench.planner.inputs import INPUTS_JSON, OPS, CommFit, Inputs
 from distbench.planner.predict import DP_KINDS
 from distbench.results import alphabeta, reader
@@ -76,8 +77,13 @@ def read_one(path: Path) -> Inputs:
 
 def _inputs_json(path: Path) -> Inputs:
     try:
-        got = Inputs.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError) as e:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise OptionError(FLAG, f"{path}: not a distbench {INPUTS_JSON} ({e})", EXAMPLE) from None
+    inputs_check.check(data, path)
+    try:
+        got = Inputs.from_json(data)
+    except (ValueError, TypeError) as e:
         raise OptionError(FLAG, f"{path}: not a distbench {INPUTS_JSON} ({e})", EXAMPLE) from None
     got.sources = [f"{path}: {s}" for s in got.sources] or [str(path)]
     return got

@@ -80,7 +80,8 @@ def run(s: Session, output) -> int:
     if s.run_dir is not None:
         planning.write_plan(s.run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=gpn,
                             memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
-                            top=opts.top, measured=measured)
+                            top=opts.top, measured=measured, per_node_from=(
+                                "--gpus-per-node" if opts.gpus_per_node else "the workers'"))
     s.console.lines(planning.top_lines(rows, opts.top))
     if s.record is not None:
         s.record.update(plan=details)
@@ -125,11 +126,16 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
     Spearman rank correlation over those that ran, and the error over those out of sample (no
     input was measured on them: the data-parallel and pipeline figures come from pure layouts)."""
     opts = s.opts
-    chosen = planning.pick_validation(rows, opts.validations, s.rt.world)
+    calibrated = {label: kind for kind, label in inputs.overlap_layouts.items()}
+    chosen = planning.pick_validation(rows, opts.validations, s.rt.world, calibrated)
+    capped = planning.validation_notes(
+        opts.validations, chosen, calibrated, world=s.rt.world,
+        fitting=sum(1 for r in rows if r["fits"] and r["world_size"] == s.rt.world))
+    for note in capped:
+        s.console.log(note)
     s.console.log(f"validating {plural(len(chosen), 'layout')} for real: "
                   + ", ".join(planning.label(r) for r in chosen))
     step_sink, val_sink = s.sink(contracts.STEP), s.sink(contracts.VALIDATION)
-    calibrated = {label: kind for kind, label in inputs.overlap_layouts.items()}
     pairs: list[tuple[float, float]] = []
     unseen: list[tuple[float, float]] = []
     bad: list[str] = []
@@ -161,15 +167,19 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
                       + (f"{measured:.2f} ms ({err:+.1f}%)" if ok else str(row.get("status"))))
     mape, rho = planning.validation_summary(pairs) if pairs else (None, None)
     unseen_mape = planning.validation_summary(unseen)[0] if unseen else None
+    if len(pairs) < planning.MIN_RANKED or (rho is not None and math.isnan(rho)):
+        rho = None  # said why in the lines below
+    lines = planning.validation_lines(pairs, unseen)
     found.update(mape_pct=mape, spearman=rho, layouts_measured=len(pairs),
-                 out_of_sample_mape_pct=unseen_mape, out_of_sample_layouts=len(unseen))
+                 out_of_sample_mape_pct=unseen_mape, out_of_sample_layouts=len(unseen),
+                 notes=[*capped, *lines])
     if s.record is not None:
         s.record.update(plan=details)
-    if pairs:
-        s.console.log(f"prediction error over {plural(len(pairs), 'layout')}: MAPE "
-                      f"{mape:.1f}%, Spearman {rho:.2f}" + (
-                          f"; MAPE {unseen_mape:.1f}% over the {len(unseen)} out of sample"
-                          if unseen and len(unseen) < len(pairs) else ""))
+    for line in lines:
+        s.console.log(line)
+    if s.run_dir is not None:
+        with open(s.run_dir / planning.PLAN_MD, "a") as fh:
+            fh.write(planning.validation_md(found, capped, lines))
     fail_if_wrong(bad)
     return EXIT_OK
 

@@ -28,7 +28,7 @@ from distbench.core.options import (
     require,
     with_example,
 )
-from distbench.core.sizes import SizeError, parse_size
+from distbench.core.sizes import SizeError, format_size, parse_size
 from distbench.planner.gpus import DEFAULT_MFU, GPUS
 from distbench.planner.layouts import parse_zero
 from distbench.planner.models import PRESETS, model_text, parse_model
@@ -83,7 +83,20 @@ def _memory(option_name: str, text) -> int | None:
         raise OptionError(option_name, str(e), "--gpu-memory 80G") from None
     if size <= 0:
         raise OptionError(option_name, f"must be above 0, got {text}", "--gpu-memory 80G")
+    above_reserve(option_name, size, "--gpu-memory 80G")
     return size
+
+
+def above_reserve(option_name: str, size: float, example: str, where: str = "") -> None:
+    """A GPU's memory must leave some after the planner's reserve: at or below it, every layout
+    was judged against a negative figure ("-2.0 GiB usable")."""
+    from distbench.planner.memory import RESERVE_MIN_BYTES, usable_bytes
+
+    if usable_bytes(size) <= 0:
+        raise OptionError(option_name, f"{where}{format_size(int(size))} per GPU leaves nothing "
+                          f"after the reserve of at least {RESERVE_MIN_BYTES / 2**30:g} GiB "
+                          "kept for the CUDA context, the allocator and NCCL: give more than "
+                          "that", example)
 
 
 def _paths(option_name: str, text) -> list[str] | None:
@@ -113,8 +126,8 @@ class PlanOptions(RunOptions):
                               check=_count(MAX_GPUS, "the largest clusters'", "--gpus 1024"),
                               show_default=False)
     gpus_per_node: int | None = option(
-        None, "GPUs per node (TP stays inside one). Default: the --from topology's, else the "
-        "workers' per node.",
+        None, "GPUs per node (TP stays inside one). Default: the --from runs' GPUs per node, "
+        "else the workers' per node; required where that is a CPU's worker count.",
         check=_count(MAX_GPUS_PER_NODE, "the largest NVLink domains'", "--gpus-per-node 8"),
         show_default=False)
     gpu_memory: int | None = option(
@@ -131,11 +144,12 @@ class PlanOptions(RunOptions):
                              "'all'.", check=_zero, cli_type=str)
     sources: list[str] | None = option(
         None, "Earlier run directories to predict from (collective, p2p, dp, accept, plan); "
-        "comma list. With no --workers and no --validate nothing is started.", flag="from",
+        "comma list. Nothing is started: not with --workers or --validate.", flag="from",
         check=_paths, cli_type=str, show_default=False)
     # not `validate`: that is RunOptions' check between fields
     validations: int = option(0, "Layouts to run for real after planning (the best and "
-                              "others).", flag="validate", check=at_least(0, "--validate 4"))
+                              "others, out of sample first).", flag="validate",
+                              check=at_least(0, "--validate 4"))
     top: int = option(5, "Layouts shown and summarised.", check=at_least(1, "--top 5"))
     iters: int | None = option(None, "Timed steps of each layout run (the overlap's and the "
                                "validation's). Default: calibrated to --min-time.",
@@ -148,13 +162,59 @@ class PlanOptions(RunOptions):
     warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
 
     def validate_nodes(self, gpus: int, per_node: int) -> None:
-        if gpus % per_node and per_node % gpus:
-            raise OptionError("--gpus", f"{gpus} GPUs are not whole nodes of {per_node} "
-                              "(--gpus-per-node)", "--gpus 1024 --gpus-per-node 8")
+        """Up to one node, any count (a part of one node); past one, whole nodes."""
+        if gpus > per_node and gpus % per_node:
+            raise OptionError("--gpus", f"{gpus} GPUs are more than one node of {per_node} "
+                              "(--gpus-per-node) and not whole nodes: a plan takes a part of "
+                              "one node, or whole nodes", "--gpus 1024 --gpus-per-node 8")
 
     def validate(self) -> None:
+        if self.sources:
+            # --from plans from earlier runs with nothing started; workers measure here, and
+            # a plan from both would mix two machines' figures without saying which is which
+            mixed = [f for f, on in (("--workers", self.workers is not None),
+                                     ("--validate", bool(self.validations))) if on]
+            if mixed:
+                verb = "start" if len(mixed) > 1 else "starts"
+                raise OptionError("--from", "plans from earlier runs and starts nothing, "
+                                  f"while {' and '.join(mixed)} {verb} workers to measure "
+                                  "here: give one or the other",
+                                  "--from results/RUN --gpus 1024 --gpus-per-node 8")
+            from distbench.platform import env
+
+            if env.under_launcher():
+                raise OptionError("--from", "plans from earlier runs with nothing started: run "
+                                  "it without a launcher (under one every rank would measure "
+                                  "and ignore --from)",
+                                  "--from results/RUN --gpus 1024 --gpus-per-node 8")
         if self.gpus is not None and self.gpus_per_node is not None:
             self.validate_nodes(self.gpus, self.gpus_per_node)
+
+    def check_backend(self, backend: str) -> None:
+        self._backend = backend  # check_world's rule for CPU workers needs it
+
+    def check_world(self, world: int) -> None:
+        """With workers, before any starts: a node size for the GPUs planned, and a plan (and
+        a validation) with layouts at all; the --from path refuses the same in plan_rows."""
+        if self.pure:
+            return
+        from distbench.platform import env
+
+        if getattr(self, "_backend", None) == "gloo" and self.gpus not in (None, world) \
+                and self.gpus_per_node is None:
+            raise OptionError("--gpus-per-node", f"the {world} workers run on the CPU: their "
+                              f"count per node is no GPU node size for a plan of {self.gpus} "
+                              "GPUs: say how many GPUs a node has", "--gpus-per-node 8")
+        local = (env.local_world_size() if env.under_launcher() else None) or world
+        gpus = self.gpus or world
+        per_node = self.gpus_per_node or local
+        self.validate_nodes(gpus, per_node)
+        require_layouts(self.model_spec, gpus, per_node, self.zero, *(
+            ("--gpus", "", "--gpus 1024 --gpus-per-node 8") if self.gpus else
+            ("--workers", " (the workers' world)", "--workers 4")))
+        if self.validations and (gpus, per_node) != (world, local):
+            require_layouts(self.model_spec, world, local, self.zero, "--validate",
+                            f" to validate on the {world} workers", "--workers 4 --validate 3")
 
     SIZED_BY = ("--model", "--model toy")
 
@@ -214,6 +274,8 @@ def memory_per_gpu(opts: PlanOptions, inputs: Inputs) -> tuple[int, str]:
     if opts.gpu_memory is not None:
         return opts.gpu_memory, "--gpu-memory"
     if inputs.memory_per_gpu:
+        above_reserve("--from", inputs.memory_per_gpu, "--gpu-memory 80G",
+                      "the runs' topology says ")
         return int(inputs.memory_per_gpu), "the --from topology"
     if opts.gpu is not None:
         return GPUS[opts.gpu].memory_bytes, f"--gpu {opts.gpu}'s datasheet"
@@ -232,7 +294,7 @@ def plan_from_runs(opts: PlanOptions) -> int:
     model = parse_model("--model", opts.model)
     inputs = sources.read([Path(p) for p in opts.sources or []])
     measured = Inputs.from_json(inputs.to_json())
-    gpus, per_node = cluster(opts, inputs)
+    gpus, per_node, per_node_from = cluster(opts, inputs)
     memory, memory_from = memory_per_gpu(opts, inputs)
     rows = plan_rows(opts, model, inputs, gpus, per_node, memory, make_plan)
 
@@ -244,11 +306,11 @@ def plan_from_runs(opts: PlanOptions) -> int:
     record.update(world_size=gpus, nnodes=max(1, gpus // per_node))
     write_plan(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
                memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype, top=opts.top,
-               measured=measured)
+               measured=measured, per_node_from=per_node_from)
     console = Console(True)
     fitting = [r for r in rows if r["fits"]]
     console.lines(top_lines(rows, opts.top, title=(
-        f"plan: {model.describe()}; {gpus} GPUs, {per_node} per node, "
+        f"plan: {model.describe()}; {gpus} GPUs, {per_node} per node ({per_node_from}), "
         f"{memory / 2**30:.1f} GiB per GPU ({memory_from})")))
     console.log(f"{len(rows)} layouts, {len(fitting)} fit in memory; planned in "
                 f"{time.monotonic() - started:.2f} s")
@@ -257,16 +319,38 @@ def plan_from_runs(opts: PlanOptions) -> int:
     return EXIT_OK
 
 
-def cluster(opts: PlanOptions, inputs: Inputs) -> tuple[int, int]:
+def cluster(opts: PlanOptions, inputs: Inputs) -> tuple[int, int, str]:
+    """GPUs, GPUs per node and where the second came from."""
     if opts.gpus is None:
         raise OptionError("--gpus", "needed with --from and no workers: how many GPUs to plan "
                           "for", "--gpus 1024 --gpus-per-node 8")
-    per_node = opts.gpus_per_node or inputs.gpus_per_node
-    if per_node is None:
+    if opts.gpus_per_node is not None:
+        per_node, per_node_from = opts.gpus_per_node, "--gpus-per-node"
+    elif inputs.device == "cpu" and inputs.gpus_per_node:
+        # a CPU run's workers per node: how many processes shared its cores, not its GPUs
+        raise OptionError("--gpus-per-node", f"the --from runs were measured on the CPU: their "
+                          f"{inputs.gpus_per_node} workers a node are no GPU node size: say how "
+                          "many GPUs a node has", "--gpus-per-node 8")
+    elif inputs.gpus_per_node is None:
         raise OptionError("--gpus-per-node", "the --from runs' topology lists no GPUs: say how "
                           "many a node has", "--gpus-per-node 8")
+    else:
+        per_node, per_node_from = inputs.gpus_per_node, "the --from runs'"
     opts.validate_nodes(opts.gpus, per_node)
-    return opts.gpus, per_node
+    return opts.gpus, per_node, per_node_from
+
+
+def require_layouts(model, gpus: int, per_node: int, zero, option: str, why: str = "",
+                    example: str = "--gpus 1024 --gpus-per-node 8") -> None:
+    """An empty plan refused in one line, before anything is measured or written (the first
+    layout found is enough: this runs before workers start, and again on each)."""
+    from distbench.planner.layouts import enumerate_layouts
+
+    if next(enumerate_layouts(model, gpus, per_node, tuple(zero)), None) is None:
+        raise OptionError(option, f"no layout of {model.name} uses exactly {gpus} GPUs"
+                          f"{why} (tp a divisor of {per_node} GPUs per node, pp of "
+                          f"{model.layers} layers, dp of the batch of {model.batch}, ZeRO "
+                          f"{','.join(map(str, zero))})", example)
 
 
 def plan_rows(opts: PlanOptions, model, inputs: Inputs, gpus: int, per_node: int,
@@ -276,11 +360,8 @@ def plan_rows(opts: PlanOptions, model, inputs: Inputs, gpus: int, per_node: int
     from distbench.planner import gpus as gpu_table
     from distbench.planner.plan import compute_shapes, layouts_for
 
+    require_layouts(model, gpus, per_node, opts.zero, "--gpus")
     layouts = layouts_for(model, gpus, per_node, opts.zero)
-    if not layouts:
-        raise OptionError("--gpus", f"no layout of {model.name} uses exactly {gpus} GPUs (tp "
-                          f"a divisor of {per_node}, pp of {model.layers} layers, dp of the "
-                          f"batch of {model.batch})", "--gpus 1024 --gpus-per-node 8")
     if not inputs.compute:
         gpu = GPUS[opts.gpu] if opts.gpu else gpu_table.by_device_name(inputs.device)
         if gpu is None:

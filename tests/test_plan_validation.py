@@ -1,0 +1,85 @@
+"""What `plan --validate K` says of what it ran (issue 31): layouts out of sample first, what
+was capped, and no rank correlation over too few layouts. The real runs:
+test_plan_multiproc.py."""
+
+from __future__ import annotations
+
+from distbench.planner.inputs import CommFit, ComputePoint, Inputs
+from distbench.planner.layouts import Layout
+from distbench.planner.models import ModelSpec
+from distbench.planner.plan import (
+    MIN_RANKED,
+    label,
+    make_plan,
+    pick_validation,
+    validation_lines,
+    validation_notes,
+)
+
+MODEL = ModelSpec(name="custom", layers=4, hidden_size=64, ffn_size=256, heads=4, seq_len=16,
+                  batch=32)
+
+
+def _rows(world: int = 4) -> list[dict]:
+    fits = [CommFit(op=op, ranks=n, span="node", alpha_us=10.0, beta_gbps=1.0)
+            for op in ("all_reduce", "all_gather", "reduce_scatter") for n in (2, 4)]
+    fits.append(CommFit(op="sendrecv", ranks=2, span="node", alpha_us=5.0, beta_gbps=4.0))
+    inputs = Inputs(fits=fits, compute=[ComputePoint(
+        tp=1, tokens=4 * MODEL.seq_len, layer_us=100.0,
+        flops=MODEL.flops_per_layer(4 * MODEL.seq_len, 1))], compute_model={
+            "hidden_size": 64, "ffn_size": 256, "heads": 4, "seq_len": 16},
+        overlap={"ddp": 0.5, "zero1": 0.5, "zero2": 0.5, "zero3": 0.5})
+    return make_plan(MODEL, inputs, world, world, 80 * 2**30, "float32")
+
+
+def _calibrated(rows: list[dict]) -> set[str]:
+    """The labels plan_run measures its figures on: the pure DP layouts at each ZeRO stage and
+    the two pure pipelines (m = pp, and the fewest from 2 pp up that split the batch of 32)."""
+    world = rows[0]["world_size"]
+    return {Layout(tp=1, pp=1, dp=world, zero=z).label() for z in range(4)} | {
+        Layout(tp=1, pp=world, dp=1, micro_batches=m).label() for m in (world, 2 * world)}
+
+
+def test_validation_runs_layouts_out_of_sample_first():
+    """--validate 3 picked both in-sample pipeline calibration layouts: the best half, then
+    the layouts unlike them, whatever was measured on them."""
+    rows = _rows()
+    calibrated = _calibrated(rows)
+    # two calibration layouts are among the 6 predicted best
+    best = [label(r) for r in rows if r["fits"]][:6]
+    assert len(calibrated & set(best)) == 2, best
+    outside = [r for r in rows if r["fits"] and label(r) not in calibrated]
+    for k in (1, 3, 6, len(outside)):
+        picked = pick_validation(rows, k, 4, calibrated)
+        assert len(picked) == k
+        assert not {label(r) for r in picked} & calibrated, [label(r) for r in picked]
+    # past the layouts out of sample, in-sample ones are added, and said
+    picked = pick_validation(rows, len(outside) + 2, 4, calibrated)
+    assert len(picked) == len(outside) + 2
+    inside = [label(r) for r in picked if label(r) in calibrated]
+    assert len(inside) == 2 and [label(r) for r in picked[-2:]] == inside
+    notes = validation_notes(len(outside) + 2, picked, calibrated, world=4, fitting=len(
+        [r for r in rows if r["fits"]]))
+    assert any(all(x in n for x in inside) and "in sample" in n for n in notes), notes
+
+
+def test_a_capped_validation_says_so():
+    """--validate 1000 ran 9 layouts without a word."""
+    rows = _rows()
+    fitting = [r for r in rows if r["fits"] and r["world_size"] == 4]
+    picked = pick_validation(rows, 1000, 4, set())
+    assert len(picked) == len(fitting)
+    notes = validation_notes(1000, picked, set(), world=4, fitting=len(fitting))
+    assert any("--validate 1000" in n and f"{len(fitting)} layouts" in n for n in notes), notes
+    assert validation_notes(2, picked[:2], set(), world=4, fitting=len(fitting)) == []
+
+
+def test_no_rank_correlation_is_printed_over_too_few_layouts():
+    """"Spearman 1.00" over 2 layouts, where it can only be +1 or -1."""
+    two = validation_lines([(10.0, 11.0), (20.0, 19.0)], [(10.0, 11.0), (20.0, 19.0)])
+    text = " ".join(two)
+    assert "Spearman" not in text and "rank correlation" in text, text
+    assert f"fewer than {MIN_RANKED}" in text, text
+    four = [(10.0, 11.0), (20.0, 19.0), (30.0, 33.0), (40.0, 38.0)]
+    text = " ".join(validation_lines(four, four))
+    assert "Spearman 1.00" in text and "MAPE" in text, text

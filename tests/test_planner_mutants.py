@@ -1,0 +1,148 @@
+"""Tests that kill the mutants issue 31's hand mutation pass left alive in the planner: each
+would change a ranking, and each was planted by hand and seen to fail its test here. Expected
+values are worked by hand from the fits below, not read from the code; where a model detail
+may change (what a layer holds), a test compares layouts the detail affects alike.
+
+- predict.spans with `<` for `<=`: tp equal to the GPUs per node priced as inter-node;
+- the pipeline's stride t*d as t: pipelines that cross nodes priced as hops inside one;
+- ZeRO-3's 2m all-gathers as m;
+- ZeRO-2's gradients divided by dp only from stage 3 (memory);
+- the micro-batch counts' `k >= pp` as `k > pp` (layouts): every layout with m = pp gone."""
+
+from __future__ import annotations
+
+import pytest
+
+from distbench.planner.inputs import CommFit, ComputePoint, Inputs
+from distbench.planner.layouts import Layout, enumerate_layouts
+from distbench.planner.models import ModelSpec
+from distbench.planner.plan import make_plan
+
+# 8 heads, so that tp 8 splits them
+MODEL = ModelSpec(name="custom", layers=4, hidden_size=64, ffn_size=256, heads=8, seq_len=16,
+                  batch=32)
+FP32 = 4
+# inside a node: fast; across nodes: slow, so a span mispriced shows
+NODE = {"all_reduce": (10.0, 100.0), "sendrecv": (5.0, 40.0)}
+NODES = {"all_reduce": (50.0, 10.0), "sendrecv": (30.0, 5.0)}
+
+
+def _inputs(tokens: int, tp: int = 1, **extra) -> Inputs:
+    fits = [CommFit(op=op, ranks=n, span=span, alpha_us=a, beta_gbps=b)
+            for span, table in (("node", NODE), ("nodes", NODES))
+            for op, (a, b) in table.items() for n in ((2,) if op == "sendrecv" else (2, 4, 8))]
+    compute = [ComputePoint(tp=tp, tokens=tokens, layer_us=100.0,
+                            flops=MODEL.flops_per_layer(tokens, tp))]
+    return Inputs(fits=fits, compute=compute, compute_model={
+        "hidden_size": 64, "ffn_size": 256, "heads": 8, "seq_len": 16}, **extra)
+
+
+def _row(layout: Layout, inputs: Inputs, gpus_per_node: int) -> dict:
+    (row,) = make_plan(MODEL, inputs, layout.world, gpus_per_node, 80 * 2**30, "float32",
+                       layouts=[layout])
+    return row
+
+
+def _time_us(table: dict, op: str, size_bytes: float) -> float:
+    alpha, beta = table[op]
+    return alpha + size_bytes / (beta * 1e3)  # 1 GB/s is 1e3 bytes a microsecond
+
+
+def test_tp_as_wide_as_a_node_is_priced_inside_the_node():
+    """spans: k x s <= g stays in a node; with `<` tp 8 on 8 GPUs a node went "nodes"."""
+    layout = Layout(tp=8, pp=1, dp=1, micro_batches=1)
+    row = _row(layout, _inputs(tokens=32 * 16, tp=8), gpus_per_node=8)
+    activation = 32 * 16 * 64 * FP32  # the micro-batch's 512 tokens x hidden 64, fp32
+    # 4 layers x 4 all-reduces of the activation on 8 ranks in one node: 10 us + 131,072 B at
+    # 100 GB/s = 11.31072 us each
+    assert activation == 131_072
+    assert row["tp_comm_ms"] == pytest.approx(4 * 4 * 11.31072 / 1e3)
+    assert row["tp_comm_ms"] == pytest.approx(4 * 4 * _time_us(NODE, "all_reduce", activation)
+                                              / 1e3)
+    # dp as wide as a node, tp 1: its all-reduce inside the node too (stride 1, 8 x 1 <= 8);
+    # bandwidths so high that the all-reduce is its latency, 10 us in a node, 50 across
+    inputs = _inputs(tokens=4 * 16, overlap={"ddp": 0.0})
+    inputs.fits = [CommFit(op="all_reduce", ranks=8, span=span, alpha_us=alpha, beta_gbps=1e12)
+                   for span, alpha in (("node", 10.0), ("nodes", 50.0))]
+    row = _row(Layout(tp=1, pp=1, dp=8, micro_batches=1), inputs, gpus_per_node=8)
+    assert row["dp_comm_ms"] == pytest.approx(10.0 / 1e3, rel=1e-6)
+
+
+def test_a_pipeline_whose_stages_are_nodes_apart_is_priced_across_nodes():
+    """Ranks as the mesh (pp, dp, tp): tp 2 x dp 2 fill a node of 4, so stage 2 is the next
+    node and each hop crosses; with the stride t for t x d, the pair looked like one node's."""
+    layout = Layout(tp=2, pp=2, dp=2, zero=0, micro_batches=4)
+    row = _row(layout, _inputs(tokens=4 * 16, tp=2), gpus_per_node=4)
+    # 32 samples / (dp 2 x 4 micro-batches) = 4 samples of 16 tokens, x hidden 64, fp32
+    activation = 4 * 16 * 64 * FP32
+    assert activation == 16_384
+    # 2 (pp - 1) one-way hops across nodes: 30 us + 16,384 B at 5 GB/s = 33.2768 us each
+    assert row["pp_comm_ms"] == pytest.approx(2 * 33.2768 / 1e3)
+    # the same pipeline on nodes of 8 stays in one node: 5 us + 16,384 B at 40 GB/s
+    inside = _row(layout, _inputs(tokens=4 * 16, tp=2), gpus_per_node=8)
+    assert inside["pp_comm_ms"] == pytest.approx(2 * (5.0 + 16_384 / 40e3) / 1e3)
+
+
+def test_zero3_gathers_the_parameters_twice_per_micro_batch():
+    """ZeRO-3 reshards after forward: every micro-batch gathers in forward and again in
+    backward (2m all-gathers), then one reduce-scatter. Bandwidths so high that each collective
+    is its latency: 7 us an all-gather, 3 us a reduce-scatter."""
+    inputs = _inputs(tokens=2 * 16, overlap={"zero3": 0.0})
+    inputs.fits += [CommFit(op="all_gather", ranks=4, span="node", alpha_us=7.0,
+                            beta_gbps=1e12),
+                    CommFit(op="reduce_scatter", ranks=4, span="node", alpha_us=3.0,
+                            beta_gbps=1e12)]
+    for m, expected in ((1, 2 * 7.0 + 3.0), (4, 8 * 7.0 + 3.0)):
+        layout = Layout(tp=1, pp=1, dp=4, zero=3, micro_batches=m)
+        row = _row(layout, inputs, gpus_per_node=4)
+        assert row["dp_comm_ms"] == pytest.approx(expected / 1e3, rel=1e-6), m
+
+
+def test_zero2_shards_the_gradients_over_dp_and_not_the_parameters():
+    """ZeRO-1 shards the optimizer states, ZeRO-2 the gradients too, ZeRO-3 the parameters too
+    (Rajbhandari et al. 2020): whatever a rank's share of a layer holds, stage 2's gradients
+    are stage 1's over dp."""
+    dp = 4
+    inputs = _inputs(tokens=8 * 16, overlap=dict.fromkeys(("ddp", "zero1", "zero2", "zero3"),
+                                                          0.0))
+    inputs.fits += [CommFit(op=op, ranks=dp, span="node", alpha_us=1.0, beta_gbps=1.0)
+                    for op in ("all_gather", "reduce_scatter")]
+    rows = {z: _row(Layout(tp=1, pp=1, dp=dp, zero=z, micro_batches=1), inputs, 8)
+            for z in range(4)}
+    whole = rows[0]["grads_bytes"]
+    assert whole > 0
+    assert rows[1]["grads_bytes"] == pytest.approx(whole)
+    assert rows[2]["grads_bytes"] == pytest.approx(whole / dp)
+    assert rows[3]["grads_bytes"] == pytest.approx(whole / dp)
+    assert rows[2]["params_bytes"] == pytest.approx(rows[0]["params_bytes"])
+    assert rows[3]["params_bytes"] == pytest.approx(rows[0]["params_bytes"] / dp)
+    # so ZeRO-2 needs 3/4 of the gradients less than ZeRO-1, all else alike
+    assert rows[1]["memory_per_rank_bytes"] - rows[2]["memory_per_rank_bytes"] == \
+        pytest.approx(whole * (1 - 1 / dp))
+
+
+@pytest.mark.parametrize("pp,dp", [(2, 1), (4, 1), (2, 2), (4, 2)])
+def test_a_pipeline_may_take_as_many_micro_batches_as_stages(pp, dp):
+    """1F1B needs m >= pp: m = pp (the fewest, the least activation memory per stage for the
+    most samples each) is a layout, at every ZeRO stage the schedule allows with it."""
+    layouts = list(enumerate_layouts(MODEL, pp * dp, 8))
+    ours = [lay for lay in layouts if (lay.tp, lay.pp, lay.dp) == (1, pp, dp)]
+    assert ours
+    # 32 samples split into pp micro-batches per replica: pp divides 32 / dp
+    assert min(lay.micro_batches for lay in ours) == pp
+    stages = {lay.zero for lay in ours if lay.micro_batches == pp}
+    # DDP (ZeRO 0, 1) in a pipeline needs m > pp (torch's DDP fails at m = pp); FSDP does not
+    assert stages == ({0} if dp == 1 else {2, 3})
+
+
+def test_the_fewest_micro_batches_from_a_count_up_may_be_the_count_itself():
+    """The pipeline calibration's m = pp step and step's default (from 2 pp up) start at the
+    count: with `>` the m = pp calibration became m = 2 pp, the same step twice."""
+    from distbench.planner.layouts import default_micro_batches, fewest_micro_batches
+
+    # 32 samples: 4 splits them, 5 does not (8 is the next that does); 16 per replica of dp 2
+    assert fewest_micro_batches(MODEL, 1, 4) == 4
+    assert fewest_micro_batches(MODEL, 1, 5) == 8
+    assert fewest_micro_batches(MODEL, 2, 16) == 16
+    assert fewest_micro_batches(MODEL, 2, 17) is None
+    assert default_micro_batches(MODEL, 4, 1) == 8  # the fewest from 2 x 4 up
