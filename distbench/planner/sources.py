@@ -93,17 +93,20 @@ def span_of(nnodes) -> str:
     return "node" if pd.isna(nnodes) or int(nnodes) <= 1 else "nodes"
 
 
-def _fit(inputs: Inputs, op: str, ranks: int, span: str, rows: pd.DataFrame, source: str
-         ) -> bool:
+def _fit(inputs: Inputs, op: str, ranks: int, span: str, rows: pd.DataFrame, source: str,
+         per_node: int | None = None) -> bool:
+    """`per_node`: the group's ranks on each node, where it crosses nodes."""
     sizes, times = rows["size_bytes"].astype(float), rows["time_us"].astype(float)
     try:
         f = alphabeta.fit(sizes, times)
     except ValueError as e:
         inputs.note(f"{source}: {op} on {ranks} ranks ({span}) not fitted: {e}")
         return False
+    where = span if span == "node" else f"nodes, {per_node or '?'} per node"
     inputs.fits.append(CommFit(op=op, ranks=ranks, span=span, alpha_us=f.alpha_us,
-                               beta_gbps=f.beta_gbps, source=f"{source} ({sizes.nunique()} "
-                               f"sizes, median error {f.err_pct:.1f}%)"))
+                               beta_gbps=f.beta_gbps, source=f"{source} ({where}; "
+                               f"{sizes.nunique()} sizes, median error {f.err_pct:.1f}%)",
+                               per_node=per_node if span == "nodes" else None))
     if f.note:
         inputs.note(f"{source}: {op} on {ranks} ranks: {f.note}")
     return True
@@ -113,10 +116,13 @@ def _collective(inputs: Inputs, frame: pd.DataFrame, source: str) -> None:
     rows = _ok(frame)
     rows = rows[rows["op"].isin(COLLECTIVE_OPS)]
     nnodes = rows["nnodes"] if "nnodes" in rows.columns else pd.Series(1, index=rows.index)
-    rows = rows.assign(_span=nnodes.map(span_of))
+    nnodes = pd.to_numeric(nnodes, errors="coerce").fillna(1).clip(lower=1).astype(int)
+    rows = rows.assign(_span=nnodes.map(span_of),
+                       _per_node=pd.to_numeric(rows["world_size"]).astype(int) // nnodes)
     fitted = 0
-    for (op, world, span), group in rows.groupby(["op", "world_size", "_span"], sort=True):
-        fitted += _fit(inputs, str(op), int(world), str(span), group, source)
+    for (op, world, span, per_node), group in rows.groupby(
+            ["op", "world_size", "_span", "_per_node"], sort=True):
+        fitted += _fit(inputs, str(op), int(world), str(span), group, source, int(per_node))
     if fitted:
         inputs.sources.append(f"{source}: {fitted} alpha-beta fits")
 
@@ -130,8 +136,9 @@ def _p2p(inputs: Inputs, frame: pd.DataFrame, source: str) -> None:
             inputs.note(f"{source}: no ping-pong rows; the pipeline hop is the ring's time "
                         "(each rank sending and receiving at once)")
     fitted = 0
-    for nnodes, group in hops.groupby(hops["nnodes"].map(span_of), sort=True):
-        fitted += _fit(inputs, "sendrecv", 2, str(nnodes), group, source)
+    for span, group in hops.groupby(hops["nnodes"].map(span_of), sort=True):
+        # a ping-pong pair across nodes has one rank on each
+        fitted += _fit(inputs, "sendrecv", 2, str(span), group, source, 1)
     if fitted:
         inputs.sources.append(f"{source}: {fitted} point-to-point fits")
 
@@ -155,14 +162,16 @@ def _accept(inputs: Inputs, run: reader.Run, source: str) -> None:
     rows = rows[pd.to_numeric(rows["time_us"], errors="coerce") > 0]
     rows = rows.assign(_op=rows["op"].where(rows["command"] == "collective", "sendrecv"))
     rows = rows[rows["_op"].isin(COLLECTIVE_OPS) | (rows["op"] == "pingpong")]
-    several = int(run.meta.get("nnodes") or 1) > 1
+    nodes = int(run.meta.get("nnodes") or 1)
     rows = rows.assign(_span=rows["scope"].map(
-        lambda s: "node" if s == "node" or (s == "cluster" and not several) else "nodes"))
+        lambda s: "node" if s == "node" or (s == "cluster" and nodes == 1) else "nodes"))
     fitted = 0
     for (op, ranks, span), group in rows.groupby(["_op", "ranks", "_span"], sort=True):
         if group["size_bytes"].nunique() >= 2:
+            # a cluster check spans every node; a ping-pong pair across them has one on each
+            per_node = 1 if op == "sendrecv" else max(1, int(ranks) // nodes)
             fitted += _fit(inputs, str(op), 2 if op == "sendrecv" else int(ranks), str(span),
-                           group, source)
+                           group, source, per_node)
     if not fitted:
         raise OptionError(FLAG, f"{source} measures each op at one size per group: no sweep "
                           "to fit alpha and beta (give a `distbench collective` run)", EXAMPLE)
@@ -188,9 +197,9 @@ def _topology(inputs: Inputs, run: reader.Run, source: str) -> None:
 
 def merge(into: Inputs, other: Inputs) -> None:
     """`other`'s figures added to `into`'s; where both have one, `into`'s stays (noted)."""
-    have = {(f.op, f.ranks, f.span) for f in into.fits}
+    have = {(f.op, f.ranks, f.span, f.per_node) for f in into.fits}
     for f in other.fits:
-        if (f.op, f.ranks, f.span) in have:
+        if (f.op, f.ranks, f.span, f.per_node) in have:
             into.note(f"{f.op} on {f.ranks} ranks ({f.span}) measured twice: the first kept, "
                       f"not {f.source}")
         else:
@@ -221,3 +230,5 @@ def merge(into: Inputs, other: Inputs) -> None:
     into.sources += [s for s in other.sources if s not in into.sources]
     for n in other.notes:
         into.note(n)
+    for w in other.warnings:
+        into.warn(w)
