@@ -12,9 +12,14 @@ Torch-free.
 - accept: its accept.csv's collective and ping-pong checks, fitted where one op on one group
   was measured at two sizes or more (a profile's latency and bandwidth checks); an accept run
   with no such pair is refused;
-- any run's topo.json: GPUs per node and memory per GPU (the smallest), when it lists GPUs.
+- any run's topo.json: GPUs per node and memory per GPU (the smallest), when it lists GPUs;
+- nccl-tests logs (or -J files; results.nccltests reads them, as `report` does), one or a
+  folder of them: a fit per op, group size and ranks per node (the header's ranks, the hosts
+  its nodes), over both placements' rows; sendrecv_perf (each rank sending to the next and
+  receiving from the one before, at once) as the pipeline's hop; GPUs per node the most ranks
+  on one host, the device the GPUs' names.
 
-A directory that holds none of these is refused in one line (OptionError, exit 2)."""
+A directory or file that holds none of these is refused in one line (OptionError, exit 2)."""
 
 from __future__ import annotations
 
@@ -28,10 +33,11 @@ from distbench.core.errors import ReadError
 from distbench.core.options import OptionError
 from distbench.planner.inputs import INPUTS_JSON, OPS, CommFit, Inputs
 from distbench.planner.predict import DP_KINDS
-from distbench.results import alphabeta, reader
+from distbench.results import alphabeta, nccltests, reader
 
 FLAG = "--from"
 EXAMPLE = "--from results/20250101T000000Z-collective"
+RUN_FILES = ("run.json", INPUTS_JSON)
 COLLECTIVE_OPS = tuple(op for op in OPS if op != "sendrecv")
 
 
@@ -45,8 +51,14 @@ def read(paths: list[Path]) -> Inputs:
 
 
 def read_one(path: Path) -> Inputs:
+    if path.is_file():
+        return nccl_tests([path], str(path))
     if not path.is_dir():
-        raise OptionError(FLAG, f"{str(path)!r} is no run directory", EXAMPLE)
+        raise OptionError(FLAG, f"{str(path)!r}: no such run directory or nccl-tests log",
+                          EXAMPLE)
+    if not any((path / name).is_file() for name in RUN_FILES):
+        logs = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        return nccl_tests(logs, str(path))
     try:
         run = reader.load(path)
     except ReadError as e:
@@ -71,6 +83,57 @@ def read_one(path: Path) -> Inputs:
         raise OptionError(FLAG, f"{path} holds nothing a plan reads (collective.csv, p2p.csv, "
                           f"dp.csv, accept.csv or {INPUTS_JSON} with results; it is a "
                           f"{run.command} run)", EXAMPLE)
+    return got
+
+
+def nccl_tests(paths: list[Path], source: str) -> Inputs:
+    """The fits of the nccl-tests logs among `paths` (a file given alone must be one; in a
+    folder the files that are not are passed over, counted in a note)."""
+    got = Inputs()
+    rows: list[dict] = []
+    hosts: dict[str, int] = {}
+    names: set[str] = set()
+    passed: list[str] = []
+    for path in paths:
+        try:
+            found, ranks = nccltests.read_log(path)
+        except ReadError as e:
+            if len(paths) == 1 and path.is_file() and str(path) == source:
+                raise OptionError(FLAG, f"{e} (nor a distbench run directory)", EXAMPLE
+                                  ) from None
+            passed.append(path.name)
+            continue
+        placed = [r for r in found if r.get("world_size")]
+        if len(placed) < len(found):
+            got.note(f"{path}: {len(found) - len(placed)} rows of runs without their 'Using "
+                     "devices' list passed over: their ranks and nodes are not known")
+        rows += placed
+        for rank in ranks:
+            hosts[f"{path}:{rank.host}"] = hosts.get(f"{path}:{rank.host}", 0) + 1
+            if rank.device:
+                names.add(rank.device)
+    if not rows:
+        raise OptionError(FLAG, f"{source}: no distbench run (run.json, {INPUTS_JSON}) nor an "
+                          "nccl-tests log with its 'Using devices' list"
+                          + (f" among {len(paths)} files" if len(paths) > 1 else ""), EXAMPLE)
+    if passed:
+        got.note(f"{source}: {len(passed)} files that are no nccl-tests log passed over "
+                 f"({', '.join(passed[:3])}{', ...' if len(passed) > 3 else ''})")
+    frame = pd.DataFrame(rows)
+    _collective(got, frame, f"{source} (nccl-tests)")
+    hops = frame[(frame["op"] == "sendrecv") & (frame["status"] == "ok")]
+    fitted = 0
+    for span, group in hops.groupby(hops["nnodes"].map(span_of), sort=True):
+        fitted += _fit(got, "sendrecv", 2, str(span), group, f"{source} (nccl-tests "
+                       "sendrecv_perf)", 1)
+    if fitted:
+        got.sources.append(f"{source}: {fitted} pipeline hop fits from sendrecv_perf (every "
+                           "rank sending and receiving at once)")
+    if hosts:
+        got.gpus_per_node = max(hosts.values())
+    got.device = ", ".join(sorted(names))
+    got.sources.append(f"{source}: nccl-tests on {got.device or 'unnamed GPUs'}, up to "
+                       f"{got.gpus_per_node or '?'} ranks per node")
     return got
 
 

@@ -91,7 +91,8 @@ def _paths(option_name: str, text) -> list[str] | None:
         return None
     paths = [p.strip() for p in str(text).split(",") if p.strip()]
     if not paths:
-        raise OptionError(option_name, "names no run directory", "--from results/RUN")
+        raise OptionError(option_name, "names no run directory or nccl-tests log",
+                          "--from results/RUN")
     return paths
 
 
@@ -130,8 +131,9 @@ class PlanOptions(RunOptions):
     zero: list[int] = option("all", "ZeRO stages considered (0 is plain DDP); comma list or "
                              "'all'.", check=_zero, cli_type=str)
     sources: list[str] | None = option(
-        None, "Earlier run directories to predict from (collective, p2p, dp, accept, plan); "
-        "comma list. With no --workers and no --validate nothing is started.", flag="from",
+        None, "Earlier run directories to predict from (collective, p2p, dp, accept, plan), "
+        "nccl-tests logs or folders of them; comma list. With no --workers and no --validate "
+        "nothing is started.", flag="from",
         check=_paths, cli_type=str, show_default=False)
     # not `validate`: that is RunOptions' check between fields
     validations: int = option(0, "Layouts to run for real after planning (the best and "
@@ -250,6 +252,8 @@ def plan_from_runs(opts: PlanOptions) -> int:
     console.lines(top_lines(rows, opts.top, title=(
         f"plan: {model.describe()}; {gpus} GPUs, {per_node} per node, "
         f"{memory / 2**30:.1f} GiB per GPU ({memory_from})")))
+    for warning in inputs.warnings:
+        console.log(f"warning: {warning}")
     console.log(f"{len(rows)} layouts, {len(fitting)} fit in memory; planned in "
                 f"{time.monotonic() - started:.2f} s")
     record.finish("ok", EXIT_OK)
