@@ -100,9 +100,19 @@ def _gpu(option_name: str, text) -> str | None:
     return None if text is None else one_of(tuple(GPUS), "--gpu h100")(option_name, text)
 
 
+def _fabric(option_name: str, text) -> str | None:
+    if text is None:
+        return None
+    from distbench.planner import fabrics
+
+    fabrics.parse(option_name, text)
+    return str(text)
+
+
 for _check, _example in ((_model, "--model 7b"), (_dtype, "--dtype bfloat16"),
                          (_zero, "--zero 1,3"), (_memory, "--gpu-memory 80G"),
-                         (_paths, "--from results/RUN1,results/RUN2"), (_gpu, "--gpu h100")):
+                         (_paths, "--from results/RUN1,results/RUN2"), (_gpu, "--gpu h100"),
+                         (_fabric, "--fabric dgx-h100")):
     with_example(_check, _example)
 
 
@@ -124,6 +134,11 @@ class PlanOptions(RunOptions):
     gpu: str | None = option(
         None, f"A GPU ({', '.join(GPUS)}) to scale compute from (its datasheet peak x --mfu) "
         "when no layer was timed.", check=_gpu, cli_type=str, show_default=False)
+    fabric: str | None = option(
+        None, "A declared fabric, for groups no --from run measured (or with no --from at all): "
+        "a preset (dgx-a100, dgx-h100, dgx-h200), figures node_gbps=,nic_gbps=,nics_per_node="
+        "[,gpus_per_node=,gpu=,base_us=,node_hop_us=,net_hop_us=], or a preset with figures "
+        "replaced (dgx-a100,nics_per_node=4).", check=_fabric, cli_type=str, show_default=False)
     mfu: float = option(DEFAULT_MFU, "Fraction of --gpu's peak a step reaches.",
                         check=fraction("--mfu 0.4"))
     dtype: str = option("float32", f"{', '.join(FLOATS)}: the parameters' and activations' "
@@ -189,7 +204,20 @@ class PlanOptions(RunOptions):
     @property
     def pure(self) -> bool:
         """Arithmetic on earlier runs only: no worker to start."""
-        return bool(self.sources) and self.workers is None and not self.validations
+        return ((bool(self.sources) or self.fabric is not None) and self.workers is None
+                and not self.validations)
+
+    @property
+    def fabric_spec(self):
+        from distbench.planner import fabrics
+
+        return None if self.fabric is None else fabrics.parse("--fabric", self.fabric)
+
+    @property
+    def target_gpu(self) -> str | None:
+        """The GPU planned for: --gpu, else the declared fabric's."""
+        fabric = self.fabric_spec
+        return self.gpu or (fabric.gpu if fabric is not None else None)
 
 
 OUTPUT = contracts.PLAN
@@ -217,8 +245,10 @@ def memory_per_gpu(opts: PlanOptions, inputs: Inputs) -> tuple[int, str]:
         return opts.gpu_memory, "--gpu-memory"
     if inputs.memory_per_gpu:
         return int(inputs.memory_per_gpu), "the --from topology"
-    if opts.gpu is not None:
-        return GPUS[opts.gpu].memory_bytes, f"--gpu {opts.gpu}'s datasheet"
+    if opts.target_gpu is not None:
+        return GPUS[opts.target_gpu].memory_bytes, (
+            f"--gpu {opts.gpu}'s datasheet" if opts.gpu else
+            f"--fabric {opts.fabric}'s {opts.target_gpu}, its datasheet")
     return ASSUMED_MEMORY, ("assumed: no --gpu-memory, no GPU in the --from topology and no "
                             "--gpu")
 
@@ -234,6 +264,10 @@ def plan_from_runs(opts: PlanOptions) -> int:
     model = parse_model("--model", opts.model)
     inputs = sources.read([Path(p) for p in opts.sources or []])
     measured = Inputs.from_json(inputs.to_json())
+    if opts.fabric is not None:
+        inputs.fabric = opts.fabric_spec
+        inputs.gpus_per_node = inputs.gpus_per_node or inputs.fabric.gpus_per_node
+        inputs.sources += inputs.fabric.describe()
     gpus, per_node = cluster(opts, inputs)
     memory, memory_from = memory_per_gpu(opts, inputs)
     rows = plan_rows(opts, model, inputs, gpus, per_node, memory, make_plan)
@@ -263,12 +297,12 @@ def plan_from_runs(opts: PlanOptions) -> int:
 
 def cluster(opts: PlanOptions, inputs: Inputs) -> tuple[int, int]:
     if opts.gpus is None:
-        raise OptionError("--gpus", "needed with --from and no workers: how many GPUs to plan "
-                          "for", "--gpus 1024 --gpus-per-node 8")
+        raise OptionError("--gpus", "needed with --from or --fabric and no workers: how many "
+                          "GPUs to plan for", "--gpus 1024 --gpus-per-node 8")
     per_node = opts.gpus_per_node or inputs.gpus_per_node
     if per_node is None:
-        raise OptionError("--gpus-per-node", "the --from runs' topology lists no GPUs: say how "
-                          "many a node has", "--gpus-per-node 8")
+        raise OptionError("--gpus-per-node", "the --from runs' topology lists no GPUs and no "
+                          "--fabric says: say how many a node has", "--gpus-per-node 8")
     opts.validate_nodes(opts.gpus, per_node)
     return opts.gpus, per_node
 
@@ -286,7 +320,8 @@ def plan_rows(opts: PlanOptions, model, inputs: Inputs, gpus: int, per_node: int
                           f"a divisor of {per_node}, pp of {model.layers} layers, dp of the "
                           f"batch of {model.batch})", "--gpus 1024 --gpus-per-node 8")
     if not inputs.compute:
-        gpu = GPUS[opts.gpu] if opts.gpu else gpu_table.by_device_name(inputs.device)
+        target = opts.target_gpu
+        gpu = GPUS[target] if target else gpu_table.by_device_name(inputs.device)
         if gpu is None:
             raise OptionError("--gpu", "the --from runs hold no compute measurement: name a GPU "
                               f"to scale it from ({', '.join(GPUS)})", "--gpu h100")
