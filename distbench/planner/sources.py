@@ -23,6 +23,7 @@ A directory or file that holds none of these is refused in one line (OptionError
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 from pathlib import Path
@@ -31,6 +32,8 @@ import pandas as pd
 
 from distbench.core.errors import ReadError
 from distbench.core.options import OptionError
+from distbench.planner import gpus
+from distbench.planner.gpus import GPU
 from distbench.planner.inputs import INPUTS_JSON, OPS, CommFit, Inputs
 from distbench.planner.predict import DP_KINDS
 from distbench.results import alphabeta, nccltests, reader
@@ -44,10 +47,72 @@ COLLECTIVE_OPS = tuple(op for op in OPS if op != "sendrecv")
 def read(paths: list[Path]) -> Inputs:
     """Every run of `paths` merged into one Inputs, in order: the first source of a figure
     wins, and each one after it is noted."""
-    inputs = Inputs()
+    return read_for(paths)[1]
+
+
+def read_for(paths: list[Path], target: GPU | None = None, fabric: bool = False
+             ) -> tuple[Inputs, Inputs]:
+    """(the runs as measured, what a plan for `target` GPUs may use of them): each run's
+    figures measured on another device (the CPU, another GPU) dropped where the target's
+    datasheet or the declared `fabric` stands for them, said where they are kept
+    (`for_target`)."""
+    measured, used = Inputs(), Inputs()
     for path in paths:
-        merge(inputs, read_one(Path(path)))
-    return inputs
+        got = read_one(Path(path))
+        merge(measured, copy.deepcopy(got))
+        if target is not None:
+            for_target(got, target, str(path), fabric)
+        merge(used, got)
+    return measured, used
+
+
+def measured_on(inputs: Inputs) -> GPU | str | None:
+    """The device a run's figures were measured on: "cpu", a GPU of planner.gpus, or None
+    (not known, or a GPU the table lacks)."""
+    if inputs.device.strip().lower() == "cpu":
+        return "cpu"
+    return gpus.by_device_name(inputs.device) if inputs.device else None
+
+
+def for_target(got: Inputs, target: GPU, where: str, fabric: bool) -> None:
+    """A run's figures for a plan of `target` GPUs: none measured on another device is used
+    without saying so. Its layer times, optimizer, data-parallel and pipeline figures are
+    dropped (compute then comes from the target's datasheet x --mfu, the rest as the notes
+    say); its collectives are dropped where a fabric is declared, else kept and said."""
+    on = measured_on(got)
+    if on is target:
+        return
+    if on is None:
+        if got.compute or got.fits:
+            got.warn(f"{where}: measured on {got.device or 'a device not named'}, taken as "
+                     f"{target.name} GPUs")
+        return
+    what = "the CPU" if on == "cpu" else f"{on.name} GPUs"
+    dropped = []
+    if got.compute:
+        dropped.append("layer times")
+        got.compute, got.compute_model, got.alone_ratio = [], None, 1.0
+    if got.optimizer_us_per_param is not None:
+        dropped.append("optimizer step")
+        got.optimizer_us_per_param, got.optimizer_us_per_layer = None, 0.0
+    if got.overlap or got.wrapper_us_per_layer:
+        dropped.append("data-parallel overlap and wrapper cost")
+        got.overlap, got.wrapper_us_per_layer = {}, {}
+    if got.pipeline_us_per_microbatch or any(k.startswith("pipeline")
+                                             for k in got.overlap_layouts):
+        dropped.append("pipeline schedule")
+        got.pipeline_us_per_microbatch, got.bubble_weight = 0.0, 1.0
+    got.overlap_layouts = {}
+    if dropped:
+        got.warn(f"{where}: measured on {what}, not {target.name}: its {', '.join(dropped)} "
+                 f"not used; compute is {target.name}'s datasheet peak x --mfu")
+    if got.fits and fabric:
+        got.fits = []
+        got.warn(f"{where}: its collectives, measured on {what}, not used for {target.name}: "
+                 "the declared --fabric prices them")
+    elif got.fits:
+        got.warn(f"{where}: collectives measured on {what} used for {target.name} GPUs "
+                 "(declare --fabric to price them as the target's fabric)")
 
 
 def read_one(path: Path) -> Inputs:
@@ -79,6 +144,11 @@ def read_one(path: Path) -> Inputs:
     measured = (got.fits or got.compute or got.overlap or got.wrapper_us_per_layer
                 or got.optimizer_us_per_param is not None)
     _topology(got, run, f"{path}/topo.json")
+    if not got.device and run.meta.get("backend") == "gloo":
+        got.device = "cpu"
+    on = measured_on(got)
+    got.sources.append(f"{path}: measured on " + (
+        "the CPU" if on == "cpu" else got.device or "a device not named"))
     if not measured:
         raise OptionError(FLAG, f"{path} holds nothing a plan reads (collective.csv, p2p.csv, "
                           f"dp.csv, accept.csv or {INPUTS_JSON} with results; it is a "

@@ -257,13 +257,13 @@ def plan_from_runs(opts: PlanOptions) -> int:
     """--from with no workers: read, plan, write; nothing is created before every input is
     known good."""
     from distbench.planner import sources
-    from distbench.planner.inputs import Inputs
     from distbench.planner.plan import make_plan, top_lines, write_plan
 
     started = time.monotonic()
     model = parse_model("--model", opts.model)
-    inputs = sources.read([Path(p) for p in opts.sources or []])
-    measured = Inputs.from_json(inputs.to_json())
+    target = GPUS[opts.target_gpu] if opts.target_gpu else None
+    measured, inputs = sources.read_for([Path(p) for p in opts.sources or []], target,
+                                        fabric=opts.fabric is not None)
     if opts.fabric is not None:
         inputs.fabric = opts.fabric_spec
         inputs.gpus_per_node = inputs.gpus_per_node or inputs.fabric.gpus_per_node
