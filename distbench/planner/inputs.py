@@ -178,7 +178,7 @@ class Inputs:
         group of one. Every scaling is noted."""
         if ranks <= 1 or size_bytes <= 0:
             return 0.0
-        where = Span.of(span)
+        where = asked = Span.of(span)
         alike = [f for f in self.fits if f.op == op and f.crosses == where.crosses]
         if not alike and self.fabric is not None:
             return self.fabric.fit(op, ranks, where).time_us(size_bytes)
@@ -212,7 +212,7 @@ class Inputs:
         if f.ranks == ranks and nics == 1.0:
             return f.time_us(size_bytes)
         if f.ranks != ranks:
-            self.note(f"{op} on {ranks} ranks ({where}): scaled from the fit on {f.ranks} "
+            self.note(f"{op} on {ranks} ranks ({asked}): scaled from the fit on {f.ranks} "
                       "as a ring")
         steps = max(1, ranks - 1) / max(1, f.ranks - 1)
         busbw = f.beta_gbps * (BUS[op](f.ranks) or 1.0) * nics

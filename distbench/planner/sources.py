@@ -32,6 +32,7 @@ import pandas as pd
 
 from distbench.core.errors import ReadError
 from distbench.core.options import OptionError
+from distbench.core.tables import plural
 from distbench.planner import gpus
 from distbench.planner.gpus import GPU
 from distbench.planner.inputs import INPUTS_JSON, OPS, CommFit, Inputs
@@ -197,8 +198,8 @@ def nccl_tests(paths: list[Path], source: str) -> Inputs:
         fitted += _fit(got, "sendrecv", 2, str(span), group, f"{source} (nccl-tests "
                        "sendrecv_perf)", 1)
     if fitted:
-        got.sources.append(f"{source}: {fitted} pipeline hop fits from sendrecv_perf (every "
-                           "rank sending and receiving at once)")
+        got.sources.append(f"{source}: {plural(fitted, 'pipeline hop fit')} from "
+                           "sendrecv_perf (every rank sending and receiving at once)")
     if hosts:
         got.gpus_per_node = max(hosts.values())
     got.device = ", ".join(sorted(names))
