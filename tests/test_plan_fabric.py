@@ -105,6 +105,8 @@ def test_plan_from_a_declared_fabric_alone(tmp_path):
 
 @pytest.mark.parametrize("args,option", [
     (("--fabric", "dgx-a100,nic_gbps=0", "--gpus", "64"), "--fabric"),
+    (("--fabric", "dgx-a100", "--workers", "2"), "--fabric"),  # never measured and ignored
+    (("--fabric", "dgx-a100", "--validate", "2"), "--fabric"),
     (("--fabric", "nic_gbps=25,node_gbps=300,nics_per_node=8", "--gpus", "64"),
      "--gpus-per-node"),
 ])

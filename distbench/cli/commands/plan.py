@@ -172,6 +172,10 @@ class PlanOptions(RunOptions):
     def validate(self) -> None:
         if self.gpus is not None and self.gpus_per_node is not None:
             self.validate_nodes(self.gpus, self.gpus_per_node)
+        if self.fabric is not None and (self.workers is not None or self.validations):
+            raise OptionError("--fabric", "declares a cluster to plan for without workers: "
+                              "the workers measure the fabric they run on (drop --workers and "
+                              "--validate)", "--fabric dgx-h100 --gpus 1024")
 
     SIZED_BY = ("--model", "--model toy")
 
