@@ -111,3 +111,14 @@ def test_a_log_and_a_two_node_log_price_a_tp_8_dp_group_at_one_nic(tmp_path):
     fit = next(f for f in got.fits if f.op == "all_reduce" and f.crosses)
     assert whole == pytest.approx(fit.time_us(2**30))
     assert one_nic == pytest.approx(fit.alpha_us + 2**30 / (fit.beta_gbps / 8 * 1e3))
+
+
+def test_a_one_node_log_and_a_declared_fabric_price_the_groups_across_nodes(tmp_path):
+    got = _plan(tmp_path, "--from", str(ONE_NODE), "--fabric", "dgx-h100", "--gpus", "64",
+                "--model", "7b", "--dtype", "bfloat16")
+    assert got.returncode == 0, got.stderr
+    assert "warning" not in got.stderr  # measured on H100s, planned for the fabric's H100s
+    (run_dir,) = (tmp_path / "out").iterdir()
+    text = (run_dir / "plan.md").read_text()
+    assert "--fabric dgx-h100: 370 GB/s bus bandwidth inside a node" in text
+    assert "no fit of a group placed so" not in text

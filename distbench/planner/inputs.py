@@ -202,7 +202,10 @@ class Inputs:
             abs(f.ranks - ranks), -f.ranks))
         nics = 1.0
         have = per_node(f)
-        if want is not None and have is not None and have != want:
+        if want is not None and have is None:
+            self.note(f"{op} across nodes, {want} ranks per node: the fit's ranks per node are "
+                      "not known (no GPUs per node measured): its bandwidth used as is")
+        elif want is not None and have != want:
             most = self.fabric.nics_per_node if self.fabric is not None else have
             nics = min(want, most) / min(have, most)
             self.note(f"{op} across nodes, {want} ranks per node: the bandwidth of the fit at "
