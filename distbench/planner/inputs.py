@@ -12,12 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from distbench.core.accounting import allreduce_factor, ring_factor, unit_factor
-
-if TYPE_CHECKING:
-    from distbench.planner.fabrics import Fabric
 
 INPUTS_JSON = "inputs.json"
 # collective.csv's op names; "sendrecv" is one pipeline hop (a p2p pingpong's one-way time)
@@ -75,6 +72,14 @@ class CommFit:
 
     def time_us(self, size_bytes: float) -> float:
         return self.alpha_us + size_bytes / (self.beta_gbps * _B_PER_US)
+
+
+class Fabric(Protocol):
+    """A declared fabric (planner.fabrics.Fabric) as the lookup uses it."""
+
+    nics_per_node: int
+
+    def fit(self, op: str, ranks: int, span: Span) -> CommFit: ...
 
 
 @dataclass(frozen=True, kw_only=True)
