@@ -104,3 +104,25 @@ def test_a_group_that_does_not_tile_its_node_crosses():
     # ranks 6, 8 and 10, across two nodes
     got = spans(Layout(tp=2, pp=4, dp=3, zero=0, micro_batches=4), 8)
     assert got["dp"] == Span(True, 3) and got["pp"] == Span(True, 1)
+
+
+@pytest.mark.parametrize("zero,expect", [
+    (0, lambda ar, ag, rs: ar),
+    (1, lambda ar, ag, rs: ar + ag),  # the parameters gathered after the optimizer
+    (2, lambda ar, ag, rs: ag + rs),
+    (3, lambda ar, ag, rs: 2 * 4 * ag + rs),  # gathered in each of 4 micro-batches, both ways
+])
+def test_each_zero_stage_issues_its_collectives_on_the_dp_group(zero, expect):
+    from distbench.planner.predict import dp_collectives_us
+
+    fits = [CommFit(op="all_reduce", ranks=4, span="node", alpha_us=10.0, beta_gbps=1.0),
+            CommFit(op="all_gather", ranks=4, span="node", alpha_us=20.0, beta_gbps=2.0),
+            CommFit(op="reduce_scatter", ranks=4, span="node", alpha_us=30.0, beta_gbps=4.0)]
+    given = Inputs(fits=fits, overlap={"ddp": 0.5, "zero1": 0.5, "zero2": 0.5, "zero3": 0.5})
+    size = 1e6
+    ar, ag, rs = 10.0 + size / 1e3, 20.0 + size / 2e3, 30.0 + size / 4e3
+    total, overlap = dp_collectives_us(
+        given, Layout(tp=1, pp=2, dp=4, zero=zero, micro_batches=4), Span(), size)
+    assert total == pytest.approx(expect(ar, ag, rs))
+    # ZeRO-1's all-gather follows the optimizer: only the all-reduce's share hides
+    assert overlap == pytest.approx(0.5 * ar / (ar + ag) if zero == 1 else 0.5)
