@@ -122,3 +122,11 @@ def test_a_one_node_log_and_a_declared_fabric_price_the_groups_across_nodes(tmp_
     text = (run_dir / "plan.md").read_text()
     assert "--fabric dgx-h100: 370 GB/s bus bandwidth inside a node" in text
     assert "no fit of a group placed so" not in text
+
+
+def test_the_logs_gpu_gives_compute_and_memory_when_no_gpu_is_named(tmp_path):
+    got = _plan(tmp_path, "--from", str(ONE_NODE), "--gpus", "16", "--model", "1b")
+    assert got.returncode == 0, got.stderr
+    assert "8 per node, 74.5 GiB per GPU (the --from runs' h100, its datasheet)" in got.stdout
+    (run_dir,) = (tmp_path / "out").iterdir()
+    assert "h100's datasheet peak" in (run_dir / "plan.md").read_text()

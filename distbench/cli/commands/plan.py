@@ -253,6 +253,11 @@ def memory_per_gpu(opts: PlanOptions, inputs: Inputs) -> tuple[int, str]:
         return GPUS[opts.target_gpu].memory_bytes, (
             f"--gpu {opts.gpu}'s datasheet" if opts.gpu else
             f"--fabric {opts.fabric}'s {opts.target_gpu}, its datasheet")
+    from distbench.planner.gpus import by_device_name
+
+    named = by_device_name(inputs.device) if inputs.device else None
+    if named is not None:
+        return named.memory_bytes, f"the --from runs' {named.name}, its datasheet"
     return ASSUMED_MEMORY, ("assumed: no --gpu-memory, no GPU in the --from topology and no "
                             "--gpu")
 
