@@ -414,7 +414,8 @@ def test_earlier_runs_are_read_into_fits_overlap_and_the_topology(tmp_path):
     assert fit["sendrecv", 2, "nodes"].alpha_us == pytest.approx(30.0, rel=0.01)
     assert inputs.overlap == {"ddp": pytest.approx(0.6), "zero3": pytest.approx(0.4)}
     assert (inputs.gpus_per_node, inputs.memory_per_gpu) == (8, 85520809984)
-    assert len(inputs.sources) == 5
+    assert len(inputs.sources) == 6
+    assert inputs.sources[-1].endswith("run: measured on NVIDIA H100 80GB HBM3")
 
 
 def test_a_plans_figures_are_read_back_a_zero_one_too(tmp_path):

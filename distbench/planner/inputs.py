@@ -1,8 +1,8 @@
 """What a plan is predicted from, all measured: alpha-beta fits of the collectives per group size
-and span, the time of one transformer layer's forward and backward at the shapes it was timed
-on, the optimizer's cost per layer and per parameter, and how much of the data-parallel
-communication hid behind compute. inputs.json holds them; a later `plan --from` reads them
-back. Torch-free.
+and span (inside a node, or across nodes with so many of the group's ranks on each), the time
+of one transformer layer's forward and backward at the shapes it was timed on, the optimizer's
+cost per layer and per parameter, and how much of the data-parallel communication hid behind
+compute. inputs.json holds them; a later `plan --from` reads them back. Torch-free.
 
 Each comes with its source (a run directory and what in it), and each scaling applied to reach
 a point that was not measured is stated in `Inputs.notes` by the lookup that applies it."""
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from distbench.core.accounting import allreduce_factor, ring_factor, unit_factor
 
@@ -24,11 +25,38 @@ BUS = {"all_reduce": allreduce_factor, "all_gather": ring_factor,
 _B_PER_US = 1e3  # 1 GB/s in bytes per microsecond
 
 
+@dataclass(frozen=True)
+class Span:
+    """Where a group's ranks sit: inside one node, or across nodes with `per_node` of them on
+    each (None: not known, as a group of whole nodes). Across nodes a group's traffic leaves
+    each node through as many NICs as it has ranks there (one NIC per GPU, as DGX and HGX
+    nodes are built), at most the node's NICs: a DP group of one GPU per node gets one NIC's
+    bandwidth, one of 8 per node 8 NICs'."""
+
+    crosses: bool = False
+    per_node: int | None = None
+
+    def __str__(self) -> str:
+        if not self.crosses:
+            return "node"
+        return "nodes" if self.per_node is None else f"nodes, {self.per_node} per node"
+
+    @classmethod
+    def of(cls, value: Span | str) -> Span:
+        """A Span, or a span's name ("node", "nodes": across whole nodes)."""
+        if isinstance(value, Span):
+            return value
+        if value not in SPANS:
+            raise ValueError(f"no span {value!r} ({', '.join(SPANS)})")
+        return cls(crosses=value == "nodes")
+
+
 @dataclass(frozen=True, kw_only=True)
 class CommFit:
     """T(S) = alpha_us + S / beta for `op` on a group of `ranks`, S the per-rank buffer in
     bytes as collective.csv counts it (an all-gather's whole output, a reduce-scatter's whole
-    input); beta the asymptotic algbw in GB/s."""
+    input); beta the asymptotic algbw in GB/s. `per_node`: across nodes, the group's ranks on
+    each node (None where not known: a group of whole nodes)."""
 
     op: str
     ranks: int
@@ -36,9 +64,22 @@ class CommFit:
     alpha_us: float
     beta_gbps: float
     source: str = ""
+    per_node: int | None = None
+
+    @property
+    def crosses(self) -> bool:
+        return self.span == "nodes"
 
     def time_us(self, size_bytes: float) -> float:
         return self.alpha_us + size_bytes / (self.beta_gbps * _B_PER_US)
+
+
+class Fabric(Protocol):
+    """A declared fabric (planner.fabrics.Fabric) as the lookup uses it."""
+
+    nics_per_node: int
+
+    def fit(self, op: str, ranks: int, span: Span) -> CommFit: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,13 +139,22 @@ class Inputs:
     device: str = ""
     sources: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # declared, not measured (never in inputs.json): the fabric a group no fit covers is priced
+    # from (planner.fabrics), and what the console must say beside the notes
+    fabric: Fabric | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        for declared in ("fabric", "warnings"):
+            data.pop(declared)
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> Inputs:
         data = dict(data)
+        for declared in ("fabric", "warnings"):
+            data.pop(declared, None)
         fits = [CommFit(**f) for f in data.pop("fits", [])]
         compute = [ComputePoint(**c) for c in data.pop("compute", [])]
         return cls(fits=fits, compute=compute, **data)
@@ -116,26 +166,63 @@ class Inputs:
         if text not in self.notes:
             self.notes.append(text)
 
-    def comm_us(self, op: str, ranks: int, span: str, size_bytes: float) -> float:
-        """The time of `op` on `ranks` ranks across `span`, from the fit of that op and span at
-        that group size; else from the nearest group size's, scaled as a ring: the latency
-        term with the ring's steps (ranks - 1), the bandwidth term at constant bus bandwidth;
-        else from the other span's fits (noted). 0 for a group of one."""
+    def warn(self, text: str) -> None:
+        """A note the console says too: a figure used where it may not hold."""
+        self.note(text)
+        if text not in self.warnings:
+            self.warnings.append(text)
+
+    def comm_us(self, op: str, ranks: int, span: Span | str, size_bytes: float) -> float:
+        """The time of `op` on `ranks` ranks placed as `span`. From the fits of that op on
+        groups placed alike (inside a node, or across nodes): the one of the nearest ranks per
+        node, then of the nearest group size; a different group size scaled as a ring (the
+        latency term with the ring's steps, ranks - 1, the bandwidth term at constant bus
+        bandwidth), different ranks per node by the NICs they use (one per rank, at most the
+        declared fabric's NICs per node; with none declared, never more than the fit's). With no
+        such fit, from the declared fabric; else from a fit placed otherwise (noted). 0 for a
+        group of one. Every scaling is noted."""
         if ranks <= 1 or size_bytes <= 0:
             return 0.0
-        same = [f for f in self.fits if f.op == op and f.span == span]
-        if not same:
-            other = [f for f in self.fits if f.op == op]
-            if not other:
+        where = asked = Span.of(span)
+        alike = [f for f in self.fits if f.op == op and f.crosses == where.crosses]
+        if not alike and self.fabric is not None:
+            return self.fabric.fit(op, ranks, where).time_us(size_bytes)
+        if not alike:
+            alike = [f for f in self.fits if f.op == op]
+            if not alike:
                 raise LookupError(f"no measurement of {op}")
-            self.note(f"{op} across {span}: no fit of that span, the other span's used")
-            same = other
-        exact = [f for f in same if f.ranks == ranks]
-        if exact:
-            return exact[0].time_us(size_bytes)
-        f = min(same, key=lambda f: (abs(f.ranks - ranks), -f.ranks))
-        self.note(f"{op} on {ranks} ranks ({span}): scaled from the fit on {f.ranks} as a ring")
+            self.warn(f"{op} {'across' if where.crosses else 'inside'} nodes: no fit of a group "
+                      f"placed so and no fabric declared: priced from groups "
+                      f"{'inside a node' if where.crosses else 'across nodes'}, as if they "
+                      "shared the same links")
+            where = Span(crosses=alike[0].crosses)
+
+        def per_node(f: CommFit) -> int | None:
+            return f.per_node or (f.ranks if not f.crosses else self.gpus_per_node)
+
+        want = where.per_node if where.crosses else None
+        f = min(alike, key=lambda f: (
+            want is not None and per_node(f) != want,
+            abs((per_node(f) or 0) - (want or 0)) if want else 0,
+            abs(f.ranks - ranks), -f.ranks))
+        nics = 1.0
+        have = per_node(f)
+        if want is not None and have is None:
+            self.note(f"{op} across nodes, {want} ranks per node: the fit's ranks per node are "
+                      "not known (no GPUs per node measured): its bandwidth used as is")
+        elif want is not None and have != want:
+            most = self.fabric.nics_per_node if self.fabric is not None else have
+            nics = min(want, most) / min(have, most)
+            self.note(f"{op} across nodes, {want} ranks per node: the bandwidth of the fit at "
+                      f"{have} per node x {nics:g} (NICs used: one per rank on a node, at most "
+                      + (f"the fabric's {most}" if self.fabric is not None else
+                         f"the fit's {have}: NICs per node not declared") + ")")
+        if f.ranks == ranks and nics == 1.0:
+            return f.time_us(size_bytes)
+        if f.ranks != ranks:
+            self.note(f"{op} on {ranks} ranks ({asked}): scaled from the fit on {f.ranks} "
+                      "as a ring")
         steps = max(1, ranks - 1) / max(1, f.ranks - 1)
-        busbw = f.beta_gbps * BUS[op](f.ranks) if BUS[op](f.ranks) else f.beta_gbps
-        algbw = busbw / BUS[op](ranks) if BUS[op](ranks) else busbw
+        busbw = f.beta_gbps * (BUS[op](f.ranks) or 1.0) * nics
+        algbw = busbw / (BUS[op](ranks) or 1.0)
         return f.alpha_us * steps + size_bytes / (algbw * _B_PER_US)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from distbench.planner.inputs import Inputs
+from distbench.planner.inputs import Inputs, Span
 from distbench.planner.layouts import Layout
 from distbench.planner.models import ModelSpec
 
@@ -48,16 +48,26 @@ class Prediction:
         return d
 
 
-def spans(layout: Layout, gpus_per_node: int) -> dict[str, str]:
-    """Whether each dimension's groups stay in a node ("node") or cross nodes ("nodes"), with
-    ranks laid out as the mesh (pp, dp, tp): a group of k members at stride s stays inside a
-    node of g GPUs when k x s <= g (and s x k divides into g)."""
+def spans(layout: Layout, gpus_per_node: int) -> dict[str, Span]:
+    """Where each dimension's groups sit, with ranks laid out as the mesh (pp, dp, tp): a
+    group of k members at stride s stays inside a node of g GPUs when k x s <= g and its
+    blocks of k x s tile the node (or the world is one node); else it crosses nodes with
+    g // s of its members on each (at least 1, at most k). The pipeline's hop is a pair of
+    ranks, one on each node once its stages cross nodes."""
     t, p, d = layout.tp, layout.pp, layout.dp
+    world = t * p * d
 
-    def span(members: int, stride: int) -> str:
-        return "node" if members * stride <= gpus_per_node else "nodes"
+    def group(members: int, stride: int) -> Span:
+        extent = members * stride
+        if members == 1:
+            return Span()
+        if extent <= gpus_per_node and (gpus_per_node % extent == 0 or world <= gpus_per_node):
+            return Span()
+        return Span(crosses=True, per_node=max(1, min(members, gpus_per_node // stride)))
 
-    return {"tp": span(t, 1), "dp": span(d, t), "pp": span(p, t * d)}
+    hop = group(p, t * d)
+    return {"tp": group(t, 1), "dp": group(d, t),
+            "pp": Span(crosses=True, per_node=1) if hop.crosses else Span()}
 
 
 def params_per_rank(model: ModelSpec, layout: Layout) -> float:
@@ -189,14 +199,15 @@ def pipeline_calibration(steps: list[tuple[Layout, float]], model: ModelSpec, in
     return max(0.0, work), weight
 
 
-def dp_collectives_us(inputs: Inputs, layout: Layout, span: str, grad_bytes: float
+def dp_collectives_us(inputs: Inputs, layout: Layout, span: Span | str, grad_bytes: float
                       ) -> tuple[float, float]:
     """The data-parallel collectives of one step, alone, and the fraction of them that hides
     behind backward (measured, per DDP or FSDP). DDP (ZeRO 0) all-reduces the gradients once
     per step; ZeRO-1 adds an all-gather of the updated parameters after the optimizer (which
     nothing hides); FSDP reduce-scatters the gradients once and all-gathers the parameters once
     (ZeRO-2) or, resharding after forward, in every micro-batch's forward and backward
-    (ZeRO-3)."""
+    (ZeRO-3). Each priced on the DP group as it sits (`span`): across nodes, by the ranks it
+    has on each node (Inputs.comm_us)."""
     d, z, m = layout.dp, layout.zero, layout.micro_batches
     if d == 1:
         return 0.0, 0.0

@@ -97,7 +97,7 @@ _NTHREAD = re.compile(r"^#\s*nThread\s+\d+\s+nGpus\s+\d+")
 # The nThread line's settings: "step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 ...".
 _SETTING = re.compile(r"([a-z]+(?: iters)?):\s*(\d+)")
 _DEVICE = re.compile(r"^#\s+Rank\s+(\d+)(?:\s+Group\s+(\d+))?\s+Pid\s+\d+\s+on\s+(\S+)\s+"
-                     r"device\s+\d+")
+                     r"device\s+\d+(?:\s+\[[^\]]*\])?\s*(?P<name>.*)")
 _HEADER = re.compile(r"^#\s+size\s+count\s+type\s")
 _DATA = re.compile(r"^\s*\d+\s+\d+\s+[A-Za-z]\w*\s")
 _PERF = re.compile(r"([A-Za-z0-9_]+?)_perf(?![A-Za-z0-9])")
@@ -143,6 +143,7 @@ class _Test:
     mention: str | None = None  # the collective of a *_perf named before its table
     iters: int | None = None
     ranks: dict[int, tuple[int, str]] = field(default_factory=dict)  # rank -> (group, host)
+    names: dict[int, str] = field(default_factory=dict)  # rank -> its device's name
     world_size: int | None = None
     nnodes: int | None = None
     layout: _Layout | None = None
@@ -158,6 +159,21 @@ def read(path: Path) -> list[dict]:
     """The rows of an nccl-tests log or -J JSON file, keyed like collective.csv (missing
     values None), run by run as printed (the runs in untagged lines before rank 0's). Raises
     ReadError, naming the file and what was expected, for anything that is not one."""
+    return read_log(path)[0]
+
+
+@dataclass(frozen=True)
+class Rank:
+    """One rank of a run's "Using devices" list: its host and its device's name ("" where the
+    log names none, as the -J file does)."""
+    rank: int
+    host: str
+    device: str = ""
+
+
+def read_log(path: Path) -> tuple[list[dict], list[Rank]]:
+    """`read`'s rows, and the ranks of the first run that lists its devices (none where no run
+    does): the hosts tell the nodes, the names the GPU (planner.sources reads both)."""
     path = Path(path)
     text = _load(path)
     if text.lstrip().startswith("{"):
@@ -167,7 +183,10 @@ def read(path: Path) -> list[dict]:
     rows = []
     for test in tests:
         rows.extend(_rows(test, _op(path, test)))
-    return rows
+    listed = next((t for t in tests if t.ranks), None)
+    ranks = [] if listed is None else [
+        Rank(r, host, listed.names.get(r, "")) for r, (_, host) in sorted(listed.ranks.items())]
+    return rows, ranks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,6 +325,8 @@ class _Stream:
             if test.layout:
                 test = self.new_test()
             test.ranks[int(m.group(1))] = (int(m.group(2) or 0), m.group(3))
+            if m.group("name").strip():
+                test.names[int(m.group(1))] = m.group("name").strip()
         elif _HEADER.match(line):
             layout = _layout(line)
             if layout is None:

@@ -104,7 +104,8 @@ def _paths(option_name: str, text) -> list[str] | None:
         return None
     paths = [p.strip() for p in str(text).split(",") if p.strip()]
     if not paths:
-        raise OptionError(option_name, "names no run directory", "--from results/RUN")
+        raise OptionError(option_name, "names no run directory or nccl-tests log",
+                          "--from results/RUN")
     return paths
 
 
@@ -112,9 +113,19 @@ def _gpu(option_name: str, text) -> str | None:
     return None if text is None else one_of(tuple(GPUS), "--gpu h100")(option_name, text)
 
 
+def _fabric(option_name: str, text) -> str | None:
+    if text is None:
+        return None
+    from distbench.planner import fabrics
+
+    fabrics.parse(option_name, text)
+    return str(text)
+
+
 for _check, _example in ((_model, "--model 7b"), (_dtype, "--dtype bfloat16"),
                          (_zero, "--zero 1,3"), (_memory, "--gpu-memory 80G"),
-                         (_paths, "--from results/RUN1,results/RUN2"), (_gpu, "--gpu h100")):
+                         (_paths, "--from results/RUN1,results/RUN2"), (_gpu, "--gpu h100"),
+                         (_fabric, "--fabric dgx-h100")):
     with_example(_check, _example)
 
 
@@ -136,6 +147,11 @@ class PlanOptions(RunOptions):
     gpu: str | None = option(
         None, f"A GPU ({', '.join(GPUS)}) to scale compute from (its datasheet peak x --mfu) "
         "when no layer was timed.", check=_gpu, cli_type=str, show_default=False)
+    fabric: str | None = option(
+        None, "A declared fabric, for groups no --from run measured (or with no --from at all): "
+        "a preset (dgx-a100, dgx-h100, dgx-h200), figures node_gbps=,nic_gbps=,nics_per_node="
+        "[,gpus_per_node=,gpu=,base_us=,node_hop_us=,net_hop_us=], or a preset with figures "
+        "replaced (dgx-a100,nics_per_node=4).", check=_fabric, cli_type=str, show_default=False)
     mfu: float = option(DEFAULT_MFU, "Fraction of --gpu's peak a step reaches.",
                         check=fraction("--mfu 0.4"))
     dtype: str = option("float32", f"{', '.join(FLOATS)}: the parameters' and activations' "
@@ -143,8 +159,9 @@ class PlanOptions(RunOptions):
     zero: list[int] = option("all", "ZeRO stages considered (0 is plain DDP); comma list or "
                              "'all'.", check=_zero, cli_type=str)
     sources: list[str] | None = option(
-        None, "Earlier run directories to predict from (collective, p2p, dp, accept, plan); "
-        "comma list. Nothing is started: not with --workers or --validate.", flag="from",
+        None, "Earlier run directories to predict from (collective, p2p, dp, accept, plan), "
+        "nccl-tests logs or folders of them; comma list. Nothing is started: not with "
+        "--workers or --validate.", flag="from",
         check=_paths, cli_type=str, show_default=False)
     # not `validate`: that is RunOptions' check between fields
     validations: int = option(0, "Layouts to run for real after planning (the best and "
@@ -189,6 +206,10 @@ class PlanOptions(RunOptions):
                                   "--from results/RUN --gpus 1024 --gpus-per-node 8")
         if self.gpus is not None and self.gpus_per_node is not None:
             self.validate_nodes(self.gpus, self.gpus_per_node)
+        if self.fabric is not None and (self.workers is not None or self.validations):
+            raise OptionError("--fabric", "declares a cluster to plan for without workers: "
+                              "the workers measure the fabric they run on (drop --workers and "
+                              "--validate)", "--fabric dgx-h100 --gpus 1024")
 
     def check_backend(self, backend: str) -> None:
         self._backend = backend  # check_world's rule for CPU workers needs it
@@ -247,7 +268,20 @@ class PlanOptions(RunOptions):
     @property
     def pure(self) -> bool:
         """Arithmetic on earlier runs only: no worker to start."""
-        return bool(self.sources) and self.workers is None and not self.validations
+        return ((bool(self.sources) or self.fabric is not None) and self.workers is None
+                and not self.validations)
+
+    @property
+    def fabric_spec(self):
+        from distbench.planner import fabrics
+
+        return None if self.fabric is None else fabrics.parse("--fabric", self.fabric)
+
+    @property
+    def target_gpu(self) -> str | None:
+        """The GPU planned for: --gpu, else the declared fabric's."""
+        fabric = self.fabric_spec
+        return self.gpu or (fabric.gpu if fabric is not None else None)
 
 
 OUTPUT = contracts.PLAN
@@ -277,8 +311,15 @@ def memory_per_gpu(opts: PlanOptions, inputs: Inputs) -> tuple[int, str]:
         above_reserve("--from", inputs.memory_per_gpu, "--gpu-memory 80G",
                       "the runs' topology says ")
         return int(inputs.memory_per_gpu), "the --from topology"
-    if opts.gpu is not None:
-        return GPUS[opts.gpu].memory_bytes, f"--gpu {opts.gpu}'s datasheet"
+    if opts.target_gpu is not None:
+        return GPUS[opts.target_gpu].memory_bytes, (
+            f"--gpu {opts.gpu}'s datasheet" if opts.gpu else
+            f"--fabric {opts.fabric}'s {opts.target_gpu}, its datasheet")
+    from distbench.planner.gpus import by_device_name
+
+    named = by_device_name(inputs.device) if inputs.device else None
+    if named is not None:
+        return named.memory_bytes, f"the --from runs' {named.name}, its datasheet"
     return ASSUMED_MEMORY, ("assumed: no --gpu-memory, no GPU in the --from topology and no "
                             "--gpu")
 
@@ -287,13 +328,19 @@ def plan_from_runs(opts: PlanOptions) -> int:
     """--from with no workers: read, plan, write; nothing is created before every input is
     known good."""
     from distbench.planner import sources
-    from distbench.planner.inputs import Inputs
     from distbench.planner.plan import make_plan, top_lines, write_plan
 
     started = time.monotonic()
     model = parse_model("--model", opts.model)
-    inputs = sources.read([Path(p) for p in opts.sources or []])
-    measured = Inputs.from_json(inputs.to_json())
+    target = GPUS[opts.target_gpu] if opts.target_gpu else None
+    measured, inputs = sources.read_for([Path(p) for p in opts.sources or []], target,
+                                        fabric=opts.fabric is not None)
+    if opts.fabric is not None:
+        inputs.fabric = opts.fabric_spec
+        # the cluster declared is the one planned: a measured run's node size (a CPU run's
+        # workers, say) is not its
+        inputs.gpus_per_node = inputs.fabric.gpus_per_node or inputs.gpus_per_node
+        inputs.sources += inputs.fabric.describe()
     gpus, per_node, per_node_from = cluster(opts, inputs)
     memory, memory_from = memory_per_gpu(opts, inputs)
     rows = plan_rows(opts, model, inputs, gpus, per_node, memory, make_plan)
@@ -312,6 +359,8 @@ def plan_from_runs(opts: PlanOptions) -> int:
     console.lines(top_lines(rows, opts.top, title=(
         f"plan: {model.describe()}; {gpus} GPUs, {per_node} per node ({per_node_from}), "
         f"{memory / 2**30:.1f} GiB per GPU ({memory_from})")))
+    for warning in inputs.warnings:
+        console.log(f"warning: {warning}")
     console.log(f"{len(rows)} layouts, {len(fitting)} fit in memory; planned in "
                 f"{time.monotonic() - started:.2f} s")
     record.finish("ok", EXIT_OK)
@@ -322,18 +371,20 @@ def plan_from_runs(opts: PlanOptions) -> int:
 def cluster(opts: PlanOptions, inputs: Inputs) -> tuple[int, int, str]:
     """GPUs, GPUs per node and where the second came from."""
     if opts.gpus is None:
-        raise OptionError("--gpus", "needed with --from and no workers: how many GPUs to plan "
-                          "for", "--gpus 1024 --gpus-per-node 8")
+        raise OptionError("--gpus", "needed with --from or --fabric and no workers: how many "
+                          "GPUs to plan for", "--gpus 1024 --gpus-per-node 8")
     if opts.gpus_per_node is not None:
         per_node, per_node_from = opts.gpus_per_node, "--gpus-per-node"
+    elif inputs.fabric is not None and inputs.fabric.gpus_per_node:
+        per_node, per_node_from = inputs.fabric.gpus_per_node, f"--fabric {opts.fabric}"
     elif inputs.device == "cpu" and inputs.gpus_per_node:
         # a CPU run's workers per node: how many processes shared its cores, not its GPUs
         raise OptionError("--gpus-per-node", f"the --from runs were measured on the CPU: their "
                           f"{inputs.gpus_per_node} workers a node are no GPU node size: say how "
                           "many GPUs a node has", "--gpus-per-node 8")
     elif inputs.gpus_per_node is None:
-        raise OptionError("--gpus-per-node", "the --from runs' topology lists no GPUs: say how "
-                          "many a node has", "--gpus-per-node 8")
+        raise OptionError("--gpus-per-node", "the --from runs' topology lists no GPUs and no "
+                          "--fabric says: say how many a node has", "--gpus-per-node 8")
     else:
         per_node, per_node_from = inputs.gpus_per_node, "the --from runs'"
     opts.validate_nodes(opts.gpus, per_node)
@@ -363,7 +414,8 @@ def plan_rows(opts: PlanOptions, model, inputs: Inputs, gpus: int, per_node: int
     require_layouts(model, gpus, per_node, opts.zero, "--gpus")
     layouts = layouts_for(model, gpus, per_node, opts.zero)
     if not inputs.compute:
-        gpu = GPUS[opts.gpu] if opts.gpu else gpu_table.by_device_name(inputs.device)
+        target = opts.target_gpu
+        gpu = GPUS[target] if target else gpu_table.by_device_name(inputs.device)
         if gpu is None:
             raise OptionError("--gpu", "the --from runs hold no compute measurement: name a GPU "
                               f"to scale it from ({', '.join(GPUS)})", "--gpu h100")

@@ -1,0 +1,116 @@
+"""A declared fabric (issue 31): presets with a source for each figure, or explicit figures,
+priced as NCCL's ring model, for a cluster that was never measured. The expected figures are
+worked by hand from the presets' published numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import helpers
+import pytest
+
+from distbench.core.options import OptionError
+from distbench.planner import fabrics
+from distbench.planner.inputs import CommFit, Inputs, Span
+
+A100 = fabrics.PRESETS["dgx-a100"]
+H100 = fabrics.PRESETS["dgx-h100"]
+
+
+def test_every_preset_figure_has_a_source():
+    for fabric in fabrics.PRESETS.values():
+        assert set(fabric.sources) == {"gpu", "node_gbps", "nics_per_node", "nic_gbps"}
+        assert all(len(text) > 20 for text in fabric.sources.values())
+
+
+def test_a_dgx_a100_all_reduce_inside_a_node_on_the_ring_model():
+    fit = A100.fit("all_reduce", 8, Span())
+    assert fit.alpha_us == pytest.approx(8.4 + 14 * 3.4)  # 2 (8 - 1) steps over NVLink
+    assert fit.beta_gbps == pytest.approx(235.0 / (2 * 7 / 8))
+
+
+def test_a_dgx_a100_dp_group_of_one_gpu_per_node_runs_at_one_hdr_nic():
+    fit = A100.fit("all_reduce", 16, Span(True, 1))
+    # 16 nodes: all 30 ring steps cross the network
+    assert fit.alpha_us == pytest.approx(8.4 + 30 * 9.6)
+    assert fit.beta_gbps == pytest.approx(24.0 / (2 * 15 / 16))
+
+
+def test_a_dgx_h100_group_of_whole_nodes_uses_its_8_ndr_nics_under_nvlinks_bound():
+    fit = H100.fit("all_gather", 16, Span(True, 8))
+    assert fit.alpha_us == pytest.approx(8.4 + 14 * 3.4 + 1 * 9.6)  # 15 steps, 1 across
+    assert fit.beta_gbps == pytest.approx(min(370.0, 8 * 46.0) / (15 / 16))
+    assert H100.fit("sendrecv", 2, Span(True, 1)).beta_gbps == pytest.approx(46.0)
+
+
+def test_figures_replace_a_presets_and_lose_its_source():
+    fabric = fabrics.parse("--fabric", "dgx-a100,nics_per_node=4")
+    assert fabric.nics_per_node == 4 and "nics_per_node" not in fabric.sources
+    assert fabric.busbw_gbps("all_reduce", Span(True, 8)) == pytest.approx(4 * 24.0)
+    given = fabrics.parse("--fabric", "node_gbps=300,nic_gbps=25,nics_per_node=2")
+    assert given.busbw_gbps("all_reduce", Span(True, 8)) == pytest.approx(50.0)
+    assert given.gpu is None
+
+
+@pytest.mark.parametrize("text,match", [
+    ("dgx-z9", "no preset 'dgx-z9'"),
+    ("dgx-a100,links=4", "'links=4' is no figure"),
+    ("dgx-a100,nic_gbps=-1", "nic_gbps must be a number above 0"),
+    ("dgx-a100,nics_per_node=2.5", "nics_per_node must be a whole number"),
+    ("dgx-a100,nic_gbps=nan", "nic_gbps must be a number above 0"),
+    ("node_gbps=300", "needs nic_gbps, nics_per_node"),
+    ("dgx-a100,gpu=tpu", "no such GPU"),
+])
+def test_a_bad_fabric_is_one_line(text, match):
+    with pytest.raises(OptionError, match=match):
+        fabrics.parse("--fabric", text)
+
+
+def test_measured_fits_win_and_the_fabric_prices_what_they_do_not_cover():
+    node = CommFit(op="all_reduce", ranks=8, span="node", alpha_us=10.0, beta_gbps=100.0)
+    given = Inputs(fits=[node], fabric=A100)
+    assert given.comm_us("all_reduce", 8, Span(), 1e6) == pytest.approx(node.time_us(1e6))
+    assert given.comm_us("all_reduce", 16, Span(True, 1), 1e6) == pytest.approx(
+        A100.fit("all_reduce", 16, Span(True, 1)).time_us(1e6))
+    assert not given.warnings
+
+
+def test_a_declared_fabric_lets_a_measured_fit_gain_the_nics_it_declares():
+    fit = CommFit(op="all_reduce", ranks=4, span="nodes", per_node=2, alpha_us=5.0,
+                  beta_gbps=10.0)
+    busbw = 10.0 * 2 * 3 / 4
+    given = Inputs(fits=[fit], fabric=fabrics.parse("--fabric", "dgx-a100,nics_per_node=8"))
+    # 8 ranks per node on 16 ranks: 4x the NICs of the fit's 2 per node, the ring's 15 steps
+    assert given.comm_us("all_reduce", 16, Span(True, 8), 1e6) == pytest.approx(
+        5.0 * 15 / 3 + 1e6 / (busbw * 4 / (2 * 15 / 16) * 1e3))
+
+
+def _plan(tmp_path: Path, *args: str) -> helpers.Run:
+    return helpers.cli(tmp_path, "plan", *args, "--out", str(tmp_path / "out"), dispatch=True)
+
+
+def test_plan_from_a_declared_fabric_alone(tmp_path):
+    got = _plan(tmp_path, "--fabric", "dgx-a100", "--gpus", "64", "--model", "7b", "--dtype",
+                "bfloat16")
+    assert got.returncode == 0, got.stderr
+    assert "8 per node" in got.stdout and "74.5 GiB per GPU (--fabric dgx-a100's a100" in \
+        got.stdout
+    (run_dir,) = (tmp_path / "out").iterdir()
+    text = (run_dir / "plan.md").read_text()
+    for cited in ("RA-09950-001", "nccl-tests#119", "src/graph/tuning.cc",
+                  "a100's datasheet peak (312 TFLOPS bfloat16)"):
+        assert cited in text
+    assert "warning" not in got.stderr
+
+
+@pytest.mark.parametrize("args,option", [
+    (("--fabric", "dgx-a100,nic_gbps=0", "--gpus", "64"), "--fabric"),
+    (("--fabric", "dgx-a100", "--workers", "2"), "--fabric"),  # never measured and ignored
+    (("--fabric", "dgx-a100", "--validate", "2"), "--fabric"),
+    (("--fabric", "nic_gbps=25,node_gbps=300,nics_per_node=8", "--gpus", "64"),
+     "--gpus-per-node"),
+])
+def test_bad_fabric_input_is_one_line_exit_2_and_no_run_dir(tmp_path, args, option):
+    got = _plan(tmp_path, *args)
+    helpers.assert_one_line_error(got, None, option, ours=True)
+    assert not (tmp_path / "out").exists()
