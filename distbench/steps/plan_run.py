@@ -192,7 +192,11 @@ def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int, budget: float)
     """The inputs, measured only on what fits in `budget` a rank (planner.points): what does
     not is skipped, and said."""
     rt = s.rt
-    inputs = Inputs(gpus_per_node=gpn, device=str(rt.device.type), compute_model={
+    # the GPU by name, not "cuda": a later plan --from for another GPU must see these figures
+    # were not measured on it (the first H100 run wrote "cuda", issue 34)
+    device = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else \
+        str(rt.device.type)
+    inputs = Inputs(gpus_per_node=gpn, device=device, compute_model={
         "hidden_size": model.hidden_size, "ffn_size": model.ffn_size, "heads": model.heads,
         "seq_len": model.seq_len}, sources=["measured on the workers of this run"])
     elt = element_bytes(s.opts.dtype)
