@@ -227,12 +227,15 @@ if inputs:
         if tf and peak else ""
     shown = ("predicted_step_ms", "measured_step_ms", "error_pct")
     checked = "; ".join(f"{k}={r[k]}" for r in val for k in shown if k in r) or "none"
-    fig = (f"{ran('plan')}; {len(points)} layer points, {min(tf, default=0):.0f}-"
+    device = inputs.get("device", "")
+    fig = (f"{ran('plan')}; device {device!r}; {len(points)} layer points, "
+           f"{min(tf, default=0):.0f}-"
            f"{max(tf, default=0):.0f} TFLOP/s{share}"
            f"; optimizer {opt * 1e6 if opt else float('nan'):.2f} ps/param; validation {checked}")
     add("6 plan 1b --validate 1", fig, "H100 layer times; AdamW a few ps per parameter "
         "(16 B of HBM at ~3 TB/s is ~5 ps); validation ok",
-        RC.get("plan", (None,))[0] == 0 and bool(tf) and bool(opt) and opt < 2e-5 and bool(val))
+        RC.get("plan", (None,))[0] == 0 and bool(tf) and bool(opt) and opt < 2e-5 and bool(val)
+        and device != "cuda")  # the GPU by name, so plan --from knows what it was measured on
 else:
     add("6 plan 1b --validate 1", ran("plan"), "inputs.json with H100 layer times", False)
 

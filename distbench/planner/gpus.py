@@ -15,12 +15,33 @@ DEFAULT_MFU = 0.5
 
 
 @dataclass(frozen=True)
+class Measured:
+    """What distbench measured on one such GPU itself, in half precision: used in place of the
+    assumed fraction of the datasheet peak and of an optimizer counted as free."""
+
+    layer_fraction: float  # of the 16-bit peak, one layer's forward and backward
+    optimizer_us_per_param: float  # the step's AdamW (fused, float32 masters), per parameter
+    optimizer_us_per_layer: float  # and per layer (its launches)
+    source: str
+
+
+@dataclass(frozen=True)
 class GPU:
     name: str
     tflops_16: float  # dense bf16/fp16 tensor-core peak
     tflops_32: float  # fp32 without TF32 (torch's default for float32 matmuls)
     memory_bytes: int
     matches: tuple[str, ...]  # substrings of NVML's name (topo.json)
+    measured: Measured | None = None
+
+
+# benchmarks/gpu_first_contact.sh's plan item on the first H100 lent (docs/gpu-checklist.md,
+# "Figures"): a layer of hidden 2048, ffn 8192, 16 heads, 16,384 tokens in bfloat16 took
+# 10.69 ms for 5.77 TFLOP, 540 TFLOP/s; the step's AdamW 34.9 us a layer + 15.3 ps a parameter
+H100_MEASURED = Measured(
+    layer_fraction=0.546, optimizer_us_per_param=15.27e-6, optimizer_us_per_layer=34.9,
+    source="measured by distbench on one H100 80GB HBM3 (torch 2.11, 2026-11-26): a 2048-wide "
+           "layer at 16,384 tokens reached 540 TFLOP/s, 0.546 of the bf16 peak")
 
 
 # Dense (no sparsity) peaks from NVIDIA's datasheets: A100 SXM4 80GB (A100 datasheet, 312 bf16,
@@ -30,7 +51,7 @@ class GPU:
 # 180 GB). Memory as the datasheets state it, in decimal GB.
 GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("a100", 312.0, 19.5, 80 * 10**9, ("A100",)),
-    GPU("h100", 989.0, 67.0, 80 * 10**9, ("H100",)),
+    GPU("h100", 989.0, 67.0, 80 * 10**9, ("H100",), H100_MEASURED),
     GPU("h200", 989.0, 67.0, 141 * 10**9, ("H200",)),
     GPU("b200", 2250.0, 75.0, 180 * 10**9, ("B200",)),
 )}
@@ -55,13 +76,21 @@ def by_device_name(device: str) -> GPU | None:
     return None
 
 
-def synthesize(inputs: Inputs, model: ModelSpec, gpu: GPU, mfu: float, dtype: str,
+def synthesize(inputs: Inputs, model: ModelSpec, gpu: GPU, mfu: float | None, dtype: str,
                shapes: set[tuple[int, int]]) -> None:
     """ComputePoints for each (tp, tokens) in `shapes` from FLOPs / (peak x mfu), and the
-    scaling stated in the notes. Raises LookupError (a dtype the table has no peak for)."""
+    scaling stated in the notes. `mfu` None: the fraction distbench measured on this GPU in
+    half precision, else DEFAULT_MFU. The optimizer, where none was measured, from what was
+    measured on this GPU. Raises LookupError (a dtype the table has no peak for)."""
     peak = peak_tflops(gpu, dtype)
+    measured = gpu.measured if dtype in ("bfloat16", "float16") else None
+    if mfu is None and measured:
+        mfu, why = measured.layer_fraction, f"{measured.layer_fraction:g}, {measured.source}"
+    else:
+        mfu = DEFAULT_MFU if mfu is None else mfu
+        why = f"an assumed mfu of {mfu:g}"
     rate = peak * 1e12 * mfu / 1e6  # FLOPs per microsecond
-    source = f"--gpu {gpu.name}: {peak:g} TFLOPS {dtype} peak x mfu {mfu:g}"
+    source = f"--gpu {gpu.name}: {peak:g} TFLOPS {dtype} peak x {mfu:g}"
     for tp, tokens in sorted(shapes):
         flops = model.flops_per_layer(tokens, tp)
         inputs.compute.append(ComputePoint(tp=tp, tokens=tokens, layer_us=flops / rate,
@@ -69,4 +98,10 @@ def synthesize(inputs: Inputs, model: ModelSpec, gpu: GPU, mfu: float, dtype: st
     inputs.compute_model = {k: getattr(model, k)
                             for k in ("hidden_size", "ffn_size", "heads", "seq_len")}
     inputs.note(f"compute not measured: each layer's time is its FLOPs over {gpu.name}'s "
-                f"datasheet peak ({peak:g} TFLOPS {dtype}) x an assumed mfu of {mfu:g}")
+                f"datasheet peak ({peak:g} TFLOPS {dtype}) x {why}")
+    if measured and inputs.optimizer_us_per_param is None:
+        inputs.optimizer_us_per_param = measured.optimizer_us_per_param
+        inputs.optimizer_us_per_layer = measured.optimizer_us_per_layer
+        inputs.note(f"optimizer step: {measured.optimizer_us_per_layer:g} us a layer + "
+                    f"{measured.optimizer_us_per_param * 1e6:g} ps a parameter, "
+                    f"{measured.source}")

@@ -152,8 +152,11 @@ class PlanOptions(RunOptions):
         "a preset (dgx-a100, dgx-h100, dgx-h200), figures node_gbps=,nic_gbps=,nics_per_node="
         "[,gpus_per_node=,gpu=,base_us=,node_hop_us=,net_hop_us=], or a preset with figures "
         "replaced (dgx-a100,nics_per_node=4).", check=_fabric, cli_type=str, show_default=False)
-    mfu: float = option(DEFAULT_MFU, "Fraction of --gpu's peak a step reaches.",
-                        check=fraction("--mfu 0.4"))
+    mfu: float | None = option(None, "Fraction of --gpu's peak a layer reaches. Default: the "
+                               "fraction distbench measured on that GPU in 16-bit types "
+                               f"(h100: 0.546), else {DEFAULT_MFU}.",
+                               check=fraction("--mfu 0.4", optional=True),
+                               show_default=False)
     dtype: str = option("float32", f"{', '.join(FLOATS)}: the parameters' and activations' "
                         "type.", check=_dtype)
     zero: list[int] = option("all", "ZeRO stages considered (0 is plain DDP); comma list or "
