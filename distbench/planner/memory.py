@@ -39,15 +39,19 @@ With a vocabulary, the first stage holds the embedding (vocab x hidden / tp) and
 LM head (the same), its input (h) and, per token, the logits (vocab / tp, in the dtype) and
 the cross-entropy's log-probabilities (vocab / tp, fp32 at least).
 
-The peak, not a sum of everything: a rank holds its parameters and optimizer states (and
-DDP's gradients, views of its buckets) throughout; a micro-batch is micro_batch_size x seq
-tokens, and stage i holds min(pp - i, m) micro-batches' activations at once under 1F1B (one
-without a pipeline: accumulation runs one at a time). The step starts with no gradients
-(set to None), so with as many micro-batches as in flight the most is the first backward's
-start (every micro-batch's activations) or its end (one micro-batch fewer and the stage's
-gradients); with more, a later forward holds both. The optimizer's step holds the gradients
-beside the states. Stages 0 and pp - 1 (the embedding's and the LM head's) are counted; the
-peak is the larger.
+The peak, not a sum of everything (what `distbench step` measures, within 10% on every
+layout of `step --workers 4`; docs/plan.md gives the figures): a rank holds its parameters
+and optimizer states (and DDP's gradients, views of its buckets) throughout; a micro-batch is
+micro_batch_size x seq tokens, and stage i holds min(pp - i, m) micro-batches' activations at
+once under 1F1B (one without a pipeline: accumulation runs one at a time), each with the
+stage's output, kept for its backward. The step starts with no gradients (set to None), so
+with as many micro-batches as in flight the most is the first backward's start (every
+micro-batch's activations) or its end (one micro-batch fewer and the stage's gradients); with
+more, a later forward holds both. DDP's micro-batches before the last accumulate their
+gradients outside its buckets (no_sync): a second copy. Beside them: the op at work (one
+MLP-wide output), and torch's pipeline's receive buffers, one per micro-batch for the input
+(but on the first stage) and one for the output's gradient (but on the last). The first
+stage, the second and the last are counted; the peak is the largest.
 """
 
 from __future__ import annotations
@@ -145,30 +149,42 @@ def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -
     tokens = layout.micro_batch_size(model) * model.seq_len
     per_micro = per_stage * tokens * layer_activation_bytes(model, t, elt_bytes,
                                                             layout.recompute)
-    working = 0.0  # what lives only while one micro-batch goes through backward
+    k = in_flight(layout, stage)
+    # the stage's output of each micro-batch in flight, kept for its backward (by the
+    # pipeline's cache, or the loss), and the op at work: one MLP-wide output
+    per_micro += tokens * model.hidden_size * elt_bytes
+    working = tokens * model.ffn_size / t * elt_bytes
     if layout.recompute == "full":  # one layer's activations rebuilt
         working += tokens * layer_activation_bytes(model, t, elt_bytes)
     if last and model.vocab:  # the LM head's input, logits and log-probabilities
         working += tokens * (model.hidden_size * elt_bytes
                              + model.vocab / t * (elt_bytes + logsumexp_bytes(elt_bytes)))
     grads = params * elt_bytes / (d if z >= 2 else 1)
-    ddp = d > 1 and z <= 1  # gradients are views of DDP's buckets, held throughout
-    k = in_flight(layout, stage)
-    after = (k - 1) * per_micro + grads  # the first backward done
+    # DDP's gradients are views of its buckets, held throughout; those of the micro-batches
+    # before the last accumulate outside them (no_sync), a second copy
+    ddp = d > 1 and z <= 1
+    fresh = 0.0 if ddp and layout.micro_batches == 1 else grads
+    after = (k - 1) * per_micro + fresh  # the first backward done
     if layout.micro_batches > k:
         after += per_micro  # a later forward, beside the gradients
-    acts, held = max((k * per_micro, 0.0), (after - grads, grads), key=sum)
-    if ddp:
-        acts, held = k * per_micro, grads
-    return Memory(params=params * elt_bytes / (d if z >= 3 else 1), grads=held,
+    acts, held = max((k * per_micro, 0.0), (after - fresh, fresh), key=sum)
+    # torch's pipeline receives each micro-batch's input (but the first stage's) and output
+    # gradient (but the last's) into buffers of its own, kept between steps
+    received = (p > 1) * layout.micro_batches * tokens * model.hidden_size * elt_bytes \
+        * ((stage > 0) + (stage < p - 1))
+    return Memory(params=params * elt_bytes / (d if z >= 3 else 1),
+                  grads=held + (grads if ddp else 0.0),
                   optimizer=params * optimizer_bytes_per_param(elt_bytes) / (d if z else 1),
-                  buffers=gathered_bytes(model, layout, elt_bytes),
+                  buffers=gathered_bytes(model, layout, elt_bytes) + received,
                   activations=acts + working)
 
 
 def memory(model: ModelSpec, layout: Layout, elt_bytes: int) -> Memory:
-    """The most a rank of `layout` holds: its first or last stage's peak, the larger."""
-    return max((stage_memory(model, layout, elt_bytes, s) for s in {0, layout.pp - 1}),
+    """The most a rank of `layout` holds: the largest peak of the first stage (the most
+    micro-batches in flight, the embedding), the second (as many less one, and buffers both
+    ways) and the last (the LM head)."""
+    stages = {0, min(1, layout.pp - 1), layout.pp - 1}
+    return max((stage_memory(model, layout, elt_bytes, s) for s in stages),
                key=lambda mem: mem.total)
 
 

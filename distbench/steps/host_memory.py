@@ -2,14 +2,16 @@
 a dispatch mode that sees every op's tensors, counts each storage once from when it is first
 seen to when it is freed (a weak reference's callback), and re-reads the sizes it counts after
 every op, since FSDP frees and refills its gathered parameters by resizing their storage in
-place, not through an op. What the step starts holding (its modules' parameters and gradients,
-its optimizer's states, its inputs) is counted from the start.
+place, not through an op. What the step starts holding (every tensor Python holds: its
+modules' parameters, its optimizer's states, its inputs, the pipeline's buffers) is counted
+from the start, but for what the caller says is not the step's (the check's reference).
 
 torch's own MemTracker (torch.distributed._tools) refuses a module called more than once in
 what it tracks: every micro-batch calls the stage again."""
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 
@@ -20,13 +22,15 @@ from torch.utils._pytree import tree_leaves
 
 
 class HostPeak(TorchDispatchMode):
-    def __init__(self, held: Iterable = ()):
+    def __init__(self, held: Iterable = (), ignore: Iterable = ()):
         super().__init__()
         self._sizes: dict[int, int] = {}  # a storage's key -> the bytes counted for it
         self._storages: dict[int, weakref.ref] = {}
+        self._ignored = {plain.untyped_storage()._cdata for thing in ignore
+                         for t in _tensors_of(thing) for plain in _plain(t)}
         self.now = 0
         self.peak = 0
-        for thing in held:
+        for thing in [*held, *_live_tensors()]:
             for t in _tensors_of(thing):
                 self._see(t)
         self.peak = self.now
@@ -44,7 +48,7 @@ class HostPeak(TorchDispatchMode):
         for plain in _plain(t):
             st = plain.untyped_storage()
             key = st._cdata
-            if key in self._sizes:
+            if key in self._sizes or key in self._ignored:
                 continue
             self._sizes[key] = st.nbytes()
             self.now += self._sizes[key]
@@ -75,6 +79,12 @@ def _plain(t: torch.Tensor) -> Iterator[torch.Tensor]:
         yield t
 
 
+def _live_tensors() -> list[torch.Tensor]:
+    """Every tensor Python holds now (the collector tracks them): what a wrapper holds out of
+    sight, an optimizer's states keyed by parameters a wrapper swapped, a schedule's buffers."""
+    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+
+
 def _tensors_of(thing) -> Iterator[torch.Tensor]:
     if thing is None:
         return
@@ -92,10 +102,15 @@ def _tensors_of(thing) -> Iterator[torch.Tensor]:
             yield from _tensors_of(inner)
     elif isinstance(thing, torch.Tensor):
         yield thing
+    elif isinstance(thing, dict):
+        for v in thing.values():
+            yield from _tensors_of(v)
 
 
-def peak_bytes(step: Callable[[], object], held: Iterable) -> int:
-    """The most bytes the tensors held in one call of `step`, `held` counted from the start."""
-    with HostPeak(held) as mode:
+def peak_bytes(step: Callable[[], object], held: Iterable, ignore: Iterable = ()) -> int:
+    """The most bytes the tensors held in one call of `step`, what Python holds at its start
+    (`held` too) counted from the start, but for `ignore`'s (modules, optimizers, tensors,
+    dicts of them)."""
+    with HostPeak(held, ignore) as mode:
         step()
     return mode.peak

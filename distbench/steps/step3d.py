@@ -149,7 +149,10 @@ def _measure_on(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, row: 
     info["collectives_counted"] = {d: op_counts(by_dim[d]) for d in DIMS}
     info["bytes_counted"] = {d: op_bytes(by_dim[d]) for d in DIMS}
 
-    host_peak = recipe.host_peak(s, label, mm.step, [mm.stage, mm.optimizer, mm.x, mm.target])
+    # the check's reference, kept on the host for the next layout, is not this layout's
+    kept = [(r.grads, r.params) for r in _REFERENCE.values()]
+    host_peak = recipe.host_peak(s, label, mm.step, [mm.stage, mm.optimizer, mm.x, mm.target],
+                                 [d for pair in kept for d in pair])
     st, peak = recipe.timed_with_peak(s, label, mm.step)
     peak = peak if peak is not None else host_peak
 
