@@ -8,9 +8,11 @@ Parameters of one rank: the stage's layers (layers / pp) over tp, `P` below.
 - AdamW: two moments, and an fp32 master copy of the weights when the dtype is under 4 bytes
   (mixed precision); the moments are fp32 then too: 12 bytes per parameter for 16-bit, 8 for
   fp32 (2 moments in fp32), 16 for fp64 (ZeRO paper, Rajbhandari et al. 2020, section 3.1);
-- ZeRO divides over dp: stage 1 the optimizer states, stage 2 and the gradients, stage 3 and the
-  parameters; ZeRO-3 gathers one layer's parameters (its TP shard) at a time and produces its
-  whole gradients before reduce-scattering them: one layer's P x 2b in `buffers`.
+- ZeRO divides over dp: stage 1 the optimizer states (ZeroRedundancyOptimizer), stages 2 and 3
+  the gradients and the parameters too (FSDP2 shards both), and FSDP holds some whole beside
+  its shards in `buffers` (gathered_bytes): ZeRO 2 the stage's parameters from forward to the
+  end of backward, ZeRO 3 one layer at a time (the stage in a pipeline), each with one
+  layer's whole gradients before they are reduce-scattered.
 
 Activations kept for backward, per layer, per token: what the step's layer saves, measured
 (torch.autograd.graph.saved_tensors_hooks over one layer's forward; tests/test_memory.py
@@ -132,11 +134,18 @@ def in_flight(layout: Layout, stage: int = 0) -> int:
 
 
 def gathered_bytes(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:
-    """ZeRO-3 gathers one layer's parameters (its TP shard) at a time and produces its whole
-    gradients before reduce-scattering them."""
-    if layout.zero < 3 or layout.dp == 1:
+    """What FSDP holds whole beside its shards in forward and backward (none without it): at
+    ZeRO 2 the stage's parameters, gathered in forward and kept to the end of backward; at
+    ZeRO 3 one layer's, but in a pipeline, where torch's schedule keeps the stage gathered
+    from its first backward to the step's end (no reshard after backward), the stage's. With
+    one micro-batch, one layer's whole gradients before they are reduce-scattered (with more,
+    the gradients are whole until the last: stage_memory counts them)."""
+    t, p, d, z = layout.tp, layout.pp, layout.dp, layout.zero
+    if z < 2 or d == 1:
         return 0.0
-    return 2 * model.params_per_layer / layout.tp * elt_bytes
+    layer = model.params_per_layer / t * elt_bytes
+    params = layer if z == 3 and p == 1 else model.layers // p * layer
+    return params + (layer if layout.micro_batches == 1 else 0.0)
 
 
 def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -> Memory:
@@ -159,11 +168,14 @@ def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -
     if last and model.vocab:  # the LM head's input, logits and log-probabilities
         working += tokens * (model.hidden_size * elt_bytes
                              + model.vocab / t * (elt_bytes + logsumexp_bytes(elt_bytes)))
-    grads = params * elt_bytes / (d if z >= 2 else 1)
-    # DDP's gradients are views of its buckets, held throughout; those of the micro-batches
-    # before the last accumulate outside them (no_sync), a second copy
-    ddp = d > 1 and z <= 1
-    fresh = 0.0 if ddp and layout.micro_batches == 1 else grads
+    whole = params * elt_bytes
+    # DDP's gradients are views of its buckets, held throughout; FSDP's are its shards. The
+    # micro-batches before the last accumulate theirs unsynchronised (DDP's no_sync, FSDP's
+    # requires_gradient_sync false): whole, beside the buckets or the shards
+    ddp, fsdp = d > 1 and z <= 1, d > 1 and z >= 2
+    unsynced = layout.micro_batches > 1
+    grads = whole / d if fsdp and not unsynced else whole
+    fresh = 0.0 if ddp and not unsynced else grads
     after = (k - 1) * per_micro + fresh  # the first backward done
     if layout.micro_batches > k:
         after += per_micro  # a later forward, beside the gradients
@@ -172,8 +184,8 @@ def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -
     # gradient (but the last's) into buffers of its own, kept between steps
     received = (p > 1) * layout.micro_batches * tokens * model.hidden_size * elt_bytes \
         * ((stage > 0) + (stage < p - 1))
-    return Memory(params=params * elt_bytes / (d if z >= 3 else 1),
-                  grads=held + (grads if ddp else 0.0),
+    return Memory(params=whole / (d if fsdp else 1),
+                  grads=held + (whole if ddp else 0.0),
                   optimizer=params * optimizer_bytes_per_param(elt_bytes) / (d if z else 1),
                   buffers=gathered_bytes(model, layout, elt_bytes) + received,
                   activations=acts + working)
