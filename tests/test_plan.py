@@ -550,3 +550,27 @@ def test_write_plan_takes_the_cluster_from_the_rows(tmp_path):
     assert "8 GPUs, 8 per node, 40.0 GiB per GPU" in text and "float32" in text
     lines = top_lines(rows, 2)
     assert len([line for line in lines if not line.startswith("#")]) == 2
+
+
+def test_recomputation_adds_the_forward_it_reruns_and_the_lm_head_its_flops():
+    from distbench.planner.predict import predict
+
+    tokens = 8 * MODEL.seq_len
+    plain = predict(MODEL, Layout(tp=1, pp=1, dp=1, micro_batches=4), hand_inputs(), 4, 8)
+    assert plain.compute_us == pytest.approx(4 * MODEL.layers * LAYER_US)
+    flops = MODEL.flops_per_layer(tokens)
+    core = 2 * 2 * tokens * MODEL.seq_len * MODEL.hidden_size  # scores and weighted sum
+    full = predict(MODEL, Layout(tp=1, pp=1, dp=1, micro_batches=4, recompute="full"),
+                   hand_inputs(), 4, 8)
+    # the forward again: a third of the matmuls' 6 FLOPs a parameter and token, and the core
+    forward = 2 * tokens * MODEL.params_per_layer + core
+    assert full.compute_us == pytest.approx(plain.compute_us * (1 + forward / flops))
+    assert 1.3 < full.compute_us / plain.compute_us < 1.34
+    selective = predict(MODEL, Layout(tp=1, pp=1, dp=1, micro_batches=4,
+                                      recompute="selective"), hand_inputs(), 4, 8)
+    assert selective.compute_us == pytest.approx(plain.compute_us * (1 + core / flops))
+    # the LM head, 6 V h FLOPs a token, at the layer's rate, on every micro-batch
+    vocab = replace(MODEL, vocab=1000)
+    headed = predict(vocab, Layout(tp=1, pp=1, dp=1, micro_batches=4), hand_inputs(), 4, 8)
+    head = 6 * tokens * 1000 * MODEL.hidden_size
+    assert headed.compute_us == pytest.approx(4 * LAYER_US * (MODEL.layers + head / flops))
