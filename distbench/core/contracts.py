@@ -219,7 +219,7 @@ PLAN = Output("plan.csv", csv=(
 # step took. Stable contract: add columns at the end, never rename.
 VALIDATION = Output("validation.csv", csv=(
     "model", "tp", "pp", "dp", "zero", "micro_batches", "predicted_step_ms",
-    "measured_step_ms", "error_pct", "in_sample", "status", "note",
+    "measured_step_ms", "error_pct", "in_sample", "status", "note", "recompute",
 ), console=(
     *LAYOUT_COLUMNS,
     Column("predicted_step_ms", "predicted", "(ms)", 11, ".2f"),
