@@ -211,7 +211,8 @@ def test_overlap_pct_without_communication(alone):
 def test_need_per_rank_is_the_modes_largest_piece_plus_activations(no_launcher):
     opts = _opts(hidden_size=64, ffn_size=128, layers=2)
     psi = 2 * 2 * 64 * 128
-    acts = 2 * opts.micro_batch_size * opts.seq_len * (128 + 2 * 64) * 2 * 4
+    # twice what an MLP block keeps per token (its input h and 2 ffn), 2 layers, 4 bytes
+    acts = 2 * opts.micro_batch_size * opts.seq_len * (64 + 2 * 128) * 2 * 4
     # ddp: its own float32 state (16 bytes a parameter), and its compute-only replica the same
     assert f.need_per_rank(opts, "ddp", 2) == 16 * psi + acts
     # zero3 at 4 ranks: the unsharded compute-only replica (parameters and gradients) and the

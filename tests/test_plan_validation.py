@@ -45,9 +45,10 @@ def test_validation_runs_layouts_out_of_sample_first():
     the layouts unlike them, whatever was measured on them."""
     rows = _rows()
     calibrated = _calibrated(rows)
-    # two calibration layouts are among the 6 predicted best
+    # a calibration layout is among the 6 predicted best (with m a plan dimension at every pp,
+    # one: the m = 2 pp pipeline), so picking by rank alone would take it
     best = [label(r) for r in rows if r["fits"]][:6]
-    assert len(calibrated & set(best)) == 2, best
+    assert calibrated & set(best), best
     outside = [r for r in rows if r["fits"] and label(r) not in calibrated]
     for k in (1, 3, 6, len(outside)):
         picked = pick_validation(rows, k, 4, calibrated)

@@ -37,8 +37,8 @@ def _inputs(tokens: int, tp: int = 1, **extra) -> Inputs:
         "hidden_size": 64, "ffn_size": 256, "heads": 8, "seq_len": 16}, **extra)
 
 
-def _row(layout: Layout, inputs: Inputs, gpus_per_node: int) -> dict:
-    (row,) = make_plan(MODEL, inputs, layout.world, gpus_per_node, 80 * 2**30, "float32",
+def _row(layout: Layout, inputs: Inputs, gpus_per_node: int, model: ModelSpec = MODEL) -> dict:
+    (row,) = make_plan(model, inputs, layout.world, gpus_per_node, 80 * 2**30, "float32",
                        layouts=[layout])
     return row
 
@@ -103,22 +103,29 @@ def test_zero2_shards_the_gradients_over_dp_and_not_the_parameters():
     (Rajbhandari et al. 2020): whatever a rank's share of a layer holds, stage 2's gradients
     are stage 1's over dp."""
     dp = 4
-    inputs = _inputs(tokens=8 * 16, overlap=dict.fromkeys(("ddp", "zero1", "zero2", "zero3"),
-                                                          0.0))
+    # one token a replica: the gradients, not the activations, make the peak (the memory model
+    # reports what is held at the peak, after the backward here)
+    heavy = ModelSpec(name="custom", layers=4, hidden_size=64, ffn_size=256, heads=8,
+                      seq_len=1, batch=dp)
+    inputs = _inputs(tokens=1, overlap=dict.fromkeys(("ddp", "zero1", "zero2", "zero3"), 0.0))
     inputs.fits += [CommFit(op=op, ranks=dp, span="node", alpha_us=1.0, beta_gbps=1.0)
                     for op in ("all_gather", "reduce_scatter")]
-    rows = {z: _row(Layout(tp=1, pp=1, dp=dp, zero=z, micro_batches=1), inputs, 8)
+    rows = {z: _row(Layout(tp=1, pp=1, dp=dp, zero=z, micro_batches=1), inputs, 8, heavy)
             for z in range(4)}
+    assert rows[0]["grads_bytes"] == heavy.params * FP32
     whole = rows[0]["grads_bytes"]
     assert whole > 0
     assert rows[1]["grads_bytes"] == pytest.approx(whole)
     assert rows[2]["grads_bytes"] == pytest.approx(whole / dp)
     assert rows[3]["grads_bytes"] == pytest.approx(whole / dp)
-    assert rows[2]["params_bytes"] == pytest.approx(rows[0]["params_bytes"])
+    # ZeRO-2 holds the parameters whole from forward to backward (FSDP's gathered copy,
+    # counted as a buffer beside its shard); ZeRO-3 keeps only its shard between layers
+    assert rows[2]["params_bytes"] + rows[2]["buffers_bytes"] >= rows[0]["params_bytes"]
     assert rows[3]["params_bytes"] == pytest.approx(rows[0]["params_bytes"] / dp)
-    # so ZeRO-2 needs 3/4 of the gradients less than ZeRO-1, all else alike
-    assert rows[1]["memory_per_rank_bytes"] - rows[2]["memory_per_rank_bytes"] == \
-        pytest.approx(whole * (1 - 1 / dp))
+    # and never holds more at its peak than ZeRO-1 (how much less is the memory model's, held
+    # to the step's measured peak in test_step_multiproc: FSDP's ZeRO-2 keeps the parameters
+    # whole from forward to backward and a layer's gradients whole until reduced)
+    assert rows[2]["memory_per_rank_bytes"] <= rows[1]["memory_per_rank_bytes"]
 
 
 @pytest.mark.parametrize("pp,dp", [(2, 1), (4, 1), (2, 2), (4, 2)])

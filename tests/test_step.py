@@ -44,6 +44,11 @@ BAD = [
     ("model-unknown", ["--model", "huge"], "--model", "unknown model 'huge'"),
     ("model-shape-lacks", ["--model", "layers=4,hidden=64"], "--model", "lacks heads"),
     ("tp-zero", ["--tp", "0"], "--tp", "at least 1"),
+    ("recompute-unknown", ["--recompute", "some"], "--recompute", "some"),
+    ("kv-heads-do-not-divide", ["--model", "layers=2,hidden=64,heads=4,kv_heads=3,seq=8,"
+                                "batch=8"], "--model", "kv_heads=3 do not divide heads=4"),
+    ("tp-splits-a-kv-head", ["--tp", "4", "--model", "layers=2,hidden=64,heads=4,kv_heads=2,"
+                             "seq=8,batch=8"], "--tp", "tp 4 must divide the kv heads (2)"),
 ]
 
 
@@ -169,3 +174,14 @@ def test_a_large_model_is_checked_on_a_small_one_the_layout_fits():
         small = check_model(PRESETS["7b"], lay)
         assert small.layers == 32 and small.params < 2e6
         assert problems(lay, small) == []
+        assert small.gated  # the same MLP
+        # grouped kv heads stay grouped: one kv head per TP rank
+        grouped = check_model(PRESETS["70b"], lay)
+        assert grouped.kv_heads == lay.tp < grouped.heads and problems(lay, grouped) == []
+
+
+def test_recompute_reaches_every_layout_and_the_vocabulary_is_left_out(no_launcher):
+    layouts, _ = _opts(recompute="full", zero="0,3").layouts(4)
+    assert layouts and {lay.recompute for lay in layouts} == {"full"}
+    opts = _opts(model="7b")
+    assert opts.spec().vocab == 0 and opts.spec().params < PRESETS["7b"].params

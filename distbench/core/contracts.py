@@ -164,7 +164,7 @@ STEP = Output("step.csv", csv=(
     "dp_comm_alone_us", "exposed_comm_us", "tp_exposed_us", "pp_exposed_us", "dp_exposed_us",
     "bubble_analytic", "bubble_us", "tp_bytes_per_step", "pp_bytes_per_step",
     "dp_bytes_per_step", "state_bytes_per_rank", "peak_mem_bytes", "samples_per_s",
-    "max_abs_err", "backend", "status", "note",
+    "max_abs_err", "backend", "status", "note", "recompute", "model_mem_bytes",
 ), console=(
     *LAYOUT_COLUMNS,
     Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
@@ -175,6 +175,8 @@ STEP = Output("step.csv", csv=(
     Column("exposed_comm_us", "exposed", "(ms)", 10, us_as_ms(".2f")),
     Column("bubble_analytic", "bubble", "", 7, ".3f"),
     Column("state_bytes_per_rank", "state", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
+    Column("peak_mem_bytes", "peak", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
+    Column("model_mem_bytes", "model", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
     Column("max_abs_err", "max_err", "", 10, ".3g"),
 ), identity=("model", "tp", "pp", "dp", "zero", "micro_batches", "dtype", "world_size"),
     read=("tp", "pp", "dp", "zero", "micro_batches", "step_us", "compute_only_us",
@@ -217,7 +219,7 @@ PLAN = Output("plan.csv", csv=(
 # step took. Stable contract: add columns at the end, never rename.
 VALIDATION = Output("validation.csv", csv=(
     "model", "tp", "pp", "dp", "zero", "micro_batches", "predicted_step_ms",
-    "measured_step_ms", "error_pct", "in_sample", "status", "note",
+    "measured_step_ms", "error_pct", "in_sample", "status", "note", "recompute",
 ), console=(
     *LAYOUT_COLUMNS,
     Column("predicted_step_ms", "predicted", "(ms)", 11, ".2f"),

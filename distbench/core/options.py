@@ -365,17 +365,28 @@ class StepOptions(RunOptions):
     SIZED_BY = ("--hidden-size", "--hidden-size 1024 --layers 2")
 
     def host_bytes(self, backend: str, world: int) -> int:
-        """On CPU, a rough bound on one rank's model: weights, gradients and two optimizer
-        states per parameter, and activations kept for the backward pass, for every layer
-        unsharded (the reference replica is whole)."""
+        """On CPU, a rough bound on one rank's model: weights, gradients and AdamW's states
+        per parameter, and twice the activations kept for the backward pass, for every layer
+        unsharded (the reference replica is whole) of both block kinds, as planner.models and
+        planner.memory count them."""
         if backend == "nccl":
             return 0
-        h = self.hidden_size
-        ffn = getattr(self, "ffn_size", 4 * h)
-        params = self.layers * (4 * h * h + 2 * h * ffn)
+        from distbench.core.transformer import (
+            attention_activation_bytes,
+            attention_params,
+            mlp_activation_bytes,
+            mlp_params,
+            optimizer_bytes_per_param,
+        )
+
+        h, elt = self.hidden_size, element_bytes(self.dtype)
+        ffn, heads = getattr(self, "ffn_size", 4 * h), getattr(self, "heads", 1)
+        params = self.layers * (attention_params(h, heads, heads) + mlp_params(h, ffn, False))
         tokens = self.seq_len * self.micro_batch_size * getattr(self, "micro_batches", 1)
-        activations = self.layers * tokens * (4 * h + 2 * ffn)
-        return element_bytes(self.dtype) * (4 * params + 2 * activations)
+        activations = self.layers * tokens * (
+            attention_activation_bytes(h, heads, heads, 1, elt)
+            + mlp_activation_bytes(h, ffn, False, 1, elt))
+        return int(params * (2 * elt + optimizer_bytes_per_param(elt)) + 2 * activations)
 
 
 def redefault(options: type, name: str, default) -> Any:

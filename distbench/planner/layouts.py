@@ -16,6 +16,8 @@ from distbench.core.options import pick
 from distbench.planner.models import ModelSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
+# activation recomputation: none, the attention core (selective), each whole layer (full)
+RECOMPUTE = ("none", "selective", "full")
 # torch.distributed.pipelining's schedules the step runs; 1F1B needs micro_batches >= pp
 SCHEDULE = "1f1b"
 
@@ -33,6 +35,7 @@ class Layout:
     dp: int
     zero: int = 0
     micro_batches: int = 1
+    recompute: str = "none"  # planner.memory.RECOMPUTE
 
     @property
     def world(self) -> int:
@@ -42,7 +45,8 @@ class Layout:
         return model.batch // (self.dp * self.micro_batches)
 
     def label(self) -> str:
-        return f"tp{self.tp} pp{self.pp} dp{self.dp} zero{self.zero} m{self.micro_batches}"
+        text = f"tp{self.tp} pp{self.pp} dp{self.dp} zero{self.zero} m{self.micro_batches}"
+        return text if self.recompute == "none" else f"{text} rc-{self.recompute}"
 
     def key(self) -> tuple[int, int, int, int, int]:
         return (self.tp, self.pp, self.dp, self.zero, self.micro_batches)
@@ -62,9 +66,13 @@ def problems(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None)
         out.append(f"ZeRO stage {z} is not one of {', '.join(map(str, ZERO_STAGES))}")
     if z and d == 1:
         out.append(f"ZeRO {z} shards over data-parallel replicas; dp is 1")
-    if model.heads % t or model.ffn_size % t:
-        out.append(f"tp {t} must divide the heads ({model.heads}) and the ffn size "
-                   f"({model.ffn_size})")
+    if model.kv_heads % t or model.ffn_size % t:
+        out.append(f"tp {t} must divide the {'kv ' if model.kv_heads != model.heads else ''}"
+                   f"heads ({model.kv_heads}) and the ffn size ({model.ffn_size})")
+    if model.vocab % t:
+        out.append(f"tp {t} must divide the vocabulary ({model.vocab})")
+    if layout.recompute not in RECOMPUTE:
+        out.append(f"recomputation {layout.recompute!r} is not one of {', '.join(RECOMPUTE)}")
     if model.layers % p:
         out.append(f"pp {p} must divide the layers ({model.layers})")
     if model.batch % (d * m):
@@ -107,19 +115,19 @@ def fewest_micro_batches(model: ModelSpec, dp: int, low: int) -> int | None:
 
 
 def micro_batch_counts(model: ModelSpec, pp: int, dp: int) -> list[int]:
-    """The micro-batch counts a plan weighs for `pp` stages and `dp` replicas: 1 without a
-    pipeline (more only trades time for activation memory); with one, a ladder of the counts
-    from pp up that split a replica's share of the batch: the fewest, then each the fewest at
-    least twice the last taken, the most (micro-batches of one sample) and the step's default
-    (default_micro_batches). Empty when none splits it.
+    """The micro-batch counts a plan weighs for `pp` stages and `dp` replicas: a ladder of the
+    counts from pp up (from 1 without a pipeline: gradient accumulation) that split a
+    replica's share of the batch: the fewest, then each the fewest at least twice the last
+    taken, the most (micro-batches of one sample) and the step's default
+    (default_micro_batches). Empty when none splits it. Without a pipeline more micro-batches
+    only trade time for activation memory, and that trade is what makes a large model's
+    replica fit (7b at ZeRO-3 over 8 GPUs: one sample per micro-batch).
 
     A ladder, not every divisor: each count is a row of the plan, and a batch of millions has
     hundreds of divisors (8,648,640 has 448), which made a plan of one model minutes long. A
     rung's bubble (pp-1)/(m+pp-1) and activations (about 1/m of the replica's share) are within
     2x of the next rung's; at most log2(batch) + 3 counts, whatever the batch. A batch that is
     a power of two (every preset's) keeps every divisor, as before."""
-    if pp == 1:
-        return [1]
     if model.batch % dp:
         return []
     fit = [k for k in divisors(model.batch // dp) if k >= pp]
@@ -133,10 +141,11 @@ def micro_batch_counts(model: ModelSpec, pp: int, dp: int) -> list[int]:
 
 
 def enumerate_layouts(model: ModelSpec, gpus: int, gpus_per_node: int,
-                      zero_stages: tuple[int, ...] = ZERO_STAGES) -> Iterator[Layout]:
+                      zero_stages: tuple[int, ...] = ZERO_STAGES,
+                      recompute: tuple[str, ...] = ("none",)) -> Iterator[Layout]:
     """Every valid layout on exactly `gpus` ranks: tp a divisor of the GPUs per node, pp a
-    divisor of the layers, dp what is left, each ZeRO stage (0 alone when dp is 1) and each
-    of micro_batch_counts()."""
+    divisor of the layers, dp what is left, each ZeRO stage (0 alone when dp is 1), each of
+    micro_batch_counts() and each recomputation asked for."""
     for t in divisors(gpus_per_node):
         for p in divisors(model.layers):
             if gpus % (t * p):
@@ -147,6 +156,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, gpus_per_node: int,
             counts = micro_batch_counts(model, p, d)
             for z in (zero_stages if d > 1 else (0,)):
                 for m in counts:
-                    layout = Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m)
-                    if not problems(layout, model, gpus_per_node):
-                        yield layout
+                    for r in recompute:
+                        layout = Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m,
+                                        recompute=r)
+                        if not problems(layout, model, gpus_per_node):
+                            yield layout

@@ -8,30 +8,65 @@ Parameters of one rank: the stage's layers (layers / pp) over tp, `P` below.
 - AdamW: two moments, and an fp32 master copy of the weights when the dtype is under 4 bytes
   (mixed precision); the moments are fp32 then too: 12 bytes per parameter for 16-bit, 8 for
   fp32 (2 moments in fp32), 16 for fp64 (ZeRO paper, Rajbhandari et al. 2020, section 3.1);
-- ZeRO divides over dp: stage 1 the optimizer states, stage 2 and the gradients, stage 3 and the
-  parameters; ZeRO-3 gathers one layer's parameters (its TP shard) at a time and produces its
-  whole gradients before reduce-scattering them: one layer's P x 2b in `buffers`.
+- ZeRO divides over dp: stage 1 the optimizer states (ZeroRedundancyOptimizer), stages 2 and 3
+  the gradients and the parameters too (FSDP2 shards both), and FSDP holds some whole beside
+  its shards in `buffers` (gathered_bytes): ZeRO 2 the stage's parameters from forward to the
+  end of backward, ZeRO 3 one layer at a time (the stage in a pipeline), each with one
+  layer's whole gradients before they are reduce-scattered.
 
-Activations kept for backward, per layer, per token, in elements (Korthikanti et al. 2022,
-"Reducing Activation Recomputation in Large Transformer Models", section 4.1, without their
-layer norms and dropout masks, which these layers lack; h hidden, f ffn, a heads, s sequence):
+Activations kept for backward, per layer, per token: what the step's layer saves, measured
+(torch.autograd.graph.saved_tensors_hooks over one layer's forward; tests/test_memory.py
+compares the two). Fused attention (scaled_dot_product_attention: flash, memory-efficient,
+cuDNN, and the CPU's flash kernel) keeps no a x s scores: it saves q, k, v, its output and a
+logsumexp per head and token, in fp32 at least, and recomputes the scores in backward
+(Korthikanti et al. 2022, section 4.1, count the scores, which unfused attention keeps). With h
+hidden, w the fused qkv's width ((heads + 2 kv_heads) x head_dim), f ffn, a heads, in elements:
 
-- attention: the fused qkv's input (h), Q and K for the scores' backward (2h), the softmax's
-  output (a x s: one row of scores per head) and V for the weighted sum's backward (h), the
-  output projection's input (h): 5h + a s;
-- MLP: the up projection's input (h), the GELU's input (f) and the down projection's input
-  (the GELU's output, f): h + 2f;
+- attention: its input (h, the qkv projection's), the qkv output (w: q, k and v are views of
+  it), the attention's output (h: the output projection's input is the same tensor), and the
+  logsumexp (a, fp32 or wider). Grouped-query attention whose TP shard holds several groups
+  copies q out of the fused output (h more; Megatron's layout does the same);
+- MLP: its input (h), then up's output (f, the GELU's input) and the GELU's output (f, down's
+  input); gated, the gate's and up's outputs (2f), the SiLU's output and the product (2f);
 - the residual adds keep nothing. With tensor parallelism (Megatron, no sequence
-  parallelism) the two block inputs (2h) are whole on every TP rank, the rest sharded:
-  2h + (4h + a s + 2f) / tp elements per token, times the dtype's bytes.
+  parallelism) the two block inputs are whole on every TP rank, the rest sharded:
+  2h + (w + h + 2f) / tp elements and a / tp logsumexps per token (4f for gated).
 
-A micro-batch is micro_batch_size x seq tokens; the first pipeline stage holds min(pp, m)
-micro-batches in flight under 1F1B (with pp = 1, one: accumulation runs one at a time)."""
+Recomputation (--recompute): selective recomputes the attention core, whose inputs (the qkv
+output) the layer keeps anyway, so it saves only the logsumexp: fused attention already does
+what selective recomputation was for. Full keeps each layer's input (h, whole on every TP rank)
+and rebuilds one layer's activations at a time in backward.
+
+With a vocabulary, the first stage holds the embedding (vocab x hidden / tp) and the last the
+LM head (the same), its input (h) and, per token, the logits (vocab / tp, in the dtype) and
+the cross-entropy's log-probabilities (vocab / tp, fp32 at least).
+
+The peak, not a sum of everything (what `distbench step` measures, within 10% on every
+layout of `step --workers 4`; docs/plan.md gives the figures): a rank holds its parameters
+and optimizer states (and DDP's gradients, views of its buckets) throughout; a micro-batch is
+micro_batch_size x seq tokens, and stage i holds min(pp - i, m) micro-batches' activations at
+once under 1F1B (one without a pipeline: accumulation runs one at a time), each with the
+stage's output, kept for its backward. The step starts with no gradients (set to None), so
+with as many micro-batches as in flight the most is the first backward's start (every
+micro-batch's activations) or its end (one micro-batch fewer and the stage's gradients); with
+more, a later forward holds both. DDP's micro-batches before the last accumulate their
+gradients outside its buckets (no_sync): a second copy. Beside them: the op at work (one
+MLP-wide output), and torch's pipeline's receive buffers, one per micro-batch for the input
+(but on the first stage) and one for the output's gradient (but on the last). The first
+stage, the second and the last are counted; the peak is the largest.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distbench.core.transformer import (
+    MASTER_BYTES,
+    attention_activation_bytes,
+    logsumexp_bytes,
+    mlp_activation_bytes,
+    optimizer_bytes_per_param,
+)
 from distbench.planner.layouts import Layout
 from distbench.planner.models import ModelSpec
 
@@ -39,7 +74,6 @@ from distbench.planner.models import ModelSpec
 # fragmentation, NCCL's buffers, the temporaries of the kernels. Stated in every plan.
 RESERVE_FRACTION = 0.10
 RESERVE_MIN_BYTES = 2 * 2**30
-MASTER_BYTES = 4  # the fp32 master weights and moments of mixed precision
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,38 +116,88 @@ def reserve_text() -> str:
             "and kernel temporaries")
 
 
-def optimizer_bytes_per_param(elt_bytes: int) -> int:
-    """AdamW's two moments, and the fp32 master weights under mixed precision."""
-    if elt_bytes < MASTER_BYTES:
-        return 3 * MASTER_BYTES
-    return 2 * elt_bytes
+def layer_activation_bytes(model: ModelSpec, tp: int, elt_bytes: int,
+                           recompute: str = "none") -> float:
+    """One layer's activations kept for backward, per token, in bytes: with full
+    recomputation only its input."""
+    if recompute == "full":
+        return model.hidden_size * elt_bytes
+    return (attention_activation_bytes(model.hidden_size, model.heads, model.kv_heads, tp,
+                                       elt_bytes, recompute)
+            + mlp_activation_bytes(model.hidden_size, model.ffn_size, model.gated, tp,
+                                   elt_bytes))
 
 
-def activation_elements_per_token(model: ModelSpec, tp: int) -> float:
-    """One layer's activations kept for backward, per token, in elements (the module's
-    docstring derives it)."""
-    h, f, a, s = model.hidden_size, model.ffn_size, model.heads, model.seq_len
-    return 2 * h + (4 * h + a * s + 2 * f) / tp
+def in_flight(layout: Layout, stage: int = 0) -> int:
+    """Micro-batches whose activations stage `stage` holds at once under 1F1B."""
+    return min(layout.pp - stage, layout.micro_batches)
 
 
-def in_flight(layout: Layout) -> int:
-    """Micro-batches whose activations the first stage holds at once under 1F1B."""
-    return 1 if layout.pp == 1 else min(layout.pp, layout.micro_batches)
+def gathered_bytes(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:
+    """What FSDP holds whole beside its shards in forward and backward (none without it): at
+    ZeRO 2 the stage's parameters, gathered in forward and kept to the end of backward; at
+    ZeRO 3 one layer's, but in a pipeline, where torch's schedule keeps the stage gathered
+    from its first backward to the step's end (no reshard after backward), the stage's. With
+    one micro-batch, one layer's whole gradients before they are reduce-scattered (with more,
+    the gradients are whole until the last: stage_memory counts them)."""
+    t, p, d, z = layout.tp, layout.pp, layout.dp, layout.zero
+    if z < 2 or d == 1:
+        return 0.0
+    layer = model.params_per_layer / t * elt_bytes
+    params = layer if z == 3 and p == 1 else model.layers // p * layer
+    return params + (layer if layout.micro_batches == 1 else 0.0)
+
+
+def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -> Memory:
+    """What stage `stage`'s rank holds at its peak (the module's text)."""
+    t, p, d, z = layout.tp, layout.pp, layout.dp, layout.zero
+    per_stage = model.layers // p
+    first, last = stage == 0, stage == p - 1
+    params = (per_stage * model.params_per_layer
+              + model.vocab * model.hidden_size * (first + last)) / t
+    tokens = layout.micro_batch_size(model) * model.seq_len
+    per_micro = per_stage * tokens * layer_activation_bytes(model, t, elt_bytes,
+                                                            layout.recompute)
+    k = in_flight(layout, stage)
+    # the stage's output of each micro-batch in flight, kept for its backward (by the
+    # pipeline's cache, or the loss), and the op at work: one MLP-wide output
+    per_micro += tokens * model.hidden_size * elt_bytes
+    working = tokens * model.ffn_size / t * elt_bytes
+    if layout.recompute == "full":  # one layer's activations rebuilt
+        working += tokens * layer_activation_bytes(model, t, elt_bytes)
+    if last and model.vocab:  # the LM head's input, logits and log-probabilities
+        working += tokens * (model.hidden_size * elt_bytes
+                             + model.vocab / t * (elt_bytes + logsumexp_bytes(elt_bytes)))
+    whole = params * elt_bytes
+    # DDP's gradients are views of its buckets, held throughout; FSDP's are its shards. The
+    # micro-batches before the last accumulate theirs unsynchronised (DDP's no_sync, FSDP's
+    # requires_gradient_sync false): whole, beside the buckets or the shards
+    ddp, fsdp = d > 1 and z <= 1, d > 1 and z >= 2
+    unsynced = layout.micro_batches > 1
+    grads = whole / d if fsdp and not unsynced else whole
+    fresh = 0.0 if ddp and not unsynced else grads
+    after = (k - 1) * per_micro + fresh  # the first backward done
+    if layout.micro_batches > k:
+        after += per_micro  # a later forward, beside the gradients
+    acts, held = max((k * per_micro, 0.0), (after - fresh, fresh), key=sum)
+    # torch's pipeline receives each micro-batch's input (but the first stage's) and output
+    # gradient (but the last's) into buffers of its own, kept between steps
+    received = (p > 1) * layout.micro_batches * tokens * model.hidden_size * elt_bytes \
+        * ((stage > 0) + (stage < p - 1))
+    return Memory(params=whole / (d if fsdp else 1),
+                  grads=held + (whole if ddp else 0.0),
+                  optimizer=params * optimizer_bytes_per_param(elt_bytes) / (d if z else 1),
+                  buffers=gathered_bytes(model, layout, elt_bytes) + received,
+                  activations=acts + working)
 
 
 def memory(model: ModelSpec, layout: Layout, elt_bytes: int) -> Memory:
-    t, p, d, z = layout.tp, layout.pp, layout.dp, layout.zero
-    per_stage = model.layers // p
-    params = per_stage * model.params_per_layer / t
-    state = params * optimizer_bytes_per_param(elt_bytes)
-    tokens = layout.micro_batch_size(model) * model.seq_len
-    activations = (per_stage * tokens * activation_elements_per_token(model, t) * elt_bytes
-                   * in_flight(layout))
-    gathered = 2 * model.params_per_layer / t * elt_bytes if z >= 3 and d > 1 else 0.0
-    return Memory(params=params * elt_bytes / (d if z >= 3 else 1),
-                  grads=params * elt_bytes / (d if z >= 2 else 1),
-                  optimizer=state / (d if z >= 1 else 1),
-                  buffers=gathered, activations=activations)
+    """The most a rank of `layout` holds: the largest peak of the first stage (the most
+    micro-batches in flight, the embedding), the second (as many less one, and buffers both
+    ways) and the last (the LM head)."""
+    stages = {0, min(1, layout.pp - 1), layout.pp - 1}
+    return max((stage_memory(model, layout, elt_bytes, s) for s in stages),
+               key=lambda mem: mem.total)
 
 
 def step_inputs_bytes(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:

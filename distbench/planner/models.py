@@ -1,17 +1,22 @@
 """The models `distbench step` trains and `distbench plan` plans for, torch-free: a stack of
 `layers` transformer layers, each an attention block then an MLP block (both residual, no bias
-and no norm, as steps.models builds them), trained on `batch` samples of `seq_len` tokens per
-step. Presets name common sizes; an explicit shape names every field.
+and no norm, as steps.mesh_model builds them), trained on `batch` samples of `seq_len` tokens per
+step; with a vocabulary, an embedding before the stack and an LM head after it (untied, as
+Llama's). Presets name common sizes; an explicit shape names every field.
 
-The presets' MLP has no gate, so `ffn_size` is chosen to give the gated models' parameter count
-(LLaMA's 3 x 11008 = 2 x 16512 at 7B); embeddings and the vocabulary are left out, so a preset
-holds a little fewer parameters than its name."""
+The facts every count derives from live here, once: a layer's parameters (`attention_params`,
+`mlp_params`), the vocabulary's (`vocab_params`) and the FLOPs of a layer and of the LM head.
+Attention may group its keys and values (`kv_heads` under `heads`: grouped-query attention);
+the MLP may be gated (SwiGLU: gate, up and down, Llama's). The Llama-2 presets hold the
+published parameter counts to within 0.1% (norms, a few hidden-size vectors per layer, are
+left out); `1b` is a plain GPT-style shape."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 from distbench.core.options import OptionError
+from distbench.core.transformer import attention_params, mlp_params, vocab_params
 
 EXAMPLE = "--model toy  or  --model layers=4,hidden=128,ffn=512,heads=4,seq=32,batch=16"
 
@@ -25,57 +30,100 @@ class ModelSpec:
     heads: int
     seq_len: int
     batch: int  # samples per step, over all data-parallel replicas and micro-batches
+    kv_heads: int = 0  # grouped-query attention's key/value heads; 0: as many as `heads`
+    vocab: int = 0  # 0: no embedding and no LM head (the samples are hidden-size vectors)
+    gated: bool = False  # SwiGLU's gate beside up and down
+
+    def __post_init__(self):
+        if not self.kv_heads:
+            object.__setattr__(self, "kv_heads", self.heads)
 
     @property
     def params_per_layer(self) -> int:
-        # attention: fused qkv (3 h^2) and out (h^2); MLP: up and down (2 h ffn)
-        return 4 * self.hidden_size ** 2 + 2 * self.hidden_size * self.ffn_size
+        return (attention_params(self.hidden_size, self.heads, self.kv_heads)
+                + mlp_params(self.hidden_size, self.ffn_size, self.gated))
 
     @property
     def params(self) -> int:
-        return self.layers * self.params_per_layer
+        return self.layers * self.params_per_layer + vocab_params(self.hidden_size, self.vocab)
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.heads
+
+    def layer_shape(self) -> dict:
+        """What a layer's time depends on: a layer timed on a model of the same shape is this
+        model's layer."""
+        return {k: getattr(self, k) for k in LAYER_KEYS}
 
     def flops_per_layer(self, tokens: int, tp: int = 1) -> float:
         """Forward plus backward of one layer on `tokens` tokens, one TP shard of it: 6 FLOPs
         per parameter and token for the matmuls, and the attention's scores and weighted sum
         (2 matmuls of seq x seq x hidden per sample, 3x for forward and backward)."""
         dense = 6 * tokens * self.params_per_layer
-        attention = 3 * 2 * 2 * tokens * self.seq_len * self.hidden_size
-        return (dense + attention) / tp
+        return (dense + attention_core_flops(self, tokens, backward=True)) / tp
+
+    def head_flops(self, tokens: int, tp: int = 1) -> float:
+        """The LM head's forward and backward on `tokens` tokens (one TP shard of the
+        vocabulary); the embedding is a lookup."""
+        return 6 * tokens * self.vocab * self.hidden_size / tp
 
     def describe(self) -> str:
+        extra = "".join([f", kv heads {self.kv_heads}" if self.kv_heads != self.heads else "",
+                         ", gated" if self.gated else "",
+                         f", vocab {self.vocab}" if self.vocab else ""])
+        count = (f"{self.params / 1e9:.3g}B" if self.params >= 1e8 else f"{self.params:,}")
         return (f"{self.name}: {self.layers} layers, hidden {self.hidden_size}, ffn "
-                f"{self.ffn_size}, heads {self.heads}, seq {self.seq_len}, batch {self.batch} "
-                f"({self.params / 1e9:.3g}B parameters)" if self.params >= 1e8 else
-                f"{self.name}: {self.layers} layers, hidden {self.hidden_size}, ffn "
-                f"{self.ffn_size}, heads {self.heads}, seq {self.seq_len}, batch {self.batch} "
-                f"({self.params:,} parameters)")
+                f"{self.ffn_size}, heads {self.heads}{extra}, seq {self.seq_len}, batch "
+                f"{self.batch} ({count} parameters)")
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
+# what a layer's time depends on (ModelSpec.layer_shape), and the value a record that predates
+# a key implies
+LAYER_KEYS = ("hidden_size", "ffn_size", "heads", "seq_len", "kv_heads", "gated")
+
+
+def same_layer(shape: dict | None, model: ModelSpec) -> bool:
+    """Whether a recorded layer shape is `model`'s (a record without kv_heads or gated had
+    neither: every head its own keys, no gate)."""
+    if shape is None:
+        return False
+    implied = {"kv_heads": shape.get("heads"), "gated": False}
+    return all(shape.get(k, implied.get(k)) == getattr(model, k) for k in LAYER_KEYS)
+
+
+def attention_core_flops(model: ModelSpec, tokens: int, backward: bool) -> float:
+    """The scores and the weighted sum, 2 matmuls of 2 x seq x hidden FLOPs per token, forward
+    (backward: twice that again), whole (divide by tp for a shard)."""
+    forward = 2 * 2 * tokens * model.seq_len * model.hidden_size
+    return 3 * forward if backward else forward
+
+
+LLAMA2_VOCAB = 32000
 PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
     # small enough for 4 gloo workers on 2 cores: a step of tens of ms
     ModelSpec(name="toy", layers=4, hidden_size=128, ffn_size=512, heads=4, seq_len=32,
               batch=16),
     ModelSpec(name="1b", layers=24, hidden_size=2048, ffn_size=8192, heads=16, seq_len=2048,
               batch=512),
-    ModelSpec(name="7b", layers=32, hidden_size=4096, ffn_size=16512, heads=32, seq_len=4096,
-              batch=1024),
-    ModelSpec(name="13b", layers=40, hidden_size=5120, ffn_size=20736, heads=40, seq_len=4096,
-              batch=1024),
-    ModelSpec(name="70b", layers=80, hidden_size=8192, ffn_size=43008, heads=64, seq_len=4096,
-              batch=1024),
+    # Llama 2 (Touvron et al. 2023, table 1 and the released configs): 6.74B, 13.0B, 69.0B
+    ModelSpec(name="7b", layers=32, hidden_size=4096, ffn_size=11008, heads=32, seq_len=4096,
+              batch=1024, vocab=LLAMA2_VOCAB, gated=True),
+    ModelSpec(name="13b", layers=40, hidden_size=5120, ffn_size=13824, heads=40, seq_len=4096,
+              batch=1024, vocab=LLAMA2_VOCAB, gated=True),
+    ModelSpec(name="70b", layers=80, hidden_size=8192, ffn_size=28672, heads=64, kv_heads=8,
+              seq_len=4096, batch=1024, vocab=LLAMA2_VOCAB, gated=True),
 )}
 
 # explicit shape keys -> ModelSpec fields
 KEYS = {"layers": "layers", "hidden": "hidden_size", "ffn": "ffn_size", "heads": "heads",
-        "seq": "seq_len", "batch": "batch"}
+        "seq": "seq_len", "batch": "batch", "kv_heads": "kv_heads", "vocab": "vocab",
+        "gated": "gated"}
+# the keys a shape may leave out, and what leaving them out means
+OPTIONAL = {"kv_heads": 0, "vocab": 0, "gated": 0}
 
 # The most a shape may say of each key. A plan's and a step's layouts are arithmetic over the
 # layers' and the batch's divisors, and a number with no bound made that arithmetic run for
@@ -85,14 +133,16 @@ KEYS = {"layers": "layers", "hidden": "hidden_size", "ffn": "ffn_size", "heads":
 # 405B 53,248), and 4 x 2^20, the default for the largest hidden, is allowed; 128 heads;
 # contexts of about a million tokens (10M claimed for Llama 4 Scout); global batches of a few
 # million tokens (16M for Llama 3.1 405B: 2,048 samples of 8,192), so 2^24 samples even of one
-# token each. Within these the largest plan is seconds (docs/plan.md gives the figures).
+# token each; a vocabulary of 2^20 (Gemma's 256k, BLOOM's 250k). Within these the largest plan
+# is seconds (docs/plan.md gives the figures).
 MAX_SHAPE = {"layers": 1024, "hidden": 2**20, "ffn": 2**22, "heads": 2**16, "seq": 2**24,
-             "batch": 2**24}
+             "batch": 2**24, "kv_heads": 2**16, "vocab": 2**20, "gated": 1}
 
 
 def parse_model(option: str, text) -> ModelSpec:
     """A preset's name, or an explicit shape `layers=4,hidden=128,ffn=512,heads=4,seq=32,
-    batch=16` (every key; ffn defaults to 4 x hidden). Raises OptionError."""
+    batch=16` (every key but those OPTIONAL; ffn defaults to 4 x hidden), with kv_heads=,
+    vocab= and gated=1 where wanted. Raises OptionError."""
     raw = str(text).strip().lower()
     if raw in PRESETS:
         return PRESETS[raw]
@@ -110,20 +160,27 @@ def parse_model(option: str, text) -> ModelSpec:
         except ValueError:
             raise OptionError(option, f"{key}={value.strip()!r} is not a whole number",
                               EXAMPLE) from None
-        if number < 1:
-            raise OptionError(option, f"{key} must be at least 1, got {number}", EXAMPLE)
+        low = 0 if key in OPTIONAL else 1
+        if number < low:
+            raise OptionError(option, f"{key} must be at least {low}, got {number}", EXAMPLE)
         if number > MAX_SHAPE[key]:
             raise OptionError(option, f"{key} must be at most {MAX_SHAPE[key]:,} (several times "
                               f"the largest model's), got {number:,}", EXAMPLE)
         values[KEYS[key]] = number
     if "hidden_size" in values:
         values.setdefault("ffn_size", 4 * values["hidden_size"])
-    missing = [k for k, f in KEYS.items() if f not in values]
+    missing = [k for k, f in KEYS.items() if f not in values and k not in OPTIONAL]
     if missing:
         raise OptionError(option, f"the shape lacks {', '.join(missing)}", EXAMPLE)
     if values["hidden_size"] % values["heads"]:
         raise OptionError(option, f"heads={values['heads']} do not divide "
                           f"hidden={values['hidden_size']}", EXAMPLE)
+    kv = values.get("kv_heads") or values["heads"]
+    if values["heads"] % kv:
+        raise OptionError(option, f"kv_heads={kv} do not divide heads={values['heads']}",
+                          EXAMPLE)
+    if "gated" in values:
+        values["gated"] = bool(values["gated"])
     return ModelSpec(name="custom", **values)
 
 
@@ -131,5 +188,7 @@ def model_text(spec: ModelSpec) -> str:
     """What --model would take to name `spec` again (a preset's name, or its shape)."""
     if PRESETS.get(spec.name) == spec:
         return spec.name
-    return ",".join(f"{k}={getattr(spec, f)}" for k, f in KEYS.items())
+    implied = {"kv_heads": spec.heads, "vocab": 0, "gated": False}
+    return ",".join(f"{k}={int(getattr(spec, f))}" for k, f in KEYS.items()
+                    if k not in OPTIONAL or getattr(spec, f) != implied[k])
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from distbench.planner.layouts import Layout, enumerate_layouts
 from distbench.planner.memory import (
-    activation_elements_per_token,
     held_by_step,
+    layer_activation_bytes,
     optimizer_bytes_per_param,
 )
 from distbench.planner.models import ModelSpec
@@ -77,9 +77,9 @@ def compute_point_bytes(model: ModelSpec, tp: int, micro_batch_size: int, elt: i
     and the output's gradient, and the activations it keeps for backward; or the layer whole,
     as it is built before TP splits it, where that is more."""
     tokens = micro_batch_size * model.seq_len
-    return elt * max(model.params_per_layer,
-                     2 * model.params_per_layer / tp + 2 * tokens * model.hidden_size
-                     + tokens * activation_elements_per_token(model, tp))
+    return max(elt * model.params_per_layer,
+               elt * (2 * model.params_per_layer / tp + 2 * tokens * model.hidden_size)
+               + tokens * layer_activation_bytes(model, tp, elt))
 
 
 def compute_points(model: ModelSpec, layouts: Sequence[Layout], elt: int, budget: float

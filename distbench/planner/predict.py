@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 
 from distbench.planner.inputs import Inputs, Span
 from distbench.planner.layouts import Layout
-from distbench.planner.models import ModelSpec
+from distbench.planner.models import ModelSpec, attention_core_flops, same_layer
 
 # TP all-reduces per transformer layer and micro-batch: attention and MLP, forward and backward
 TP_ALLREDUCES_PER_LAYER = 4
@@ -71,8 +71,22 @@ def spans(layout: Layout, gpus_per_node: int) -> dict[str, Span]:
 
 
 def params_per_rank(model: ModelSpec, layout: Layout) -> float:
-    """Parameters of one rank's stage shard, before ZeRO: its layers over tp."""
-    return model.layers / layout.pp * model.params_per_layer / layout.tp
+    """Parameters of the largest stage's shard, before ZeRO: its layers over tp, and the
+    embedding and the LM head where they are (both without a pipeline, else one)."""
+    vocab = model.vocab * model.hidden_size * min(2, layout.pp)
+    return (model.layers / layout.pp * model.params_per_layer + vocab) / layout.tp
+
+
+def recompute_factor(model: ModelSpec, layout: Layout, tokens: int) -> float:
+    """A layer's forward and backward with recomputation, over without: full runs the forward
+    again in backward (a third of the FLOPs), selective the attention core's forward."""
+    if layout.recompute == "none":
+        return 1.0
+    whole = model.flops_per_layer(tokens)
+    if layout.recompute == "full":
+        return 1 + (6 * tokens * model.params_per_layer / 3
+                    + attention_core_flops(model, tokens, backward=False)) / whole
+    return 1 + attention_core_flops(model, tokens, backward=False) / whole
 
 
 def layer_us(inputs: Inputs, model: ModelSpec, tp: int, tokens: int) -> tuple[float, bool]:
@@ -84,9 +98,7 @@ def layer_us(inputs: Inputs, model: ModelSpec, tp: int, tokens: int) -> tuple[fl
     if not inputs.compute:
         raise LookupError("no measurement of compute")
     flops = model.flops_per_layer(tokens, tp)
-    same_model = inputs.compute_model is not None and all(
-        inputs.compute_model.get(k) == getattr(model, k)
-        for k in ("hidden_size", "ffn_size", "heads", "seq_len"))
+    same_model = same_layer(inputs.compute_model, model)
     if same_model:
         for c in inputs.compute:
             if c.tp == tp and c.tokens == tokens:
@@ -116,6 +128,12 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
     if with_tp:
         tp_mb = min(tp_mb, compute_mb)
         compute_mb -= tp_mb
+    # the recomputed forward, and the LM head on the last stage (the slowest: every slot of
+    # the pipeline waits on it) at the layer's FLOP rate
+    compute_mb *= recompute_factor(model, layout, tokens)
+    if model.vocab:
+        compute_mb += compute_mb / per_stage * model.head_flops(tokens, t) \
+            / model.flops_per_layer(tokens, t) / recompute_factor(model, layout, tokens)
     hop = inputs.comm_us("sendrecv", 2, span["pp"], activation) if p > 1 else 0.0
     slot = compute_mb + tp_mb
     # in the fill and drain only some of a node's ranks compute: on a shared device they run as

@@ -28,6 +28,7 @@ from distbench.core import dtypes
 
 def param_shapes(block: str, hidden: int, ffn: int, layers: int) -> list[tuple[int, int]]:
     """(out, in) of every weight of the stack, in the model's parameter order (no bias)."""
+    # planner.models' attention_params and mlp_params, weight by weight
     one = [(ffn, hidden), (hidden, ffn)] if block == "mlp" else [(3 * hidden, hidden),
                                                                 (hidden, hidden)]
     return one * layers
@@ -58,8 +59,10 @@ HALF = ("float16", "bfloat16")
 def element_bytes(dtype: str) -> tuple[int, int, int]:
     """(e, K, s): bytes of a parameter (and of its gradient), of its optimizer state, and of an
     element of FSDP's shards."""
+    from distbench.core.transformer import optimizer_bytes_per_param
+
     elt = dtypes.element_bytes(dtype)
-    return (elt, 12, 4) if dtype in HALF else (elt, 2 * elt, elt)
+    return elt, optimizer_bytes_per_param(elt), (4 if dtype in HALF else elt)
 
 
 def state_bytes(mode: str, shapes: list[tuple[int, int]], dtype: str, world: int) -> float:
@@ -102,9 +105,12 @@ def need_per_rank(opts, mode: str, world: int) -> int:
         mode, 4 * shard_elt * shard))
     replay = (psi if mode in ("ddp", "zero1") else
               shard_count(layer, world) * world * (1 + 1 / world)) * elt
-    tokens = opts.micro_batch_size * opts.seq_len
-    width = opts.ffn_size + 2 * opts.hidden_size if opts.block == "mlp" else 6 * opts.hidden_size
-    return int(max(state, replica, replay) + 2 * tokens * width * opts.layers * elt)
+    from distbench.core.transformer import attention_activation_bytes, mlp_activation_bytes
+
+    tokens, h = opts.micro_batch_size * opts.seq_len, opts.hidden_size
+    per_token = (mlp_activation_bytes(h, opts.ffn_size, False, 1, elt) if opts.block == "mlp"
+                 else attention_activation_bytes(h, opts.heads, opts.heads, 1, elt))
+    return int(max(state, replica, replay) + 2 * tokens * per_token * opts.layers)
 
 
 def capacity_per_rank(backend: str, local_ranks: int | None) -> tuple[int | None, str]:

@@ -53,16 +53,31 @@ SEED = 1234
 
 
 class Layer(nn.Module):
-    """Attention then MLP, each adding its own residual (steps.models' blocks)."""
+    """Attention then MLP, each adding its own residual (steps.models' blocks). Recomputation
+    (torch.utils.checkpoint, non-reentrant, as torchtitan applies it): full checkpoints the
+    whole layer, keeping only its input; selective the attention core."""
 
-    def __init__(self, model: ModelSpec, tp: int = 1):
+    def __init__(self, model: ModelSpec, tp: int = 1, recompute: str = "none"):
         super().__init__()
+        self.recompute = recompute
+        core = _checkpointed if recompute == "selective" else None
         self.attn = Attention(model.hidden_size, model.head_dim * (model.heads // tp),
-                              model.head_dim)
-        self.mlp = MLP(model.hidden_size, model.ffn_size // tp)
+                              model.head_dim, model.head_dim * (model.kv_heads // tp), core)
+        self.mlp = MLP(model.hidden_size, model.ffn_size // tp, model.gated)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute == "full":
+            return _checkpointed(self._layer, x)
+        return self._layer(x)
+
+    def _layer(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.attn(x))
+
+
+def _checkpointed(fn, *args):
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(fn, *args, use_reentrant=False)
 
 
 class Stage(nn.Module):
@@ -79,12 +94,13 @@ class Stage(nn.Module):
         return x
 
 
-def make_layer(model: ModelSpec, index: int, device, dtype, tp: int = 1) -> Layer:
+def make_layer(model: ModelSpec, index: int, device, dtype, tp: int = 1,
+               recompute: str = "none") -> Layer:
     """Layer `index`, its weights from (SEED, index) alone, so any rank builds the same one;
     tp > 1 builds a shard's shapes (compute-only: the values do not matter there)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED * 1000 + index)
-        layer = Layer(model, tp)
+        layer = Layer(model, tp, recompute)
     return layer.to(device=device, dtype=dtype)
 
 
@@ -93,8 +109,9 @@ def stage_indices(model: ModelSpec, pp_rank: int, pp: int) -> range:
     return range(pp_rank * per, (pp_rank + 1) * per)
 
 
-def make_stage(model: ModelSpec, indices: range, device, dtype, tp: int = 1) -> Stage:
-    return Stage({str(i): make_layer(model, i, device, dtype, tp) for i in indices})
+def make_stage(model: ModelSpec, indices: range, device, dtype, tp: int = 1,
+               recompute: str = "none") -> Stage:
+    return Stage({str(i): make_layer(model, i, device, dtype, tp, recompute) for i in indices})
 
 
 def samples(model: ModelSpec, first: int, count: int, device, dtype, targets: bool = False
@@ -110,12 +127,16 @@ def samples(model: ModelSpec, first: int, count: int, device, dtype, targets: bo
     return out
 
 
-def layer_tp_plan() -> dict:
-    """One layer's TP plan (Megatron's): qkv and up column-wise, out and down row-wise."""
+def layer_tp_plan(gated: bool = False) -> dict:
+    """One layer's TP plan (Megatron's): qkv, up and the gate column-wise, out and down
+    row-wise."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    return {"attn.qkv": ColwiseParallel(), "attn.out": RowwiseParallel(),
+    plan = {"attn.qkv": ColwiseParallel(), "attn.out": RowwiseParallel(),
             "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    if gated:
+        plan["mlp.gate"] = ColwiseParallel()
+    return plan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,11 +293,11 @@ def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: fl
     built = torch.float32 if shard is not None and needs_master(dtype) else dtype
     layers = {}
     for i in indices:  # whole one layer at a time: the stage whole would not fit where it runs
-        layer = make_layer(model, i, device, built)
+        layer = make_layer(model, i, device, built, recompute=layout.recompute)
         if t > 1:
             from torch.distributed.tensor.parallel import parallelize_module
 
-            parallelize_module(layer, mesh["tp"], layer_tp_plan())
+            parallelize_module(layer, mesh["tp"], layer_tp_plan(model.gated))
         if shard is not None:
             shard(layer)
         layers[str(i)] = layer
@@ -411,7 +432,7 @@ def build_compute_only(model: ModelSpec, layout: Layout, pp_rank: int, shards: l
     from distbench.steps.dp_model import adamw
 
     indices = stage_indices(model, pp_rank, layout.pp)
-    stage = make_stage(model, indices, device, dtype, layout.tp)
+    stage = make_stage(model, indices, device, dtype, layout.tp, layout.recompute)
     first, last = pp_rank == 0, pp_rank == layout.pp - 1
     g = torch.Generator().manual_seed(SEED + 1)
     dims = (layout.micro_batch_size(model), model.seq_len, model.hidden_size)

@@ -96,36 +96,54 @@ class PipelineShape(Shape):
 
 
 class MLP(nn.Module):
-    """x + down(gelu(up(x))); inner = ffn_size, or a shard of it."""
+    """x + down(gelu(up(x))), or gated (SwiGLU, Llama's): x + down(silu(gate(x)) * up(x));
+    inner = ffn_size, or a shard of it."""
 
-    def __init__(self, hidden_size: int, inner: int):
+    def __init__(self, hidden_size: int, inner: int, gated: bool = False):
         super().__init__()
         self.up = nn.Linear(hidden_size, inner, bias=False)
+        self.gate = nn.Linear(hidden_size, inner, bias=False) if gated else None
         self.down = nn.Linear(inner, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(x)))
+        if self.gate is None:
+            return x + self.down(F.gelu(self.up(x)))
+        return x + self.down(F.silu(self.gate(x)) * self.up(x))
 
 
 class Attention(nn.Module):
-    """x + out(attention(qkv(x))); inner = heads x head_dim, or a shard of the heads.
-    The QKV weight rows are grouped per head ([q, k, v] of head 0, then of head 1, ...), so a
-    contiguous shard of the rows is whole heads. The number of heads a forward runs on is read
-    from the tensor, since a shard holds fewer than the shape says."""
+    """x + out(attention(qkv(x))); inner = heads x head_dim, or a shard of the heads; kv_inner
+    the same for the key/value heads (grouped-query attention: fewer of them, each serving
+    heads / kv_heads query heads). The QKV weight rows are grouped per key/value head (the
+    queries it serves, its key, its value; then the next), so a contiguous shard of the rows is
+    whole groups (Megatron's layout). The number of groups a forward runs on is read from the
+    tensor, since a shard holds fewer than the shape says. `core` wraps the attention itself
+    (selective recomputation checkpoints it)."""
 
-    def __init__(self, hidden_size: int, inner: int, head_dim: int):
+    def __init__(self, hidden_size: int, inner: int, head_dim: int, kv_inner: int | None = None,
+                 core=None):
         super().__init__()
         self.head_dim = head_dim
-        self.qkv = nn.Linear(hidden_size, 3 * inner, bias=False)
+        self.per_group = inner // (kv_inner or inner)  # query heads per key/value head
+        self.qkv = nn.Linear(hidden_size, inner + 2 * (kv_inner or inner), bias=False)
         self.out = nn.Linear(inner, hidden_size, bias=False)
+        self.core = core or (lambda fn, *args: fn(*args))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
+        r, d = self.per_group, self.head_dim
         qkv = self.qkv(x)
-        heads = qkv.shape[-1] // (3 * self.head_dim)
-        q, k, v = qkv.view(b, s, heads, 3, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
-        o = F.scaled_dot_product_attention(q, k, v)  # (b, heads, s, d)
-        return x + self.out(o.transpose(1, 2).reshape(b, s, heads * self.head_dim))
+        groups = qkv.shape[-1] // ((r + 2) * d)
+        q, k, v = qkv.view(b, s, groups, r + 2, d).split([r, 1, 1], dim=3)
+        # (b, heads, s, d); q a copy where a group serves several query heads
+        q = q.reshape(b, s, groups * r, d).transpose(1, 2)
+        k, v = (t.squeeze(3).transpose(1, 2) for t in (k, v))
+        o = self.core(_attend, q, k, v, r > 1)
+        return x + self.out(o.transpose(1, 2).reshape(b, s, groups * r * d))
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grouped: bool) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=grouped)
 
 
 class Stack(nn.Module):

@@ -381,7 +381,7 @@ def _one_layer(s: Session, model: ModelSpec, tp: int, mbs: int, dtype):
         from torch.distributed.tensor.parallel import parallelize_module
 
         mesh = mesh_model.FreshMesh(device, {"rest": s.rt.world // tp, "tp": tp})
-        parallelize_module(layer, mesh["tp"], mesh_model.layer_tp_plan())
+        parallelize_module(layer, mesh["tp"], mesh_model.layer_tp_plan(model.gated))
     g = torch.Generator().manual_seed(SEED)
     dims = (mbs, model.seq_len, model.hidden_size)
     x = torch.randn(dims, generator=g).to(device, dtype).requires_grad_(True)

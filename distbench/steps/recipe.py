@@ -122,6 +122,21 @@ def timed_with_peak(s: Session, what: str, step: Callable[[], object]
     return st, int(max_over_ranks([torch.cuda.max_memory_allocated(device)], device)[0])
 
 
+def host_peak(s: Session, label: str, step: Callable[[], object], held: list,
+              ignore: list) -> int | None:
+    """Off a GPU, the most memory any rank's tensors held in one untimed step
+    (steps.host_memory), with what the step starts holding (`held`: modules, optimizers,
+    tensors; and what else Python holds, but `ignore`'s) counted from the start. None on a
+    GPU, whose allocator counts it (timed_with_peak)."""
+    device = s.rt.device
+    if device.type == "cuda":
+        return None
+    from distbench.steps.host_memory import peak_bytes
+
+    s.step(f"{label} (peak memory)", s.opts.timeout)
+    return int(max_over_ranks([peak_bytes(step, held, ignore)], device)[0])
+
+
 def free(device: torch.device) -> None:
     """FSDP's hooks hold its modules in reference cycles: collect them before the next part is
     built (timed loops run with the collector off), then hand the memory back."""

@@ -31,7 +31,7 @@ from distbench.bench.measure import Settings, timed_samples, timing_cells
 from distbench.core.tables import Output, format_table, plural
 from distbench.ops.dtypes import TORCH_DTYPES
 from distbench.planner.layouts import SCHEDULE, Layout
-from distbench.planner.memory import held_by_step
+from distbench.planner.memory import held_by_step, memory, step_inputs_bytes
 from distbench.planner.models import ModelSpec, model_text, parse_model
 from distbench.run.comm_trace import ranks_of
 from distbench.run.session import Session
@@ -51,9 +51,13 @@ def run(s: Session, output: Output) -> int:
     # what the layout made
     gc.freeze()
     rt, opts = s.rt, s.opts
-    model = parse_model("--model", opts.model)
+    model = opts.spec()
     dtype = TORCH_DTYPES[opts.dtype]
     layouts, notes = opts.layouts(rt.world)
+    named = parse_model("--model", opts.model)
+    if named.vocab:
+        notes.append(f"the model's vocabulary ({named.vocab:,}) is left out: step builds no "
+                     "embedding or LM head")
     s.console.log(f"step: {model.describe()}; {plural(len(layouts), 'layout')} on "
                   f"{plural(rt.world, 'rank')}, {plural(rt.nnodes, 'node')}, backend "
                   f"{rt.backend}")
@@ -145,7 +149,12 @@ def _measure_on(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, row: 
     info["collectives_counted"] = {d: op_counts(by_dim[d]) for d in DIMS}
     info["bytes_counted"] = {d: op_bytes(by_dim[d]) for d in DIMS}
 
+    # the check's reference, kept on the host for the next layout, is not this layout's
+    kept = [(r.grads, r.params) for r in _REFERENCE.values()]
+    host_peak = recipe.host_peak(s, label, mm.step, [mm.stage, mm.optimizer, mm.x, mm.target],
+                                 [d for pair in kept for d in pair])
     st, peak = recipe.timed_with_peak(s, label, mm.step)
+    peak = peak if peak is not None else host_peak
 
     s.step(f"{label} compute-only (build)", timeout)
     pp_rank, shards = mm.pp_rank, mm.optimizer_shards()
@@ -186,8 +195,11 @@ def _measure_on(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, row: 
 def _base_row(s: Session, model: ModelSpec, layout: Layout, dtype_name: str) -> dict:
     rt = s.rt
     p, m = layout.pp, layout.micro_batches
+    elt = TORCH_DTYPES[dtype_name].itemsize
     return {"model": model_text(model), "tp": layout.tp, "pp": p, "dp": layout.dp,
-            "zero": layout.zero, "micro_batches": m,
+            "zero": layout.zero, "micro_batches": m, "recompute": layout.recompute,
+            "model_mem_bytes": int(memory(model, layout, elt).total
+                                   + step_inputs_bytes(model, layout, elt)),
             "micro_batch_size": layout.micro_batch_size(model),
             "schedule": SCHEDULE if p > 1 else None, "dtype": dtype_name,
             "world_size": rt.world, "nnodes": rt.nnodes, "layers": model.layers,
@@ -269,14 +281,16 @@ def _reference(model: ModelSpec, dtype) -> mesh_model.Reference:
 
 def check_model(model: ModelSpec, layout: Layout) -> ModelSpec:
     """`model` when its reference is cheap enough, else a small one the layout also fits: the
-    same layers, two heads per TP rank of 8 dimensions, one sample per micro-batch."""
+    same layers, two heads per TP rank of 8 dimensions (one kv head per TP rank where the model
+    groups them), the same MLP, one sample per micro-batch."""
     tokens = model.batch * model.seq_len
     if model.layers * model.flops_per_layer(tokens) <= CHECK_MAX_FLOPS:
         return model
     heads = 2 * layout.tp
+    kv_heads = layout.tp if model.kv_heads < model.heads else heads
     return ModelSpec(name="check", layers=model.layers, hidden_size=8 * heads,
-                     ffn_size=16 * heads, heads=heads, seq_len=8,
-                     batch=layout.dp * layout.micro_batches)
+                     ffn_size=16 * heads, heads=heads, kv_heads=kv_heads, gated=model.gated,
+                     seq_len=8, batch=layout.dp * layout.micro_batches)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -53,8 +53,11 @@ def small_shape(world: int) -> StackShape:
 
 def params_per_rank(kind: str, shape: StackShape, world: int) -> int:
     """Weights of this rank's shard of the `layers` blocks (no bias)."""
-    h, f = shape.hidden_size, shape.ffn_size
-    per_layer = 2 * h * f if kind == "mlp" else 4 * h * h  # up+down, or qkv (3h^2) + out (h^2)
+    from distbench.core.transformer import attention_params, mlp_params
+
+    h = shape.hidden_size
+    per_layer = (mlp_params(h, shape.ffn_size, False) if kind == "mlp"
+                 else attention_params(h, shape.heads, shape.heads))
     return per_layer * shape.layers // world
 
 

@@ -6,7 +6,7 @@ a single-rank reference."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from distbench.core import contracts
@@ -15,11 +15,13 @@ from distbench.core.options import (
     RunOptions,
     StepOptions,
     at_least,
+    one_of,
     option,
     redefault,
     with_example,
 )
 from distbench.planner.layouts import (
+    RECOMPUTE,
     Layout,
     default_micro_batches,
     divisors,
@@ -72,6 +74,9 @@ class StepCommandOptions(RunOptions):
         "2 x pp up that split a replica's batch.", check=at_least(1, "--micro-batches 4",
                                                                   optional=True),
         show_default=False)
+    recompute: str = option("none", "Activation recomputation: none, selective (the attention "
+                            "core checkpointed) or full (every layer checkpointed).",
+                            check=one_of(RECOMPUTE, "--recompute full"))
     dtype: str = redefault(StepOptions, "dtype", "float32")
     iters: int = redefault(StepOptions, "iters", 10)
     warmup: int = redefault(StepOptions, "warmup", 2)
@@ -80,7 +85,7 @@ class StepCommandOptions(RunOptions):
     SIZED_BY = ("--model", "--model toy")
 
     def spec(self) -> ModelSpec:
-        return parse_model("--model", self.model)
+        return trained(parse_model("--model", self.model))
 
     def shapes(self, world: int) -> list[tuple[int, int, int]]:
         """The (tp, pp, dp) asked for. Given some of them, the first unset of dp, tp, pp takes
@@ -121,7 +126,8 @@ class StepCommandOptions(RunOptions):
             if dropped:
                 notes.append(f"tp {t} pp {p} dp {d}: ZeRO {', '.join(map(str, dropped))} "
                              "left out (it shards over replicas; dp is 1)")
-            out += [Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m) for z in stages]
+            out += [Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m, recompute=self.recompute)
+                    for z in stages]
         return out, notes
 
     def check_world(self, world: int) -> None:
@@ -170,6 +176,12 @@ class StepCommandOptions(RunOptions):
                 <= 1e10:
             need += held_by_step(model, Layout(tp=1, pp=1, dp=1), elt)
         return int(need)
+
+
+def trained(model: ModelSpec) -> ModelSpec:
+    """What `step` trains of `model`: its layers on hidden-size samples. It builds no embedding
+    or LM head, so a vocabulary is left out (said in the run's log)."""
+    return replace(model, vocab=0)
 
 
 OUTPUT = contracts.STEP

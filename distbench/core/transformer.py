@@ -1,0 +1,52 @@
+"""The facts of a transformer layer every count derives from, torch-free and stated once:
+its parameters, the bytes its forward keeps for backward per token, and AdamW's bytes per
+parameter. planner.models and planner.memory build the model's counts from them; the tp, pp and
+dp commands' host bounds and closed forms use them too. docs/plan.md states each."""
+
+from __future__ import annotations
+
+MASTER_BYTES = 4  # the fp32 master weights and moments of mixed precision
+
+
+def attention_params(hidden: int, heads: int, kv_heads: int) -> int:
+    """q and the output projection (hidden x hidden each), k and v (hidden x kv_heads' width)."""
+    kv_width = kv_heads * (hidden // heads)
+    return 2 * hidden * hidden + 2 * hidden * kv_width
+
+
+def mlp_params(hidden: int, ffn: int, gated: bool) -> int:
+    """up and down (hidden x ffn each), and the gate when gated."""
+    return (3 if gated else 2) * hidden * ffn
+
+
+def vocab_params(hidden: int, vocab: int) -> int:
+    """The embedding and the untied LM head, vocab x hidden each (none without a vocabulary)."""
+    return 2 * vocab * hidden
+
+
+def optimizer_bytes_per_param(elt_bytes: int) -> int:
+    """AdamW's two moments, and the fp32 master weights under mixed precision."""
+    if elt_bytes < MASTER_BYTES:
+        return 3 * MASTER_BYTES
+    return 2 * elt_bytes
+
+
+def logsumexp_bytes(elt_bytes: int) -> int:
+    """Fused attention's logsumexp is fp32 for 16-bit inputs, the input's dtype above."""
+    return max(MASTER_BYTES, elt_bytes)
+
+
+def attention_activation_bytes(hidden: int, heads: int, kv_heads: int, tp: int,
+                               elt_bytes: int, recompute: str = "none") -> float:
+    """An attention block's activations kept for backward, per token (planner.memory's
+    text derives it from what the step's layer saves)."""
+    width = (heads + 2 * kv_heads) * (hidden // heads)
+    if heads > kv_heads and kv_heads > tp:  # several groups of several queries: q copied
+        width += hidden
+    lse = 0 if recompute == "selective" else heads / tp * logsumexp_bytes(elt_bytes)
+    return elt_bytes * (hidden + (width + hidden) / tp) + lse
+
+
+def mlp_activation_bytes(hidden: int, ffn: int, gated: bool, tp: int, elt_bytes: int) -> float:
+    """An MLP block's activations kept for backward, per token (planner.memory's text)."""
+    return elt_bytes * (hidden + (4 if gated else 2) * ffn / tp)
