@@ -220,6 +220,7 @@ PLAN = Output("plan.csv", csv=(
 VALIDATION = Output("validation.csv", csv=(
     "model", "tp", "pp", "dp", "zero", "micro_batches", "predicted_step_ms",
     "measured_step_ms", "error_pct", "in_sample", "status", "note", "recompute",
+    "virtual_stages",
 ), console=(
     *LAYOUT_COLUMNS,
     Column("predicted_step_ms", "predicted", "(ms)", 11, ".2f"),

@@ -36,6 +36,10 @@ class Layout:
     zero: int = 0
     micro_batches: int = 1
     recompute: str = "none"  # planner.memory.RECOMPUTE
+    # Megatron's interleaved 1F1B: each rank holds `virtual_stages` chunks of its layers, a
+    # micro-batch passing every rank v times (--num-layers-per-virtual-pipeline-stage). Only a
+    # layout the user names carries v > 1: `step` and the enumeration run plain 1F1B
+    virtual_stages: int = 1
 
     @property
     def world(self) -> int:
@@ -46,6 +50,8 @@ class Layout:
 
     def label(self) -> str:
         text = f"tp{self.tp} pp{self.pp} dp{self.dp} zero{self.zero} m{self.micro_batches}"
+        if self.virtual_stages > 1:
+            text += f" v{self.virtual_stages}"
         return text if self.recompute == "none" else f"{text} rc-{self.recompute}"
 
     def key(self) -> tuple[int, int, int, int, int]:
@@ -75,6 +81,19 @@ def problems(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None)
         out.append(f"recomputation {layout.recompute!r} is not one of {', '.join(RECOMPUTE)}")
     if model.layers % p:
         out.append(f"pp {p} must divide the layers ({model.layers})")
+    v = layout.virtual_stages
+    if v < 1:
+        out.append(f"virtual stages must be at least 1, got {v}")
+    elif v > 1:
+        if p == 1:
+            out.append(f"{v} virtual stages interleave a pipeline; pp is 1")
+        elif model.layers % (p * v):
+            out.append(f"pp x virtual stages ({p} x {v}) must divide the layers "
+                       f"({model.layers})")
+        elif m % p:
+            # Megatron's interleaved schedule runs micro-batches in groups of pp
+            out.append(f"the interleaved schedule needs micro-batches ({m}) a multiple of pp "
+                       f"({p})")
     if model.batch % (d * m):
         out.append(f"dp x micro-batches ({d} x {m}) must divide the batch ({model.batch})")
     if p > 1 and m < p:

@@ -11,6 +11,9 @@ stage's rank idles in it, near 0 where the node's cores stay busy with the other
 work). The pipeline's hops are sent without waiting, so only those of the first
 micro-batch's forward and the last one's backward hold the critical path: 2 (pp - 1) one-way
 hops; the schedule's own work per micro-batch is measured (`Inputs.pipeline_us_per_microbatch`).
+Megatron's interleaved 1F1B (v virtual stages a rank, `Layout.virtual_stages`) cuts the bubble
+to (pp - 1) / v slots and sends v times the hops (Narayanan et al. 2021, section 2.2.2). Full
+recomputation runs each layer's forward again in backward, its two TP all-reduces with it.
 After the last backward, the data-parallel replicas sync their gradients (and, with ZeRO, their
 parameters); what of that hides behind backward, or what the wrapper adds to it, is measured
 (`Inputs.overlap`, `Inputs.wrapper_us_per_layer`). Then the optimizer steps over the tensors
@@ -28,6 +31,14 @@ from distbench.planner.models import ModelSpec, attention_core_flops, same_layer
 
 # TP all-reduces per transformer layer and micro-batch: attention and MLP, forward and backward
 TP_ALLREDUCES_PER_LAYER = 4
+
+
+def tp_allreduces(layout: Layout) -> int:
+    """A layer's TP all-reduces per micro-batch: full recomputation runs the forward, and its
+    attention's and MLP's all-reduces, again in backward (Megatron's checkpointed layer, as
+    torch.utils.checkpoint over a TP layer); selective recomputes the attention core, which
+    has none."""
+    return TP_ALLREDUCES_PER_LAYER + (2 if layout.recompute == "full" else 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +139,7 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
     if with_tp:
         tp_mb = min(tp_mb, compute_mb)
         compute_mb -= tp_mb
+    tp_mb *= tp_allreduces(layout) / TP_ALLREDUCES_PER_LAYER
     # the recomputed forward, and the LM head on the last stage (the slowest: every slot of
     # the pipeline waits on it) at the layer's FLOP rate
     compute_mb *= recompute_factor(model, layout, tokens)
@@ -143,10 +155,14 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
     # the sends are posted without waiting: in the steady state a stage's next input arrived
     # while it computed, so only the first micro-batch's activation (pp - 1 hops out) and the
     # last one's gradient (pp - 1 hops back) sit on the critical path
-    pp_comm = 2 * (p - 1) * hop
-    if p > 1:  # every slot, the bubble's too, is some stage's micro-batch
-        pp_comm += (m + p - 1) * inputs.pipeline_us_per_microbatch
-    pipeline = m * slot + (p - 1) * bubble_slot + pp_comm
+    # interleaved, a micro-batch crosses every stage v times: v times the hops, and the fill
+    # and drain are (pp - 1) chunks of 1/v of a slot each
+    v = layout.virtual_stages
+    pp_comm = 2 * v * (p - 1) * hop
+    if p > 1:  # every slot, the bubble's too, is some stage's micro-batch (v chunks of one)
+        pp_comm += (v * m + p - 1) * inputs.pipeline_us_per_microbatch
+    bubble = (p - 1) * bubble_slot / v
+    pipeline = m * slot + bubble + pp_comm
 
     grads = params_per_rank(model, layout) * elt_bytes
     dp_comm, overlap = dp_collectives_us(inputs, layout, span["dp"], grads)
@@ -166,7 +182,7 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
 
     return Prediction(layout=layout, step_us=pipeline + dp_exposed + optimizer,
                       compute_us=m * compute_mb, tp_comm_us=m * tp_mb, pp_comm_us=pp_comm,
-                      bubble_us=(p - 1) * bubble_slot, dp_comm_us=dp_comm, dp_exposed_us=dp_exposed,
+                      bubble_us=bubble, dp_comm_us=dp_comm, dp_exposed_us=dp_exposed,
                       optimizer_us=optimizer)
 
 
