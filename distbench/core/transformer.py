@@ -50,3 +50,30 @@ def attention_activation_bytes(hidden: int, heads: int, kv_heads: int, tp: int,
 def mlp_activation_bytes(hidden: int, ffn: int, gated: bool, tp: int, elt_bytes: int) -> float:
     """An MLP block's activations kept for backward, per token (planner.memory's text)."""
     return elt_bytes * (hidden + (4 if gated else 2) * ffn / tp)
+
+
+# Unfused attention (Megatron-LM before FlashAttention: baddbmm for the scores, a fused
+# scale-mask-softmax, torch's dropout, bmm for the weighted sum; NVIDIA/Megatron-LM
+# megatron/model/transformer.py ParallelAttention at 6985e58938, the SC'21 runs' commit)
+# writes the a x s scores of each token to memory and passes over them again and again, in
+# elements of the dtype (the dropout mask one byte): forward, the scores written (1), the
+# softmax read and written (2), the dropout read, its output written (2) and its mask, the
+# weighted sum's read (1); backward, the probabilities' gradient written (1), the dropped
+# probabilities read for v's gradient (1), the dropout's backward (2, and the mask), the
+# softmax's (reads output and gradient, writes: 3), the scores' gradient read for q's and k's
+# gradients (2). Fused attention (flash, memory-efficient, cuDNN) keeps the scores on chip.
+UNFUSED_SCORE_PASSES_FORWARD, UNFUSED_SCORE_PASSES_BACKWARD = 6, 9
+MASK_BYTES = 1
+
+
+def unfused_score_bytes_moved(elt_bytes: int) -> int:
+    """Bytes unfused attention reads and writes per score element in one forward and backward."""
+    return ((UNFUSED_SCORE_PASSES_FORWARD + UNFUSED_SCORE_PASSES_BACKWARD) * elt_bytes
+            + 2 * MASK_BYTES)
+
+
+def unfused_score_bytes_kept(elt_bytes: int) -> int:
+    """Bytes unfused attention keeps for backward per score element: the softmax's output, the
+    dropout's mask and output (Korthikanti et al. 2022, section 4.1: 5as bytes in 16 bits)."""
+    return 2 * elt_bytes + MASK_BYTES
+

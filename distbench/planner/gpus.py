@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distbench.core.dtypes import element_bytes
 from distbench.planner.inputs import ComputePoint, Inputs
 from distbench.planner.models import ModelSpec
 
@@ -32,6 +33,7 @@ class GPU:
     tflops_32: float  # fp32 without TF32 (torch's default for float32 matmuls)
     memory_bytes: int
     matches: tuple[str, ...]  # substrings of NVML's name (topo.json)
+    hbm_gbps: float = 0.0  # memory bandwidth, GB/s: memory-bound work (unfused attention's scores)
     measured: Measured | None = None
 
 
@@ -48,12 +50,13 @@ H100_MEASURED = Measured(
 # 19.5 fp32), H100 SXM5 (H100 datasheet, 989 bf16 dense = 1,979 with sparsity / 2, 67 fp32),
 # H200 SXM (H200 datasheet, same compute as H100 SXM, 141 GB HBM3e), B200 (HGX B200 datasheet,
 # 8 GPUs: 36 PFLOPS bf16 with sparsity, 600 TFLOPS fp32, 1.44 TB: per GPU 2,250 dense, 75,
-# 180 GB). Memory as the datasheets state it, in decimal GB.
+# 180 GB). Memory as the datasheets state it, in decimal GB, and its bandwidth: A100 80GB SXM
+# 2,039 GB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s, B200 8 TB/s (HGX B200: 64 TB/s for 8).
 GPUS: dict[str, GPU] = {g.name: g for g in (
-    GPU("a100", 312.0, 19.5, 80 * 10**9, ("A100",)),
-    GPU("h100", 989.0, 67.0, 80 * 10**9, ("H100",), H100_MEASURED),
-    GPU("h200", 989.0, 67.0, 141 * 10**9, ("H200",)),
-    GPU("b200", 2250.0, 75.0, 180 * 10**9, ("B200",)),
+    GPU("a100", 312.0, 19.5, 80 * 10**9, ("A100",), hbm_gbps=2039.0),
+    GPU("h100", 989.0, 67.0, 80 * 10**9, ("H100",), hbm_gbps=3350.0, measured=H100_MEASURED),
+    GPU("h200", 989.0, 67.0, 141 * 10**9, ("H200",), hbm_gbps=4800.0),
+    GPU("b200", 2250.0, 75.0, 180 * 10**9, ("B200",), hbm_gbps=8000.0),
 )}
 
 
@@ -91,14 +94,19 @@ def synthesize(inputs: Inputs, model: ModelSpec, gpu: GPU, mfu: float | None, dt
         why = f"an assumed mfu of {mfu:g}"
     rate = peak * 1e12 * mfu / 1e6  # FLOPs per microsecond
     source = f"--gpu {gpu.name}: {peak:g} TFLOPS {dtype} peak x {mfu:g}"
+    elt = element_bytes(dtype)
     for tp, tokens in sorted(shapes):
         flops = model.flops_per_layer(tokens, tp)
-        inputs.compute.append(ComputePoint(tp=tp, tokens=tokens, layer_us=flops / rate,
+        # unfused attention's passes over its scores run at the memory's speed, not the peak's
+        moved = model.score_bytes(tokens, tp, elt) / (gpu.hbm_gbps * 1e3) if gpu.hbm_gbps else 0.0
+        inputs.compute.append(ComputePoint(tp=tp, tokens=tokens, layer_us=flops / rate + moved,
                                            flops=flops, source=source))
-    inputs.compute_model = {k: getattr(model, k)
-                            for k in ("hidden_size", "ffn_size", "heads", "seq_len")}
+    inputs.compute_model = model.layer_shape()
     inputs.note(f"compute not measured: each layer's time is its FLOPs over {gpu.name}'s "
                 f"datasheet peak ({peak:g} TFLOPS {dtype}) x {why}")
+    if not model.fused_attention:
+        inputs.note(f"unfused attention: each layer's passes over its scores added at "
+                    f"{gpu.name}'s datasheet memory bandwidth ({gpu.hbm_gbps:g} GB/s)")
     if measured and inputs.optimizer_us_per_param is None:
         inputs.optimizer_us_per_param = measured.optimizer_us_per_param
         inputs.optimizer_us_per_layer = measured.optimizer_us_per_layer

@@ -32,6 +32,10 @@ hidden, w the fused qkv's width ((heads + 2 kv_heads) x head_dim), f ffn, a head
   parallelism) the two block inputs are whole on every TP rank, the rest sharded:
   2h + (w + h + 2f) / tp elements and a / tp logsumexps per token (4f for gated).
 
+Unfused attention (a model with `fused_attention` False, Megatron-LM before FlashAttention)
+keeps its scores' softmax output, dropout mask and dropout output besides: (2 b + 1) a s / tp
+bytes a token (Korthikanti et al.'s 5as in 16 bits), which selective recomputation drops.
+
 Recomputation (--recompute): selective recomputes the attention core, whose inputs (the qkv
 output) the layer keeps anyway, so it saves only the logsumexp: fused attention already does
 what selective recomputation was for. Full keeps each layer's input (h, whole on every TP rank)
@@ -66,6 +70,7 @@ from distbench.core.transformer import (
     logsumexp_bytes,
     mlp_activation_bytes,
     optimizer_bytes_per_param,
+    unfused_score_bytes_kept,
 )
 from distbench.planner.layouts import Layout
 from distbench.planner.models import ModelSpec
@@ -122,7 +127,11 @@ def layer_activation_bytes(model: ModelSpec, tp: int, elt_bytes: int,
     recomputation only its input."""
     if recompute == "full":
         return model.hidden_size * elt_bytes
-    return (attention_activation_bytes(model.hidden_size, model.heads, model.kv_heads, tp,
+    # unfused attention keeps its scores' softmax and dropout, which selective recomputation
+    # (Korthikanti et al.'s) recomputes
+    scores = 0.0 if model.fused_attention or recompute == "selective" else (
+        model.heads / tp * model.seq_len * unfused_score_bytes_kept(elt_bytes))
+    return scores + (attention_activation_bytes(model.hidden_size, model.heads, model.kv_heads, tp,
                                        elt_bytes, recompute)
             + mlp_activation_bytes(model.hidden_size, model.ffn_size, model.gated, tp,
                                    elt_bytes))

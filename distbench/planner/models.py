@@ -16,7 +16,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from distbench.core.options import OptionError
-from distbench.core.transformer import attention_params, mlp_params, vocab_params
+from distbench.core.transformer import (
+    attention_params,
+    mlp_params,
+    unfused_score_bytes_moved,
+    vocab_params,
+)
 
 EXAMPLE = "--model toy  or  --model layers=4,hidden=128,ffn=512,heads=4,seq=32,batch=16"
 
@@ -33,6 +38,9 @@ class ModelSpec:
     kv_heads: int = 0  # grouped-query attention's key/value heads; 0: as many as `heads`
     vocab: int = 0  # 0: no embedding and no LM head (the samples are hidden-size vectors)
     gated: bool = False  # SwiGLU's gate beside up and down
+    # attention as a fused kernel (torch's scaled_dot_product_attention, what `step` runs), or
+    # unfused, its a x s scores written to memory (Megatron-LM before FlashAttention)
+    fused_attention: bool = True
 
     def __post_init__(self):
         if not self.kv_heads:
@@ -63,6 +71,15 @@ class ModelSpec:
         dense = 6 * tokens * self.params_per_layer
         return (dense + attention_core_flops(self, tokens, backward=True)) / tp
 
+    def score_bytes(self, tokens: int, tp: int, elt_bytes: int) -> float:
+        """What unfused attention reads and writes of its scores in one forward and backward
+        on `tokens` tokens, one TP shard (heads / tp) of it; 0 fused. Memory-bound work, which
+        no FLOP count holds."""
+        if self.fused_attention:
+            return 0.0
+        return (tokens * self.heads / tp * self.seq_len
+                * unfused_score_bytes_moved(elt_bytes))
+
     def head_flops(self, tokens: int, tp: int = 1) -> float:
         """The LM head's forward and backward on `tokens` tokens (one TP shard of the
         vocabulary); the embedding is a lookup."""
@@ -71,6 +88,7 @@ class ModelSpec:
     def describe(self) -> str:
         extra = "".join([f", kv heads {self.kv_heads}" if self.kv_heads != self.heads else "",
                          ", gated" if self.gated else "",
+                         "" if self.fused_attention else ", unfused attention",
                          f", vocab {self.vocab}" if self.vocab else ""])
         count = (f"{self.params / 1e9:.3g}B" if self.params >= 1e8 else f"{self.params:,}")
         return (f"{self.name}: {self.layers} layers, hidden {self.hidden_size}, ffn "
@@ -83,7 +101,8 @@ class ModelSpec:
 
 # what a layer's time depends on (ModelSpec.layer_shape), and the value a record that predates
 # a key implies
-LAYER_KEYS = ("hidden_size", "ffn_size", "heads", "seq_len", "kv_heads", "gated")
+LAYER_KEYS = ("hidden_size", "ffn_size", "heads", "seq_len", "kv_heads", "gated",
+              "fused_attention")
 
 
 def same_layer(shape: dict | None, model: ModelSpec) -> bool:
@@ -91,7 +110,7 @@ def same_layer(shape: dict | None, model: ModelSpec) -> bool:
     neither: every head its own keys, no gate)."""
     if shape is None:
         return False
-    implied = {"kv_heads": shape.get("heads"), "gated": False}
+    implied = {"kv_heads": shape.get("heads"), "gated": False, "fused_attention": True}
     return all(shape.get(k, implied.get(k)) == getattr(model, k) for k in LAYER_KEYS)
 
 
