@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from distbench.core.options import OptionError
 from distbench.planner.gpus import GPUS
-from distbench.planner.inputs import BUS, CommFit, Span
+from distbench.planner.inputs import BUS, CommFit, Inputs, Span
 
 EXAMPLE = "--fabric dgx-h100"
 
@@ -132,6 +132,16 @@ PRESETS: dict[str, Fabric] = {f.name: f for f in (
                                 "DGX BasePOD reference architecture)",
                "nic_gbps": "as the DGX H100's: 46 GB/s a NIC reached (nccl-tests#290)"}),
 )}
+
+def declare(inputs: Inputs, fabric: Fabric) -> Inputs:
+    """`inputs` planned on `fabric`: every group no measured fit covers priced from it, its
+    node size the plan's (a measured run's, a CPU's workers say, is not the cluster's), and
+    its figures listed with their sources. What `plan --fabric` and benchmarks use alike."""
+    inputs.fabric = fabric
+    inputs.gpus_per_node = fabric.gpus_per_node or inputs.gpus_per_node
+    inputs.sources += fabric.describe()
+    return inputs
+
 
 # the explicit figures `--fabric` takes, as key=value, and what each must be
 KEYS = {"node_gbps": float, "nic_gbps": float, "nics_per_node": int, "gpus_per_node": int,

@@ -339,11 +339,9 @@ def plan_from_runs(opts: PlanOptions) -> int:
     measured, inputs = sources.read_for([Path(p) for p in opts.sources or []], target,
                                         fabric=opts.fabric is not None)
     if opts.fabric is not None:
-        inputs.fabric = opts.fabric_spec
-        # the cluster declared is the one planned: a measured run's node size (a CPU run's
-        # workers, say) is not its
-        inputs.gpus_per_node = inputs.fabric.gpus_per_node or inputs.gpus_per_node
-        inputs.sources += inputs.fabric.describe()
+        from distbench.planner.fabrics import declare
+
+        declare(inputs, opts.fabric_spec)
     gpus, per_node, per_node_from = cluster(opts, inputs)
     memory, memory_from = memory_per_gpu(opts, inputs)
     rows = plan_rows(opts, model, inputs, gpus, per_node, memory, make_plan)
