@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast lint bench bench-plan clean
+.PHONY: venv run test test-fast lint bench bench-plan bench-megatron clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,10 @@ bench: $(STAMP)
 # The planner's error on this machine: plan --workers 4 --validate 6, 3 times (about 12 minutes)
 bench-plan: $(STAMP)
 	$(PY) benchmarks/plan_accuracy.py
+
+# Megatron-LM's published runs (SC'21) predicted from --fabric dgx-a100 alone: arithmetic, a second
+bench-megatron: $(STAMP)
+	$(PY) benchmarks/megatron_sc21.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
