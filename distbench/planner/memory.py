@@ -11,8 +11,9 @@ Parameters of one rank: the stage's layers (layers / pp) over tp, `P` below.
 - ZeRO divides over dp: stage 1 the optimizer states (ZeroRedundancyOptimizer), stages 2 and 3
   the gradients and the parameters too (FSDP2 shards both), and FSDP holds some whole beside
   its shards in `buffers` (gathered_bytes): ZeRO 2 the stage's parameters from forward to the
-  end of backward, ZeRO 3 one layer at a time (the stage in a pipeline), each with one
-  layer's whole gradients before they are reduce-scattered.
+  end of backward, ZeRO 3 two layers at a time (the one at work and the one gathered ahead;
+  the stage in a pipeline), each with one layer's whole gradients before they are
+  reduce-scattered.
 
 Activations kept for backward, per layer, per token: what the step's layer saves, measured
 (torch.autograd.graph.saved_tensors_hooks over one layer's forward; tests/test_memory.py
@@ -136,15 +137,17 @@ def in_flight(layout: Layout, stage: int = 0) -> int:
 def gathered_bytes(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:
     """What FSDP holds whole beside its shards in forward and backward (none without it): at
     ZeRO 2 the stage's parameters, gathered in forward and kept to the end of backward; at
-    ZeRO 3 one layer's, but in a pipeline, where torch's schedule keeps the stage gathered
-    from its first backward to the step's end (no reshard after backward), the stage's. With
-    one micro-batch, one layer's whole gradients before they are reduce-scattered (with more,
-    the gradients are whole until the last: stage_memory counts them)."""
+    ZeRO 3 two layers' (the one at work and the next, which FSDP2 gathers ahead in forward
+    and in backward), but in a pipeline, where torch's schedule keeps the stage gathered from
+    its first backward to the step's end (no reshard after backward), the stage's. With one
+    micro-batch, one layer's whole gradients before they are reduce-scattered (with more, the
+    gradients are whole until the last: stage_memory counts them)."""
     t, p, d, z = layout.tp, layout.pp, layout.dp, layout.zero
     if z < 2 or d == 1:
         return 0.0
     layer = model.params_per_layer / t * elt_bytes
-    params = layer if z == 3 and p == 1 else model.layers // p * layer
+    per_stage = model.layers // p
+    params = min(2, per_stage) * layer if z == 3 and p == 1 else per_stage * layer
     return params + (layer if layout.micro_batches == 1 else 0.0)
 
 
