@@ -1,8 +1,11 @@
-"""The memory one rank holds for a layout, torch-free: its share of the parameters, gradients
-and AdamW states (ZeRO divides them over the data-parallel replicas), ZeRO-3's gathered layer,
-and the activations it keeps for backward. docs/plan.md states the model and what it leaves out.
+"""The most memory one rank holds in a step of a layout, torch-free: its share of the
+parameters, gradients and AdamW states (ZeRO divides them over the data-parallel replicas),
+what FSDP holds gathered, and the activations it keeps for backward, at the step's peak.
+docs/plan.md states the model, what it leaves out, and how far it is from what `distbench step`
+measures. core.transformer holds the per-layer facts it counts from.
 
-Parameters of one rank: the stage's layers (layers / pp) over tp, `P` below.
+Parameters of one rank: its stage's layers (layers / pp) over tp, and the embedding on the
+first stage and the LM head on the last, `P` below.
 
 - parameters: P x b, gradients: P x b, with b the dtype's bytes;
 - AdamW: two moments, and an fp32 master copy of the weights when the dtype is under 4 bytes
@@ -16,7 +19,7 @@ Parameters of one rank: the stage's layers (layers / pp) over tp, `P` below.
   reduce-scattered.
 
 Activations kept for backward, per layer, per token: what the step's layer saves, measured
-(torch.autograd.graph.saved_tensors_hooks over one layer's forward; tests/test_memory.py
+(torch.autograd.graph.saved_tensors_hooks over one layer's forward; tests/test_memory_model.py
 compares the two). Fused attention (scaled_dot_product_attention: flash, memory-efficient,
 cuDNN, and the CPU's flash kernel) keeps no a x s scores: it saves q, k, v, its output and a
 logsumexp per head and token, in fp32 at least, and recomputes the scores in backward
