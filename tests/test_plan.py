@@ -540,13 +540,25 @@ def test_a_from_that_holds_no_inputs_is_refused(tmp_path, make):
     assert not (tmp_path / "out").exists()
 
 
-def test_write_plan_takes_the_cluster_from_the_rows(tmp_path):
-    from distbench.planner.plan import top_lines, write_plan
+def test_the_plan_is_written_through_the_results_writer(tmp_path):
+    """planner.assemble.write, the one writer of both plan paths: plan.csv with the contract's
+    columns (the writer's), one row per layout; inputs.json; plan.md; plan.png."""
+    import csv as csvmod
+
+    from distbench.core.contracts import PLAN
+    from distbench.planner.assemble import write
+    from distbench.planner.plan import top_lines
 
     inputs = hand_inputs(mbs=4, overlap={"ddp": 0.5})
     rows = make_plan(MODEL, inputs, 8, 8, 40 * 2**30, "float32", zero_stages=(0,))
-    written = write_plan(tmp_path, rows, MODEL, inputs, top=2)
+    written = write(tmp_path, rows, MODEL, inputs, gpus=8, gpus_per_node=8,
+                    memory_per_gpu=40 * 2**30, memory_from="--gpu-memory", dtype="float32",
+                    top=2)
+    assert [p.name for p in written] == ["plan.csv", "inputs.json", "plan.md", "plan.png"]
     assert all(p.stat().st_size > 0 for p in written)
+    with open(tmp_path / "plan.csv", newline="") as fh:
+        read = list(csvmod.reader(fh))
+    assert read[0] == list(PLAN.csv) and len(read) == 1 + len(rows)
     text = (tmp_path / "plan.md").read_text()
     assert "8 GPUs, 8 per node, 40.0 GiB per GPU" in text and "float32" in text
     lines = top_lines(rows, 2)

@@ -61,18 +61,19 @@ def test_the_workers_measure_plan_and_validate(planned):
     ranked = sorted((r for r in plan if r["rank"]), key=lambda r: int(r["rank"]))
     steps = [float(r["predicted_step_ms"]) for r in ranked]
     assert steps == sorted(steps) and len(ranked) == len(plan)
-    # two layouts stepped for real, out of sample first: on 2 ranks only tp 2 is (every other
-    # layout is a calibration's), then the best ranked in sample, said
+    # two layouts stepped for real, out of sample: with micro-batches a plan dimension at
+    # every pp, more layouts than the calibrations' fit 2 ranks; the best ranked of them first
     val = res.rows("validation.csv")
     stepped = res.rows("step.csv")
     assert len(val) == len(stepped) == 2
     key = ("tp", "pp", "dp", "zero", "micro_batches")
     calibrated = set(inputs.overlap_layouts.values())
-    in_sample = [r for r in ranked if "tp{} pp{} dp{} zero{} m{}".format(
-        *(r[k] for k in key)) in calibrated]
-    assert tuple(val[0][k] for k in key) == ("2", "1", "1", "0", "1")
-    assert tuple(val[1][k] for k in key) == tuple(in_sample[0][k] for k in key)
-    assert (val[0]["in_sample"], val[1]["in_sample"]) == ("0", "1")
+    outside = [r for r in ranked if "tp{} pp{} dp{} zero{} m{}".format(
+        *(r[k] for k in key)) not in calibrated]
+    assert len(outside) >= 2
+    assert tuple(val[0][k] for k in key) == tuple(outside[0][k] for k in key)
+    assert (val[0]["in_sample"], val[1]["in_sample"]) == ("0", "0")
+    assert (res.run_dir / "validation.png").stat().st_size > 0
     pairs = []
     for v, st in zip(val, stepped, strict=True):
         assert v["status"] == st["status"] == "ok", (v, st["note"])
@@ -98,7 +99,7 @@ def test_the_workers_measure_plan_and_validate(planned):
     assert found["spearman"] is None and "Spearman" not in res.stderr
     assert "no rank correlation: over fewer than 4 layouts" in res.stderr
     text = (res.run_dir / "plan.md").read_text()
-    assert "## Validation" in text and "1 layout in sample" in text
+    assert "## Validation" in text
     assert "no rank correlation" in text and "2 per node (the workers')" in text
 
 

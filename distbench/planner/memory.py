@@ -1,8 +1,11 @@
-"""The memory one rank holds for a layout, torch-free: its share of the parameters, gradients
-and AdamW states (ZeRO divides them over the data-parallel replicas), ZeRO-3's gathered layer,
-and the activations it keeps for backward. docs/plan.md states the model and what it leaves out.
+"""The most memory one rank holds in a step of a layout, torch-free: its share of the
+parameters, gradients and AdamW states (ZeRO divides them over the data-parallel replicas),
+what FSDP holds gathered, and the activations it keeps for backward, at the step's peak.
+docs/plan.md states the model, what it leaves out, and how far it is from what `distbench step`
+measures. core.transformer holds the per-layer facts it counts from.
 
-Parameters of one rank: the stage's layers (layers / pp) over tp, `P` below.
+Parameters of one rank: its stage's layers (layers / pp) over tp, and the embedding on the
+first stage and the LM head on the last, `P` below.
 
 - parameters: P x b, gradients: P x b, with b the dtype's bytes;
 - AdamW: two moments, and an fp32 master copy of the weights when the dtype is under 4 bytes
@@ -11,11 +14,12 @@ Parameters of one rank: the stage's layers (layers / pp) over tp, `P` below.
 - ZeRO divides over dp: stage 1 the optimizer states (ZeroRedundancyOptimizer), stages 2 and 3
   the gradients and the parameters too (FSDP2 shards both), and FSDP holds some whole beside
   its shards in `buffers` (gathered_bytes): ZeRO 2 the stage's parameters from forward to the
-  end of backward, ZeRO 3 one layer at a time (the stage in a pipeline), each with one
-  layer's whole gradients before they are reduce-scattered.
+  end of backward, ZeRO 3 two layers at a time (the one at work and the one gathered ahead;
+  the stage in a pipeline), each with one layer's whole gradients before they are
+  reduce-scattered.
 
 Activations kept for backward, per layer, per token: what the step's layer saves, measured
-(torch.autograd.graph.saved_tensors_hooks over one layer's forward; tests/test_memory.py
+(torch.autograd.graph.saved_tensors_hooks over one layer's forward; tests/test_memory_model.py
 compares the two). Fused attention (scaled_dot_product_attention: flash, memory-efficient,
 cuDNN, and the CPU's flash kernel) keeps no a x s scores: it saves q, k, v, its output and a
 logsumexp per head and token, in fp32 at least, and recomputes the scores in backward
@@ -145,15 +149,17 @@ def in_flight(layout: Layout, stage: int = 0) -> int:
 def gathered_bytes(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:
     """What FSDP holds whole beside its shards in forward and backward (none without it): at
     ZeRO 2 the stage's parameters, gathered in forward and kept to the end of backward; at
-    ZeRO 3 one layer's, but in a pipeline, where torch's schedule keeps the stage gathered
-    from its first backward to the step's end (no reshard after backward), the stage's. With
-    one micro-batch, one layer's whole gradients before they are reduce-scattered (with more,
-    the gradients are whole until the last: stage_memory counts them)."""
+    ZeRO 3 two layers' (the one at work and the next, which FSDP2 gathers ahead in forward
+    and in backward), but in a pipeline, where torch's schedule keeps the stage gathered from
+    its first backward to the step's end (no reshard after backward), the stage's. With one
+    micro-batch, one layer's whole gradients before they are reduce-scattered (with more, the
+    gradients are whole until the last: stage_memory counts them)."""
     t, p, d, z = layout.tp, layout.pp, layout.dp, layout.zero
     if z < 2 or d == 1:
         return 0.0
     layer = model.params_per_layer / t * elt_bytes
-    params = layer if z == 3 and p == 1 else model.layers // p * layer
+    per_stage = model.layers // p
+    params = min(2, per_stage) * layer if z == 3 and p == 1 else per_stage * layer
     return params + (layer if layout.micro_batches == 1 else 0.0)
 
 

@@ -1,17 +1,15 @@
 """A plan: every layout of a model on a number of GPUs, its step time predicted from measured
 inputs (planner.predict), its memory per rank judged (planner.memory), ranked; and what
-`distbench plan` writes of it: plan.csv, plan.md, plan.png, inputs.json. Pure and torch-free:
-with `--from` a plan of thousands of GPUs is arithmetic done in seconds.
+plan.md's text of it (planner.assemble writes the files). Pure and torch-free: with `--from`
+a plan of thousands of GPUs is arithmetic done in seconds.
 
 Also what `plan --validate K` needs around its real runs: which layouts to run
 (`pick_validation`) and how far the predictions were (`validation_summary`)."""
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Collection, Iterable, Sequence
-from pathlib import Path
 
 from distbench.core.contracts import PLAN
 from distbench.core.tables import markdown_table, plural
@@ -20,7 +18,6 @@ from distbench.planner.inputs import Inputs
 from distbench.planner.layouts import ZERO_STAGES, Layout, enumerate_layouts
 from distbench.planner.models import ModelSpec
 from distbench.planner.predict import predict
-from distbench.results.writer import csv_cell
 
 PLAN_MD = "plan.md"
 PLAN_PNG = "plan.png"
@@ -223,40 +220,6 @@ def validation_md(found: dict, notes: Sequence[str], lines: Sequence[str]) -> st
 # ---------------------------------------------------------------------------------------------
 # Writing
 
-def write_csv(path: Path, columns: Sequence[str], rows: Iterable[dict]) -> None:
-    with open(path, "w", newline="") as fh:
-        out = csv.writer(fh)
-        out.writerow(columns)
-        for r in rows:
-            out.writerow([csv_cell(r.get(c)) for c in columns])
-
-
-def write_plan(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *,
-               gpus: int | None = None, gpus_per_node: int | None = None,
-               memory_per_gpu: float | None = None, memory_from: str = "", dtype: str = "",
-               top: int = 5, measured: Inputs | None = None,
-               per_node_from: str = "") -> list[Path]:
-    """plan.csv, plan.md, plan.png and inputs.json in `run_dir`; the paths written. The
-    cluster's figures default to the rows'. `measured`: the inputs as measured, before any
-    synthesis or lookup note, for inputs.json (a later plan --from reads it as measurements);
-    `inputs` otherwise."""
-    run_dir = Path(run_dir)
-    first = rows[0] if rows else {}
-    gpus = gpus or first.get("world_size", 0)
-    gpus_per_node = gpus_per_node or first.get("gpus_per_node", 0)
-    dtype = dtype or first.get("dtype", "")
-    if memory_per_gpu is None:
-        memory_per_gpu = mem.memory_of_limit(first.get("memory_limit_bytes", 0))
-    write_csv(run_dir / PLAN.file, PLAN.csv, rows)
-    (measured or inputs).write(run_dir)
-    text = summary_md(rows, model, inputs, gpus=gpus, gpus_per_node=gpus_per_node,
-                      memory_per_gpu=memory_per_gpu, memory_from=memory_from, dtype=dtype,
-                      top=top, per_node_from=per_node_from)
-    (run_dir / PLAN_MD).write_text(text)
-    plot(rows, run_dir / PLAN_PNG, title=f"{model.name} on {gpus} GPUs ({dtype})")
-    return [run_dir / n for n in (PLAN.file, PLAN_MD, PLAN_PNG, "inputs.json")]
-
-
 def top_lines(rows: Sequence[dict], top: int, title: str | None = None) -> list[str]:
     """The console's table of the `top` fastest layouts that fit."""
     from distbench.core.tables import format_table
@@ -340,42 +303,3 @@ def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
     if inputs.notes:
         lines += ["", "Scalings and assumptions:", "", *[f"- {n}" for n in inputs.notes]]
     return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict], path: Path, title: str = "") -> Path:
-    """Predicted step time against memory per rank, fitting and not, the best marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from distbench.results.plots import DPI
-
-    fig, ax = plt.subplots(figsize=(7.0, 4.5))
-    limit = rows[0]["memory_limit_bytes"] if rows else None
-    for fit, colour, name in ((True, "tab:blue", "fits"), (False, "tab:grey", "does not fit")):
-        sel = [r for r in rows if bool(r["fits"]) == fit]
-        if sel:
-            ax.scatter([r["memory_per_rank_bytes"] / 2**30 for r in sel],
-                       [r["predicted_step_ms"] for r in sel], s=12, c=colour,
-                       alpha=0.7 if fit else 0.4, label=f"{name} ({len(sel)})")
-    best = [r for r in rows if r["rank"] == 1]
-    if best:
-        b = best[0]
-        ax.scatter([b["memory_per_rank_bytes"] / 2**30], [b["predicted_step_ms"]], s=90,
-                   marker="*", c="tab:red", label=f"best: {label(b)}", zorder=3)
-    if limit is not None:
-        ax.axvline(limit / 2**30, color="tab:red", linestyle="--", linewidth=1,
-                   label=f"usable memory ({limit / 2**30:.1f} GiB)")
-    steps = [r["predicted_step_ms"] for r in rows if r["predicted_step_ms"] > 0]
-    if steps and max(steps) > 10 * min(steps):
-        ax.set_yscale("log")
-    ax.set_xlabel("memory per rank (GiB)")
-    ax.set_ylabel("predicted step (ms)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.1)
-    plt.close(fig)
-    return path

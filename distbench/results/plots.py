@@ -452,6 +452,95 @@ def accept(runs: list[Run], out: Path) -> list[Path]:
     return [path]
 
 
+# ---------------------------------------------------------------------------------------------
+# A plan (planner.assemble draws these; its rows are plan.csv's and validation.csv's)
+
+
+def _unit(values: list[float], units: tuple[tuple[str, float], ...]) -> tuple[str, float]:
+    """The largest unit the values reach one of: a plan's points on a readable scale, never
+    every one at 0 beside a limit far off, nor a shared offset ("1e6") over them."""
+    top = max(values, default=0.0)
+    return next(((name, scale) for name, scale in units if top >= scale), units[-1])
+
+
+MEMORY_UNITS = (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10))
+TIME_UNITS = (("h", 3.6e6), ("s", 1e3), ("ms", 1.0))  # of milliseconds
+
+
+def plan_figure(rows: list[dict], path: Path, title: str, best: str | None = None) -> Path:
+    """Predicted step against memory per rank, fitting and not, the best marked; the usable
+    memory drawn where it is on the scale of the points, else named in the legend."""
+    fig, ax = plt.subplots(figsize=(7.0, 4.5))
+    mem_name, mem_scale = _unit([r["memory_per_rank_bytes"] for r in rows], MEMORY_UNITS)
+    t_name, t_scale = _unit([r["predicted_step_ms"] for r in rows], TIME_UNITS)
+    for fit, colour, name in ((True, "tab:blue", "fits"), (False, "tab:grey", "does not fit")):
+        sel = [r for r in rows if bool(r["fits"]) == fit]
+        if sel:
+            ax.scatter([r["memory_per_rank_bytes"] / mem_scale for r in sel],
+                       [r["predicted_step_ms"] / t_scale for r in sel], s=12, c=colour,
+                       alpha=0.7 if fit else 0.4, label=f"{name} ({len(sel)})")
+    top = [r for r in rows if r.get("rank") == 1]
+    if top:
+        b = top[0]
+        ax.scatter([b["memory_per_rank_bytes"] / mem_scale], [b["predicted_step_ms"] / t_scale],
+                   s=90, marker="*", c="tab:red", label=f"best: {best or ''}".rstrip(": "),
+                   zorder=3)
+    limit = rows[0]["memory_limit_bytes"] if rows else None
+    if limit:
+        most = max(r["memory_per_rank_bytes"] for r in rows)
+        text = f"usable memory ({limit / 2**30:.1f} GiB)"
+        if limit <= 3 * most:
+            ax.axvline(limit / mem_scale, color="tab:red", linestyle="--", linewidth=1,
+                       label=text)
+        else:  # far right of every point: drawn, it would squash them against 0
+            ax.plot([], [], color="tab:red", linestyle="--", linewidth=1,
+                    label=f"{text}, off the axis")
+    steps = [r["predicted_step_ms"] for r in rows if r["predicted_step_ms"] > 0]
+    if steps and max(steps) > 10 * min(steps):
+        ax.set_yscale("log")
+    else:
+        ax.ticklabel_format(axis="y", style="plain", useOffset=False)
+    ax.ticklabel_format(axis="x", style="plain", useOffset=False)
+    ax.set_xlabel(f"memory per rank ({mem_name})")
+    ax.set_ylabel(f"predicted step ({t_name})")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def validation_figure(rows: list[dict], path: Path, title: str, band: float = 0.15) -> Path:
+    """Each validated layout's predicted step against its measured one, on the diagonal where
+    the plan was right, with the +-band around it; in-sample layouts apart."""
+    done = [r for r in rows if r.get("measured_step_ms")]
+    fig, ax = plt.subplots(figsize=(5.5, 5.0))
+    values = [v for r in done for v in (r["measured_step_ms"], r["predicted_step_ms"])]
+    low, high = (min(values) * 0.8, max(values) * 1.2) if values else (0.1, 1.0)
+    line = [low, high]
+    ax.plot(line, line, color="black", linewidth=1, label="predicted = measured")
+    ax.fill_between(line, [v * (1 - band) for v in line], [v * (1 + band) for v in line],
+                    color="tab:green", alpha=0.15, label=f"within {band:.0%}")
+    for inside, marker, name in ((False, "o", "out of sample"), (True, "s", "in sample")):
+        sel = [r for r in done if bool(int(r.get("in_sample") or 0)) == inside]
+        if sel:
+            ax.scatter([r["measured_step_ms"] for r in sel],
+                       [r["predicted_step_ms"] for r in sel], marker=marker, s=30,
+                       label=f"{name} ({len(sel)})", zorder=3)
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    if high > 10 * low:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    else:
+        ax.ticklabel_format(style="plain", useOffset=False)
+    ax.set_xlabel("measured step (ms)")
+    ax.set_ylabel("predicted step (ms)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
 def all_plots(runs: list[Run], out: Path) -> list[Path]:
     return [*collective(runs, out), *p2p(runs, out), *tp(runs, out), *pp(runs, out),
             *dp(runs, out), *accept(runs, out)]

@@ -82,7 +82,7 @@ def _plain(t: torch.Tensor) -> Iterator[torch.Tensor]:
 def _live_tensors() -> list[torch.Tensor]:
     """Every tensor Python holds now (the collector tracks them): what a wrapper holds out of
     sight, an optimizer's states keyed by parameters a wrapper swapped, a schedule's buffers."""
-    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    return [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
 
 
 def _tensors_of(thing) -> Iterator[torch.Tensor]:

@@ -37,8 +37,8 @@ from distbench.core.sizes import format_size
 from distbench.core.tables import plural
 from distbench.ops import data
 from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.planner import assemble, points
 from distbench.planner import plan as planning
-from distbench.planner import points
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.planner.layouts import Layout
 from distbench.planner.memory import held_by_step, usable_bytes
@@ -76,12 +76,12 @@ def run(s: Session, output) -> int:
     measured = Inputs.from_json(inputs.to_json())
     details: dict = {"model": model.to_json(), "inputs": measured.to_json()}
     memory, memory_from = opts.memory_per_gpu(inputs), opts.memory_from(inputs)
-    rows = planning.make_plan(model, inputs, gpus, gpn, memory, opts.dtype, opts.zero)
+    rows = assemble.plan_rows(model, inputs, gpus, gpn, memory, opts.dtype, opts.zero)
     if s.run_dir is not None:
-        planning.write_plan(s.run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=gpn,
-                            memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
-                            top=opts.top, measured=measured, per_node_from=(
-                                "--gpus-per-node" if opts.gpus_per_node else "the workers'"))
+        assemble.write(s.run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=gpn,
+                       memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
+                       top=opts.top, measured=measured, per_node_from=(
+                           "--gpus-per-node" if opts.gpus_per_node else "the workers'"))
     s.console.lines(planning.top_lines(rows, opts.top))
     if s.record is not None:
         s.record.update(plan=details)
@@ -90,7 +90,7 @@ def run(s: Session, output) -> int:
     if gpus != rt.world or gpn != rt.world // max(1, rt.nnodes):
         s.console.log(f"--validate runs layouts on the {rt.world} ranks at hand; the plan above "
                       f"is for {gpus}: validating the same model's plan for the workers")
-        rows = planning.make_plan(model, inputs, rt.world, rt.world // max(1, rt.nnodes),
+        rows = assemble.plan_rows(model, inputs, rt.world, rt.world // max(1, rt.nnodes),
                                   memory, opts.dtype, opts.zero)
     here = [r for r in rows if held_by_step(model, planning.layout_of(r), dtype.itemsize)
             <= budget]
@@ -180,6 +180,8 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
     if s.run_dir is not None:
         with open(s.run_dir / planning.PLAN_MD, "a") as fh:
             fh.write(planning.validation_md(found, capped, lines))
+        assemble.write_validation(s.run_dir, found["layouts"], model, s.rt.world,
+                                  s.rt.world // max(1, s.rt.nnodes), opts.dtype, inputs.device)
     fail_if_wrong(bad)
     return EXIT_OK
 

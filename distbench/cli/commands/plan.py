@@ -219,9 +219,11 @@ class PlanOptions(RunOptions):
 
     def check_world(self, world: int) -> None:
         """With workers, before any starts: a node size for the GPUs planned, and a plan (and
-        a validation) with layouts at all; the --from path refuses the same in plan_rows."""
+        a validation) with layouts at all; the --from path refuses the same in
+        planner.assemble.plan_rows."""
         if self.pure:
             return
+        from distbench.planner.assemble import require_layouts
         from distbench.platform import env
 
         if getattr(self, "_backend", None) == "gloo" and self.gpus not in (None, world) \
@@ -330,8 +332,8 @@ def memory_per_gpu(opts: PlanOptions, inputs: Inputs) -> tuple[int, str]:
 def plan_from_runs(opts: PlanOptions) -> int:
     """--from with no workers: read, plan, write; nothing is created before every input is
     known good."""
-    from distbench.planner import sources
-    from distbench.planner.plan import make_plan, top_lines, write_plan
+    from distbench.planner import assemble, sources
+    from distbench.planner.plan import top_lines
 
     started = time.monotonic()
     model = parse_model("--model", opts.model)
@@ -344,7 +346,8 @@ def plan_from_runs(opts: PlanOptions) -> int:
         declare(inputs, opts.fabric_spec)
     gpus, per_node, per_node_from = cluster(opts, inputs)
     memory, memory_from = memory_per_gpu(opts, inputs)
-    rows = plan_rows(opts, model, inputs, gpus, per_node, memory, make_plan)
+    rows = assemble.plan_rows(model, inputs, gpus, per_node, memory, opts.dtype, opts.zero,
+                              gpu=opts.target_gpu, mfu=opts.mfu)
 
     from distbench.results import writer
     from distbench.run.console import Console
@@ -352,9 +355,9 @@ def plan_from_runs(opts: PlanOptions) -> int:
     run_dir = writer.new_run_dir(opts.out, "plan")
     record = writer.RunRecord(run_dir, "plan", opts.to_json(), opts.argv)
     record.update(world_size=gpus, nnodes=max(1, gpus // per_node))
-    write_plan(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
-               memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype, top=opts.top,
-               measured=measured, per_node_from=per_node_from)
+    assemble.write(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
+                   memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
+                   top=opts.top, measured=measured, per_node_from=per_node_from)
     console = Console(True)
     fitting = [r for r in rows if r["fits"]]
     console.lines(top_lines(rows, opts.top, title=(
@@ -390,44 +393,3 @@ def cluster(opts: PlanOptions, inputs: Inputs) -> tuple[int, int, str]:
         per_node, per_node_from = inputs.gpus_per_node, "the --from runs'"
     opts.validate_nodes(opts.gpus, per_node)
     return opts.gpus, per_node, per_node_from
-
-
-def require_layouts(model, gpus: int, per_node: int, zero, option: str, why: str = "",
-                    example: str = "--gpus 1024 --gpus-per-node 8") -> None:
-    """An empty plan refused in one line, before anything is measured or written (the first
-    layout found is enough: this runs before workers start, and again on each)."""
-    from distbench.planner.layouts import enumerate_layouts
-
-    if next(enumerate_layouts(model, gpus, per_node, tuple(zero)), None) is None:
-        raise OptionError(option, f"no layout of {model.name} uses exactly {gpus} GPUs"
-                          f"{why} (tp a divisor of {per_node} GPUs per node, pp of "
-                          f"{model.layers} layers, dp of the batch of {model.batch}, ZeRO "
-                          f"{','.join(map(str, zero))})", example)
-
-
-def plan_rows(opts: PlanOptions, model, inputs: Inputs, gpus: int, per_node: int,
-              memory: int, make_plan) -> list[dict]:
-    """The plan's rows, compute scaled from a GPU's datasheet where none was measured; every
-    refusal one line."""
-    from distbench.planner import gpus as gpu_table
-    from distbench.planner.plan import compute_shapes, layouts_for
-
-    require_layouts(model, gpus, per_node, opts.zero, "--gpus")
-    layouts = layouts_for(model, gpus, per_node, opts.zero)
-    if not inputs.compute:
-        target = opts.target_gpu
-        gpu = GPUS[target] if target else gpu_table.by_device_name(inputs.device)
-        if gpu is None:
-            raise OptionError("--gpu", "the --from runs hold no compute measurement: name a GPU "
-                              f"to scale it from ({', '.join(GPUS)})", "--gpu h100")
-        try:
-            gpu_table.synthesize(inputs, model, gpu, opts.mfu, opts.dtype,
-                                 compute_shapes(model, layouts))
-        except LookupError as e:
-            raise OptionError("--dtype", str(e), "--dtype bfloat16") from None
-    try:
-        return make_plan(model, inputs, gpus, per_node, memory, opts.dtype, opts.zero,
-                         layouts=layouts)
-    except LookupError as e:
-        raise OptionError("--from", f"the runs lack a measurement: {e}",
-                          "--from results/COLLECTIVE_RUN,results/P2P_RUN") from None
