@@ -103,6 +103,11 @@ def run(s: Session, output) -> int:
     if len(here) < len(rows):
         s.console.log(f"validating only among the {len(here)} layouts whose ranks fit in "
                       f"{format_size(int(budget))} here")
+    for r in rows:
+        if r.get("given") and (not r["fits"] or r not in here):
+            s.console.log(f"your layout {planning.label(r)} is not validated: it does not fit "
+                          + ("the GPU's memory" if not r["fits"] else
+                             f"the {format_size(int(budget))} a rank may hold here"))
     return validate(s, model, dtype, here, details, measured)
 
 
