@@ -17,7 +17,7 @@ from distbench.planner import given
 from distbench.planner.assemble import plan_rows
 from distbench.planner.inputs import CommFit
 from distbench.planner.layouts import Layout, micro_batch_counts
-from distbench.planner.plan import given_lines, make_plan, pick_validation, ranked
+from distbench.planner.plan import make_plan, pick_validation, ranked
 
 MEMORY = 80 * 2**30
 COLUMNS = ("predicted_step_ms", "compute_ms", "tp_comm_ms", "pp_comm_ms", "bubble_ms",
@@ -121,7 +121,7 @@ def test_a_named_layout_is_its_own_row_marked_and_ranked_where_the_enumeration_p
     equal = [r for r in ranked(rows) if r["predicted_step_ms"] == step]  # then by memory
     assert len(faster) < row["rank"] <= len(faster) + len(equal)
     best = ranked(rows)[0]
-    (line,) = given_lines(rows)
+    (line,) = given.lines(rows)
     assert f"rank {row['rank']} of {len(ranked(rows))} that fit" in line
     gain = row["predicted_step_ms"] / best["predicted_step_ms"] - 1
     if best is row:
@@ -146,7 +146,7 @@ def test_a_named_layout_off_the_ladder_is_a_row_outside_the_enumeration():
     # every enumerated row as it was: naming a layout moves no rank
     assert [(r["rank"], r["predicted_step_ms"]) for r in rows if r["enumerated"]] == \
         [(r["rank"], r["predicted_step_ms"]) for r in plain]
-    (line,) = given_lines(rows)
+    (line,) = given.lines(rows)
     assert "not in the enumeration (3 micro-batches are not on the ladder" in line
     place = 1 + sum(1 for r in plain if r["rank"] and r["predicted_step_ms"]
                     < row["predicted_step_ms"])

@@ -98,7 +98,7 @@ def write(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *, 
     (run_dir / PLAN_MD).write_text(summary_md(
         rows, model, inputs, gpus=gpus, gpus_per_node=gpus_per_node,
         memory_per_gpu=memory_per_gpu, memory_from=memory_from, dtype=dtype, top=top,
-        per_node_from=per_node_from, recompute=recompute))
+        per_node_from=per_node_from, recompute=recompute, named=given.lines(rows)))
     best = next((label(r) for r in rows if r.get("rank") == 1), None)
     plots.plan_figure(rows, run_dir / PLAN_PNG, title(model, gpus, gpus_per_node, dtype,
                                                       (measured or inputs).device), best)

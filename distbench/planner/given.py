@@ -231,3 +231,8 @@ def verdict(row: dict, rows: Sequence[dict]) -> str:
 def _percent(x: float) -> str:
     """A gain as a percentage, to a tenth below 1% (a gain of 0.3% is no "0%")."""
     return f"{x:.0%}" if abs(x) >= 0.01 else f"{x:.1%}"
+
+
+def lines(rows: Sequence[dict]) -> list[str]:
+    """The console's and plan.md's line on each layout the user named, in the plan's order."""
+    return [verdict(r, rows) for r in rows if r.get("given")]

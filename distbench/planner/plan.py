@@ -254,12 +254,6 @@ def top_lines(rows: Sequence[dict], top: int, title: str | None = None) -> list[
         "memory"))
 
 
-def given_lines(rows: Sequence[dict]) -> list[str]:
-    """The console's and plan.md's line on each layout the user named (planner.given)."""
-    from distbench.planner.given import verdict
-
-    return [verdict(r, rows) for r in rows if r.get("given")]
-
 
 def _gib(b: float) -> str:
     return f"{b / 2**30:.1f} GiB"
@@ -305,7 +299,9 @@ def _pruned(rows: list[dict]) -> list[str]:
 
 def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
                gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str,
-               top: int = 5, per_node_from: str = "", recompute: Sequence[str] = ()) -> str:
+               top: int = 5, per_node_from: str = "", recompute: Sequence[str] = (),
+               named: Sequence[str] = ()) -> str:
+    """plan.md. `named`: a line on each layout the user named (planner.given.lines)."""
     fitting = ranked(rows)
     listed = enumerated(rows)
     lines = [f"# Plan: {model.name} on {gpus} GPUs", "",
@@ -319,7 +315,6 @@ def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
              f"{mem.reserve_text()}",
              f"- {plural(len(listed), 'layout')} on {gpus} GPUs, {len(fitting)} fit"
              + (f"; recomputation weighed: {', '.join(recompute)}" if recompute else ""), ""]
-    named = given_lines(rows)
     if named:
         lines += ["## Your layouts", "", *[f"- {n}" for n in named], ""]
     lines += ["## Top layouts", ""]

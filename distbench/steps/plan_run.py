@@ -37,7 +37,7 @@ from distbench.core.sizes import format_size
 from distbench.core.tables import plural
 from distbench.ops import data
 from distbench.ops.dtypes import TORCH_DTYPES
-from distbench.planner import assemble, points
+from distbench.planner import assemble, given, points
 from distbench.planner import plan as planning
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.planner.layouts import Layout
@@ -85,7 +85,7 @@ def run(s: Session, output) -> int:
                            "--gpus-per-node" if opts.gpus_per_node else "the workers'"),
                        recompute=opts.recompute)
     s.console.lines(planning.top_lines(rows, opts.top))
-    for line in planning.given_lines(rows):
+    for line in given.lines(rows):
         s.console.log(f"your layout: {line}")
     if s.record is not None:
         s.record.update(plan=details)

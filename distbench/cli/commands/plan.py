@@ -363,7 +363,8 @@ def plan_from_runs(opts: PlanOptions) -> int:
     """--from with no workers: read, plan, write; nothing is created before every input is
     known good."""
     from distbench.planner import assemble, sources
-    from distbench.planner.plan import enumerated, given_lines, ranked, top_lines
+    from distbench.planner.given import lines as given_lines
+    from distbench.planner.plan import enumerated, ranked, top_lines
 
     started = time.monotonic()
     model = parse_model("--model", opts.model)
