@@ -85,9 +85,11 @@ def test_a_layout_that_cannot_run_here_is_refused_naming_why(text, needle):
     assert needle in str(e.value)
 
 
-def test_tp_must_divide_the_heads():
+def test_tp_must_divide_the_heads_and_pp_the_layers():
     with pytest.raises(OptionError, match="tp 8 must divide the heads \\(4\\)"):
         _resolve("tp=8", gpus=8, per_node=8)
+    with pytest.raises(OptionError, match="pp 3 must divide the layers \\(4\\)"):
+        _resolve("pp=3,m=8", gpus=6, per_node=6)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,3 +287,23 @@ def test_layouts_in_a_config_file_are_a_list_or_one_text(tmp_path):
     got = _plan(tmp_path, "--gpus", "64", "--config", str(config))
     assert got.returncode == 0, got.stderr
     assert sum(r["given"] == "1" for r in _csv(tmp_path)) == 2
+
+
+def test_layouts_in_a_config_file_may_be_one_text_split_on_semicolons(tmp_path):
+    config = tmp_path / "plan.toml"
+    config.write_text('[plan]\nlayout = "tp=8,pp=2,zero=1,mbs=2;tp=1,zero=3,mbs=1"\n'
+                      'recompute = ["none", "full"]\n')
+    got = _plan(tmp_path, "--gpus", "64", "--config", str(config))
+    assert got.returncode == 0, got.stderr
+    rows = _csv(tmp_path)
+    assert sum(r["given"] == "1" for r in rows) == 2
+    assert {r["recompute"] for r in rows} == {"none", "full"}
+
+
+def test_a_layout_of_the_wrong_type_in_a_config_file_is_one_line(tmp_path):
+    config = tmp_path / "plan.toml"
+    config.write_text("[plan]\nlayout = 8\n")
+    got = _plan(tmp_path, "--gpus", "64", "--config", str(config))
+    line = helpers.assert_one_line_error(got, None, "--config", ours=True)
+    assert "layout = 8" in line and "wrong type for --layout" in line, line
+    assert not (tmp_path / "out").exists()
