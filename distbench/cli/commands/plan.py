@@ -144,7 +144,8 @@ for _check, _example in ((_model, "--model 7b"), (_dtype, "--dtype bfloat16"),
 @dataclass(kw_only=True)
 class PlanOptions(RunOptions):
     model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape "
-                        "layers=4,hidden=128,ffn=512,heads=4,seq=32,batch=16.", check=_model)
+                        "layers=4,hidden=128,ffn=512,heads=4,seq=32,batch=16 (batch: the global "
+                        "batch in samples, Megatron's --global-batch-size).", check=_model)
     gpus: int | None = option(None, "GPUs to plan for. Default: the workers' world.",
                               check=_count(MAX_GPUS, "the largest clusters'", "--gpus 1024"),
                               show_default=False)
