@@ -116,25 +116,30 @@ def label(row: dict) -> str:
 
 def pick_validation(rows: Sequence[dict], k: int, world: int,
                     in_sample: Collection[str] = ()) -> list[dict]:
-    """K layouts on `world` ranks that fit, to run for real, out of sample first (`in_sample`:
-    the labels an input was measured on, whose validation would check the measurement against
-    itself). The layouts the user named (`given`) first, in the plan's order, whatever their
-    sample; then the predicted best half (at least one), then, one at a time, the layout that
-    differs from those chosen in the most of tp, pp, dp and zero (the better ranked first among
-    equals), so the real runs span the space. In-sample layouts come last, the better ranked
-    first, only once no other is left. At most as many as fit; deterministic."""
-    named = [r for r in rows if r.get("given") and r["fits"] and r["world_size"] == world][:k]
+    """K layouts on `world` ranks that fit, to run for real: the layouts the user named
+    (`given`) first, in the plan's order, whatever their sample; then the ranked list's, out
+    of sample first (`in_sample`: the labels an input was measured on, whose validation would
+    check the measurement against itself): the predicted best half (at least one), then, one
+    at a time, the layout that differs from those chosen in the most of tp, pp, dp and zero
+    (the better ranked first among equals), so the real runs span the space. In-sample layouts
+    come last, the better ranked first, only once no other is left. At most as many as fit;
+    deterministic."""
+    named = [r for r in rows if r.get("given") and r["fits"] and r["world_size"] == world]
+    named = named[:max(0, k)]
     pool = sorted((r for r in rows if r["rank"] is not None and r["world_size"] == world
                    and r not in named),
                   key=lambda r: (r["rank"], r["tp"], r["pp"], r["zero"], r["micro_batches"]))
-    k -= len(named)
+    return named + _spread(pool, k - len(named), in_sample)
+
+
+def _spread(pool: list[dict], k: int, in_sample: Collection[str]) -> list[dict]:
+    """pick_validation's choice among the ranked `pool`."""
     if k <= 0 or not pool:
-        return named
+        return []
     outside = [r for r in pool if label(r) not in in_sample]
-    chosen = named + outside[:max(1, (k + 1) // 2)][:k]
-    k += len(named)
+    chosen = outside[:max(1, (k + 1) // 2)][:k]
     dims = ("tp", "pp", "dp", "zero")
-    while len(chosen) < min(k, len(named) + len(outside)):
+    while len(chosen) < min(k, len(outside)):
         seen = {d: {r[d] for r in chosen} for d in dims}
         left = [r for r in outside if r not in chosen]
         chosen.append(max(left, key=lambda r: (sum(r[d] not in seen[d] for d in dims),
