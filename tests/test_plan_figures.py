@@ -72,3 +72,15 @@ def test_a_validation_is_drawn_against_the_diagonal_and_its_band(drawn, tmp_path
     low, high = diagonal.get_xdata()
     assert band[:, 1].min() == pytest.approx(0.85 * low)
     assert band[:, 1].max() == pytest.approx(1.15 * high)
+
+
+def test_the_layouts_named_with_layout_are_marked_where_they_fall(drawn, tmp_path):
+    rows = [_row(m * 2**30, 40.0 + m, i + 1) for i, m in enumerate((3.0, 5.0, 9.0))]
+    rows[1]["given"] = 1
+    rows.append({**_row(90 * 2**30, 41.0, None, fits=False), "given": 1})
+    plots.plan_figure(rows, tmp_path / "p.png", "7b", best="tp1 pp1 dp4")
+    (ax,) = drawn[0].axes
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "named with --layout (2)" in legend
+    (marks,) = [c for c in ax.collections if c.get_label() == "named with --layout (2)"]
+    assert sorted(map(tuple, marks.get_offsets().tolist())) == [(5.0, 45.0), (90.0, 41.0)]

@@ -468,6 +468,9 @@ def _toml_type_ok(value, kind) -> bool:
     booleans; text (or a list, joined with commas) goes to text options only. A text option
     takes a number or a boolean too, as its own check reads them (`bucket-cap-mb = 10`,
     `reshard-after-forward = false`)."""
+    if _repeatable(kind):
+        return isinstance(value, str) or (isinstance(value, list)
+                                          and all(isinstance(v, str) for v in value))
     base = {t for t in typing.get_args(kind) if t is not type(None)} or {kind}
     text = bool(base & {str, Path})
     if isinstance(value, bool):
@@ -479,11 +482,16 @@ def _toml_type_ok(value, kind) -> bool:
     return False
 
 
+def _repeatable(kind) -> bool:
+    """An option given once per value on the command line (plan's --layout): list[str]."""
+    return any(typing.get_origin(t) is list for t in (kind, *typing.get_args(kind)))
+
+
 def load_config(path: Path, command: str, known: dict[str, Any], commands: set[str]) -> dict:
     """Options from a TOML file: top-level keys, then the [command] table over them (tables of
     other commands are skipped: one file may serve several). Keys as on the command line
     (`min-time` or `min_time`), `known` maps each to its type; list values are joined with
-    commas."""
+    commas, but for an option the command line repeats (list[str]) each is one value."""
     example = "--config configs/smoke-gloo.toml"
     try:
         data = tomllib.loads(Path(path).read_text())
@@ -515,7 +523,9 @@ def load_config(path: Path, command: str, known: dict[str, Any], commands: set[s
         if not _toml_type_ok(value, known[name]):
             raise OptionError("--config", f"{key} = {json.dumps(value)} in {path} is the wrong "
                               f"type for {flag(name)}", example)
-        if isinstance(value, list):
+        if _repeatable(known[name]):  # one value per entry, as the option repeated
+            value = [value] if isinstance(value, str) else list(value)
+        elif isinstance(value, list):
             value = ",".join(str(v) for v in value)
         elif isinstance(value, bool) and bool not in typing.get_args(known[name]) + (
                 known[name],):

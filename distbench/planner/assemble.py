@@ -10,6 +10,7 @@ from pathlib import Path
 
 from distbench.core.contracts import PLAN
 from distbench.core.options import OptionError
+from distbench.planner import given
 from distbench.planner import gpus as gpu_table
 from distbench.planner.inputs import Inputs
 from distbench.planner.layouts import enumerate_layouts
@@ -19,6 +20,7 @@ from distbench.planner.plan import (
     PLAN_PNG,
     compute_shapes,
     label,
+    layout_of,
     layouts_for,
     make_plan,
     summary_md,
@@ -39,26 +41,35 @@ def require_layouts(model: ModelSpec, gpus: int, per_node: int, zero, option: st
 
 
 def plan_rows(model: ModelSpec, inputs: Inputs, gpus: int, per_node: int, memory: float,
-              dtype: str, zero, *, gpu: str | None = None, mfu: float | None = None
-              ) -> list[dict]:
-    """The plan's rows. Where no layer was timed, compute from `gpu`'s datasheet (or the GPU
-    the inputs name) x `mfu` (planner.gpus.synthesize). Raises OptionError."""
+              dtype: str, zero, *, gpu: str | None = None, mfu: float | None = None,
+              recompute=("none",), layouts: str | None = None) -> list[dict]:
+    """The plan's rows: the enumeration (`zero` stages, `recompute` choices) and the layouts
+    `layouts` names (plan --layout, planner.given), each predicted. Where no layer was timed,
+    compute from `gpu`'s datasheet (or the GPU the inputs name) x `mfu`
+    (planner.gpus.synthesize). Raises OptionError."""
     require_layouts(model, gpus, per_node, zero, "--gpus")
-    layouts = layouts_for(model, gpus, per_node, zero)
+    named = given.resolve_all(layouts, model, gpus, per_node)
+    listed = layouts_for(model, gpus, per_node, zero, recompute)
     if not inputs.compute:
-        named = gpu_table.GPUS[gpu] if gpu else gpu_table.by_device_name(inputs.device)
-        if named is None:
+        chip = gpu_table.GPUS[gpu] if gpu else gpu_table.by_device_name(inputs.device)
+        if chip is None:
             raise OptionError("--gpu", "the --from runs hold no compute measurement: name a GPU "
                               f"to scale it from ({', '.join(gpu_table.GPUS)})", "--gpu h100")
         try:
-            gpu_table.synthesize(inputs, model, named, mfu, dtype, compute_shapes(model, layouts))
+            gpu_table.synthesize(inputs, model, chip, mfu, dtype,
+                                 compute_shapes(model, [*listed, *named]))
         except LookupError as e:
             raise OptionError("--dtype", str(e), "--dtype bfloat16") from None
     try:
-        return make_plan(model, inputs, gpus, per_node, memory, dtype, zero, layouts=layouts)
+        rows = make_plan(model, inputs, gpus, per_node, memory, dtype, zero, layouts=listed,
+                         given=named)
     except LookupError as e:
         raise OptionError("--from", f"the runs lack a measurement: {e}",
                           "--from results/COLLECTIVE_RUN,results/P2P_RUN") from None
+    for r in rows:
+        if not r["enumerated"]:
+            r["outside"] = given.outside(layout_of(r), model, zero, recompute)
+    return rows
 
 
 def title(model: ModelSpec, gpus: int, per_node: int, dtype: str, device: str = "") -> str:
@@ -69,7 +80,8 @@ def title(model: ModelSpec, gpus: int, per_node: int, dtype: str, device: str = 
 
 def write(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
           gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str, top: int,
-          measured: Inputs | None = None, per_node_from: str = "") -> list[Path]:
+          measured: Inputs | None = None, per_node_from: str = "", recompute=()
+          ) -> list[Path]:
     """plan.csv, inputs.json, plan.md and plan.png in `run_dir`; the paths written.
     `measured`: the inputs as measured, before any synthesis or lookup note, for inputs.json
     (a later plan --from reads it as measurements); `inputs` otherwise."""
@@ -86,7 +98,7 @@ def write(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *, 
     (run_dir / PLAN_MD).write_text(summary_md(
         rows, model, inputs, gpus=gpus, gpus_per_node=gpus_per_node,
         memory_per_gpu=memory_per_gpu, memory_from=memory_from, dtype=dtype, top=top,
-        per_node_from=per_node_from))
+        per_node_from=per_node_from, recompute=recompute, named=given.lines(rows)))
     best = next((label(r) for r in rows if r.get("rank") == 1), None)
     plots.plan_figure(rows, run_dir / PLAN_PNG, title(model, gpus, gpus_per_node, dtype,
                                                       (measured or inputs).device), best)

@@ -15,7 +15,7 @@ from distbench.core.contracts import PLAN
 from distbench.core.tables import markdown_table, plural
 from distbench.planner import memory as mem
 from distbench.planner.inputs import Inputs
-from distbench.planner.layouts import ZERO_STAGES, Layout, enumerate_layouts
+from distbench.planner.layouts import RECOMPUTE, ZERO_STAGES, Layout, enumerate_layouts
 from distbench.planner.models import ModelSpec
 from distbench.planner.predict import predict
 
@@ -29,8 +29,10 @@ MEMORY_PARTS = ("params", "grads", "optimizer", "buffers", "activations")
 
 
 def layouts_for(model: ModelSpec, gpus: int, gpus_per_node: int,
-                zero_stages: Sequence[int] = ZERO_STAGES) -> list[Layout]:
-    return list(enumerate_layouts(model, gpus, gpus_per_node, tuple(zero_stages)))
+                zero_stages: Sequence[int] = ZERO_STAGES,
+                recompute: Sequence[str] = ("none",)) -> list[Layout]:
+    return list(enumerate_layouts(model, gpus, gpus_per_node, tuple(zero_stages),
+                                  tuple(recompute)))
 
 
 def compute_shapes(model: ModelSpec, layouts: Iterable[Layout]) -> set[tuple[int, int]]:
@@ -40,21 +42,36 @@ def compute_shapes(model: ModelSpec, layouts: Iterable[Layout]) -> set[tuple[int
 
 def make_plan(model: ModelSpec, inputs: Inputs, gpus: int, gpus_per_node: int,
               memory_per_gpu: float, dtype: str, zero_stages: Sequence[int] = ZERO_STAGES,
-              layouts: Sequence[Layout] | None = None) -> list[dict]:
+              layouts: Sequence[Layout] | None = None, given: Sequence[Layout] = ()
+              ) -> list[dict]:
     """One row per layout (plan.csv's columns), fastest first among those that fit (rank 1),
-    then those that do not (no rank). Raises LookupError when the inputs lack a measurement a
-    layout needs (an op never measured, no compute)."""
+    then those that do not (no rank). `given`: the layouts the user named (plan --layout),
+    marked `given`; one the enumeration lacks is a row too, `enumerated` 0, placed by its step
+    but never ranked, so that naming a layout moves no other's rank. Raises LookupError when
+    the inputs lack a measurement a layout needs (an op never measured, no compute)."""
     from distbench.core.dtypes import element_bytes
 
     elt = element_bytes(dtype)
     chosen = layouts_for(model, gpus, gpus_per_node, zero_stages) if layouts is None else layouts
+    known = set(chosen)
     rows = [_row(model, lay, inputs, elt, dtype, gpus_per_node, memory_per_gpu)
-            for lay in chosen]
+            | {"given": int(lay in given), "enumerated": int(lay in known)}
+            for lay in [*chosen, *(g for g in dict.fromkeys(given) if g not in known)]]
     rows.sort(key=lambda r: (not r["fits"], r["predicted_step_ms"], r["memory_per_rank_bytes"],
-                             r["tp"], r["pp"], r["zero"], r["micro_batches"]))
-    for i, r in enumerate(x for x in rows if x["fits"]):
+                             r["tp"], r["pp"], r["zero"], r["micro_batches"],
+                             RECOMPUTE.index(r["recompute"])))
+    for i, r in enumerate(x for x in rows if x["fits"] and x["enumerated"]):
         r["rank"] = i + 1
     return rows
+
+
+def ranked(rows: Iterable[dict]) -> list[dict]:
+    """The rows of the enumeration that fit, best first: the ranked list."""
+    return [r for r in rows if r["rank"] is not None]
+
+
+def enumerated(rows: Iterable[dict]) -> list[dict]:
+    return [r for r in rows if r.get("enumerated", 1)]
 
 
 def _row(model: ModelSpec, lay: Layout, inputs: Inputs, elt: int, dtype: str,
@@ -80,12 +97,14 @@ def _row(model: ModelSpec, lay: Layout, inputs: Inputs, elt: int, dtype: str,
         **{f"{k}_bytes": v for k, v in m.parts().items()},
         "memory_limit_bytes": mem.usable_bytes(memory_per_gpu),
         "fits": mem.fits(m.total, memory_per_gpu), "rank": None,
+        "recompute": lay.recompute,
     }
 
 
 def layout_of(row: dict) -> Layout:
     return Layout(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), zero=int(row["zero"]),
-                  micro_batches=int(row["micro_batches"]))
+                  micro_batches=int(row["micro_batches"]),
+                  recompute=row.get("recompute") or "none")
 
 
 def label(row: dict) -> str:
@@ -97,14 +116,24 @@ def label(row: dict) -> str:
 
 def pick_validation(rows: Sequence[dict], k: int, world: int,
                     in_sample: Collection[str] = ()) -> list[dict]:
-    """K layouts on `world` ranks that fit, to run for real, out of sample first (`in_sample`:
-    the labels an input was measured on, whose validation would check the measurement against
-    itself): the predicted best half (at least one), then, one at a time, the layout that
-    differs from those chosen in the most of tp, pp, dp and zero (the better ranked first among
-    equals), so the real runs span the space. In-sample layouts come last, the better ranked
-    first, only once no other is left. At most as many as fit; deterministic."""
-    pool = sorted((r for r in rows if r["fits"] and r["world_size"] == world),
+    """K layouts on `world` ranks that fit, to run for real: the layouts the user named
+    (`given`) first, in the plan's order, whatever their sample; then the ranked list's, out
+    of sample first (`in_sample`: the labels an input was measured on, whose validation would
+    check the measurement against itself): the predicted best half (at least one), then, one
+    at a time, the layout that differs from those chosen in the most of tp, pp, dp and zero
+    (the better ranked first among equals), so the real runs span the space. In-sample layouts
+    come last, the better ranked first, only once no other is left. At most as many as fit;
+    deterministic."""
+    named = [r for r in rows if r.get("given") and r["fits"] and r["world_size"] == world]
+    named = named[:max(0, k)]
+    pool = sorted((r for r in rows if r["rank"] is not None and r["world_size"] == world
+                   and r not in named),
                   key=lambda r: (r["rank"], r["tp"], r["pp"], r["zero"], r["micro_batches"]))
+    return named + _spread(pool, k - len(named), in_sample)
+
+
+def _spread(pool: list[dict], k: int, in_sample: Collection[str]) -> list[dict]:
+    """pick_validation's choice among the ranked `pool`."""
     if k <= 0 or not pool:
         return []
     outside = [r for r in pool if label(r) not in in_sample]
@@ -224,9 +253,11 @@ def top_lines(rows: Sequence[dict], top: int, title: str | None = None) -> list[
     """The console's table of the `top` fastest layouts that fit."""
     from distbench.core.tables import format_table
 
-    fitting = [r for r in rows if r["fits"]][:top]
+    fitting = ranked(rows)[:top]
     return format_table(PLAN.console, fitting, title=title or (
-        f"plan: the {len(fitting)} fastest of {len(rows)} layouts that fit in memory"))
+        f"plan: the {len(fitting)} fastest of {len(enumerated(rows))} layouts that fit in "
+        "memory"))
+
 
 
 def _gib(b: float) -> str:
@@ -254,6 +285,7 @@ def _why_top(best: dict, runner: dict | None) -> list[str]:
 
 
 def _pruned(rows: list[dict]) -> list[str]:
+    rows = enumerated(rows)
     out = [r for r in rows if not r["fits"]]
     if not rows:
         return ["No layout to prune."]
@@ -272,8 +304,11 @@ def _pruned(rows: list[dict]) -> list[str]:
 
 def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
                gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str,
-               top: int = 5, per_node_from: str = "") -> str:
-    fitting = [r for r in rows if r["fits"]]
+               top: int = 5, per_node_from: str = "", recompute: Sequence[str] = (),
+               named: Sequence[str] = ()) -> str:
+    """plan.md. `named`: a line on each layout the user named (planner.given.lines)."""
+    fitting = ranked(rows)
+    listed = enumerated(rows)
     lines = [f"# Plan: {model.name} on {gpus} GPUs", "",
              f"- model: {model.describe()}",
              f"- cluster: {gpus} GPUs, {gpus_per_node} per node"
@@ -283,8 +318,11 @@ def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
              f"- memory model: parameters, gradients and AdamW states by ZeRO stage, ZeRO-3's "
              f"gathered layer, activations kept for backward (docs/plan.md); reserve: "
              f"{mem.reserve_text()}",
-             f"- {plural(len(rows), 'layout')} on {gpus} GPUs, {len(fitting)} fit", "",
-             "## Top layouts", ""]
+             f"- {plural(len(listed), 'layout')} on {gpus} GPUs, {len(fitting)} fit"
+             + (f"; recomputation weighed: {', '.join(recompute)}" if recompute else ""), ""]
+    if named:
+        lines += ["## Your layouts", "", *[f"- {n}" for n in named], ""]
+    lines += ["## Top layouts", ""]
     if fitting:
         lines += markdown_table(
             ["rank", "layout", "step (ms)", *[TERMS[k] + " (ms)" for k in TERMS],
@@ -294,7 +332,7 @@ def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
              for r in fitting[:top]], align="rl" + "r" * (len(TERMS) + 2))
         lines += ["", "## Why", "", *_why_top(fitting[0], fitting[1] if len(fitting) > 1 else
                                               None)]
-    elif rows:
+    elif listed:
         lines += ["No layout fits in memory."]
     else:
         lines += ["No layout uses exactly these GPUs."]

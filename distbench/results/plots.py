@@ -468,8 +468,9 @@ TIME_UNITS = (("h", 3.6e6), ("s", 1e3), ("ms", 1.0))  # of milliseconds
 
 
 def plan_figure(rows: list[dict], path: Path, title: str, best: str | None = None) -> Path:
-    """Predicted step against memory per rank, fitting and not, the best marked; the usable
-    memory drawn where it is on the scale of the points, else named in the legend."""
+    """Predicted step against memory per rank, fitting and not, the best and the layouts named
+    with --layout marked; the usable memory drawn where it is on the scale of the points, else
+    named in the legend."""
     fig, ax = plt.subplots(figsize=(7.0, 4.5))
     mem_name, mem_scale = _unit([r["memory_per_rank_bytes"] for r in rows], MEMORY_UNITS)
     t_name, t_scale = _unit([r["predicted_step_ms"] for r in rows], TIME_UNITS)
@@ -485,6 +486,12 @@ def plan_figure(rows: list[dict], path: Path, title: str, best: str | None = Non
         ax.scatter([b["memory_per_rank_bytes"] / mem_scale], [b["predicted_step_ms"] / t_scale],
                    s=90, marker="*", c="tab:red", label=f"best: {best or ''}".rstrip(": "),
                    zorder=3)
+    mine = [r for r in rows if r.get("given")]
+    if mine:  # plan --layout: the layouts the user runs, beside the ranked ones
+        ax.scatter([r["memory_per_rank_bytes"] / mem_scale for r in mine],
+                   [r["predicted_step_ms"] / t_scale for r in mine], s=70, marker="D",
+                   facecolors="none", edgecolors="tab:orange", linewidths=1.5,
+                   label=f"named with --layout ({len(mine)})", zorder=4)
     limit = rows[0]["memory_limit_bytes"] if rows else None
     if limit:
         most = max(r["memory_per_rank_bytes"] for r in rows)

@@ -37,7 +37,7 @@ from distbench.core.sizes import format_size
 from distbench.core.tables import plural
 from distbench.ops import data
 from distbench.ops.dtypes import TORCH_DTYPES
-from distbench.planner import assemble, points
+from distbench.planner import assemble, given, points
 from distbench.planner import plan as planning
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.planner.layouts import Layout
@@ -72,31 +72,42 @@ def run(s: Session, output) -> int:
     s.console.log(f"plan: {model.describe()}; inputs measured on {plural(rt.world, 'rank')}, "
                   f"{plural(rt.nnodes, 'node')}, backend {rt.backend}, within "
                   f"{format_size(int(budget))} a rank")
-    inputs = measure_inputs(s, model, dtype, gpn, budget)
+    inputs = measure_inputs(s, model, dtype, gpn, budget, opts.named_layouts(gpus, gpn))
     measured = Inputs.from_json(inputs.to_json())
     details: dict = {"model": model.to_json(), "inputs": measured.to_json()}
     memory, memory_from = opts.memory_per_gpu(inputs), opts.memory_from(inputs)
-    rows = assemble.plan_rows(model, inputs, gpus, gpn, memory, opts.dtype, opts.zero)
+    rows = assemble.plan_rows(model, inputs, gpus, gpn, memory, opts.dtype, opts.zero,
+                              recompute=opts.recompute, layouts=opts.layouts)
     if s.run_dir is not None:
         assemble.write(s.run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=gpn,
                        memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
                        top=opts.top, measured=measured, per_node_from=(
-                           "--gpus-per-node" if opts.gpus_per_node else "the workers'"))
+                           "--gpus-per-node" if opts.gpus_per_node else "the workers'"),
+                       recompute=opts.recompute)
     s.console.lines(planning.top_lines(rows, opts.top))
+    for line in given.lines(rows):
+        s.console.log(f"your layout: {line}")
     if s.record is not None:
         s.record.update(plan=details)
     if not opts.validations:
         return EXIT_OK
     if gpus != rt.world or gpn != rt.world // max(1, rt.nnodes):
         s.console.log(f"--validate runs layouts on the {rt.world} ranks at hand; the plan above "
-                      f"is for {gpus}: validating the same model's plan for the workers")
+                      f"is for {gpus}: validating the same model's plan for the workers"
+                      + (" (the layouts named with --layout are for the plan's GPUs: not run)"
+                         if opts.layouts else ""))
         rows = assemble.plan_rows(model, inputs, rt.world, rt.world // max(1, rt.nnodes),
-                                  memory, opts.dtype, opts.zero)
+                                  memory, opts.dtype, opts.zero, recompute=opts.recompute)
     here = [r for r in rows if held_by_step(model, planning.layout_of(r), dtype.itemsize)
             <= budget]
     if len(here) < len(rows):
         s.console.log(f"validating only among the {len(here)} layouts whose ranks fit in "
                       f"{format_size(int(budget))} here")
+    for r in rows:
+        if r.get("given") and (not r["fits"] or r not in here):
+            s.console.log(f"your layout {planning.label(r)} is not validated: it does not fit "
+                          + ("the GPU's memory" if not r["fits"] else
+                             f"the {format_size(int(budget))} a rank may hold here"))
     return validate(s, model, dtype, here, details, measured)
 
 
@@ -190,9 +201,12 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
 # the inputs
 
 
-def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int, budget: float) -> Inputs:
+def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int, budget: float,
+                   named: list[Layout] = ()) -> Inputs:
     """The inputs, measured only on what fits in `budget` a rank (planner.points): what does
-    not is skipped, and said."""
+    not is skipped, and said. `named`: the layouts plan --layout names, whose layer is timed
+    too where its TP fits the workers (a micro-batch size off the ladder is then measured,
+    not scaled)."""
     rt = s.rt
     # the GPU by name, not "cuda": a later plan --from for another GPU must see these figures
     # were not measured on it (the first H100 run wrote "cuda", issue 34)
@@ -211,7 +225,8 @@ def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int, budget: float)
                 f": the smallest, {smallest.label()}, needs about {format_size(int(need))}"
                 if smallest is not None else ""), status="bad_input", exit_code=EXIT_BAD_INPUT)
     inputs.fits = measure_fits(s, model, layouts, elt, budget)
-    inputs.compute = measure_compute(s, model, layouts, dtype, inputs, budget)
+    inputs.compute = measure_compute(s, model, [*layouts, *(
+        lay for lay in named if rt.world % lay.tp == 0)], dtype, inputs, budget)
     inputs.optimizer_us_per_layer, inputs.optimizer_us_per_param = measure_optimizer(
         s, model, dtype)
     measure_overlap(s, model, dtype, inputs, budget)

@@ -30,7 +30,7 @@ from distbench.core.options import (
 )
 from distbench.core.sizes import SizeError, format_size, parse_size
 from distbench.planner.gpus import DEFAULT_MFU, GPUS
-from distbench.planner.layouts import parse_zero
+from distbench.planner.layouts import RECOMPUTE, parse_zero
 from distbench.planner.models import PRESETS, model_text, parse_model
 
 if TYPE_CHECKING:
@@ -109,6 +109,16 @@ def _paths(option_name: str, text) -> list[str] | None:
     return paths
 
 
+def _layouts(option_name: str, raw) -> str | None:
+    from distbench.planner import given
+
+    return given.canonical(option_name, raw)
+
+
+def _recompute(option_name: str, text) -> list[str]:
+    return pick(RECOMPUTE, "--recompute none,full")(option_name, text)
+
+
 def _gpu(option_name: str, text) -> str | None:
     return None if text is None else one_of(tuple(GPUS), "--gpu h100")(option_name, text)
 
@@ -125,14 +135,17 @@ def _fabric(option_name: str, text) -> str | None:
 for _check, _example in ((_model, "--model 7b"), (_dtype, "--dtype bfloat16"),
                          (_zero, "--zero 1,3"), (_memory, "--gpu-memory 80G"),
                          (_paths, "--from results/RUN1,results/RUN2"), (_gpu, "--gpu h100"),
-                         (_fabric, "--fabric dgx-h100")):
+                         (_fabric, "--fabric dgx-h100"),
+                         (_layouts, "--layout tp=8,pp=2,dp=4,zero=1,mbs=2,recompute=full"),
+                         (_recompute, "--recompute none,full")):
     with_example(_check, _example)
 
 
 @dataclass(kw_only=True)
 class PlanOptions(RunOptions):
     model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape "
-                        "layers=4,hidden=128,ffn=512,heads=4,seq=32,batch=16.", check=_model)
+                        "layers=4,hidden=128,ffn=512,heads=4,seq=32,batch=16 (batch: the global "
+                        "batch in samples, Megatron's --global-batch-size).", check=_model)
     gpus: int | None = option(None, "GPUs to plan for. Default: the workers' world.",
                               check=_count(MAX_GPUS, "the largest clusters'", "--gpus 1024"),
                               show_default=False)
@@ -161,6 +174,16 @@ class PlanOptions(RunOptions):
                         "type.", check=_dtype)
     zero: list[int] = option("all", "ZeRO stages considered (0 is plain DDP); comma list or "
                              "'all'.", check=_zero, cli_type=str)
+    recompute: list[str] = option(
+        "none", "Activation recomputation weighed: none, selective (the attention core), full "
+        "(each layer; Megatron's large runs); comma list or 'all'.", check=_recompute,
+        cli_type=str)
+    layouts: str | None = option(
+        None, "A layout you run, predicted beside the ranked list, in Megatron's terms: "
+        "tp=8,pp=2,dp=4,zero=1,mbs=2,recompute=full (mbs: samples per micro-batch; or m=, "
+        "their count; the global batch is --model's batch=; dp defaults to the GPUs left). "
+        "Repeat it, or separate layouts with ';'.", flag="layout", check=_layouts,
+        cli_type=list[str] | None, show_default=False)
     sources: list[str] | None = option(
         None, "Earlier run directories to predict from (collective, p2p, dp, accept, plan), "
         "nccl-tests logs or folders of them; comma list. Nothing is started: not with "
@@ -209,6 +232,7 @@ class PlanOptions(RunOptions):
                                   "--from results/RUN --gpus 1024 --gpus-per-node 8")
         if self.gpus is not None and self.gpus_per_node is not None:
             self.validate_nodes(self.gpus, self.gpus_per_node)
+            self.named_layouts(self.gpus, self.gpus_per_node)
         if self.fabric is not None and (self.workers is not None or self.validations):
             raise OptionError("--fabric", "declares a cluster to plan for without workers: "
                               "the workers measure the fabric they run on (drop --workers and "
@@ -235,12 +259,19 @@ class PlanOptions(RunOptions):
         gpus = self.gpus or world
         per_node = self.gpus_per_node or local
         self.validate_nodes(gpus, per_node)
+        self.named_layouts(gpus, per_node)
         require_layouts(self.model_spec, gpus, per_node, self.zero, *(
             ("--gpus", "", "--gpus 1024 --gpus-per-node 8") if self.gpus else
             ("--workers", " (the workers' world)", "--workers 4")))
         if self.validations and (gpus, per_node) != (world, local):
             require_layouts(self.model_spec, world, local, self.zero, "--validate",
                             f" to validate on the {world} workers", "--workers 4 --validate 3")
+
+    def named_layouts(self, gpus: int, per_node: int):
+        """The --layout layouts on this cluster (planner.given); raises OptionError."""
+        from distbench.planner import given
+
+        return given.resolve_all(self.layouts, self.model_spec, gpus, per_node)
 
     SIZED_BY = ("--model", "--model toy")
 
@@ -333,7 +364,8 @@ def plan_from_runs(opts: PlanOptions) -> int:
     """--from with no workers: read, plan, write; nothing is created before every input is
     known good."""
     from distbench.planner import assemble, sources
-    from distbench.planner.plan import top_lines
+    from distbench.planner.given import lines as given_lines
+    from distbench.planner.plan import enumerated, ranked, top_lines
 
     started = time.monotonic()
     model = parse_model("--model", opts.model)
@@ -347,7 +379,8 @@ def plan_from_runs(opts: PlanOptions) -> int:
     gpus, per_node, per_node_from = cluster(opts, inputs)
     memory, memory_from = memory_per_gpu(opts, inputs)
     rows = assemble.plan_rows(model, inputs, gpus, per_node, memory, opts.dtype, opts.zero,
-                              gpu=opts.target_gpu, mfu=opts.mfu)
+                              gpu=opts.target_gpu, mfu=opts.mfu, recompute=opts.recompute,
+                              layouts=opts.layouts)
 
     from distbench.results import writer
     from distbench.run.console import Console
@@ -357,15 +390,18 @@ def plan_from_runs(opts: PlanOptions) -> int:
     record.update(world_size=gpus, nnodes=max(1, gpus // per_node))
     assemble.write(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
                    memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
-                   top=opts.top, measured=measured, per_node_from=per_node_from)
+                   top=opts.top, measured=measured, per_node_from=per_node_from,
+                   recompute=opts.recompute)
     console = Console(True)
-    fitting = [r for r in rows if r["fits"]]
+    fitting = ranked(rows)
     console.lines(top_lines(rows, opts.top, title=(
         f"plan: {model.describe()}; {gpus} GPUs, {per_node} per node ({per_node_from}), "
         f"{memory / 2**30:.1f} GiB per GPU ({memory_from})")))
+    for line in given_lines(rows):
+        console.log(f"your layout: {line}")
     for warning in inputs.warnings:
         console.log(f"warning: {warning}")
-    console.log(f"{len(rows)} layouts, {len(fitting)} fit in memory; planned in "
+    console.log(f"{len(enumerated(rows))} layouts, {len(fitting)} fit in memory; planned in "
                 f"{time.monotonic() - started:.2f} s")
     record.finish("ok", EXIT_OK)
     console.log(f"results in {run_dir}/")
