@@ -156,6 +156,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
         mode, opts.block, shape, SEED, device, dtype, bucket, batch,
         before_allreduce=slow))
     if not reason:
+        strat.hold_still(trainer.optimizer)  # checked apart (mode_vs_reference): timed as built
         s.step(f"dp {label} (first steps)", opts.timeout)
         _, reason = recipe.agreed(s, f"dp {label} (first steps)",
                                   lambda: _first_steps(trainer.step, device))

@@ -28,7 +28,7 @@ from distbench.steps.reference import TensorPair
 # The check's AdamW: one step moves each parameter by up to LR. Its eps is a share of the
 # reference's largest gradient, so that a gradient near zero (whose sign rounding may flip
 # between a sharded and a whole computation) moves its parameter by a rounding-sized step, not
-# by +-LR. The timed steps use AdamW's own eps: time does not depend on these values.
+# by +-LR. The timed steps use AdamW's own eps and a learning rate of 0 (hold_still).
 LR = 1e-2
 CHECK_EPS_SHARE = 0.1
 
@@ -73,6 +73,25 @@ class MasterAdamW(torch.optim.Optimizer):
             for p, m in pairs:
                 p.copy_(m)
                 m.grad = None  # the fp32 copy of the gradient lives only while its chunk steps
+
+
+def hold_still(opt: torch.optim.Optimizer) -> None:
+    """Learning rate 0 from here on, in `opt` and the optimizers inside it (MasterAdamW's
+    chunks, ZeroRedundancyOptimizer's partition): each step still runs every kernel of AdamW,
+    but the weights keep the values they were built with. A GPU's matmul speed depends on the
+    values it multiplies: on an H100 a 1.2B model's layers ran 20% faster after 20 AdamW steps
+    on random targets (at any learning rate from 3e-4 to 1e-2) than as built, which is how
+    `plan` times its layer (benchmarks/layer_alone.py). Steps that train while timed would
+    also time a moving target."""
+    todo = [opt]
+    while todo:
+        o = todo.pop()
+        for group in o.param_groups:
+            group["lr"] = 0.0
+        todo += [inner for _, inner in getattr(o, "chunks", ())]
+        local = getattr(o, "optim", None)  # ZeroRedundancyOptimizer's, synced from its groups
+        if isinstance(local, torch.optim.Optimizer):
+            todo.append(local)
 
 
 def optimizer_class(dtype):
@@ -301,6 +320,7 @@ def build_compute_only(plan: ComputePlan, kind: str, shape: StackShape, seed: in
             shard.grad = torch.zeros_like(shard)
             shards.append(shard)
         opt = adamw(shards, device, plan.shards[0][1])  # fp32 masters, or dtype
+    hold_still(opt)  # timed only: its weights stay as built, as the step's do
     return training_step(model, params, opt, plan.x, plan.target)
 
 
@@ -309,7 +329,9 @@ def single_rank_step(kind: str, shape: StackShape, seed: int, device: torch.devi
     """t1: the whole model with AdamW on one rank, on one rank's batch (weak scaling)."""
     model = build_stack(kind, shape, seed, device, dtype)
     params = list(model.parameters())
-    return training_step(model, params, adamw(params, device, dtype), *batch)
+    opt = adamw(params, device, dtype)
+    hold_still(opt)  # timed only, as the step
+    return training_step(model, params, opt, *batch)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from distbench.run.session import Session
 from distbench.steps import mesh_model, recipe
 from distbench.steps.common import check_against_reference, write_rows
 from distbench.steps.comms import Call, op_bytes, op_counts, replay, replay_p2p, replayable
+from distbench.steps.dp_model import hold_still
 from distbench.steps.reference import RTOL
 
 DIMS = ("tp", "pp", "dp")
@@ -155,6 +156,10 @@ def _measure_on(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, row: 
                                  [d for pair in kept for d in pair])
     st, peak = recipe.timed_with_peak(s, label, mm.step)
     peak = peak if peak is not None else host_peak
+    if recipe.max_over_ranks([float(mm.loss is not None and not torch.isfinite(mm.loss))],
+                             device)[0]:
+        notes.append("the loss is not finite: timed on infs or NaNs, which a GPU multiplies "
+                     "faster than numbers")
 
     s.step(f"{label} compute-only (build)", timeout)
     pp_rank, shards = mm.pp_rank, mm.optimizer_shards()
@@ -229,7 +234,11 @@ def _checked_build(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, re
         pairs = None
         if ref is not None:
             pairs = mesh_model.check_step(mm, ref, _dp_mean(mm))
-        else:
+        # from here the steps keep the weights: one at the check's learning rate already
+        # sends a deep model's activations to inf (1.2B, 24 layers: NaN after one step), and a
+        # GPU multiplies NaNs 20% faster than numbers (benchmarks/layer_alone.py)
+        hold_still(mm.optimizer)
+        if ref is None:
             mm.step()
         mm.step()  # DDP rebuilds its buckets as its second step starts
         timing.sync(device)
