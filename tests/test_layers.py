@@ -19,7 +19,7 @@ LEVELS = {
     "results": 2,
     "run": 3,
     "bench": 4, "planner": 4,
-    "steps": 5, "accept": 5,
+    "steps": 5, "accept": 5, "watch": 5,
     "cli": 6,
     "__main__": 7,
 }

@@ -1,0 +1,49 @@
+"""The Prometheus metrics `watch` exports, in one place: the textfile is written from these, the
+Grafana dashboard (configs/grafana/distbench-watch.json) may query only these, and a test holds
+both. Names follow Prometheus' conventions (base units, `_total` for counters)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROBE_LABELS = ("op", "size", "scope")  # records.Probe.labels
+RANK_LABELS = ("rank", "Hostname", "gpu", "UUID")  # records.RankInfo.labels: DCGM's join keys
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: str  # "gauge" or "counter"
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+UP = Metric("distbench_up", "gauge", "1 while watch runs and its last cycle is fresh; 0 once it "
+            "ended, lost a rank, or stopped measuring", ("Hostname",))
+BUSBW = Metric("distbench_busbw_bytes_per_second", "gauge",
+               "Bus bandwidth of the probe in the last cycle (nccl-tests' busbw)", PROBE_LABELS)
+TIME = Metric("distbench_time_seconds", "gauge",
+              "Time of one probe op in the last cycle, the slowest rank's", PROBE_LABELS)
+SPREAD = Metric("distbench_rank_spread_ratio", "gauge",
+                "Slowest rank's time over the fastest's, less 1, in the last cycle", PROBE_LABELS)
+PROBE_STATE = Metric("distbench_probe_state", "gauge",
+                     "1 for the probe's current state (ok, warn, fail, unknown), else 0",
+                     PROBE_LABELS + ("state",))
+VERDICT = Metric("distbench_verdict", "gauge",
+                 "1 for the watch's current verdict (ok, warn, fail, unknown), else 0", ("state",))
+STRAGGLER = Metric("distbench_straggler", "gauge",
+                   "1 where the rank is named a straggler (slowest in k of the last n cycles)",
+                   RANK_LABELS)
+SLOWEST = Metric("distbench_slowest_cycles", "gauge",
+                 "Cycles of the last n in which the rank was the slowest", RANK_LABELS)
+LAST_CYCLE = Metric("distbench_last_cycle_timestamp_seconds", "gauge",
+                    "When the last cycle ended, unix seconds")
+CYCLE_DURATION = Metric("distbench_cycle_duration_seconds", "gauge",
+                        "How long the last cycle took")
+INTERVAL = Metric("distbench_interval_seconds", "gauge", "The cycle interval asked (--interval)")
+CYCLES = Metric("distbench_cycles_total", "counter", "Cycles measured")
+LATE = Metric("distbench_late_cycles_total", "counter",
+              "Cycles that took longer than the interval")
+
+ALL = (UP, BUSBW, TIME, SPREAD, PROBE_STATE, VERDICT, STRAGGLER, SLOWEST, LAST_CYCLE,
+       CYCLE_DURATION, INTERVAL, CYCLES, LATE)
