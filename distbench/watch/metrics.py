@@ -32,10 +32,11 @@ PROBE_STATE = Metric("distbench_probe_state", "gauge",
 VERDICT = Metric("distbench_verdict", "gauge",
                  "1 for the watch's current verdict (ok, warn, fail, unknown), else 0", ("state",))
 STRAGGLER = Metric("distbench_straggler", "gauge",
-                   "1 where the rank is named a straggler (slowest in k of the last n cycles)",
-                   RANK_LABELS)
-SLOWEST = Metric("distbench_slowest_cycles", "gauge",
-                 "Cycles of the last n in which the rank was the slowest", RANK_LABELS)
+                   "1 where the rank is named a straggler (the others waited for it in k of "
+                   "the last n cycles)", RANK_LABELS)
+LATE_CYCLES = Metric("distbench_rank_late_cycles", "gauge",
+                     "Cycles of the last n in which the others waited for the rank",
+                     RANK_LABELS)
 LAST_CYCLE = Metric("distbench_last_cycle_timestamp_seconds", "gauge",
                     "When the last cycle ended, unix seconds")
 CYCLE_DURATION = Metric("distbench_cycle_duration_seconds", "gauge",
@@ -45,5 +46,5 @@ CYCLES = Metric("distbench_cycles_total", "counter", "Cycles measured")
 LATE = Metric("distbench_late_cycles_total", "counter",
               "Cycles that took longer than the interval")
 
-ALL = (UP, BUSBW, TIME, SPREAD, PROBE_STATE, VERDICT, STRAGGLER, SLOWEST, LAST_CYCLE,
+ALL = (UP, BUSBW, TIME, SPREAD, PROBE_STATE, VERDICT, STRAGGLER, LATE_CYCLES, LAST_CYCLE,
        CYCLE_DURATION, INTERVAL, CYCLES, LATE)

@@ -43,24 +43,41 @@ class RankInfo:
 
 @dataclass(frozen=True)
 class ProbeResult:
+    """A probe measured in one cycle. Each rank times only the time inside the collective call
+    (on a GPU between CUDA events around it): a rank that arrives late waits for nobody, while
+    every other rank waits inside the call for it. So the rank the others wait for, a straggler,
+    is the one whose in-call time is shortest, by about how late it came; a slow link instead
+    slows every rank alike, and shows in busbw, not here."""
+
     probe: Probe
     status: str  # "ok" (measured), "skipped" (cannot run here) or "failed"
-    time_us: float | None = None  # the cycle's time: the slowest rank's mean
+    time_us: float | None = None  # the cycle's time of one op: the slowest rank's mean
     busbw_gbps: float | None = None  # from time_us, as `collective` computes it
-    rank_time_us: tuple[float, ...] = ()  # each rank's own mean, indexed by rank
+    rank_time_us: tuple[float, ...] = ()  # each rank's mean in-call time, indexed by rank
     note: str = ""
 
     @property
     def spread(self) -> float | None:
-        """The slowest rank's time over the fastest's, less 1."""
+        """The longest in-call time over the shortest, less 1."""
         t = [x for x in self.rank_time_us if x > 0]
         return max(t) / min(t) - 1 if len(t) >= 2 else None
 
     @property
-    def slowest_rank(self) -> int | None:
-        if not self.rank_time_us:
+    def late_rank(self) -> int | None:
+        """The rank the others waited for: the shortest in-call time."""
+        if len(self.rank_time_us) < 2:
             return None
-        return max(range(len(self.rank_time_us)), key=self.rank_time_us.__getitem__)
+        return min(range(len(self.rank_time_us)), key=self.rank_time_us.__getitem__)
+
+    @property
+    def lateness_us(self) -> float | None:
+        """How long the others waited for late_rank: the median of their in-call times less
+        its own."""
+        r = self.late_rank
+        if r is None:
+            return None
+        others = sorted(t for i, t in enumerate(self.rank_time_us) if i != r)
+        return others[len(others) // 2] - self.rank_time_us[r]
 
 
 @dataclass(frozen=True)
@@ -86,6 +103,6 @@ class ProbeState:
 class Judgement:
     probes: dict[str, ProbeState]  # by Probe.key
     verdict: str  # the worst probe state ("unknown" while nothing is judged)
-    stragglers: tuple[int, ...] = ()  # ranks slowest in k of the last n cycles
-    slowest_counts: dict[int, int] = field(default_factory=dict)  # in the last n cycles
+    stragglers: tuple[int, ...] = ()  # ranks late in k of the last n cycles
+    late_counts: dict[int, int] = field(default_factory=dict)  # in the last n cycles
     changes: tuple[str, ...] = ()  # one line per state that changed in this cycle
