@@ -247,6 +247,14 @@ ACCEPT = Output("accept.csv", csv=(
 ), identity=("check", "scope", "target", "metric", "retest"),
     read=("measured", "expected", "ratio", "verdict"))
 
+# watch: one row per probe per cycle, flushed as each cycle ends (distbench/watch)
+WATCH = Output("watch.csv", csv=(
+    "cycle", "started", "duration_s", "late", "op", "size_bytes", "scope", "dtype", "world_size",
+    "nnodes", "status", "time_us", "busbw_gbps", "spread_pct", "late_rank", "lateness_us",
+    "state", "median_us", "p95_us", "cv", "baseline_us", "verdict", "stragglers", "note",
+), identity=("cycle", "op", "size_bytes", "scope", "dtype"),
+    read=("time_us", "busbw_gbps", "state", "verdict"))
+
 # Every CSV, in the order report shows a run's tables and compare compares them.
 OUTPUTS = (COLLECTIVE, P2P, P2P_MATRIX, TP, PP, DP, STEP, PLAN, VALIDATION, ACCEPT)
 

@@ -19,6 +19,8 @@ strategies know nothing of it.
                                          receives: slow in both directions, like a bad NIC
     DISTBENCH_TEST_SLOW_RANK=2,3:0.1     ranks 2 and 3 do: every rank of a node with a bad NIC
                                          (STALL, DIE and SLOW_SEND take lists too)
+    DISTBENCH_TEST_SLOW_FROM=3           the SLOW_RANK or SLOW_SEND delay starts at watch's
+                                         cycle 3 (0-based): a rank that turns slow mid-run
     DISTBENCH_TEST_NODE_SIZE=2           each launcher's ranks count as nodes of 2 local ranks
                                          (local ranks 0-1, 2-3, ...): many nodes of several
                                          ranks in few processes, where a torchrun agent per
@@ -53,6 +55,7 @@ NODE_SIZE = PREFIX + "NODE_SIZE"
 HOST = PREFIX + "HOST"
 STALL_JOIN = PREFIX + "STALL_JOIN"
 FAIL = PREFIX + "FAIL"
+SLOW_FROM = PREFIX + "SLOW_FROM"
 
 
 def _rank_and(value: str | None, rank: int, kind: type) -> object | None:
@@ -94,6 +97,7 @@ class Faults:
     delay_s: float = 0.0  # before each op this rank takes part in...
     delay_on_receive: bool = False  # ...as a sender, or as a receiver too
     fail_in: str | None = None  # a guarded part whose label holds this text fails
+    slow_from: int = 0  # watch's first cycle with the delay
 
     @classmethod
     def from_env(cls, rank: int, env: Mapping[str, str] = os.environ) -> Faults:
@@ -103,7 +107,8 @@ class Faults:
                    stall_at=_rank_and(env.get(STALL), rank, int),
                    die_at=_rank_and(env.get(DIE), rank, int),
                    delay_s=both or send or 0.0, delay_on_receive=both is not None,
-                   fail_in=_rank_and(env.get(FAIL), rank, str))
+                   fail_in=_rank_and(env.get(FAIL), rank, str),
+                   slow_from=int(env.get(SLOW_FROM) or 0))
 
     @property
     def any(self) -> bool:

@@ -92,6 +92,9 @@ class Session:
         # (status, exit code, error) once run.json says how the run ended, from whichever
         # thread ends it: a command's own files can say the same (accept.json)
         self.on_end: list[Callable[[str, int, str | None], None]] = []
+        # on every rank, first thing as the run ends however it ends (watch's textfile stops
+        # reading healthy): before the roll call, which may wait on lost peers
+        self.on_stop: list[Callable[[], None]] = []
 
     def open_run_dir(self) -> None:
         """Rank 0 owns the files. The local launcher picks the directory so it can find run.json
@@ -195,6 +198,11 @@ class Session:
         it settled on."""
         self._ending.acquire()  # never released: whoever ends the run, ends the process
         self.watchdog.disarm()
+        for hook in self.on_stop:
+            try:
+                hook()
+            except OSError as e:
+                print(f"distbench: rank {self.rt.rank}: error: {e}", file=sys.stderr, flush=True)
         self.console.stop_progress()
         for sink in self._sinks.values():
             sink.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from distbench.cli.commands import accept, collective, dp, p2p, plan, pp, step, topo, tp
+from distbench.cli.commands import accept, collective, dp, p2p, plan, pp, step, topo, tp, watch
 from distbench.core.options import RunOptions
 
 
@@ -33,4 +33,5 @@ COMMANDS: dict[str, Command] = {
     "accept": Command(accept.HELP, accept.AcceptOptions, accept.run,
                       dry_run=accept.dry_run),
     "plan": Command(plan.HELP, plan.PlanOptions, plan.run, plan.run_local),
+    "watch": Command(watch.HELP, watch.WatchOptions, watch.run),
 }

@@ -1,0 +1,155 @@
+"""`distbench watch` on real gloo workers: what it wrote (watch.jsonl, watch.csv, the textfile),
+a planted straggler caught, an unchanged machine left quiet, stale state cleared when a rank or
+the launcher dies, and --once within a health check's time."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import children, clean_env, distbench, processes_naming
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.procs(5)]  # a launcher, up to 4 workers
+
+FAST = ("--sizes", "64K", "--iters", "10", "--timeout", "20")
+
+
+def lines(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "watch.jsonl").read_text().splitlines()]
+
+
+def prom(path: Path) -> dict[tuple[str, tuple], float]:
+    """(sample name, sorted labels) -> value, as node_exporter would read the file."""
+    out = {}
+    for family in text_string_to_metric_families(path.read_text()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict, name: str, **labels) -> float | None:
+    want = set(labels.items())
+    found = [v for (n, lab), v in samples.items() if n == name and want <= set(lab)]
+    return found[0] if len(found) == 1 else None
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_rank_slowed_from_cycle_3_is_named_within_k_cycles(tmp_path, world):
+    slow = world - 1
+    textfile = tmp_path / "distbench.prom"
+    res = distbench(tmp_path / "out", "watch", *FAST, "--interval", "0.3", "--count", "8",
+                    "--warm", "2", "--k", "2", "--n", "3", "--workers", str(world),
+                    "--textfile", str(textfile), timeout=240,
+                    DISTBENCH_TEST_SLOW_RANK=f"{slow}:0.01", DISTBENCH_TEST_SLOW_FROM="3")
+    got = lines(res.run_dir)
+    assert [x["cycle"] for x in got] == list(range(8))
+    assert all(x["stragglers"] == [] for x in got[:3]), [x["stragglers"] for x in got]
+    named = [x["cycle"] for x in got if slow in x["stragglers"]]
+    assert named and named[0] <= 3 + 2 - 1, [(x["cycle"], x["stragglers"]) for x in got]
+    assert all(x["stragglers"] in ([], [slow]) for x in got)  # nobody else
+    assert got[-1]["verdict"] in ("warn", "fail"), got[-1]
+    assert res.code == 4, res.stderr  # below expectation
+    assert res.meta()["status"] == "below_expectation"
+    # the textfile, as the exporter reads it: the straggler and a verdict that is not ok
+    samples = prom(textfile)
+    assert value(samples, "distbench_straggler", rank=str(slow)) == 1
+    assert all(value(samples, "distbench_straggler", rank=str(r)) == 0
+               for r in range(world) if r != slow)
+    # the run ended: the file no longer reads healthy
+    assert value(samples, "distbench_up") == 0
+    assert value(samples, "distbench_verdict", state="ok") == 0
+
+
+def test_an_unchanged_machine_changes_no_state_in_30_cycles(tmp_path):
+    """A/A: no warn, no fail, no straggler. benchmarks/watch_false_alarms.py counts it again
+    over repeated runs."""
+    res = distbench(tmp_path / "out", "watch", *FAST, "--interval", "0.2", "--count", "30",
+                    "--workers", "2", timeout=240)
+    got = lines(res.run_dir)
+    assert len(got) == 30
+    alarms = [(x["cycle"], x["changes"], x["stragglers"]) for x in got
+              if x["stragglers"] or x["verdict"] in ("warn", "fail")]
+    assert alarms == []
+    assert got[-1]["verdict"] == "ok"
+    assert res.code == 0, res.stderr
+    with open(res.run_dir / "watch.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["cycle"]) for r in rows] == list(range(30))
+    assert all(float(r["busbw_gbps"]) > 0 for r in rows)
+    assert [float(r["time_us"]) for r in rows] == [x["probes"][0]["time_us"] for x in got]
+
+
+def test_once_judges_one_cycle_against_a_baseline_within_30_s(tmp_path):
+    first = distbench(tmp_path / "a", "watch", *FAST, "--interval", "0.2", "--count", "5",
+                      "--workers", "2", timeout=240)
+    assert first.code == 0, first.stderr
+    once = distbench(tmp_path / "b", "watch", *FAST, "--once", "--baseline",
+                     str(first.run_dir), "--workers", "2", timeout=60)
+    assert once.secs < 30, once.secs
+    got = lines(once.run_dir)
+    assert len(got) == 1 and got[0]["probes"][0]["baseline_us"] is not None
+    assert once.code == (0 if got[0]["verdict"] == "ok" else 4), once.stderr
+    npd = distbench(tmp_path / "c", "watch", *FAST, "--once", "--npd", "--workers", "2",
+                    timeout=60)
+    assert npd.code == 2, npd.stderr  # nothing to judge one cycle against: unknown
+    message = [x for x in npd.stdout.splitlines() if x.strip()]
+    assert len(message) == 1 and len(message[0]) <= 80, npd.stdout
+
+
+def _start(out: Path, textfile: Path, world: int = 3) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "distbench", "watch", *FAST, "--interval", "0.5",
+           "--textfile", str(textfile), "--workers", str(world), "--out", str(out)]
+    out.mkdir()
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=out, env=clean_env(), start_new_session=True)
+
+
+def _until(what, seconds: float, why: str):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"{why} within {seconds} s")
+
+
+def _healthy(textfile: Path) -> bool:
+    try:
+        return value(prom(textfile), "distbench_up") == 1
+    except (OSError, ValueError):
+        return False
+
+
+@pytest.mark.parametrize("victim", ["a rank", "the launcher"])
+def test_the_textfile_stops_reading_healthy_when_a_rank_or_the_launcher_dies(tmp_path, victim):
+    out, textfile = tmp_path / "out", tmp_path / "distbench.prom"
+    launcher = _start(out, textfile)
+    try:
+        _until(lambda: _healthy(textfile), 90, "the textfile never read healthy")
+        workers = children(launcher.pid)
+        assert len(workers) == 3, workers
+        killed = workers[1] if victim == "a rank" else launcher.pid
+        os.kill(killed, signal.SIGKILL)
+        # one interval plus --timeout (20 s), and the time a process takes to notice
+        _until(lambda: not _healthy(textfile), 0.5 + 20 + 10, "the textfile still read healthy")
+        samples = prom(textfile)
+        assert value(samples, "distbench_up") == 0
+        assert not any(n == "distbench_busbw_bytes_per_second" for n, _ in samples)
+        _until(lambda: processes_naming(out) == [], 60, "processes were left")
+    finally:
+        for pid in processes_naming(out):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+            launcher.kill()
+            launcher.wait(timeout=10)
