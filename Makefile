@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test test-fast lint bench bench-plan bench-megatron clean
+.PHONY: venv run test test-fast lint node-exporter bench bench-plan bench-megatron clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,22 @@ test-fast: $(STAMP)
 	$(PYTEST) -m "not multiproc"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest ran no test" >&2; exit 1; fi; exit $$rc
 
+# Debian's prometheus-node-exporter for the test that scrapes `watch`'s textfile through it
+# (tests/exporter.py), unpacked into .cache/, not installed: `apt-get install` would start it
+# as a system service. Where it is already on PATH, or there is no apt, nothing is done (the
+# test then skips and says why).
+NODE_EXPORTER := .cache/node-exporter/usr/bin/prometheus-node-exporter
+
+node-exporter:
+	@if command -v prometheus-node-exporter >/dev/null || test -x $(NODE_EXPORTER); then exit 0; fi; \
+	if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then \
+		echo "make node-exporter: no apt-get/dpkg-deb here" >&2; exit 1; fi; \
+	tmp=$$(mktemp -d) && chmod 755 "$$tmp" && trap 'rm -rf "$$tmp"' EXIT && \
+	(cd "$$tmp" && apt-get download -q prometheus-node-exporter) && \
+	mkdir -p .cache/node-exporter && \
+	dpkg-deb -x "$$tmp"/prometheus-node-exporter_*.deb .cache/node-exporter && \
+	$(NODE_EXPORTER) --version 2>&1 | head -1
+
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/report_speed.py
@@ -56,4 +72,4 @@ bench-megatron: $(STAMP)
 	$(PY) benchmarks/megatron_sc21.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .cache
