@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import json_schemas
+
 # The most processes the tests may have started at once on the shared test machine (launchers,
 # workers, agents, a `python -c`), whichever tests run them and however many pytest processes
 # run the tests (pytest-xdist): each one is a slot of a pool kept in lock files (SLOTS_DIR).
@@ -244,6 +246,13 @@ def nccl_rules_held(command: str | None, env: dict[str, str]) -> Iterator[None]:
         shutil.rmtree(where, ignore_errors=True)
 
 
+def _outs(args) -> list[Path]:
+    """Where a command line writes besides the directory it starts in: its --out."""
+    args = [str(a) for a in args]
+    return [Path(v) for a, v in zip(args, args[1:], strict=False) if a == "--out"] + [
+        Path(a.partition("=")[2]) for a in args if a.startswith("--out=")]
+
+
 def distbench(out: Path | None, *args: str, timeout: float = 180, cwd: Path | None = None,
               stdin: str | None = None, procs: int | None = None, **env: str) -> Run:
     """`distbench *args` as a user runs it, outside torchrun (a command that needs workers
@@ -254,7 +263,8 @@ def distbench(out: Path | None, *args: str, timeout: float = 180, cwd: Path | No
     assert procs <= MAX_PROCESSES, f"distbench {' '.join(args)}: {procs} processes, too many"
     where = cwd or out
     assert where is not None, "a run needs a directory to start in"
-    with processes(procs), nccl_rules_held(args[0] if args else None, env):
+    with processes(procs), nccl_rules_held(args[0] if args else None, env), \
+            json_schemas.held(out, where, *(where / p for p in _outs(args))):
         start = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-m", "distbench", *args, *(["--out", str(out)] if out else [])],
@@ -284,7 +294,8 @@ def cli(cwd: Path, *argv: str, dispatch: bool = False) -> Run:
     if not dispatch:
         app.dispatch = lambda command, opts: dispatched.append((command, opts)) or 0
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                json_schemas.held(cwd, *_outs(argv)):
             try:
                 app.main(list(argv))
                 code = 0
@@ -316,7 +327,8 @@ def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[
     running `script` (distbench, or a test's own entry point) on its node's arguments."""
     port = free_port()
     command = per_node_args[0][0] if script == ("-m", "distbench") and per_node_args[0] else None
-    with processes(nnodes * (nproc + 1)), nccl_rules_held(command, env):
+    with processes(nnodes * (nproc + 1)), nccl_rules_held(command, env), \
+            json_schemas.held(out):
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),

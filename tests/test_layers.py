@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "distbench"
 
 # A box may import the boxes below it. Boxes on one level don't import each other.
 LEVELS = {
-    "core": 0,
+    "core": 0, "schemas": 0,
     "platform": 1, "ops": 1,
     "results": 2,
     "run": 3,
@@ -27,6 +27,7 @@ LEVELS = {
 # line is built and validated, and report and compare run, without them.
 BANNED = {
     "core": {"torch", "pandas", "typer", "rich", "matplotlib", "numpy"},
+    "schemas": {"torch", "pandas", "typer", "rich", "matplotlib", "numpy"},
     "results": {"torch"},
     # a plan from earlier runs is pure arithmetic, in seconds even for thousands of GPUs
     "planner": {"torch"},

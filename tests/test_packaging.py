@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.procs(3)  # pip, and the build backend it runs
-def test_a_wheel_builds_and_carries_the_profiles(tmp_path):
+def test_a_wheel_builds_and_carries_the_profiles_and_schemas(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
@@ -28,6 +28,10 @@ def test_a_wheel_builds_and_carries_the_profiles(tmp_path):
     assert "distbench/cli/app.py" in names
     shipped = {Path(n).name for n in names if "/share/distbench/profiles/" in n}
     assert shipped == {p.name for p in (ROOT / "configs" / "profiles").glob("*.toml")}
+    # the JSON Schemas, package data that distbench.schemas.schema() reads
+    schemas = {n for n in names if n.startswith("distbench/schemas/") and n.endswith(".json")}
+    assert schemas == {f"distbench/schemas/{p.name}"
+                       for p in (ROOT / "distbench" / "schemas").glob("*.schema.json")}, schemas
     assert not [n for n in names if n.startswith(("tests/", "results/"))]
 
 
