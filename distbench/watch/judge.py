@@ -7,8 +7,9 @@ The rules:
 - **Rolling statistics** per probe over its last `window` measured cycles: median, p95 and the
   coefficient of variation (stdev over mean).
 - **Baseline** per probe: the one given (an accept run's or a --baseline watch run's time and
-  noise), else the median of the probe's own first `warm` measured cycles, with their spread
-  (slowest over fastest, less 1) as its noise. Until a probe has a baseline it is "unknown", and
+  noise), else the median of the probe's own first `warm` measured cycles (WARM, 20: fewer
+  understate a noisy machine's noise), with their spread (slowest over fastest, less 1) as its
+  noise. Until a probe has a baseline it is "unknown", and
   the verdict is "unknown" while no probe is judged: a verdict on nothing measured is never "ok".
 - **A bad cycle.** "Worse" is noise.judge's rule, the one compare and accept --baseline use: the
   time over the baseline's must pass the tolerance and the noise by noise.MARGIN. Worse at twice
@@ -38,11 +39,12 @@ from distbench.core.sizes import format_size
 from distbench.watch.records import Cycle, Judgement, Probe, ProbeResult, ProbeState
 
 LEVELS = ("ok", "warn", "fail")  # a judged probe's states, by level 0, 1, 2
-# Cycles a probe's own baseline is the median of, their spread its noise. Not 3: three cycles of
-# a noisy machine often agree by chance, and understate the noise. Seeded streams of cycles
-# drawn log-uniform within +-10% (tests/test_watch_judge.py's A/A model) raised a false warn or
-# fail in 41 of 300 streams at 3, 13 at 5, and none at 10.
-WARM = 10
+# Cycles a probe's own baseline is the median of, their spread its noise. Not 3: a few cycles of
+# a noisy machine often agree by chance, and understate the noise. Seeded streams of 150 cycles
+# under tests/test_watch_judge.py's A/A model raised a false warn or fail, at +-10% noise, in 41
+# of 300 streams with 3 cycles, 13 of 300 with 5, 2 of 2000 with 10; at +-15%, in 97 of 300
+# with 3, 5 of 2000 with 10, none of 2000 with 20.
+WARM = 20
 
 
 def label(probe: Probe) -> str:
