@@ -1,0 +1,79 @@
+"""watch's health-check forms: node-problem-detector's exit codes and 80-character message,
+Slurm's drain line, and distbench's exit codes for a verdict."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
+from distbench.watch.health import drain_command, drain_line, npd_result, slurm_exit_code
+from distbench.watch.records import Judgement, ProbeState
+
+AR, AG = "all_reduce/1048576/cluster", "all_gather/65536/cluster"
+
+
+def judged(verdict: str, **states: str) -> Judgement:
+    return Judgement({k: ProbeState(s) for k, s in states.items()}, verdict)
+
+
+def test_npd_ok_problem_unknown():
+    assert npd_result(judged("ok", **{AR: "ok", AG: "ok"}), []) == (0, "distbench: ok (2 probes)")
+    assert npd_result(judged("fail", **{AR: "fail", AG: "warn"}), []) == \
+        (1, "distbench: fail all_reduce 1 MiB")
+    assert npd_result(judged("warn", **{AR: "warn", AG: "warn"}), []) == \
+        (1, "distbench: warn all_reduce 1 MiB +1")
+    assert npd_result(judged("unknown", **{AR: "unknown"}), [])[0] == 2
+    assert npd_result(None, []) == (2, "distbench: the watch could not run")
+
+
+def test_npd_a_named_straggler_is_a_problem_even_when_probes_read_ok():
+    code, msg = npd_result(judged("ok", **{AR: "ok"}), ["rank 1 gpu7"])
+    assert (code, msg) == (1, "distbench: straggler rank 1 gpu7")
+    code, msg = npd_result(judged("unknown", **{AR: "unknown"}), ["rank 1 gpu7"])
+    assert code == 1
+
+
+@pytest.mark.parametrize("n", [1, 5, 50, 500])
+def test_npd_message_never_passes_80_characters(n):
+    names = [f"rank {i} node-with-a-long-name-{i}.cluster.example.org" for i in range(n)]
+    long = "x" * 300 + "/1048576/cluster"
+    code, msg = npd_result(judged("fail", **{long: "fail"}), names)
+    assert code == 1 and len(msg) <= 80 and msg.endswith("...")
+    assert msg.startswith("distbench: fail " + "x" * 20)
+    assert "\n" not in msg
+
+
+def test_drain_command_is_an_argv_a_shell_line_gives_back():
+    argv = drain_command("gpu7", "all_reduce 1 MiB fail (3 of the last 5 cycles)")
+    assert argv == ["scontrol", "update", "NodeName=gpu7", "State=drain",
+                    "Reason=distbench: all_reduce 1 MiB fail (3 of the last 5 cycles)"]
+    line = drain_line("gpu7", "all_reduce 1 MiB fail (3 of the last 5 cycles)")
+    assert line == ('scontrol update NodeName=gpu7 State=drain '
+                    'Reason="distbench: all_reduce 1 MiB fail (3 of the last 5 cycles)"')
+    assert shlex.split(line) == argv
+
+
+def test_drain_reason_is_sanitized_and_bounded():
+    evil = 'slow"; rm -rf / `x` $(y) \\ \'q\'\nnext line\r' + "z" * 500
+    argv = drain_command("gpu7", evil)
+    reason = argv[-1]
+    assert not set(reason) & set("\"'`$\\\n\r")
+    assert len(reason) <= len("Reason=") + 120 and reason.endswith("...")
+    assert shlex.split(drain_line("gpu7", evil)) == argv  # the shell line means the same
+
+
+@pytest.mark.parametrize("node", ["", "gpu7 State=resume", "a=b", "-x", "gpu7\n"])
+def test_drain_refuses_what_is_not_a_node_name(node):
+    with pytest.raises(ValueError, match="not a Slurm node name"):
+        drain_command(node, "slow")
+
+
+def test_slurm_exit_codes_are_accepts():
+    assert [slurm_exit_code(v) for v in ("ok", "warn", "fail", "unknown")] == \
+        [EXIT_OK, EXIT_OK, EXIT_BELOW, EXIT_INCONCLUSIVE]
+    assert slurm_exit_code("warn", strict=True) == EXIT_BELOW
+    assert slurm_exit_code("ok", strict=True) == EXIT_OK
+    with pytest.raises(ValueError):
+        slurm_exit_code("PASS")
