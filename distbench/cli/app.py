@@ -54,7 +54,8 @@ def dispatch(name: str, opts) -> int:
         return entry.run_local(opts)
     from distbench.run import launch
 
-    return launch.start_local(name, opts)
+    code = launch.start_local(name, opts)
+    return entry.exit_code(opts, code) if entry.exit_code is not None else code
 
 
 def _machine_check(name: str) -> Callable[[object, int | None], None]:

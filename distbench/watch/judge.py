@@ -21,8 +21,12 @@ The rules:
   moves nothing: a noisy machine flaps otherwise (soperator issue 1840).
 - **Verdict**: the worst judged state (fail > warn > ok); "unknown" only when none is judged.
 - **Stragglers.** In a cycle, a measured probe's late_rank counts as late only when the others
-  waited for it more than (noise.limit(tolerance, the probe's noise) - 1) x its time: on a
-  healthy machine some rank is always last by a hair, and naming it would be a false alarm. A
+  waited for it more than (noise.limit(tolerance, skew) - 1) x its time, where skew is the
+  largest such wait over the time in the probe's cycles before its baseline (0 with a given
+  baseline; in those cycles nobody counts late): on a healthy machine some rank is always last
+  by a hair, and naming it would be a false alarm. Not the time's noise from cycle to cycle: a
+  gloo cycle that swings 3x between cycles still has its ranks arrive within microseconds of
+  each other. A
   rank late (in any probe) in at least k of the last n cycles is a straggler; it stops being one
   after k consecutive cycles not late. Cycles that measured nothing do not count either way.
 """
@@ -64,6 +68,10 @@ class _History:
     level: int = 0
     judged: bool = False  # a cycle was judged against the baseline: "ok" means something
     source: str = ""  # where the baseline came from, for the change line
+    # how late the last rank came, over the probe's time, in the cycles before the baseline:
+    # the largest is the arrival skew this machine shows when healthy
+    skew_warm: list[float] = field(default_factory=list)
+    skew: float = 0.0
 
     @property
     def state(self) -> str:
@@ -197,8 +205,15 @@ class Tracker:
                                  f"of {self.world}")
             told = True
             h = self._hist[r.probe.key]
-            margin = (noise.limit(self.tolerance, h.noise or 0.0) - 1) * float(r.time_us)
-            if by > margin and rank not in late:
+            ratio = by / float(r.time_us)
+            if h.baseline is None:  # still learning the skew: nobody is late yet
+                h.skew_warm.append(ratio)
+                continue
+            if h.skew_warm:
+                h.skew, h.skew_warm = max(h.skew_warm), []
+            # against the skew, not the time's noise from cycle to cycle: how late a rank comes
+            # within a cycle does not grow when the whole cycle swings
+            if ratio > noise.limit(self.tolerance, h.skew) - 1 and rank not in late:
                 late[rank] = f"{by:.4g} us late in {label(r.probe)}"
         return late if told else None
 

@@ -58,13 +58,13 @@ class _Probe:
             inp, out = allocate(self.op, self.ctx, self.lay.per_rank_count,
                                 TORCH_DTYPES[probe.dtype], rt.device)
             self.case = self.op.build(self.ctx, inp, out, self.lay.per_rank_count)
-            self.case.prepare()
 
     def measure(self, s: Session, iters: int, delay) -> ProbeResult:
         rt = s.rt
         if self.case is None:
             return ProbeResult(self.probe, "skipped", note=f"too small for {rt.world} ranks")
         run, device = self.case.run, rt.device
+        self.case.prepare()
         for _ in range(WARMUP):
             run()
         timing.sync(device)
@@ -76,7 +76,12 @@ class _Probe:
             run()
             timing.sync(device)
             total += time.perf_counter() - t0
-        wrong = self.case.check() if s.opts.check else 0
+        wrong = 0
+        if s.opts.check:  # as every command checks: fresh inputs, one op, its output
+            self.case.prepare()
+            run()
+            timing.sync(device)
+            wrong = self.case.check()
         mine = torch.tensor([total / iters * 1e6, float(wrong)], dtype=torch.float64,
                             device=device)
         every = [torch.zeros_like(mine) for _ in range(rt.world)]
@@ -159,7 +164,9 @@ def run(s: Session) -> int:
                            late_total=late_total)
         s.console.log(_summary(cycle, judgement, opts.interval))
         index += 1
-        if rt.rank == 0 and _more(opts, index, time.monotonic() - started):
+        if rt.rank == 0 and not opts.once:
+            # the last cycle too: its file stands for an interval, as every cycle's does,
+            # before the run's end takes it down
             time.sleep(max(0.0, t0 + opts.interval - time.time()))
     return _ending(s, judgement, ranks)
 
@@ -177,14 +184,14 @@ def _ending(s: Session, j: Judgement | None, ranks: list[RankInfo]) -> int:
     opts = s.opts
     named = [f"rank {r} ({ranks[r].hostname})" for r in (j.stragglers if j else ())]
     verdict = j.verdict if j is not None else "unknown"
-    if opts.npd:
+    if opts.npd:  # run.json keeps distbench's codes; the launcher gives the plugin its own
         code, message = health.npd_result(j, named)
         if s.rt.rank == 0:
             print(message, flush=True)
         if code == 0:
             return EXIT_OK
         raise RunFailure(message, status="below_expectation" if code == 1 else "inconclusive",
-                         exit_code=code)
+                         exit_code=EXIT_BELOW if code == 1 else EXIT_INCONCLUSIVE)
     if opts.drain and verdict == "fail":
         _drain(s, j, ranks)
     line = f"watch verdict {verdict}" + (f"; stragglers: {', '.join(named)}" if named else "")

@@ -20,6 +20,8 @@ class Command:
     run_local: Callable[[RunOptions], int] | None = None  # (options) -> exit code
     # (options) -> exit code, for --dry-run: what the run would do, with no worker and no file
     dry_run: Callable[[RunOptions], int] | None = None
+    # (options, exit code) -> what the local launcher exits with (watch --npd's plugin codes)
+    exit_code: Callable[[RunOptions, int], int] | None = None
 
 
 COMMANDS: dict[str, Command] = {
@@ -33,5 +35,5 @@ COMMANDS: dict[str, Command] = {
     "accept": Command(accept.HELP, accept.AcceptOptions, accept.run,
                       dry_run=accept.dry_run),
     "plan": Command(plan.HELP, plan.PlanOptions, plan.run, plan.run_local),
-    "watch": Command(watch.HELP, watch.WatchOptions, watch.run),
+    "watch": Command(watch.HELP, watch.WatchOptions, watch.run, exit_code=watch.exit_code),
 }

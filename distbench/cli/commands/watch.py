@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distbench.core.dtypes import NAMES as DTYPES
+from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
 from distbench.core.options import (
     OptionError,
     RunOptions,
@@ -24,6 +25,7 @@ from distbench.core.options import (
     sizes,
 )
 from distbench.ops.collectives import names
+from distbench.watch.judge import WARM
 
 if TYPE_CHECKING:
     from distbench.run.session import Session
@@ -68,8 +70,9 @@ class WatchOptions(RunOptions):
                     "k clean ones); a rank the others waited for in k of n is a straggler.",
                     check=at_least(1, "--k 3"))
     n: int = option(5, "See --k.", check=at_least(1, "--n 5"))
-    warm: int = option(3, "Without --baseline, the first cycles that make the baseline.",
-                       check=at_least(1, "--warm 3"))
+    warm: int = option(WARM, "Without --baseline, the first cycles whose median is the "
+                       "baseline (fewer: false alarms on a noisy machine, judge.WARM says how "
+                       "many).", check=at_least(1, "--warm 20"))
     tolerance: float = option(0.15, "Worse than the baseline by more than this (and beyond "
                               "the noise) warns; by twice this fails.",
                               check=require(lambda v: 0 < v < 10, "must be above 0, got "
@@ -122,6 +125,17 @@ class WatchOptions(RunOptions):
 
     def cycles(self) -> int | None:
         return ONCE_CYCLES if self.once else self.count
+
+
+# node-problem-detector's custom plugin codes for distbench's: OK, a problem, unknown
+NPD_CODES = {EXIT_OK: 0, EXIT_BELOW: 1}
+NPD_UNKNOWN = 2
+
+
+def exit_code(opts: WatchOptions, code: int) -> int:
+    """What the local launcher exits with: with --npd, node-problem-detector's 0, 1 or 2 (any
+    other outcome, a failure or bad input included, is "unknown" to it)."""
+    return NPD_CODES.get(code, NPD_UNKNOWN) if opts.npd else code
 
 
 def run(s: Session) -> int:
