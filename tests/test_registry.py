@@ -20,7 +20,7 @@ HERE = Path(__file__).parent
 
 def test_every_command_has_options_and_a_body():
     assert set(COMMANDS) == {"collective", "p2p", "topo", "tp", "pp", "dp", "accept", "step",
-                             "plan"}
+                             "plan", "watch"}
     registered = {c.name for c in app.app.registered_commands}
     # report and compare read results back: no launcher, so no entry in the command table
     assert registered == set(COMMANDS) | {"report", "compare"}

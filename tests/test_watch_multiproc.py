@@ -68,7 +68,7 @@ def test_a_rank_slowed_from_cycle_3_is_named_within_k_cycles(tmp_path, world):
     result = []
     run = threading.Thread(target=lambda: result.append(distbench(
         out_dir(tmp_path), "watch", *FAST, "--interval", "0.5", "--count", "8", "--warm", "2",
-        "--k", "2", "--n", "3", "--workers", str(world), "--textfile", str(textfile),
+        "--agree", "2", "--last", "3", "--workers", str(world), "--textfile", str(textfile),
         timeout=240, DISTBENCH_TEST_SLOW_RANK=f"{slow}:0.01", DISTBENCH_TEST_SLOW_FROM="3")))
     run.start()
     files = _snapshots(textfile, run)

@@ -117,7 +117,7 @@ def run(s: Session) -> int:
     ranks = rank_infos(s)
     mine = [x for x in ranks if _node_of(s, x.rank) == _node_of(s, rt.rank)]
     hostname = ranks[rt.rank].hostname
-    k, n = (1, 1) if opts.once else (opts.k, opts.n)
+    k, n = (1, 1) if opts.once else (opts.agree, opts.last)
     tracker = Tracker(probes, rt.world, window=opts.window, k=k, n=n, tolerance=opts.tolerance,
                       warm=opts.warm, baseline=read_baseline(opts.baseline)
                       if opts.baseline else None)

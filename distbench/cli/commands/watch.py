@@ -62,14 +62,15 @@ class WatchOptions(RunOptions):
     duration: float | None = option(None, "Stop after this many seconds.",
                                     check=_positive_seconds("--duration 3600", optional=True),
                                     show_default=False)
-    once: bool = option(False, "One cycle, judged against --baseline (k = n = 1): a node "
-                        "health check within Slurm's 60 s.")
+    once: bool = option(False, "One cycle, judged against --baseline (--agree = --last = "
+                        "1): a node health check within Slurm's 60 s.")
     window: int = option(20, "Cycles the rolling median, p95 and coefficient of variation "
                          "cover.", check=at_least(2, "--window 20"))
-    k: int = option(3, "A state changes when k of the last n cycles agree (and clears after "
-                    "k clean ones); a rank the others waited for in k of n is a straggler.",
-                    check=at_least(1, "--k 3"))
-    n: int = option(5, "See --k.", check=at_least(1, "--n 5"))
+    # not --k/--n: torchrun would take --n for its own --nnodes or --nproc-per-node
+    agree: int = option(3, "A state changes when --agree of the --last cycles agree (and "
+                        "clears after --agree clean ones); a rank the others waited for in "
+                        "--agree of --last is a straggler.", check=at_least(1, "--agree 3"))
+    last: int = option(5, "See --agree.", check=at_least(1, "--last 5"))
     warm: int = option(WARM, "Without --baseline, the first cycles whose median is the "
                        "baseline (fewer: false alarms on a noisy machine, judge.WARM says how "
                        "many).", check=at_least(1, "--warm 20"))
@@ -90,8 +91,9 @@ class WatchOptions(RunOptions):
                        "of at most 80 characters; exit 0 OK, 1 problem, 2 unknown.")
 
     def validate(self) -> None:
-        if self.k > self.n:
-            raise OptionError("--k", f"must be at most --n ({self.n}), got {self.k}", "--k 3 --n 5")
+        if self.agree > self.last:
+            raise OptionError("--agree", f"must be at most --last ({self.last}), got "
+                              f"{self.agree}", "--agree 3 --last 5")
         too_big = [s for s in self.sizes if s > MAX_SIZE]
         if too_big:
             raise OptionError("--sizes", f"a probe runs every cycle: at most 1G, got "
