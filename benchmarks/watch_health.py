@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from procs import children, status_kib
+
 ARGS = ["watch", "--sizes", "64K", "--iters", "10", "--timeout", "30"]
 
 
@@ -55,26 +57,12 @@ def false_alarms(runs: int, cycles: int, workers: int) -> int:
     return 1 if bad else 0
 
 
-def _rss_kib(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def _tree(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
         out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(x) for x in (task / "children").read_text().split()]
-            except OSError:
-                pass
+        todo += children(p)
     return out
 
 
@@ -96,7 +84,7 @@ def memory(cycles: int, interval: float, workers: int) -> int:
             if done < 30 or done >= cycles:
                 continue
             for pid in _tree(proc.pid):
-                rss = _rss_kib(pid)
+                rss = status_kib(pid, "VmRSS")
                 if rss:
                     first.setdefault(pid, rss)
                     last[pid] = rss

@@ -65,7 +65,7 @@ def comm_environment() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
 
-class _Appender:
+class Appender:
     """A file written a whole record at a time and flushed at once: a crash keeps what was
     measured, and a failed write (a full disk mid-record) cuts the file back to its last whole
     record and raises an OSError naming the file."""
@@ -98,8 +98,8 @@ class CsvSink:
     def __init__(self, path: Path, columns: list[str]):
         self.path = path
         self.columns = columns
-        self._out = _Appender(path)
-        self._samples: _Appender | None = None
+        self._out = Appender(path)
+        self._samples: Appender | None = None
         self._rows = 0
         self._out.write(self._line(dict(zip(columns, columns, strict=True))))
 
@@ -117,7 +117,7 @@ class CsvSink:
         index, self._rows = self._rows, self._rows + 1
         if samples_us:
             if self._samples is None:
-                self._samples = _Appender(samples.path_for(self.path))
+                self._samples = Appender(samples.path_for(self.path))
             self._samples.write(samples.encode(index, samples_us, reps_us))
 
     def close(self) -> None:

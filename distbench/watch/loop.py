@@ -25,6 +25,7 @@ from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
 from distbench.core.sizes import format_size
 from distbench.ops.collectives import OPS, Ctx
 from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.results.writer import Appender
 from distbench.run.runtime import RunFailure
 from distbench.run.session import Session
 from distbench.watch import health, textfile
@@ -58,6 +59,9 @@ class _Probe:
             inp, out = allocate(self.op, self.ctx, self.lay.per_rank_count,
                                 TORCH_DTYPES[probe.dtype], rt.device)
             self.case = self.op.build(self.ctx, inp, out, self.lay.per_rank_count)
+            # this rank's (mean in-call time, wrong elements), and every rank's, gathered
+            self.mine = torch.zeros(2, dtype=torch.float64, device=rt.device)
+            self.every = [torch.zeros_like(self.mine) for _ in range(rt.world)]
 
     def measure(self, s: Session, iters: int, delay) -> ProbeResult:
         rt = s.rt
@@ -82,12 +86,10 @@ class _Probe:
             run()
             timing.sync(device)
             wrong = self.case.check()
-        mine = torch.tensor([total / iters * 1e6, float(wrong)], dtype=torch.float64,
-                            device=device)
-        every = [torch.zeros_like(mine) for _ in range(rt.world)]
-        dist.all_gather(every, mine)
-        rank_us = tuple(float(t[0]) for t in every)
-        wrong_total = int(sum(float(t[1]) for t in every))
+        self.mine[0], self.mine[1] = total / iters * 1e6, float(wrong)
+        dist.all_gather(self.every, self.mine)
+        rank_us = tuple(float(t[0]) for t in self.every)
+        wrong_total = int(sum(float(t[1]) for t in self.every))
         time_us = max(rank_us)
         _, busbw = bandwidth(self.op.accounting, self.lay.size_bytes, time_us / 1e6, rt.world)
         if wrong_total:
@@ -108,7 +110,7 @@ def rank_infos(s: Session) -> list[RankInfo]:
 
 
 def _node_of(s: Session, rank: int):
-    return s.rt.ranks[rank].get("node_key", s.rt.ranks[rank].get("host")) if s.rt.ranks else 0
+    return s.rt.ranks[rank]["node"] if s.rt.ranks else 0  # as Runtime.nnodes groups them
 
 
 def run(s: Session) -> int:
@@ -128,7 +130,7 @@ def run(s: Session) -> int:
         s.on_stop.append(lambda: textfile.write_down(prom, hostname=hostname, why="ended"))
     if writes_prom:
         textfile.write_down(prom, hostname=hostname, why="starting")
-    lines = JsonLines(s.run_dir / "watch.jsonl") if s.run_dir is not None else None
+    lines = Appender(s.run_dir / "watch.jsonl") if s.run_dir is not None else None
     sink = s.sink(contracts.WATCH)
     s.step("watch: building the probes", opts.timeout)
     built = [_Probe(s, p) for p in probes]
@@ -154,9 +156,10 @@ def run(s: Session) -> int:
         late_total += late
         cycle = Cycle(index, t0, duration, late, results)
         judgement = tracker.observe(cycle)
+        line = cycle_line(cycle, judgement, opts.interval)
         if lines is not None:
-            lines.write(cycle_line(cycle, judgement, opts.interval))
-        for row in csv_rows(cycle, judgement, rt.world, rt.nnodes):
+            lines.write(json.dumps(line) + "\n")
+        for row in csv_rows(line, cycle, rt.world, rt.nnodes):
             sink.append(row)
         if writes_prom:
             textfile.write(prom, judgement, cycle, mine, hostname=hostname,
@@ -220,18 +223,6 @@ def _drain(s: Session, j: Judgement, ranks: list[RankInfo]) -> None:
             subprocess.run(argv, check=False, timeout=30)
 
 
-class JsonLines:
-    """watch.jsonl, a line per cycle, each flushed whole: a run stopped at any point leaves
-    every finished cycle."""
-
-    def __init__(self, path: Path):
-        self.f = path.open("a")
-
-    def write(self, record: dict) -> None:
-        self.f.write(json.dumps(record) + "\n")
-        self.f.flush()
-
-
 def cycle_line(c: Cycle, j: Judgement, interval: float) -> dict:
     probes = []
     for r in c.results:
@@ -252,8 +243,8 @@ def cycle_line(c: Cycle, j: Judgement, interval: float) -> dict:
             "probes": probes, "changes": list(j.changes)}
 
 
-def csv_rows(c: Cycle, j: Judgement, world: int, nnodes: int) -> list[dict]:
-    line = cycle_line(c, j, 0.0)
+def csv_rows(line: dict, c: Cycle, world: int, nnodes: int) -> list[dict]:
+    """watch.csv's rows of a cycle: its watch.jsonl line (cycle_line), a row per probe."""
     out = []
     for p, r in zip(line["probes"], c.results, strict=True):
         spread = r.spread
@@ -264,8 +255,8 @@ def csv_rows(c: Cycle, j: Judgement, world: int, nnodes: int) -> list[dict]:
                     "cycle": c.index, "started": line["started"], "duration_s": c.duration_s,
                     "late": int(c.late), "world_size": world, "nnodes": nnodes,
                     "spread_pct": None if spread is None else spread * 100,
-                    "verdict": j.verdict,
-                    "stragglers": " ".join(str(x) for x in j.stragglers)})
+                    "verdict": line["verdict"],
+                    "stragglers": " ".join(str(x) for x in line["stragglers"])})
     return out
 
 
