@@ -13,6 +13,7 @@ from distbench.planner.plan import (
     make_plan,
     pick_validation,
     validation_lines,
+    validation_md,
     validation_notes,
 )
 
@@ -84,3 +85,15 @@ def test_no_rank_correlation_is_printed_over_too_few_layouts():
     four = [(10.0, 11.0), (20.0, 19.0), (30.0, 33.0), (40.0, 38.0)]
     text = " ".join(validation_lines(four, four))
     assert "Spearman 1.00" in text and "MAPE" in text, text
+
+
+def test_validation_table_tells_layouts_apart_by_recomputation():
+    # on one GPU every layout is tp1 pp1 dp1: only m and the recomputation tell them apart, and
+    # the first H200's table printed 'none' and 'selective' at m 2 both as 1/1/1/0/2
+    base = {"tp": 1, "pp": 1, "dp": 1, "zero": 0, "micro_batches": 2, "virtual_stages": 1,
+            "predicted_step_ms": 10.0, "measured_step_ms": 10.0, "error_pct": 0.0,
+            "in_sample": 0, "status": "ok"}
+    text = validation_md({"layouts": [{**base, "recompute": "none"},
+                                      {**base, "recompute": "selective"}]}, [], [])
+    assert "| tp1 pp1 dp1 zero0 m2 |" in text
+    assert "| tp1 pp1 dp1 zero0 m2 rc-selective |" in text

@@ -104,7 +104,8 @@ def _row(model: ModelSpec, lay: Layout, inputs: Inputs, elt: int, dtype: str,
 def layout_of(row: dict) -> Layout:
     return Layout(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), zero=int(row["zero"]),
                   micro_batches=int(row["micro_batches"]),
-                  recompute=row.get("recompute") or "none")
+                  recompute=row.get("recompute") or "none",
+                  virtual_stages=int(row.get("virtual_stages") or 1))
 
 
 def label(row: dict) -> str:
@@ -232,14 +233,15 @@ def validation_md(found: dict, notes: Sequence[str], lines: Sequence[str]) -> st
     """plan.md's section on a validation: each layout run against its prediction, what was
     capped or in sample, and the error."""
     out = ["", "## Validation", ""]
-    rows = [[f"{v['tp']}/{v['pp']}/{v['dp']}/{v['zero']}/{v['micro_batches']}",
+    # the whole label: two layouts that differ only in recomputation must not read alike
+    rows = [[layout_of(v).label(),
              f"{v['predicted_step_ms']:.2f}",
              "" if v["measured_step_ms"] is None else f"{v['measured_step_ms']:.2f}",
              "" if v["error_pct"] is None else f"{v['error_pct']:+.1f}%",
              "yes" if v["in_sample"] else "no", str(v["status"])]
             for v in found.get("layouts", [])]
     if rows:
-        out += markdown_table(["tp/pp/dp/zero/m", "predicted (ms)", "measured (ms)", "error",
+        out += markdown_table(["layout", "predicted (ms)", "measured (ms)", "error",
                                "in sample", "status"], rows, align="lrrrll")
         out.append("")
     out += [f"- {n}" for n in [*notes, *lines]]
