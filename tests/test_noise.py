@@ -59,6 +59,21 @@ def test_overlapping_repetitions_are_never_called_a_change():
     assert c.mark == "noisy"
 
 
+def test_a_change_past_the_noise_is_not_called_while_the_repetitions_overlap():
+    """The medians 1.6x apart, past the margin over both rows' noise (30% and 28%: a limit of
+    1.48x), and every new repetition beyond the base's fastest, but the slowest base repetition
+    (130) lies beyond the fastest new one (125): not every repetition moved. A rule holding the
+    new repetitions only beyond the other's fastest called it worse (issue 33's mutation pass)."""
+    base = [100.0, 100.0, 100.0, 100.0, 130.0]
+    new = [125.0, 160.0, 160.0, 160.0, 160.0]
+    assert noise.limit(0.05, max(noise.spread(base), noise.spread(new))) < 1.6
+    assert noise.call(base, new, 0.05).mark == "noisy"
+    assert noise.call(new, base, 0.05).mark == "noisy"  # and the other way round
+    moved = [130.5, 160.0, 160.0, 160.0, 160.0]  # now every one lies beyond every one
+    assert noise.call(base, moved, 0.05).mark == "worse"
+    assert noise.call(moved, base, 0.05).mark == "better"
+
+
 def test_the_margin_holds_a_change_to_more_than_the_noise_itself():
     base = [100.0, 110.0, 105.0]  # 10% apart
     # 12% slower: past the noise (10%) and every base repetition, short of 1.1 ** MARGIN
