@@ -18,10 +18,10 @@ the nearest repetitions, the slower run's fastest over the faster run's slowest 
 the noise is what could have opened that gap without a change: the slower run's typical spread
 (how often its rows sat in a slow mode throughout, which lifts even its fastest repetition) and
 the faster row's own spread, by GAP_MARGIN. A slow repetition of the slower run cannot widen the
-gap, and noise on a shared machine only ever adds time, so the faster run's modes elsewhere
-cannot have made its row look faster than the machine goes. Judged instead by the medians against
-every spread of both runs, a tight row of a base run chaotic elsewhere (typical 200%) hid a rank
-slowed 2 ms an op (5x on the small rows): GAP_MARGIN's comment has the counts.
+gap. A row faster in one run than the machine usually goes is drift no repetition sees, and
+the margin, not the faster run's typical spread, is what covers it. Judged instead by the
+medians against every spread of both runs, a tight row of a base run chaotic elsewhere (typical
+200%) hid a rank slowed 2 ms an op (5x on the small rows): GAP_MARGIN's comment has the counts.
 """
 
 from __future__ import annotations
