@@ -180,3 +180,21 @@ def test_the_plain_median_without_a_clear_fault():
     slow = [(10.0, frozenset({0, 1})), (0.5, frozenset({0, 2})), (0.6, frozenset({1, 2}))]
     assert healthy.reach(slow) == healthy.Reach(10.0, "median of the 1 item not on 2", True,
                                                 ("2",))
+
+
+@pytest.mark.parametrize("ranks", [6, 8])
+def test_an_end_on_every_item_changes_nothing(ranks):
+    """The links of one host: every link is on the host, so the host has nothing off it to be
+    told apart from, and adding it to the ends must change nothing. Counted among the peers, its
+    best (the class's best) lifted their upper median at an even count of others, and healthy
+    ranks of a 6- or 8-rank node were left out as slow (issue 33's mutation pass). Ranks reach
+    up to 3x apart (a busy machine), each link as fast as its slower end."""
+    rng = random.Random(ranks)
+    for _ in range(300):
+        reach = [3 ** rng.random() for _ in range(ranks)]
+        items = [(min(reach[a], reach[b]) * rng.uniform(1, 1.05),
+                  frozenset({("rank", a), ("rank", b), ("host", "h")}))
+                 for a in range(ranks) for b in range(ranks) if a != b]
+        alone = [(f"rank {r}", ("rank", r)) for r in range(ranks)]
+        assert healthy.reach(items, [("host h", ("host", "h")), *alone]) == \
+            healthy.reach(items, alone)

@@ -632,6 +632,29 @@ def test_two_suspects_share_a_pair_that_stands_while_either_is_confirmed(profile
     assert set(_by_target(judged).values()) == {"PASS", "WARN"} and judged.culprits == []
 
 
+@pytest.mark.parametrize("other", [0.4, 7.0], ids=["fails", "warns"])
+def test_a_pair_of_two_suspects_stands_unless_every_retest_clears_it(profile, other):
+    """Nodes 3 and 4 of 5 slow; node 3's retest passes, node 4's fails or warns (7 of the
+    peers' 10: under the 0.8 warn line). The pair 3+4 holds node 4, which its retest did not
+    clear: it stands. A rule clearing a pair on any passing retest of its suspects (node 3's)
+    turned it to WARN (issue 33's mutation pass)."""
+    check = profile.checks[0]
+    names = [f"n{i}" for i in range(5)]
+    first = [_pair(check, a, b, 0.5 if {a, b} & {3, 4} else 10.0)
+             for a, b in combinations(range(5), 2)]
+    assert judge(first, profile, names).retests() == [("pair bw", [[(0, 3), (1, 4)]])]
+    again = [_pair(check, 0, 3, 9.5, retest=True), _pair(check, 1, 4, other, retest=True)]
+    judged = judge(first + again, profile, names)
+    marks = _by_target(judged)
+    assert marks["n3+n4"] == "FAIL"
+    assert {marks[f"n{i}+n3"] for i in range(3)} == {"WARN"}  # node 3's were noise
+    assert {marks[f"n{i}+n4"] for i in range(3)} == {"FAIL"}
+    (pair,) = [v for v in judged.verdicts if v.result.target == "n3+n4"]
+    assert "it failed its retest too" in pair.why or "its retest warned" in pair.why
+    assert [c.split(" is in")[0] for c in judged.culprits] == ["pair bw: node n4"]
+    assert judged.outcome(strict=False)[:2] == ("below_expectation", 4)
+
+
 def test_retests_do_not_move_what_the_peers_reach(profile):
     """The peers' reference comes from the first pass. A retest that fed it once blamed a
     healthy node and turned a healthy pair to WARN: here node 2's fast retest (30) would hide
