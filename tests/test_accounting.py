@@ -164,7 +164,7 @@ def nccl_tests_row(op: str, size: int, elt: int, nranks: int) -> tuple[int, int]
 
 def test_dtype_table_matches_distbench():
     from distbench.core.dtypes import NAMES, element_bytes
-    from distbench.ops.dtypes import TORCH_DTYPES
+    from distbench.ops.torch_dtypes import TORCH_DTYPES
 
     assert set(DTYPE_ELT) == set(TORCH_DTYPES) == set(NAMES)
     assert {name: element_bytes(name) for name in NAMES} == DTYPE_ELT
@@ -247,7 +247,7 @@ def test_in_place_slices_start_16_byte_aligned(op_name, dtype, n):
 
     from distbench.bench.series import allocate
     from distbench.ops.collectives import Ctx
-    from distbench.ops.dtypes import TORCH_DTYPES
+    from distbench.ops.torch_dtypes import TORCH_DTYPES
 
     op, elt = OPS[op_name], DTYPE_ELT[dtype]
     lays = [lay for size in NCCL_TESTS_SIZES if size <= 4 << 20  # no GiB buffers here

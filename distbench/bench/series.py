@@ -19,7 +19,7 @@ from distbench.core.tables import format_matrix
 from distbench.ops import p2p
 from distbench.ops.case import Case
 from distbench.ops.collectives import CollectiveOp, Ctx
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.results.links import Link
 from distbench.run.memory import allocate_fitting
 from distbench.run.runtime import rank_names

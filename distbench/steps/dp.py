@@ -19,7 +19,7 @@ import gc
 from distbench.bench import timing
 from distbench.bench.measure import timing_cells
 from distbench.core.tables import Output, format_table, plural
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.run.session import Session
 from distbench.steps import dp_formulas as formulas
 from distbench.steps import dp_model as strat

@@ -36,7 +36,7 @@ from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_OK
 from distbench.core.sizes import format_size
 from distbench.core.tables import plural
 from distbench.ops import data
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.planner import assemble, given, points
 from distbench.planner import plan as planning
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from distbench.bench import timing
 from distbench.bench.measure import Settings, timed_samples, timing_cells
 from distbench.core.tables import Output, format_table, plural
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.planner.layouts import SCHEDULE, Layout
 from distbench.planner.memory import held_by_step, memory, step_inputs_bytes
 from distbench.planner.models import ModelSpec, model_text, parse_model

@@ -24,7 +24,7 @@ from distbench.core.dtypes import element_bytes
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
 from distbench.core.sizes import format_size
 from distbench.ops.collectives import OPS, Ctx
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.results.writer import Appender
 from distbench.run.runtime import RunFailure
 from distbench.run.session import Session
