@@ -27,7 +27,7 @@ from distbench.core.accounting import bandwidth
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.core.tables import Output, format_row, format_table, plural
 from distbench.ops.collectives import OPS, Ctx
-from distbench.run.memory import release
+from distbench.run.buffers import release
 from distbench.run.runtime import RunFailure, node_names
 
 if TYPE_CHECKING:

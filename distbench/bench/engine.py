@@ -18,7 +18,7 @@ from distbench.core.accounting import Accounting, Layout, bandwidth, layout
 from distbench.core.errors import one_line
 from distbench.core.tables import Output, format_row, format_table
 from distbench.ops.case import Case
-from distbench.run.memory import allocate_fitting, release
+from distbench.run.buffers import allocate_fitting, release
 from distbench.run.peers import agree
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from distbench.ops.case import Case
 from distbench.ops.collectives import CollectiveOp, Ctx
 from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.results.links import Link
-from distbench.run.memory import allocate_fitting
+from distbench.run.buffers import allocate_fitting
 from distbench.run.runtime import rank_names
 
 if TYPE_CHECKING:

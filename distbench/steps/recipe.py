@@ -32,7 +32,7 @@ from distbench.bench import timing
 from distbench.bench.measure import Settings, timed_samples
 from distbench.core.errors import one_line
 from distbench.core.sizes import format_size
-from distbench.run.memory import available_bytes, release
+from distbench.run.buffers import available_bytes, release
 from distbench.run.session import Session
 from distbench.steps.comms import Call, CommCounter
 

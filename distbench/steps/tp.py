@@ -15,7 +15,7 @@ from __future__ import annotations
 from distbench.bench.measure import timing_cells
 from distbench.core.tables import Output, format_table, plural
 from distbench.ops.torch_dtypes import TORCH_DTYPES
-from distbench.run.memory import release
+from distbench.run.buffers import release
 from distbench.run.session import Session
 from distbench.steps import recipe
 from distbench.steps import tp_model as strat
