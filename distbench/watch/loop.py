@@ -29,8 +29,8 @@ from distbench.results.writer import Appender
 from distbench.run.runtime import RunFailure
 from distbench.run.session import Session
 from distbench.watch import health, textfile
-from distbench.watch.baseline import read_baseline
 from distbench.watch.judge import Tracker
+from distbench.watch.probe_baseline import read_baseline
 from distbench.watch.records import (
     SCHEMA_VERSION,
     Cycle,
