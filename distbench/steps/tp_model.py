@@ -32,8 +32,8 @@ from distbench.steps.models import (
     make_stack,
     make_step,
 )
-from distbench.steps.plan import BLOCKS
 from distbench.steps.reference import TensorPair
+from distbench.steps.vocabulary import BLOCKS
 
 # One reference forward+backward (and the TP one) on the configured shapes costs this much at
 # most; larger configurations are checked on small_shape() instead.
