@@ -47,7 +47,7 @@ from distbench.steps.comms import (
     replay,
     replayable,
 )
-from distbench.steps.models import StackShape, build_stack
+from distbench.steps.stacks import StackShape, build_stack
 
 CPU = torch.device("cpu")
 MODES = ("ddp", "zero1", "zero2", "zero3")

@@ -12,14 +12,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import distbench.steps.models
+import distbench.steps.stacks
 from distbench.cli.commands import tp as cmd
 from distbench.core.tables import format_table
 from distbench.run.faults import Faults
 from distbench.steps import reference
 from distbench.steps import tp_model as strat
 from distbench.steps.common import check_against_reference
-from distbench.steps.models import StackShape, build_stack, make_inputs, make_step
+from distbench.steps.stacks import StackShape, build_stack, make_inputs, make_step
 
 CPU = torch.device("cpu")
 
@@ -27,7 +27,7 @@ CPU = torch.device("cpu")
 # ---- shapes and models -------------------------------------------------------------------------
 
 def test_models_know_nothing_of_parallelism():
-    tree = ast.parse(Path(distbench.steps.models.__file__).read_text())
+    tree = ast.parse(Path(distbench.steps.stacks.__file__).read_text())
     imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     imported += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert "torch" in imported  # the walk sees the imports

@@ -31,8 +31,8 @@ from distbench.steps.common import (
     write_rows,
 )
 from distbench.steps.comms import bus_bytes, op_bytes, op_counts, replay, replayable
-from distbench.steps.models import StackShape
 from distbench.steps.reference import RTOL
+from distbench.steps.stacks import StackShape
 
 SEED = 1234
 # A check on the configured shapes costs this many FLOPs at most (the reference runs the whole

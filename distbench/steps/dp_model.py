@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from distbench.steps.dp_formulas import HALF
-from distbench.steps.models import StackShape, build_stack
 from distbench.steps.reference import TensorPair
+from distbench.steps.stacks import StackShape, build_stack
 
 # The check's AdamW: one step moves each parameter by up to LR. Its eps is a share of the
 # reference's largest gradient, so that a gradient near zero (whose sign rounding may flip

@@ -42,8 +42,8 @@ from distbench.steps.dp_model import (
     optimizer_tensors,
     storage_bytes,
 )
-from distbench.steps.models import MLP, Attention
 from distbench.steps.reference import TensorPair
+from distbench.steps.stacks import MLP, Attention
 
 SEED = 1234
 
@@ -53,7 +53,7 @@ SEED = 1234
 
 
 class Layer(nn.Module):
-    """Attention then MLP, each adding its own residual (steps.models' blocks). Recomputation
+    """Attention then MLP, each adding its own residual (steps.stacks' blocks). Recomputation
     (torch.utils.checkpoint, non-reentrant, as torchtitan applies it): full checkpoints the
     whole layer, keeping only its input; selective the attention core."""
 

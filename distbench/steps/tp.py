@@ -26,8 +26,8 @@ from distbench.steps.common import (
     write_rows,
 )
 from distbench.steps.comms import op_bytes, op_counts
-from distbench.steps.models import StackShape, build_stack, make_inputs, make_step
 from distbench.steps.reference import RTOL
+from distbench.steps.stacks import StackShape, build_stack, make_inputs, make_step
 
 SEED = 1234
 

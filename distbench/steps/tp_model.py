@@ -1,5 +1,5 @@
 """Megatron-style tensor parallelism over a 1-D DeviceMesh, applied the way production code
-applies it: the stack of distbench.steps.models is built on the meta device, parallelize_module
+applies it: the stack of distbench.steps.stacks is built on the meta device, parallelize_module
 (torch.distributed.tensor.parallel) shards it, and only then is each rank's shard materialised,
 as torchtitan does, so a model that needs TP to fit never exists whole on one GPU.
 
@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from distbench.steps.models import (
+from distbench.steps.reference import TensorPair
+from distbench.steps.stacks import (
     Stack,
     StackShape,
     build_stack,
@@ -32,7 +33,6 @@ from distbench.steps.models import (
     make_stack,
     make_step,
 )
-from distbench.steps.reference import TensorPair
 from distbench.steps.vocabulary import BLOCKS
 
 # One reference forward+backward (and the TP one) on the configured shapes costs this much at
