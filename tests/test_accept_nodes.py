@@ -25,8 +25,8 @@ import torch.distributed as dist
 from fake_group import ThreadWorld, on_threads
 from helpers import distbench_lines
 
-from distbench.accept import acceptance, check_plan
-from distbench.accept.check_plan import Layout
+from distbench.accept import acceptance, itinerary
+from distbench.accept.itinerary import Cluster
 from distbench.accept.profiles import resolve
 from distbench.bench import series, timing
 from distbench.core import contracts, noise
@@ -268,7 +268,7 @@ def test_a_rank_holds_one_rounds_groups_at_most_and_frees_them_all(monkeypatch, 
     assert world.stale == []  # one round's groups alive at a time, over all ranks
     assert world.freed == world.made and world.held == [[]] * world.world, world.held
     # the plan a dry run prints counts what the run made, retests aside
-    plan = check_plan.make(resolve("cpu-gloo"), Layout.uniform(nodes, 2), quick=False)
+    plan = itinerary.make(resolve("cpu-gloo"), Cluster.uniform(nodes, 2), quick=False)
     if not slow:
         assert world.calls == [plan.creations] * world.world
     else:
