@@ -51,7 +51,7 @@ def worker(args) -> None:
     from distbench.bench import series, timing
     from distbench.bench.measure import Settings, measure_case
     from distbench.cli.commands.collective import OUTPUT, CollectiveOptions, plans
-    from distbench.core.accounting import layout
+    from distbench.core.accounting import buffer_of
     from distbench.core.options import build
     from distbench.run import runtime
     from distbench.run.session import Session
@@ -65,7 +65,7 @@ def worker(args) -> None:
     n, rank, device = rt.world, rt.rank, rt.device
     (plan,) = plans(opts)
     ser = series.collective(s, plan, OUTPUT)  # what the engine measures, minus sink and console
-    lays = {size: layout(plan.op.accounting, size, 4, n) for size in sizes}
+    lays = {size: buffer_of(plan.op.accounting, size, 4, n) for size in sizes}
     bufs = ser.alloc(max(lay.per_rank_count for lay in lays.values()))
 
     def baseline(buf, iters) -> float:

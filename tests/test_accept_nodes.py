@@ -30,7 +30,7 @@ from distbench.accept.itinerary import Cluster
 from distbench.accept.profiles import resolve
 from distbench.bench import series, timing
 from distbench.core import contracts, noise
-from distbench.core.accounting import layout
+from distbench.core.accounting import buffer_of
 from distbench.core.dtypes import element_bytes
 from distbench.results import writer
 from distbench.run.console import Console
@@ -104,12 +104,12 @@ class _World(ThreadWorld):
                             wrong=0, reps_us=reps)
 
     def collective_once(self, m, op, dtype: str, size: int, ctx, what: str):
-        lay = layout(op.accounting, size, element_bytes(dtype), ctx.n)
+        lay = buffer_of(op.accounting, size, element_bytes(dtype), ctx.n)
         return lay, self._stats(what, ctx.group)
 
     def p2p_once(self, m, pattern: str, dtype: str, size: int, rank: int, n: int, what: str,
                  group=None):
-        return layout(series.SENDRECV, size, element_bytes(dtype), n), self._stats(what, group)
+        return buffer_of(series.SENDRECV, size, element_bytes(dtype), n), self._stats(what, group)
 
 
 @dataclass

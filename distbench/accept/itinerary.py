@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from distbench.accept import schedule
 from distbench.accept.profiles import Check, Profile
-from distbench.core.accounting import SENDRECV, bandwidth, layout
+from distbench.core.accounting import SENDRECV, bandwidth, buffer_of
 from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
 from distbench.core.tables import plural
@@ -325,7 +325,7 @@ def _issued(check: Check, profile: Profile, rounds: Rounds) -> tuple[list[str], 
         return ["nothing: one rank per target"], 0.0
     elt = element_bytes(check.dtype)
     acc = OPS[check.op].accounting if check.command == "collective" else SENDRECV
-    lay = layout(acc, check.size, elt, n)
+    lay = buffer_of(acc, check.size, elt, n)
     if lay is None:
         return ["nothing: too small for the group"], 0.0
     what = check.op if check.command == "collective" else f"p2p {check.op}"
