@@ -39,7 +39,7 @@ from distbench.steps import mesh_model, recipe
 from distbench.steps.common import check_against_reference, write_rows
 from distbench.steps.comms import Call, op_bytes, op_counts, replay, replay_p2p, replayable
 from distbench.steps.dp_model import hold_still
-from distbench.steps.reference import RTOL
+from distbench.steps.reference import RTOL, Reference
 
 DIMS = ("tp", "pp", "dp")
 # The reference (the whole model on the whole batch, forward and backward on every rank) may
@@ -278,7 +278,7 @@ def _dp_mean(mm: mesh_model.MeshModel):
 _REFERENCE: dict = {}
 
 
-def _reference(model: ModelSpec, dtype) -> mesh_model.Reference:
+def _reference(model: ModelSpec, dtype) -> Reference:
     """The single-rank reference, kept for the next layout of the same model (it does not
     depend on the layout: every layout trains the same samples)."""
     key = (model, str(dtype))
