@@ -51,7 +51,7 @@ def run(s: Session, output: Output) -> int:
     chief = rt.rank == 0
     baseline = (files.read_baseline(Path(opts.baseline), profile)
                 if opts.baseline and chief else None)
-    progress = files.Progress(s.run_dir, s.record, profile, why, names, rt,
+    progress = files.AcceptFiles(s.run_dir, s.record, profile, why, names, rt,
                                      opts.strict) if chief else None
     if progress is not None:
         s.on_end.append(progress.ended)
