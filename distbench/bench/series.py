@@ -1,6 +1,6 @@
-"""What the sweep commands measure, as the engine's Series: buffers, cases and row cells for a
-collective plan, a p2p pattern and the pairwise link matrix; and one size of a collective or a
-p2p pattern measured on a group of its own, as acceptance measures each target."""
+"""What the sweep commands measure, as the engine's Series: buffers, cases and row cells for
+each of collective's Combinations, a p2p pattern and the pairwise link matrix; and one size of a
+collective or a p2p pattern measured on a group of its own, as acceptance measures each target."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from distbench.run.buffers import allocate_fitting
 from distbench.run.runtime import rank_names
 
 if TYPE_CHECKING:
+    from distbench.bench.combinations import Combination
     from distbench.run.session import Session
 
 
@@ -48,12 +49,12 @@ def describe(op: str, size: int, dtype: str, redop: str, in_place: bool) -> str:
     return f"{op} {format_size(size)} {dtype}{extra} {'in-place' if in_place else 'out-of-place'}"
 
 
-def collective(s: Session, plan, output) -> Series:
+def collective(s: Session, combo: Combination, output) -> Series:
     rt = s.rt
-    n, op = rt.world, plan.op
-    ctx = plan.ctx(rt.rank, n)
-    elt = element_bytes(plan.dtype)
-    alloc = functools.partial(allocate, op, ctx, dtype=TORCH_DTYPES[plan.dtype],
+    n, op = rt.world, combo.op
+    ctx = combo.ctx(rt.rank, n)
+    elt = element_bytes(combo.dtype)
+    alloc = functools.partial(allocate, op, ctx, dtype=TORCH_DTYPES[combo.dtype],
                               device=rt.device)
 
     def probe():
@@ -61,22 +62,22 @@ def collective(s: Session, plan, output) -> Series:
         return op.build(ctx, inp, out, 1)
 
     def points(bufs, lay: Buffer) -> list[Point]:
-        what = describe(op.name, lay.size_bytes, plan.dtype, plan.redop, plan.in_place)
+        what = describe(op.name, lay.size_bytes, combo.dtype, combo.redop, combo.in_place)
         case = op.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
         return [bandwidth_point(s, what, case, op.accounting, lay)]
 
     need = min_bytes(op.accounting, elt, n)
     return Series(
-        name=f"{op.name} {plan.dtype}", output=output,
-        title=f"{op.name}  {plan.dtype}  redop {plan.redop}  root {plan.root}  "
-              f"{'in-place' if plan.in_place else 'out-of-place'}  ranks {n}  "
+        name=f"{op.name} {combo.dtype}", output=output,
+        title=f"{op.name}  {combo.dtype}  redop {combo.redop}  root {combo.root}  "
+              f"{'in-place' if combo.in_place else 'out-of-place'}  ranks {n}  "
               f"nodes {rt.nnodes}  backend {rt.backend}",
         accounting=op.accounting, elt=elt, alloc=alloc, points=points,
-        row={"op": op.name, "dtype": plan.dtype, "redop": plan.redop, "root": plan.root,
-             "in_place": plan.in_place, "world_size": n, "nnodes": rt.nnodes,
+        row={"op": op.name, "dtype": combo.dtype, "redop": combo.redop, "root": combo.root,
+             "in_place": combo.in_place, "world_size": n, "nnodes": rt.nnodes,
              "backend": rt.backend, "status": "ok", "note": ""},
-        too_small=f"too small: {n} ranks need at least {need} B of {plan.dtype}",
-        skip=plan.skip, probe=probe)
+        too_small=f"too small: {n} ranks need at least {need} B of {combo.dtype}",
+        skip=combo.skip, probe=probe)
 
 
 def _send_recv(dtype: str, device):
