@@ -217,13 +217,15 @@ def main(argv: list[str] | None = None) -> None:
         lifeline.watch(_launcher_lost if rank == 0 else None)
         faults.stall_before_join(rank)
     try:
-        code = _dispatch(args, argv)
+        code = _run_app(args, argv)
     finally:  # whatever broke (the store the launcher held, say), a lost launcher is the cause
         lifeline.leave_if_orphaned()
     sys.exit(code or 0)
 
 
-def _dispatch(args: list[str], argv: list[str] | None) -> int | None:
+def _run_app(args: list[str], argv: list[str] | None) -> int | None:
+    """The command line parsed and run, and what it raised turned into an exit code (dispatch
+    decides where a parsed command runs)."""
     try:
         return app(args=argv, prog_name="distbench", standalone_mode=False)
     except OptionError as e:
