@@ -125,19 +125,6 @@ def _sharded_layers(kind: str) -> tuple[str, str]:
     return ("up", "down") if kind == "mlp" else ("qkv", "out")
 
 
-def local_shard(full: Stack, kind: str, shape: StackShape, rank: int, world: int) -> Stack:
-    """Plain modules with this rank's shard shapes and weights (the rows/columns
-    ColwiseParallel/RowwiseParallel give it): the same computation as TP minus communication."""
-    p = next(full.parameters())
-    local = make_stack(kind, shape, shards=world).to(device=p.device, dtype=p.dtype)
-    col, row = _sharded_layers(kind)
-    with torch.no_grad():
-        for src, dst in zip(full.blocks, local.blocks, strict=True):
-            getattr(dst, col).weight.copy_(getattr(src, col).weight.chunk(world, 0)[rank])
-            getattr(dst, row).weight.copy_(getattr(src, row).weight.chunk(world, 1)[rank])
-    return local
-
-
 def tp_plan(kind: str, layers: int) -> dict:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
