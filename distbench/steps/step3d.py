@@ -37,7 +37,7 @@ from distbench.run.comm_trace import ranks_of
 from distbench.run.session import Session
 from distbench.steps import mesh_model, recipe
 from distbench.steps.common import check_against_reference, write_rows
-from distbench.steps.comms import Call, op_bytes, op_counts, replay, replay_p2p, replayable
+from distbench.steps.comms import CommCall, op_bytes, op_counts, replay, replay_p2p, replayable
 from distbench.steps.dp_model import hold_still
 from distbench.steps.reference import RTOL, Reference
 
@@ -306,8 +306,8 @@ def check_model(model: ModelSpec, layout: Layout) -> ModelSpec:
 # Communication per dimension
 
 
-def split_by_dimension(calls: list[Call], mesh, layout: Layout
-                       ) -> tuple[dict[str, list[Call]], list[Call]]:
+def split_by_dimension(calls: list[CommCall], mesh, layout: Layout
+                       ) -> tuple[dict[str, list[CommCall]], list[CommCall]]:
     """The counted calls by the mesh dimension whose ranks their process group holds; the calls
     on no dimension's ranks apart, told by the ranks a call's group holds. A dimension of size 1
     issues nothing."""
@@ -315,8 +315,8 @@ def split_by_dimension(calls: list[Call], mesh, layout: Layout
     for d in DIMS:
         if getattr(layout, d) > 1:
             dims[tuple(dist.get_process_group_ranks(mesh[d].get_group()))] = d
-    by_dim: dict[str, list[Call]] = {d: [] for d in DIMS}
-    other: list[Call] = []
+    by_dim: dict[str, list[CommCall]] = {d: [] for d in DIMS}
+    other: list[CommCall] = []
     seen: dict[str, str | None] = {}
     for c in calls:
         if c.group not in seen:
@@ -326,7 +326,7 @@ def split_by_dimension(calls: list[Call], mesh, layout: Layout
     return by_dim, other
 
 
-def _alone(s: Session, dim: str, calls: list[Call], mesh, layout: Layout, label: str
+def _alone(s: Session, dim: str, calls: list[CommCall], mesh, layout: Layout, label: str
            ) -> tuple[float, dict]:
     """The dimension's calls replayed alone on its group, timed on every rank at once (each
     rank its own group's); 0 for a dimension of size 1. What could not be replayed, by op."""
