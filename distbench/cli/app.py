@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from distbench.cli.commands import COMMANDS, Command, compare, report
+from distbench.cli.commands import COMMANDS, TOOLS, Command
 from distbench.core.errors import ReadError, one_line
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
 from distbench.core.options import (
@@ -148,7 +148,7 @@ def _root() -> None:
 
 for _name, _command in COMMANDS.items():
     _add(_name, _command)
-for _tool in (report, compare):  # they read results back: no launcher, no option dataclass
+for _tool in TOOLS:
     app.command(name=_tool.__name__.rsplit(".", 1)[1], help=_tool.HELP)(_tool.command)
 
 
