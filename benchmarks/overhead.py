@@ -49,9 +49,10 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     from distbench.bench import series, timing
+    from distbench.bench.combinations import combinations
     from distbench.bench.measure import Settings, measure_case
-    from distbench.cli.commands.collective import OUTPUT, CollectiveOptions, plans
-    from distbench.core.accounting import layout
+    from distbench.cli.commands.collective import OUTPUT, CollectiveOptions
+    from distbench.core.accounting import buffer_of
     from distbench.core.options import build
     from distbench.run import runtime
     from distbench.run.session import Session
@@ -63,9 +64,9 @@ def worker(args) -> None:
     rt = runtime.start(opts.backend, opts.timeout, opts.identity())
     s = Session("collective", opts, rt)
     n, rank, device = rt.world, rt.rank, rt.device
-    (plan,) = plans(opts)
-    ser = series.collective(s, plan, OUTPUT)  # what the engine measures, minus sink and console
-    lays = {size: layout(plan.op.accounting, size, 4, n) for size in sizes}
+    (combo,) = combinations(opts.ops, opts.dtypes, opts.redops, opts.root, opts.placement)
+    ser = series.collective(s, combo, OUTPUT)  # what the engine measures, minus sink and console
+    lays = {size: buffer_of(combo.op.accounting, size, 4, n) for size in sizes}
     bufs = ser.alloc(max(lay.per_rank_count for lay in lays.values()))
 
     def baseline(buf, iters) -> float:

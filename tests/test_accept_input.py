@@ -124,7 +124,7 @@ def test_a_size_is_a_whole_number_of_the_checks_elements(tmp_path):
 def test_element_sizes_are_torchs():
     import torch
 
-    from distbench.ops.dtypes import TORCH_DTYPES
+    from distbench.ops.torch_dtypes import TORCH_DTYPES
 
     for dtype in DTYPES:
         assert profiles.element_bytes(dtype) == torch.empty(

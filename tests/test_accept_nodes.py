@@ -25,12 +25,12 @@ import torch.distributed as dist
 from fake_group import ThreadWorld, on_threads
 from helpers import distbench_lines
 
-from distbench.accept import acceptance, check_plan
-from distbench.accept.check_plan import Layout
+from distbench.accept import acceptance, itinerary
+from distbench.accept.itinerary import Cluster
 from distbench.accept.profiles import resolve
 from distbench.bench import series, timing
 from distbench.core import contracts, noise
-from distbench.core.accounting import layout
+from distbench.core.accounting import buffer_of
 from distbench.core.dtypes import element_bytes
 from distbench.results import writer
 from distbench.run.console import Console
@@ -104,12 +104,12 @@ class _World(ThreadWorld):
                             wrong=0, reps_us=reps)
 
     def collective_once(self, m, op, dtype: str, size: int, ctx, what: str):
-        lay = layout(op.accounting, size, element_bytes(dtype), ctx.n)
+        lay = buffer_of(op.accounting, size, element_bytes(dtype), ctx.n)
         return lay, self._stats(what, ctx.group)
 
     def p2p_once(self, m, pattern: str, dtype: str, size: int, rank: int, n: int, what: str,
                  group=None):
-        return layout(series.SENDRECV, size, element_bytes(dtype), n), self._stats(what, group)
+        return buffer_of(series.SENDRECV, size, element_bytes(dtype), n), self._stats(what, group)
 
 
 @dataclass
@@ -268,7 +268,7 @@ def test_a_rank_holds_one_rounds_groups_at_most_and_frees_them_all(monkeypatch, 
     assert world.stale == []  # one round's groups alive at a time, over all ranks
     assert world.freed == world.made and world.held == [[]] * world.world, world.held
     # the plan a dry run prints counts what the run made, retests aside
-    plan = check_plan.make(resolve("cpu-gloo"), Layout.uniform(nodes, 2), quick=False)
+    plan = itinerary.make(resolve("cpu-gloo"), Cluster.uniform(nodes, 2), quick=False)
     if not slow:
         assert world.calls == [plan.creations] * world.world
     else:

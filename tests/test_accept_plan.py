@@ -1,4 +1,4 @@
-"""accept's plan (check_plan.py) and the schedule that runs it: targets in torch's group order
+"""accept's plan (itinerary.py) and the schedule that runs it: targets in torch's group order
 under any placement, a round's groups made in one call with the run's timeout (the last round's
 released first), creations that grow with the node count, idle ranks that wait on the host, and
 the dry run that prints the plan. The schedule runs on a fake group of threads (one per rank) of up
@@ -20,19 +20,19 @@ import torch.distributed as dist
 from fake_group import ThreadWorld, on_threads
 from helpers import cli
 
-from distbench.accept import acceptance, check_plan
-from distbench.accept.check_plan import Groups, Layout
+from distbench.accept import acceptance, itinerary
+from distbench.accept.itinerary import Cluster, Groups
 from distbench.accept.profiles import resolve
 
 H100 = resolve("h100-sxm-8")
 CPU = resolve("cpu-gloo")
 
 
-def _cyclic(nodes: int, per_node: int) -> Layout:
+def _cyclic(nodes: int, per_node: int) -> Cluster:
     """srun -m cyclic: rank r on node r % nodes."""
     names = [f"n{i}" for i in range(nodes)]
     ranks = [tuple(r for r in range(nodes * per_node) if r % nodes == i) for i in range(nodes)]
-    return Layout(names, ranks, names)
+    return Cluster(names, ranks, names)
 
 
 def test_a_pair_lists_its_ranks_in_group_order_under_cyclic_placement():
@@ -40,11 +40,11 @@ def test_a_pair_lists_its_ranks_in_group_order_under_cyclic_placement():
     ring and pingpong peers mismatch (a hang on NCCL)."""
     lay = _cyclic(2, 2)  # node 0 = ranks 0, 2; node 1 = ranks 1, 3
     assert lay.node_ranks == [(0, 2), (1, 3)]
-    (pair,), = check_plan.rounds_of(CPU.checks[5], lay, quick=False)
+    (pair,), = itinerary.rounds_of(CPU.checks[5], lay, quick=False)
     assert pair.ranks == (0, 1, 2, 3)
-    assert check_plan.target_of("pair", (0, 1), lay) == pair
+    assert itinerary.target_of("pair", (0, 1), lay) == pair
     ranks = [{"rank": r, "node": r % 2, "host": "h"} for r in range(4)]
-    assert Layout.of_ranks(ranks, ["a", "b"]).node_ranks == [(0, 2), (1, 3)]
+    assert Cluster.of_ranks(ranks, ["a", "b"]).node_ranks == [(0, 2), (1, 3)]
 
 
 def test_a_round_releases_the_groups_held_unless_they_are_its_own():
@@ -55,13 +55,13 @@ def test_a_round_releases_the_groups_held_unless_they_are_its_own():
     released: list = []
     groups = Groups(8, lambda lists: (made.append(lists), {r: r for r in lists})[1],
                     released.append)
-    lay = Layout.uniform(4, 2)
-    node_round, = check_plan.rounds_of(CPU.checks[0], lay, quick=False)
+    lay = Cluster.uniform(4, 2)
+    node_round, = itinerary.rounds_of(CPU.checks[0], lay, quick=False)
     for _ in range(2):  # two node checks: the second uses the first's groups
         groups.for_round(node_round)
     assert groups.created == 1 and released == []
     assert groups.for_round(node_round[1:2]) == [(2, 3)]  # a retest of one node
-    pair_rounds = check_plan.rounds_of(CPU.checks[4], lay, quick=False)
+    pair_rounds = itinerary.rounds_of(CPU.checks[4], lay, quick=False)
     for _ in range(2):  # two pair checks: each makes its rounds afresh
         for targets in pair_rounds:
             groups.for_round(targets)
@@ -69,7 +69,7 @@ def test_a_round_releases_the_groups_held_unless_they_are_its_own():
     assert groups.created == 1 + 2 * len(pair_rounds) == 7 and len(made) == 7
     assert all(len(lists) == 2 for lists in made[1:])  # a round's disjoint pairs, in one call
     assert len(released) == 4 + 2 * (2 * len(pair_rounds) - 1)
-    cluster = check_plan.rounds_of(CPU.checks[-1], lay, quick=False)[0]
+    cluster = itinerary.rounds_of(CPU.checks[-1], lay, quick=False)[0]
     assert groups.for_round(cluster) == [None]  # the whole world: the default group
     assert groups.held == {} and len(released) == 4 + 2 * 2 * len(pair_rounds)
     assert groups.created == 7
@@ -79,7 +79,7 @@ def test_a_round_releases_the_groups_held_unless_they_are_its_own():
 def test_group_creations_grow_with_the_nodes_not_the_pairs(profile):
     """Issue 19: at most 2.2x from 64 to 128 nodes (the pairs grow 4x). One for the node
     checks, N - 1 per pair check (issue 30: each round's groups are released after it)."""
-    at = {n: check_plan.make(profile, Layout.uniform(n, 8), quick=False) for n in (64, 128)}
+    at = {n: itinerary.make(profile, Cluster.uniform(n, 8), quick=False) for n in (64, 128)}
     pair_checks = sum(c.scope == "pair" for c in profile.checks)
     assert at[64].creations == 1 + pair_checks * 63
     assert at[128].creations == 1 + pair_checks * 127
@@ -91,14 +91,14 @@ def test_group_creations_grow_with_the_nodes_not_the_pairs(profile):
 def test_the_estimate_follows_the_floors_and_the_sizes():
     """A measurement's time at the profile's warn figure: 16 GiB all_reduce on 8 H100s at
     the warn busbw W is 2 x 7/8 x 16 GiB / W a call (about 66 ms at 455 GB/s), 26 calls."""
-    plan = check_plan.make(H100, Layout.uniform(2, 8), quick=False)
+    plan = itinerary.make(H100, Cluster.uniform(2, 8), quick=False)
     first = plan.checks[0]
     assert first.issued == ["26 x all_reduce of 16 GiB on 8 ranks"]
     call = 2 * 7 / 8 * 16 * 2**30 / (first.check.warn * 1e9)
-    expected = 26 * call + check_plan.SETUP_S + check_plan.ROUND_S + check_plan.CREATE_S
+    expected = 26 * call + itinerary.SETUP_S + itinerary.ROUND_S + itinerary.CREATE_S
     assert first.seconds == pytest.approx(expected)
     assert plan.checks[1].creations == 0  # the node groups are kept
-    assert check_plan.lines(plan)[-1] == (
+    assert itinerary.lines(plan)[-1] == (
         f"plan: 8 checks, 8 rounds, 1 group creation per rank, about "
         f"{-(-plan.seconds // 60):.0f} min")
 
@@ -144,13 +144,13 @@ class _FakeWorld(ThreadWorld):
         return True
 
 
-def _run_schedule(monkeypatch, profile, lay: Layout, measure_s: float = 0.0,
-                  timeout: float = 7.0) -> tuple[_FakeWorld, check_plan.Plan, list]:
+def _run_schedule(monkeypatch, profile, lay: Cluster, measure_s: float = 0.0,
+                  timeout: float = 7.0) -> tuple[_FakeWorld, itinerary.Itinerary, list]:
     fake = _FakeWorld(lay.world, measure_s)
     fake.patch(monkeypatch)
     monkeypatch.setattr(acceptance, "_measure", fake.measure)
     monkeypatch.setattr(acceptance, "release", lambda device: None)
-    plan = check_plan.make(profile, lay, quick=False)
+    plan = itinerary.make(profile, lay, quick=False)
 
     def rank(r: int) -> list:
         fake.start(r)
@@ -180,7 +180,7 @@ def test_128_nodes_make_the_planned_groups_with_the_runs_timeout(monkeypatch):
     measured once per pair check."""
     pair_checks = [c.name for c in H100_TWO_PAIRS.checks if c.scope == "pair"]
     assert len(pair_checks) == 2
-    fake, plan, results = _run_schedule(monkeypatch, H100_TWO_PAIRS, Layout.uniform(128, 1))
+    fake, plan, results = _run_schedule(monkeypatch, H100_TWO_PAIRS, Cluster.uniform(128, 1))
     assert fake.creations == [plan.creations] * 128 and plan.creations == 1 + 2 * 127
     assert fake.timeouts == {timedelta(seconds=7.0)}
     for name in pair_checks:
@@ -219,9 +219,9 @@ def test_nccl_splits_the_world_once_per_round_with_the_timeout(monkeypatch):
 
 # Small clusters of every shape a run meets: nodes of one rank and of two, cyclic placement,
 # nodes of different sizes, several nodes on one host (the tests' agents).
-LAYOUTS = {**{f"{n}x{k}": Layout.uniform(n, k) for n in range(1, 8) for k in (1, 2)},
+LAYOUTS = {**{f"{n}x{k}": Cluster.uniform(n, k) for n in range(1, 8) for k in (1, 2)},
            "5x2-cyclic": _cyclic(5, 2),
-           "4-mixed-2hosts": Layout(["a", "b", "c", "d"], [(0, 1), (2,), (3, 4, 5), (6,)],
+           "4-mixed-2hosts": Cluster(["a", "b", "c", "d"], [(0, 1), (2,), (3, 4, 5), (6,)],
                                     ["h", "h", "g", "g"])}
 
 
@@ -231,25 +231,25 @@ def test_the_plan_counts_what_making_every_round_would_find(lay, quick):
     """What a dry run says of a check without making its targets (their count, group sizes,
     first size, batches, and which rounds share their groups) is what its rounds, made, hold."""
     for check in CPU.checks:
-        rounds = check_plan.rounds_of(check, lay, quick)
+        rounds = itinerary.rounds_of(check, lay, quick)
         made = list(rounds)
         assert len(made) == len(rounds)
         assert rounds.targets == sum(len(r) for r in made)
         assert rounds.sizes() == sorted({len(t.ranks) for r in made for t in r})
         assert rounds.first_size() == (len(made[0][0].ranks) if made else 0)
-        assert rounds.batches() == sum(len(check_plan.by_machine(r, lay.hosts)) for r in made)
+        assert rounds.batches() == sum(len(itinerary.by_machine(r, lay.hosts)) for r in made)
         wanted = [frozenset(t.ranks for t in r if len(t.ranks) < lay.world) for r in made]
         keys = [rounds.key(i) for i in range(len(rounds))]
         assert [k is None for k in keys] == [not w for w in wanted]
         for other in CPU.checks:  # another check's rounds: the same key, the same groups
-            theirs = check_plan.rounds_of(other, lay, quick)
+            theirs = itinerary.rounds_of(other, lay, quick)
             for i, j in itertools.product(range(len(rounds)), range(len(theirs))):
                 if keys[i] is not None and keys[i] == theirs.key(j):
                     assert wanted[i] == frozenset(
                         t.ranks for t in theirs[j] if len(t.ranks) < lay.world)
     # the run holds them by these keys, and a retest's round by its ranks: what the plan
     # counts is what a rank holding them makes
-    plan = check_plan.make(CPU, lay, quick)
+    plan = itinerary.make(CPU, lay, quick)
     held: list = []
     groups = Groups(lay.world, lambda lists: (held.append(lists), {r: r for r in lists})[1])
     for step in plan.checks:
@@ -268,10 +268,10 @@ def test_a_dry_run_makes_no_target_of_a_pair_check(monkeypatch, quick):
         made.append(args[0])
         return Target(*args, **kwargs)
 
-    Target = check_plan.Target
-    monkeypatch.setattr(check_plan, "Target", counted)
-    plan = check_plan.make(H100, Layout.uniform(400, 8), quick)
-    text = check_plan.lines(plan)
+    Target = itinerary.Target
+    monkeypatch.setattr(itinerary, "Target", counted)
+    plan = itinerary.make(H100, Cluster.uniform(400, 8), quick)
+    text = itinerary.lines(plan)
     assert len(made) <= 400, (len(made), made[:5])
     pairs = [line for line in text if "[pair]" in line]
     assert len(pairs) == 3
@@ -340,8 +340,8 @@ def test_a_dry_run_refuses_a_cluster_it_cannot_plan(tmp_path, argv, message):
 def test_a_dry_run_names_the_cluster_floor_for_the_planned_node_count(nodes, floor):
     """Issue 30: the cluster floor goes by node count; the plan says which row it will judge
     by, and times the check at that row's warn figure."""
-    plan = check_plan.make(H100, Layout.uniform(nodes, 8), quick=False)
-    lines = check_plan.lines(plan)
+    plan = itinerary.make(H100, Cluster.uniform(nodes, 8), quick=False)
+    lines = itinerary.lines(plan)
     at = lines.index(next(x for x in lines if x.startswith("  cluster all_reduce busbw")))
     assert lines[at + 2] == f"      judged by {floor}"
     assert sum("judged by" in x for x in lines) == 1  # only a check with floors by node count
@@ -349,4 +349,4 @@ def test_a_dry_run_names_the_cluster_floor_for_the_planned_node_count(nodes, flo
     warn = cluster.check.for_nodes(nodes)[0].warn
     calls = H100.warmup + H100.iters + 1
     call = 2 * (8 * nodes - 1) / (8 * nodes) * 8 * 2**30 / (warn * 1e9)
-    assert cluster.seconds == pytest.approx(calls * call + check_plan.SETUP_S + check_plan.ROUND_S)
+    assert cluster.seconds == pytest.approx(calls * call + itinerary.SETUP_S + itinerary.ROUND_S)

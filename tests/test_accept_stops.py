@@ -33,14 +33,14 @@ AT_64K = CHECKS.index("node all_gather busbw")
 AT_256K = CHECKS.index("pair p2p ring busbw")
 
 
-def _progress(tmp_path: Path) -> tuple[files.Progress, writer.RunRecord]:
+def _progress(tmp_path: Path) -> tuple[files.AcceptFiles, writer.RunRecord]:
     record = writer.RunRecord(tmp_path, "accept", {}, ["accept"])
     rt = SimpleNamespace(world=2, backend="gloo", snapshots=[])
-    return files.Progress(tmp_path, record, PROFILE, "named", ["a", "b"], rt,
+    return files.AcceptFiles(tmp_path, record, PROFILE, "named", ["a", "b"], rt,
                                  strict=False), record
 
 
-def _end(record: writer.RunRecord, progress: files.Progress, status: str, code: int,
+def _end(record: writer.RunRecord, progress: files.AcceptFiles, status: str, code: int,
          error: str) -> None:
     """As Session._end ends a run: run.json finished, then its on_end hooks (accept's is
     progress.ended)."""

@@ -63,7 +63,7 @@ def test_registry_matches_the_design_table():
 @pytest.mark.parametrize("elt", ELTS)
 def test_layout(op, n, elt):
     for requested in REQUESTED:
-        got = accounting.layout(_acc(op), requested, elt, n)
+        got = accounting.buffer_of(_acc(op), requested, elt, n)
         want = expected_layout(op, requested, elt, n)
         if want is None:
             assert got is None, (op, requested, elt, n)
@@ -123,7 +123,7 @@ def test_bandwidth(op, n):
     ],
 )
 def test_layout_known_values(op, requested, elt, n, want):
-    got = accounting.layout(_acc(op), requested, elt, n)
+    got = accounting.buffer_of(_acc(op), requested, elt, n)
     if want is None:
         assert got is None
     else:
@@ -164,7 +164,7 @@ def nccl_tests_row(op: str, size: int, elt: int, nranks: int) -> tuple[int, int]
 
 def test_dtype_table_matches_distbench():
     from distbench.core.dtypes import NAMES, element_bytes
-    from distbench.ops.dtypes import TORCH_DTYPES
+    from distbench.ops.torch_dtypes import TORCH_DTYPES
 
     assert set(DTYPE_ELT) == set(TORCH_DTYPES) == set(NAMES)
     assert {name: element_bytes(name) for name in NAMES} == DTYPE_ELT
@@ -183,7 +183,7 @@ def test_split_sizes_are_nccl_tests_sizes(op, dtype, n):
     elt = DTYPE_ELT[dtype]
     for size in NCCL_TESTS_SIZES:
         base, want = nccl_tests_row(op, size, elt, n)
-        got = accounting.layout(OPS[op].accounting, size, elt, n)
+        got = accounting.buffer_of(OPS[op].accounting, size, elt, n)
         if base == 0:  # nccl-tests would run an empty op; distbench skips the row
             assert got is None, (size, dtype, n)
             continue
@@ -197,9 +197,9 @@ def test_split_sizes_are_nccl_tests_sizes(op, dtype, n):
 def test_split_sizes_pinned(op):
     acc = OPS[op].accounting
     # 4 KiB of float32 on 3 ranks: 1024 // 3 = 341 floats per rank, down to 340
-    assert accounting.layout(acc, 4096, 4, 3).size_bytes == 4080
+    assert accounting.buffer_of(acc, 4096, 4, 3).size_bytes == 4080
     # 1 MiB of float32 on 24 ranks: 262144 // 24 = 10922 floats per rank, down to 10920
-    assert accounting.layout(acc, 1 << 20, 4, 24).size_bytes == 1048320
+    assert accounting.buffer_of(acc, 1 << 20, 4, 24).size_bytes == 1048320
 
 
 @pytest.mark.parametrize("op", WHOLE_OPS)
@@ -208,7 +208,7 @@ def test_split_sizes_pinned(op):
 def test_whole_buffer_ops_are_not_rounded(op, dtype, n):
     elt = DTYPE_ELT[dtype]
     for size in NCCL_TESTS_SIZES:
-        got = accounting.layout(OPS[op].accounting, size, elt, n)
+        got = accounting.buffer_of(OPS[op].accounting, size, elt, n)
         if size < elt:
             assert got is None
             continue
@@ -219,10 +219,10 @@ def test_whole_buffer_ops_are_not_rounded(op, dtype, n):
 @pytest.mark.parametrize("op", WHOLE_OPS)
 def test_whole_buffer_sizes_pinned(op):
     acc = OPS[op].accounting
-    assert accounting.layout(acc, 4096, 4, 3).size_bytes == 4096
-    assert accounting.layout(acc, 1 << 20, 4, 24).size_bytes == 1 << 20
-    assert accounting.layout(acc, 1001, 8, 24).size_bytes == 1000
-    assert accounting.layout(acc, 2, 1, 24).size_bytes == 2
+    assert accounting.buffer_of(acc, 4096, 4, 3).size_bytes == 4096
+    assert accounting.buffer_of(acc, 1 << 20, 4, 24).size_bytes == 1 << 20
+    assert accounting.buffer_of(acc, 1001, 8, 24).size_bytes == 1000
+    assert accounting.buffer_of(acc, 2, 1, 24).size_bytes == 2
 
 
 @pytest.mark.parametrize("op", sorted(TABLE))
@@ -233,8 +233,8 @@ def test_min_bytes_is_where_layout_starts(op, dtype, n):
     acc, elt = _acc(op), DTYPE_ELT[dtype]
     need = accounting.min_bytes(acc, elt, n)
     assert need == (16 * n if acc.split else elt)
-    assert accounting.layout(acc, need, elt, n) is not None
-    assert accounting.layout(acc, need - 1, elt, n) is None
+    assert accounting.buffer_of(acc, need, elt, n) is not None
+    assert accounting.buffer_of(acc, need - 1, elt, n) is None
 
 
 @pytest.mark.parametrize("op_name", ["reduce_scatter", "all_gather"])
@@ -247,11 +247,11 @@ def test_in_place_slices_start_16_byte_aligned(op_name, dtype, n):
 
     from distbench.bench.series import allocate
     from distbench.ops.collectives import Ctx
-    from distbench.ops.dtypes import TORCH_DTYPES
+    from distbench.ops.torch_dtypes import TORCH_DTYPES
 
     op, elt = OPS[op_name], DTYPE_ELT[dtype]
     lays = [lay for size in NCCL_TESTS_SIZES if size <= 4 << 20  # no GiB buffers here
-            if (lay := accounting.layout(op.accounting, size, elt, n)) is not None]
+            if (lay := accounting.buffer_of(op.accounting, size, elt, n)) is not None]
     assert lays
     biggest = max(lay.per_rank_count for lay in lays)
     for rank in range(n):

@@ -458,7 +458,7 @@ def test_of_several_bad_options_the_shared_one_is_named_first(captured, capsys, 
 
 def test_dtype_names_are_torch_dtypes():
     from distbench.core.options import DTYPES, FLOAT_DTYPES
-    from distbench.ops.dtypes import TORCH_DTYPES
+    from distbench.ops.torch_dtypes import TORCH_DTYPES
 
     assert set(DTYPES) == set(TORCH_DTYPES)
     assert all(TORCH_DTYPES[d].is_floating_point for d in FLOAT_DTYPES)

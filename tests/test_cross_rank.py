@@ -12,7 +12,7 @@ import torch
 from fake_group import on_threads, run_ranks
 
 from distbench.bench import timing
-from distbench.run import memory
+from distbench.run import buffers
 
 CPU = torch.device("cpu")
 
@@ -70,9 +70,9 @@ def test_a_burst_during_the_warmup_does_not_cut_the_loop_short(monkeypatch):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_agree_needs_every_rank(monkeypatch, world):
-    out = run_ranks(monkeypatch, world, lambda r: memory.agree(r != world - 1, CPU))
+    out = run_ranks(monkeypatch, world, lambda r: buffers.agree(r != world - 1, CPU))
     assert out == [False] * world
-    assert run_ranks(monkeypatch, world, lambda r: memory.agree(True, CPU)) == [True] * world
+    assert run_ranks(monkeypatch, world, lambda r: buffers.agree(True, CPU)) == [True] * world
 
 
 def test_allocation_fits_the_rank_with_least_memory(monkeypatch):
@@ -81,7 +81,7 @@ def test_allocation_fits_the_rank_with_least_memory(monkeypatch):
             if rank == 1 and count > 64:
                 raise torch.OutOfMemoryError("fake: rank 1 is short of memory")
             return torch.empty(count)
-        bufs, fitted = memory.allocate_fitting(alloc, [16, 64, 256], CPU)
+        bufs, fitted = buffers.allocate_fitting(alloc, [16, 64, 256], CPU)
         return fitted, None if bufs is None else bufs.numel()
 
     assert run_ranks(monkeypatch, 2, alloc_on) == [(64, 64), (64, 64)]

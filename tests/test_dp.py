@@ -39,7 +39,7 @@ from distbench.steps import dp_model as strat
 from distbench.steps import recipe
 from distbench.steps import reference as refmod
 from distbench.steps.comms import (
-    Call,
+    CommCall,
     CommCounter,
     bus_bytes,
     op_bytes,
@@ -47,7 +47,7 @@ from distbench.steps.comms import (
     replay,
     replayable,
 )
-from distbench.steps.models import StackShape, build_stack
+from distbench.steps.stacks import StackShape, build_stack
 
 CPU = torch.device("cpu")
 MODES = ("ddp", "zero1", "zero2", "zero3")
@@ -505,9 +505,11 @@ def test_slow_rank_hook_sleeps_its_delay_on_its_rank_only(var):
 
 # ---- collectives: bus bytes and replay ---------------------------------------------------------
 
-CALLS = [Call("all_reduce", 1000, torch.float32), Call("all_gather", 600, torch.float32),
-         Call("reduce_scatter", 300, torch.bfloat16), Call("broadcast", 50, torch.float32, 1),
-         Call("all_to_all", 999, torch.float32)]
+CALLS = [CommCall("all_reduce", 1000, torch.float32),
+         CommCall("all_gather", 600, torch.float32),
+         CommCall("reduce_scatter", 300, torch.bfloat16),
+         CommCall("broadcast", 50, torch.float32, 1),
+         CommCall("all_to_all", 999, torch.float32)]
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -525,8 +527,8 @@ def test_bus_bytes_by_hand_at_four_ranks():
 
 
 def test_replayable_splits_off_what_cannot_be_replayed():
-    calls = [*CALLS, Call("shard_dim_alltoall", 64, torch.float32),
-             Call("all_to_all", 8, torch.float32), Call("all_reduce", 16, None)]
+    calls = [*CALLS, CommCall("shard_dim_alltoall", 64, torch.float32),
+             CommCall("all_to_all", 8, torch.float32), CommCall("all_reduce", 16, None)]
     ok, left = replayable(calls)
     assert ok == CALLS[:4]  # order kept
     assert left == {"all_to_all": 2, "shard_dim_alltoall": 1, "all_reduce": 1}
@@ -721,9 +723,10 @@ def test_comm_counter_sees_each_collective_with_nccl_tests_sizes(group):
         gather(torch.empty(6), torch.ones(6))
         scatter(torch.empty(5), torch.ones(5))
         torch.ones(4).sum()  # not a collective
-    assert c.calls == [Call("all_reduce", 40, torch.float32), Call("broadcast", 24, torch.float64),
-                       Call("all_gather", 24, torch.float32),
-                       Call("reduce_scatter", 20, torch.float32)]
+    assert c.calls == [CommCall("all_reduce", 40, torch.float32),
+                       CommCall("broadcast", 24, torch.float64),
+                       CommCall("all_gather", 24, torch.float32),
+                       CommCall("reduce_scatter", 20, torch.float32)]
     assert op_counts(c.calls) == {"all_reduce": 1, "broadcast": 1, "all_gather": 1,
                                   "reduce_scatter": 1}
     assert op_bytes(c.calls) == {"all_reduce": 40, "broadcast": 24, "all_gather": 24,
@@ -731,8 +734,9 @@ def test_comm_counter_sees_each_collective_with_nccl_tests_sizes(group):
 
 
 def test_replay_issues_the_same_collectives_again(group):
-    calls = [Call("all_reduce", 40, torch.float32), Call("broadcast", 24, torch.float64),
-             Call("all_gather", 24, torch.float32), Call("reduce_scatter", 20, torch.bfloat16)]
+    calls = [CommCall("all_reduce", 40, torch.float32), CommCall("broadcast", 24, torch.float64),
+             CommCall("all_gather", 24, torch.float32),
+             CommCall("reduce_scatter", 20, torch.bfloat16)]
     waited = []
     run = replay(calls, CPU, before=lambda: waited.append(1))
     with CommCounter() as c:

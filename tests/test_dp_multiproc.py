@@ -7,7 +7,7 @@ import pytest
 from helpers import Run, distbench
 from test_docs_contracts import documented_columns
 
-from distbench.steps.models import StackShape
+from distbench.steps.stacks import StackShape
 
 pytestmark = pytest.mark.multiproc
 

@@ -76,7 +76,7 @@ def test_timed_loop_gives_gpu_time_per_op(gpu):
 
 
 def test_available_bytes_follows_the_driver(gpu):
-    from distbench.run.memory import available_bytes, release
+    from distbench.run.buffers import available_bytes, release
 
     release(gpu)
     before = available_bytes(gpu)
@@ -90,7 +90,7 @@ def test_available_bytes_follows_the_driver(gpu):
 
 
 def test_a_buffer_larger_than_the_device_is_skipped_not_fatal(gpu, nccl_group):
-    from distbench.run.memory import allocate_fitting, release
+    from distbench.run.buffers import allocate_fitting, release
 
     total = torch.cuda.get_device_properties(gpu).total_memory
     counts = [2 * total, total // 2, GIB]

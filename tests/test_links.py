@@ -13,9 +13,9 @@ import pytest
 
 from distbench.results import healthy
 from distbench.results.links import (
+    Expectation,
     Link,
     Outlier,
-    Reference,
     _items,
     _leave_outs,
     blind_spots,
@@ -366,7 +366,7 @@ def test_a_given_reference_is_used_instead_of_the_derived_one():
     # hardware profile would give) finds them all slow and says what it judged them against
     links = matrix(["a"] * 3, lambda s, d: 4.0)
     assert find_outliers(links, 0.8) == []
-    given = {("uni", 1 << 20, "intra"): Reference(10.0, "expected", "profile: test")}
+    given = {("uni", 1 << 20, "intra"): Expectation(10.0, "expected", "profile: test")}
     out = find_outliers(links, 0.8, given)
     assert len(out) == 6
     assert out[0].describe().endswith("= 40% of the expected 10 GB/s")
@@ -448,5 +448,5 @@ def test_the_basis_says_what_the_reference_rests_on():
     bi = matrix(["a"] * 3, _slow_rank(2), direction="bi")
     assert healthy_reference(bi).basis == "median of the 1 link not on rank 2 (a:2)"
     uni = matrix(["a"] * 3, lambda s, d: 10.0)
-    assert healthy_reference(uni) == Reference(10.0, "healthy intra-node links'",
+    assert healthy_reference(uni) == Expectation(10.0, "healthy intra-node links'",
                                                "median of all 6 links")

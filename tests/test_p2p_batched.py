@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from distbench.ops import p2p
-from distbench.steps.models import PipelineShape
 from distbench.steps.pp_model import NaivePipeline
+from distbench.steps.stacks import PipelineShape
 
 
 class _Done:

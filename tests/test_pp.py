@@ -12,7 +12,7 @@ import torch
 import distbench.cli.app
 from distbench.cli.commands.pp import OUTPUT, PPOptions
 from distbench.steps import pp_model, reference
-from distbench.steps.models import PipelineShape, make_layer
+from distbench.steps.stacks import PipelineShape, make_layer
 
 
 @pytest.mark.parametrize(("layers", "stages", "want"), [

@@ -179,7 +179,7 @@ def test_topo_json_of_gpus_validates_and_mutants_fail(tmp_path, monkeypatch):
 def _progress(tmp_path: Path):
     record = writer.RunRecord(tmp_path, "accept", {}, ["accept"])
     rt = SimpleNamespace(world=2, backend="gloo", snapshots=[])
-    return files.Progress(tmp_path, record, PROFILE, "named", ["a", "b"], rt, strict=False)
+    return files.AcceptFiles(tmp_path, record, PROFILE, "named", ["a", "b"], rt, strict=False)
 
 
 def _judged(time_us: float | None, wrong: int = 0) -> verdicts.Judged:

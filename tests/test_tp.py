@@ -12,14 +12,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import distbench.steps.models
+import distbench.steps.stacks
 from distbench.cli.commands import tp as cmd
 from distbench.core.tables import format_table
 from distbench.run.faults import Faults
 from distbench.steps import reference
 from distbench.steps import tp_model as strat
 from distbench.steps.common import check_against_reference
-from distbench.steps.models import StackShape, build_stack, make_inputs, make_step
+from distbench.steps.stacks import StackShape, build_stack, make_inputs, make_stack, make_step
 
 CPU = torch.device("cpu")
 
@@ -27,7 +27,7 @@ CPU = torch.device("cpu")
 # ---- shapes and models -------------------------------------------------------------------------
 
 def test_models_know_nothing_of_parallelism():
-    tree = ast.parse(Path(distbench.steps.models.__file__).read_text())
+    tree = ast.parse(Path(distbench.steps.stacks.__file__).read_text())
     imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     imported += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert "torch" in imported  # the walk sees the imports
@@ -106,6 +106,23 @@ def test_small_check_shape_splits_over_any_world(n):
 
 # ---- the shard layout --------------------------------------------------------------------------
 
+def _local_shard(full, kind: str, shape: StackShape, rank: int, world: int):
+    """Plain modules with `rank`'s shard shapes and weights: the rows of each projection the TP
+    plan makes column-parallel, the columns of each it makes row-parallel (as ColwiseParallel
+    and RowwiseParallel cut them), so the sum below checks the plan the timed run applies."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = strat.tp_plan(kind, 1)
+    col, = (k.rsplit(".", 1)[1] for k, v in plan.items() if isinstance(v, ColwiseParallel))
+    row, = (k.rsplit(".", 1)[1] for k, v in plan.items() if isinstance(v, RowwiseParallel))
+    local = make_stack(kind, shape, shards=world).to(dtype=next(full.parameters()).dtype)
+    with torch.no_grad():
+        for src, dst in zip(full.blocks, local.blocks, strict=True):
+            getattr(dst, col).weight.copy_(getattr(src, col).weight.chunk(world, 0)[rank])
+            getattr(dst, row).weight.copy_(getattr(src, row).weight.chunk(world, 1)[rank])
+    return local
+
+
 @pytest.mark.parametrize("kind", strat.BLOCKS)
 @pytest.mark.parametrize("n", [2, 4])
 def test_local_shards_add_up_to_the_unsharded_block(kind, n):
@@ -118,10 +135,10 @@ def test_local_shards_add_up_to_the_unsharded_block(kind, n):
     x, _ = make_inputs(sh, 7, CPU, torch.float64)
     x = x.detach()
     with torch.no_grad():
-        total = x + sum(strat.local_shard(full, kind, sh, r, n)(x) - x for r in range(n))
+        total = x + sum(_local_shard(full, kind, sh, r, n)(x) - x for r in range(n))
         ref = full(x)
     torch.testing.assert_close(total, ref, rtol=1e-12, atol=1e-12)
-    local = strat.local_shard(full, kind, sh, 1, n)
+    local = _local_shard(full, kind, sh, 1, n)
     assert sum(p.numel() for p in local.parameters()) == strat.params_per_rank(kind, sh, n)
 
 

@@ -8,7 +8,7 @@ from helpers import distbench
 from test_docs_contracts import documented_columns
 
 from distbench.steps import tp_model as strat
-from distbench.steps.models import StackShape
+from distbench.steps.stacks import StackShape
 
 pytestmark = pytest.mark.multiproc
 

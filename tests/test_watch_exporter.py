@@ -49,7 +49,7 @@ class _Written:
     as families without a creation time: prometheus_client's Counter would add a
     `<name>_created` series that metrics.ALL does not export."""
 
-    def __init__(self, samples: dict[metrics.Metric, list[tuple[dict[str, str], float]]]):
+    def __init__(self, samples: dict[metrics.PromMetric, list[tuple[dict[str, str], float]]]):
         self.samples = samples
 
     def collect(self):
@@ -117,7 +117,7 @@ def _expected_from_run(run_dir: Path) -> tuple[Samples, dict[str, float]]:
     exp: Samples = {}
     tol: dict[str, float] = {}
 
-    def put(m: metrics.Metric, labels: dict[str, str], value: float, rel: float = 0.0):
+    def put(m: metrics.PromMetric, labels: dict[str, str], value: float, rel: float = 0.0):
         assert set(labels) == set(m.labels), (m.name, labels)
         exp[(m.name, frozenset(labels.items()))] = value
         tol[m.name] = rel
@@ -141,7 +141,7 @@ def _expected_from_run(run_dir: Path) -> tuple[Samples, dict[str, float]]:
     return exp, tol
 
 
-def _rank_samples(scraped: Samples, m: metrics.Metric) -> dict[int, tuple[dict, float]]:
+def _rank_samples(scraped: Samples, m: metrics.PromMetric) -> dict[int, tuple[dict, float]]:
     found = {}
     for (name, labels), value in scraped.items():
         if name == m.name:

@@ -10,7 +10,7 @@ from helpers import assert_one_line_error
 
 from distbench.cli.commands.watch import exit_code
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
-from distbench.watch.baseline import read_baseline
+from distbench.watch.probe_baseline import read_baseline
 
 
 @pytest.mark.parametrize("args,option", [

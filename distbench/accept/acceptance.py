@@ -1,5 +1,5 @@
 """`distbench accept` on every rank: agree on the profile (profile_choice.py), then run its
-plan (check_plan.py): for each check measure every target (each node, each pair of nodes, the
+plan (itinerary.py): for each check measure every target (each node, each pair of nodes, the
 cluster), the targets of a round at the same time in process groups of their own, made for the
 round and released before the next round's (a rank holds one round's groups at most), and hand
 the results to rank 0, which judges
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from distbench.accept import check_plan, files, profile_choice, verdicts
-from distbench.accept.check_plan import Groups, Layout, Target, by_machine, target_of
+from distbench.accept import files, itinerary, profile_choice, verdicts
+from distbench.accept.itinerary import Cluster, Groups, Target, by_machine, target_of
 from distbench.accept.profiles import Check, Profile
 from distbench.bench import series
 from distbench.bench.measure import Settings, Skipped
@@ -27,7 +27,7 @@ from distbench.core.accounting import bandwidth
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.core.tables import Output, format_row, format_table, plural
 from distbench.ops.collectives import OPS, Ctx
-from distbench.run.memory import release
+from distbench.run.buffers import release
 from distbench.run.runtime import RunFailure, node_names
 
 if TYPE_CHECKING:
@@ -39,8 +39,8 @@ def run(s: Session, output: Output) -> int:
     profile, why = profile_choice.agree(rt, opts.profile)
     s.console.log(f"profile {profile.name}: {why}")
     names = node_names(rt.ranks)
-    lay = Layout.of_ranks(rt.ranks, names)
-    plan = check_plan.make(profile, lay, opts.quick)
+    lay = Cluster.of_ranks(rt.ranks, names)
+    plan = itinerary.make(profile, lay, opts.quick)
     groups = Groups(rt.world, _group_maker(rt, opts.timeout), dist.destroy_process_group)
     met = itertools.count(1)
     s.console.log(f"{plural(len(profile.checks), 'check')} on {plural(len(names), 'node')}, "
@@ -51,7 +51,7 @@ def run(s: Session, output: Output) -> int:
     chief = rt.rank == 0
     baseline = (files.read_baseline(Path(opts.baseline), profile)
                 if opts.baseline and chief else None)
-    progress = files.Progress(s.run_dir, s.record, profile, why, names, rt,
+    progress = files.AcceptFiles(s.run_dir, s.record, profile, why, names, rt,
                                      opts.strict) if chief else None
     if progress is not None:
         s.on_end.append(progress.ended)
@@ -112,8 +112,8 @@ def _shown(row: dict) -> dict:
     return {**row, "target": f"{row['target']} (retest)"} if row["retest"] else row
 
 
-def measure_check(s: Session, m: Settings, step: check_plan.CheckPlan, groups: Groups,
-                  lay: Layout, met: Iterator[int]) -> list[verdicts.Result]:
+def measure_check(s: Session, m: Settings, step: itinerary.CheckItinerary, groups: Groups,
+                  lay: Cluster, met: Iterator[int]) -> list[verdicts.Result]:
     """One check of the plan, every round of it, on every rank; rank 0 gets the results."""
     if not step.rounds:  # a pair check on one node
         return [verdicts.Result(step.check, "pairs", (), 0,
@@ -145,7 +145,7 @@ def _group_maker(rt, timeout_s: float):
 
 
 def _round(s: Session, m: Settings, check: Check, targets: list[Target], groups: Groups,
-           lay: Layout, met: Iterator[int], key: object = None) -> list[verdicts.Result]:
+           lay: Cluster, met: Iterator[int], key: object = None) -> list[verdicts.Result]:
     """One round: the ranks of each target measure it (in batches that share no machine), the
     others wait on the host; rank 0 gets every target's result. `met` numbers the host
     barriers, alike on every rank; `key` names the round's groups (Rounds.key; a retest's

@@ -90,7 +90,7 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-class Progress:
+class AcceptFiles:
     """accept.json and accept.md from the first check on, on rank 0: rewritten when a check
     starts and when its rows are judged and written, with a `status` ("running", then how the
     run ended, as run.json says it), the checks done and the one in progress, so a run stopped

@@ -633,7 +633,7 @@ def _whole_elements(r: _Reader, where: str, raw, size: int, dtype: str) -> None:
 def smallest_size(check: Check, ranks: int) -> int:
     """The fewest bytes `check` measures anything with on `ranks` ranks: one element, or for
     the ops that split their buffer (all_gather, reduce_scatter, ...) one 16-byte aligned block
-    per rank, as nccl-tests rounds it (accounting.layout)."""
+    per rank, as nccl-tests rounds it (accounting.buffer_of)."""
     elt = element_bytes(check.dtype)
     if check.command != "collective":
         return elt

@@ -14,11 +14,11 @@ import torch.distributed as dist
 
 from distbench.bench import timing
 from distbench.bench.measure import Settings, Skipped, measure_case, stats_columns
-from distbench.core.accounting import Accounting, Layout, bandwidth, layout
+from distbench.core.accounting import Accounting, Buffer, bandwidth, buffer_of
 from distbench.core.errors import one_line
 from distbench.core.tables import Output, format_row, format_table
 from distbench.ops.case import Case
-from distbench.run.memory import allocate_fitting, release
+from distbench.run.buffers import allocate_fitting, release
 from distbench.run.peers import agree
 
 if TYPE_CHECKING:
@@ -48,17 +48,17 @@ class Series:
     accounting: Accounting
     elt: int  # element size in bytes
     alloc: Callable[[int], Any]  # per-rank element count -> buffers
-    points: Callable[[Any, Layout], list[Point]]
+    points: Callable[[Any, Buffer], list[Point]]
     row: dict  # the cells every row of the series shares
     too_small: str  # the skip note for a size that gives a rank no element
     steps_per_size: int = 1
     skip: str = ""  # decided before any measurement: every size is skipped
     probe: Callable[[], Case] | None = None  # one element: can the backend run this at all?
-    on_skip: Callable[[int, Layout | None, str], None] | None = None  # instead of a skipped row
-    after_size: Callable[[Layout], None] | None = None
+    on_skip: Callable[[int, Buffer | None, str], None] | None = None  # instead of a skipped row
+    after_size: Callable[[Buffer], None] | None = None
 
 
-def bandwidth_point(s: Session, what: str, case: Case, acc: Accounting, lay: Layout,
+def bandwidth_point(s: Session, what: str, case: Case, acc: Accounting, lay: Buffer,
                     scale: float = 1.0) -> Point:
     """The usual point: the statistics plus algbw and busbw by the op's byte accounting."""
     def columns(st: timing.Stats) -> dict:
@@ -86,17 +86,17 @@ def _run_series(s: Session, m: Settings, ser: Series, sizes: list[int], bad: lis
     sink = s.sink(ser.output)
     if ser.title is not None:
         console.lines(format_table(ser.output.console, [], title=ser.title))
-    layouts = [(size, layout(ser.accounting, size, ser.elt, n)) for size in sizes]
+    sized = [(size, buffer_of(ser.accounting, size, ser.elt, n)) for size in sizes]
     skip = ser.skip
     if not skip and ser.probe is not None:
         s.step(f"{ser.name} probe", s.opts.timeout)
         skip = _probe(ser.probe, s.rt.device)
     bufs, fitted = None, 0
-    counts = [lay.per_rank_count for _, lay in layouts if lay]
+    counts = [lay.per_rank_count for _, lay in sized if lay]
     if not skip and counts:
         s.step(f"{ser.name} allocation", s.opts.timeout)
         bufs, fitted = allocate_fitting(ser.alloc, counts, s.rt.device, s.opts.headroom)
-    for size, lay in layouts:
+    for size, lay in sized:
         reason = skip or (ser.too_small if lay is None else
                           NO_FIT if lay.per_rank_count > fitted else "")
         if reason:
@@ -123,7 +123,7 @@ def _run_series(s: Session, m: Settings, ser: Series, sizes: list[int], bad: lis
     release(s.rt.device)
 
 
-def _skipped(s: Session, ser: Series, sink, size: int, lay: Layout | None, reason: str,
+def _skipped(s: Session, ser: Series, sink, size: int, lay: Buffer | None, reason: str,
              steps: int | None = None) -> None:
     if ser.on_skip is not None:
         ser.on_skip(size, lay, reason)

@@ -1,6 +1,6 @@
-"""What the sweep commands measure, as the engine's Series: buffers, cases and row cells for a
-collective plan, a p2p pattern and the pairwise link matrix; and one size of a collective or a
-p2p pattern measured on a group of its own, as acceptance measures each target."""
+"""What the sweep commands measure, as the engine's Series: buffers, cases and row cells for
+each of collective's Combinations, a p2p pattern and the pairwise link matrix; and one size of a
+collective or a p2p pattern measured on a group of its own, as acceptance measures each target."""
 
 from __future__ import annotations
 
@@ -12,19 +12,20 @@ import torch
 from distbench.bench import timing
 from distbench.bench.engine import NO_FIT, Point, Series, bandwidth_point
 from distbench.bench.measure import Settings, Skipped, measure_case, stats_columns
-from distbench.core.accounting import SENDRECV, Layout, layout, min_bytes
+from distbench.core.accounting import SENDRECV, Buffer, buffer_of, min_bytes
 from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
 from distbench.core.tables import format_matrix
 from distbench.ops import p2p
 from distbench.ops.case import Case
 from distbench.ops.collectives import CollectiveOp, Ctx
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.results.links import Link
-from distbench.run.memory import allocate_fitting
+from distbench.run.buffers import allocate_fitting
 from distbench.run.runtime import rank_names
 
 if TYPE_CHECKING:
+    from distbench.bench.combinations import Combination
     from distbench.run.session import Session
 
 
@@ -48,35 +49,35 @@ def describe(op: str, size: int, dtype: str, redop: str, in_place: bool) -> str:
     return f"{op} {format_size(size)} {dtype}{extra} {'in-place' if in_place else 'out-of-place'}"
 
 
-def collective(s: Session, plan, output) -> Series:
+def collective(s: Session, combo: Combination, output) -> Series:
     rt = s.rt
-    n, op = rt.world, plan.op
-    ctx = plan.ctx(rt.rank, n)
-    elt = element_bytes(plan.dtype)
-    alloc = functools.partial(allocate, op, ctx, dtype=TORCH_DTYPES[plan.dtype],
+    n, op = rt.world, combo.op
+    ctx = combo.ctx(rt.rank, n)
+    elt = element_bytes(combo.dtype)
+    alloc = functools.partial(allocate, op, ctx, dtype=TORCH_DTYPES[combo.dtype],
                               device=rt.device)
 
     def probe():
         inp, out = alloc(1)
         return op.build(ctx, inp, out, 1)
 
-    def points(bufs, lay: Layout) -> list[Point]:
-        what = describe(op.name, lay.size_bytes, plan.dtype, plan.redop, plan.in_place)
+    def points(bufs, lay: Buffer) -> list[Point]:
+        what = describe(op.name, lay.size_bytes, combo.dtype, combo.redop, combo.in_place)
         case = op.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
         return [bandwidth_point(s, what, case, op.accounting, lay)]
 
     need = min_bytes(op.accounting, elt, n)
     return Series(
-        name=f"{op.name} {plan.dtype}", output=output,
-        title=f"{op.name}  {plan.dtype}  redop {plan.redop}  root {plan.root}  "
-              f"{'in-place' if plan.in_place else 'out-of-place'}  ranks {n}  "
+        name=f"{op.name} {combo.dtype}", output=output,
+        title=f"{op.name}  {combo.dtype}  redop {combo.redop}  root {combo.root}  "
+              f"{'in-place' if combo.in_place else 'out-of-place'}  ranks {n}  "
               f"nodes {rt.nnodes}  backend {rt.backend}",
         accounting=op.accounting, elt=elt, alloc=alloc, points=points,
-        row={"op": op.name, "dtype": plan.dtype, "redop": plan.redop, "root": plan.root,
-             "in_place": plan.in_place, "world_size": n, "nnodes": rt.nnodes,
+        row={"op": op.name, "dtype": combo.dtype, "redop": combo.redop, "root": combo.root,
+             "in_place": combo.in_place, "world_size": n, "nnodes": rt.nnodes,
              "backend": rt.backend, "status": "ok", "note": ""},
-        too_small=f"too small: {n} ranks need at least {need} B of {plan.dtype}",
-        skip=plan.skip, probe=probe)
+        too_small=f"too small: {n} ranks need at least {need} B of {combo.dtype}",
+        skip=combo.skip, probe=probe)
 
 
 def _send_recv(dtype: str, device):
@@ -106,7 +107,7 @@ def p2p_pattern(s: Session, pattern: str, dtype: str, output) -> Series:
     def case(send, recv) -> Case:
         return p2p_case(pattern, rt.rank, n, send, recv)
 
-    def points(bufs, lay: Layout) -> list[Point]:
+    def points(bufs, lay: Buffer) -> list[Point]:
         send, recv = (b[:lay.count] for b in bufs)
         what = f"p2p {pattern} {format_size(lay.size_bytes)} {dtype}"
         return [bandwidth_point(s, what, case(send, recv), SENDRECV, lay, p2p_scale(pattern))]
@@ -132,7 +133,7 @@ def matrix(s: Session, dtype: str, output, links: list[Link]) -> Series:
     who = rank_names(rt.ranks)
     grids: dict[str, dict[tuple[int, int], float]] = {}
 
-    def point(src: int, dst: int, direction: str, send, recv, lay: Layout) -> Point:
+    def point(src: int, dst: int, direction: str, send, recv, lay: Buffer) -> Point:
         arrow = "<->" if direction == "bi" else "->"
         what = f"p2p matrix {src}{arrow}{dst} {format_size(lay.size_bytes)} {dtype}"
         case = p2p.one_link(rt.rank, src, dst, direction == "bi", send, recv)
@@ -158,20 +159,20 @@ def matrix(s: Session, dtype: str, output, links: list[Link]) -> Series:
                     "gbps": gbps, "wrong": stats["wrong"]}
         return Point(what, case, columns, steps=2 if direction == "bi" else 1)
 
-    def points(bufs, lay: Layout) -> list[Point]:
+    def points(bufs, lay: Buffer) -> list[Point]:
         grids.clear()
         send, recv = (b[:lay.count] for b in bufs)
         return [point(src, dst, direction, send, recv, lay)
                 for direction in ("uni", "bi") for src in range(n) for dst in range(n)
                 if src != dst and not (direction == "bi" and dst < src)]
 
-    def after_size(lay: Layout) -> None:
+    def after_size(lay: Buffer) -> None:
         for direction in ("uni", "bi"):
             console.lines(format_matrix(
                 f"p2p matrix {direction} GB/s, {format_size(lay.size_bytes)} {dtype} "
                 "(row = sender)", who, grids.get(direction, {})))
 
-    def on_skip(size: int, lay: Layout | None, reason: str) -> None:
+    def on_skip(size: int, lay: Buffer | None, reason: str) -> None:
         console.log(f"matrix: {size} B of {dtype} skipped: {reason}")
 
     def probe() -> Case:
@@ -196,11 +197,11 @@ def matrix(s: Session, dtype: str, output, links: list[Link]) -> Series:
 
 
 def collective_once(m: Settings, op: CollectiveOp, dtype: str, size: int, ctx: Ctx, what: str
-                    ) -> tuple[Layout, timing.Stats]:
+                    ) -> tuple[Buffer, timing.Stats]:
     """One size of a collective on ctx's group alone, on buffers of its own (a sweep slices one
     allocation for every size). Skipped when the size gives a rank no element, or does not fit
     on some rank of the group."""
-    lay = layout(op.accounting, size, element_bytes(dtype), ctx.n)
+    lay = buffer_of(op.accounting, size, element_bytes(dtype), ctx.n)
     if lay is None:
         raise Skipped(f"too small for {ctx.n} ranks")
     alloc = functools.partial(allocate, op, ctx, dtype=TORCH_DTYPES[dtype], device=m.device)
@@ -212,10 +213,10 @@ def collective_once(m: Settings, op: CollectiveOp, dtype: str, size: int, ctx: C
 
 
 def p2p_once(m: Settings, pattern: str, dtype: str, size: int, rank: int, n: int, what: str,
-             group=None) -> tuple[Layout, timing.Stats]:
+             group=None) -> tuple[Buffer, timing.Stats]:
     """One size of a p2p pattern on `group`'s ranks alone (`rank` of `n` in it), on buffers of
     its own. Skipped when the size holds no element."""
-    lay = layout(SENDRECV, size, element_bytes(dtype), n)
+    lay = buffer_of(SENDRECV, size, element_bytes(dtype), n)
     if lay is None:
         raise Skipped(f"too small for one {dtype} element")
     send, recv = _send_recv(dtype, m.device)(lay.count)

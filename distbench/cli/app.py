@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from distbench.cli.commands import COMMANDS, Command, compare, report
+from distbench.cli.commands import COMMANDS, TOOLS, Command
 from distbench.core.errors import ReadError, one_line
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
 from distbench.core.options import (
@@ -148,7 +148,7 @@ def _root() -> None:
 
 for _name, _command in COMMANDS.items():
     _add(_name, _command)
-for _tool in (report, compare):  # they read results back: no launcher, no option dataclass
+for _tool in TOOLS:
     app.command(name=_tool.__name__.rsplit(".", 1)[1], help=_tool.HELP)(_tool.command)
 
 
@@ -217,13 +217,15 @@ def main(argv: list[str] | None = None) -> None:
         lifeline.watch(_launcher_lost if rank == 0 else None)
         faults.stall_before_join(rank)
     try:
-        code = _dispatch(args, argv)
+        code = _run_app(args, argv)
     finally:  # whatever broke (the store the launcher held, say), a lost launcher is the cause
         lifeline.leave_if_orphaned()
     sys.exit(code or 0)
 
 
-def _dispatch(args: list[str], argv: list[str] | None) -> int | None:
+def _run_app(args: list[str], argv: list[str] | None) -> int | None:
+    """The command line parsed and run, and what it raised turned into an exit code (dispatch
+    decides where a parsed command runs)."""
     try:
         return app(args=argv, prog_name="distbench", standalone_mode=False)
     except OptionError as e:

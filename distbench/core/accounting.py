@@ -37,7 +37,9 @@ SENDRECV = Accounting(split=False, factor=unit_factor)
 
 
 @dataclass(frozen=True)
-class Layout:
+class Buffer:
+    """The buffer a requested size turns into (a parallel layout is planner.layouts.Layout)."""
+
     per_rank_count: int  # elements each rank contributes (the torch call's count)
     count: int  # size_bytes / element size, always
     size_bytes: int
@@ -60,11 +62,11 @@ def split_granule(elt: int) -> int:
 
 
 def min_bytes(acc: Accounting, elt: int, n: int) -> int:
-    """The smallest requested size `layout` gives a buffer for (smaller ones are skipped)."""
+    """The smallest requested size `buffer_of` gives a buffer for (smaller ones are skipped)."""
     return n * split_granule(elt) * elt if acc.split else elt
 
 
-def layout(acc: Accounting, requested_bytes: int, elt: int, n: int) -> Layout | None:
+def buffer_of(acc: Accounting, requested_bytes: int, elt: int, n: int) -> Buffer | None:
     """The buffer a requested size turns into, or None when it leaves a rank no element (for a
     split op, less than 16 bytes per rank)."""
     if acc.split:
@@ -75,7 +77,7 @@ def layout(acc: Accounting, requested_bytes: int, elt: int, n: int) -> Layout | 
         per_rank = count = requested_bytes // elt
     if per_rank == 0:
         return None
-    return Layout(per_rank, count, count * elt)
+    return Buffer(per_rank, count, count * elt)
 
 
 def bandwidth(acc: Accounting, size_bytes: int, seconds: float, n: int) -> tuple[float, float]:

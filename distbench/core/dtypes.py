@@ -1,6 +1,6 @@
 """The element types: the names the options accept, their aliases, and each one's size in
 bytes, torch-free, so that options, accept's plan, nccl-tests logs and the ZeRO closed forms
-size buffers without loading torch. ops/dtypes.py maps the same names to torch dtypes."""
+size buffers without loading torch. ops/torch_dtypes.py maps the same names to torch dtypes."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ class CommFit:
         return self.alpha_us + size_bytes / (self.beta_gbps * _B_PER_US)
 
 
-class Fabric(Protocol):
+class FabricLookup(Protocol):
     """A declared fabric (planner.fabrics.Fabric) as the lookup uses it."""
 
     nics_per_node: int
@@ -141,7 +141,7 @@ class Inputs:
     notes: list[str] = field(default_factory=list)
     # declared, not measured (never in inputs.json): the fabric a group no fit covers is priced
     # from (planner.fabrics), and what the console must say beside the notes
-    fabric: Fabric | None = None
+    fabric: FabricLookup | None = None
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:

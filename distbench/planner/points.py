@@ -29,7 +29,9 @@ BUFFERS_PER_POINT = 2
 
 
 @dataclass(frozen=True)
-class Skipped:
+class Unmeasured:
+    """A point left unmeasured: what it is, and the bytes it would need on a rank."""
+
     what: str
     need: float  # bytes
 
@@ -53,7 +55,7 @@ def smallest_layout(model: ModelSpec, world: int, gpus_per_node: int, zero: Sequ
 
 
 def sweep_sizes(model: ModelSpec, layouts: Sequence[Layout], elt: int, budget: float
-                ) -> tuple[list[int], list[Skipped]]:
+                ) -> tuple[list[int], list[Unmeasured]]:
     """The collective sweep: from a quarter of the smallest TP activation the layouts carry, in
     SWEEP_STEP steps, to the first size at or past the largest collective one of them issues (a
     stage's gradients, or an activation); the sizes whose buffers would pass `budget` skipped."""
@@ -67,7 +69,7 @@ def sweep_sizes(model: ModelSpec, layouts: Sequence[Layout], elt: int, budget: f
         sizes.append(int(size) // 64 * 64)
         size *= SWEEP_STEP
     kept = [n for n in sizes if BUFFERS_PER_POINT * n <= budget]
-    skipped = [Skipped(f"collectives of {n} bytes", BUFFERS_PER_POINT * n)
+    skipped = [Unmeasured(f"collectives of {n} bytes", BUFFERS_PER_POINT * n)
                for n in sizes if n not in kept]
     return kept, skipped
 
@@ -83,12 +85,12 @@ def compute_point_bytes(model: ModelSpec, tp: int, micro_batch_size: int, elt: i
 
 
 def compute_points(model: ModelSpec, layouts: Sequence[Layout], elt: int, budget: float
-                   ) -> tuple[list[tuple[int, int]], list[Skipped]]:
+                   ) -> tuple[list[tuple[int, int]], list[Unmeasured]]:
     """The (tp, micro-batch size) points the layouts run a layer at, those that fit `budget`
     first, the others skipped."""
     points = sorted({(lay.tp, lay.micro_batch_size(model)) for lay in layouts})
     kept = [p for p in points if compute_point_bytes(model, *p, elt) <= budget]
-    skipped = [Skipped(f"one layer at tp {t}, micro-batch {m}",
+    skipped = [Unmeasured(f"one layer at tp {t}, micro-batch {m}",
                        compute_point_bytes(model, t, m, elt))
                for t, m in points if (t, m) not in kept]
     return kept, skipped

@@ -32,10 +32,10 @@ def class_of(lk: Link) -> ClassKey:
 
 
 @dataclass(frozen=True)
-class Reference:
+class Expectation:
     """What the links of one class should reach. Derived from the links themselves
     (healthy_reference), or given: an absolute expectation for the hardware is passed as, say,
-    Reference(45.0, "expected", "profile h100: NVLink")."""
+    Expectation(45.0, "expected", "profile h100: NVLink")."""
     gbps: float
     name: str  # how a finding names it: "... = 3% of the {name} 12.3 GB/s"
     basis: str  # what the figure rests on, for run.json
@@ -45,7 +45,7 @@ class Reference:
 class Outlier:
     link: Link
     reference_gbps: float
-    reference: str = "reference"  # Reference.name
+    reference: str = "reference"  # Expectation.name
 
     @property
     def fraction(self) -> float:
@@ -87,7 +87,7 @@ def _items(members: list[Link]) -> list[healthy.Item]:
             for lk in members]
 
 
-def healthy_reference(members: list[Link]) -> Reference:
+def healthy_reference(members: list[Link]) -> Expectation:
     """What the healthy links of one class reach (healthy.reach): a rank or host slow in both
     directions is on 4 of 6 links at 3 ranks and on half of them at 4, so it sets the class
     median, while the links off it are all healthy. Between two ranks every link is on both
@@ -95,9 +95,9 @@ def healthy_reference(members: list[Link]) -> Reference:
     kind = members[0].link
     found = healthy.reach(_items(members), _leave_outs(members), noun=("link", "links"))
     if not found.compared:
-        return Reference(found.value, f"{kind}-node median",
+        return Expectation(found.value, f"{kind}-node median",
                          f"{found.basis} (only 2 ranks: either end may be slow)")
-    return Reference(found.value, f"healthy {kind}-node links'", found.basis)
+    return Expectation(found.value, f"healthy {kind}-node links'", found.basis)
 
 
 def _classes(links: list[Link]) -> dict[ClassKey, list[Link]]:
@@ -108,7 +108,7 @@ def _classes(links: list[Link]) -> dict[ClassKey, list[Link]]:
 
 
 def references(links: list[Link],
-               given: Mapping[ClassKey, Reference] | None = None) -> dict[ClassKey, Reference]:
+               given: Mapping[ClassKey, Expectation] | None = None) -> dict[ClassKey, Expectation]:
     """Each class's reference: the one `given` for it, else what its healthy links reach."""
     given = given or {}
     return {key: given[key] if key in given else healthy_reference(members)
@@ -116,7 +116,7 @@ def references(links: list[Link],
 
 
 def find_outliers(links: list[Link], below: float,
-                  refs: Mapping[ClassKey, Reference] | None = None) -> list[Outlier]:
+                  refs: Mapping[ClassKey, Expectation] | None = None) -> list[Outlier]:
     """Links under `below` x their class's reference (`refs`, or derived), the worst first."""
     refs = references(links, refs)
     out = []

@@ -18,12 +18,6 @@ from distbench.results import alphabeta, reader
 from distbench.results.reader import Run, measured
 
 
-def _busbw_factor(op: str, world: int) -> float:
-    from distbench.ops.collectives import OPS
-
-    return OPS[op].accounting.factor(world) if op in OPS and world > 0 else 1.0
-
-
 def models(run: Run) -> list[dict]:
     """The alpha-beta fit of every op (and dtype, redop, placement) of a run's collective.csv,
     plus the run's name."""

@@ -46,7 +46,7 @@ P2P = ("send", "recv")
 
 
 @dataclass(frozen=True)
-class Call:
+class CommCall:
     op: str  # canonical name when known, else the dispatcher's
     size_bytes: int
     dtype: torch.dtype | None
@@ -66,7 +66,7 @@ def _tensors(arg) -> list[torch.Tensor]:
     return []
 
 
-def call_of(func, args) -> Call | None:
+def call_of(func, args) -> CommCall | None:
     """The collective or point-to-point op a dispatcher call posts, or None for anything else
     (waits and autograd wrappers (`_wrap_tensor_autograd`) are not collectives)."""
     namespace = getattr(func, "namespace", "")
@@ -80,7 +80,7 @@ def call_of(func, args) -> Call | None:
     size = max((t.numel() * t.element_size() for t in buffers), default=0)
     root = args[2] if op in ("broadcast", *P2P) and len(args) > 2 and \
         isinstance(args[2], int) else 0
-    return Call(op, size, buffers[0].dtype if buffers else None, root, group_name(args),
+    return CommCall(op, size, buffers[0].dtype if buffers else None, root, group_name(args),
                 getattr(_BATCH, "current", None) if op in P2P else None)
 
 
@@ -162,7 +162,7 @@ class Listener(TorchDispatchMode):
         super().__init__()
         self._batches = marking_batches()
 
-    def posted(self, call: Call) -> None:
+    def posted(self, call: CommCall) -> None:
         raise NotImplementedError
 
     def __enter__(self):
@@ -202,7 +202,7 @@ class Recorder(Listener):
         self.groups: dict[str, list[int]] = {}
         self._lock = threading.Lock()  # DDP's reducer posts from autograd's threads on CUDA
 
-    def posted(self, c: Call) -> None:
+    def posted(self, c: CommCall) -> None:
         with self._lock:
             if c.group not in self.groups:
                 self.groups[c.group] = list(ranks_of(c.group)) if c.group else \

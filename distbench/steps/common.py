@@ -16,7 +16,7 @@ from distbench.bench.measure import fail_if_wrong
 from distbench.core.exitcodes import EXIT_OK
 from distbench.core.tables import Output, format_table
 from distbench.results.writer import CsvSink, NullSink
-from distbench.run.memory import release
+from distbench.run.buffers import release
 from distbench.run.peers import agree
 from distbench.run.session import Session
 from distbench.steps.recipe import broadcast_text

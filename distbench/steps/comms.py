@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from distbench.core.accounting import allreduce_factor, ring_factor, unit_factor
-from distbench.run.comm_trace import Call, Listener
+from distbench.run.comm_trace import CommCall, Listener
 
 # busbw / algbw at n ranks, as nccl-tests' PERFORMANCE.md has it
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
@@ -29,13 +29,13 @@ class CommCounter(Listener):
 
     def __init__(self):
         super().__init__()
-        self.calls: list[Call] = []
+        self.calls: list[CommCall] = []
 
-    def posted(self, call: Call) -> None:
+    def posted(self, call: CommCall) -> None:
         self.calls.append(call)
 
 
-def op_counts(calls: list[Call]) -> dict[str, int]:
+def op_counts(calls: list[CommCall]) -> dict[str, int]:
     """How many calls of each op, in the order the ops first came."""
     out: dict[str, int] = {}
     for c in calls:
@@ -43,7 +43,7 @@ def op_counts(calls: list[Call]) -> dict[str, int]:
     return out
 
 
-def op_bytes(calls: list[Call]) -> dict[str, int]:
+def op_bytes(calls: list[CommCall]) -> dict[str, int]:
     """The calls' bytes summed per op."""
     out: dict[str, int] = {}
     for c in calls:
@@ -51,14 +51,14 @@ def op_bytes(calls: list[Call]) -> dict[str, int]:
     return out
 
 
-def bus_bytes(calls: list[Call], world: int) -> float:
+def bus_bytes(calls: list[CommCall], world: int) -> float:
     """Bytes on the bus per rank: each call's size times its op's busbw factor."""
     return sum(c.size_bytes * BUS_FACTOR[c.op](world) for c in calls if c.op in BUS_FACTOR)
 
 
-def replayable(calls: list[Call]) -> tuple[list[Call], dict[str, int]]:
+def replayable(calls: list[CommCall]) -> tuple[list[CommCall], dict[str, int]]:
     """The calls replay() can run, and a count of those it cannot, by op."""
-    ok: list[Call] = []
+    ok: list[CommCall] = []
     left: dict[str, int] = {}
     for c in calls:
         if c.op in BUS_FACTOR and c.dtype is not None:
@@ -68,7 +68,7 @@ def replayable(calls: list[Call]) -> tuple[list[Call], dict[str, int]]:
     return ok, left
 
 
-def replay(calls: list[Call], device: torch.device, before: Callable[[], None] | None = None,
+def replay(calls: list[CommCall], device: torch.device, before: Callable[[], None] | None = None,
            group=None) -> Callable[[], None]:
     """One function that issues `calls` back to back, alone, on buffers of the same sizes and
     dtypes, allocated here, once per distinct size (a step's calls come in few sizes: one
@@ -117,7 +117,7 @@ def replay(calls: list[Call], device: torch.device, before: Callable[[], None] |
     return run
 
 
-def replay_p2p(calls: list[Call], device: torch.device, group) -> Callable[[], None]:
+def replay_p2p(calls: list[CommCall], device: torch.device, group) -> Callable[[], None]:
     """The sends and receives among `calls` (peers: ranks of `group`), alone, posted as the step
     posted them: the ops of one batch together (one batch_isend_irecv), an op posted alone
     alone, in the step's order, each batch waited for before the next is posted. NCCL holds a

@@ -19,7 +19,7 @@ import gc
 from distbench.bench import timing
 from distbench.bench.measure import timing_cells
 from distbench.core.tables import Output, format_table, plural
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.run.session import Session
 from distbench.steps import dp_formulas as formulas
 from distbench.steps import dp_model as strat
@@ -31,8 +31,8 @@ from distbench.steps.common import (
     write_rows,
 )
 from distbench.steps.comms import bus_bytes, op_bytes, op_counts, replay, replayable
-from distbench.steps.models import StackShape
 from distbench.steps.reference import RTOL
+from distbench.steps.stacks import StackShape
 
 SEED = 1234
 # A check on the configured shapes costs this many FLOPs at most (the reference runs the whole

@@ -56,7 +56,7 @@ def bytes_per_step(mode: str, shapes: list[tuple[int, int]], elt: int, world: in
 HALF = ("float16", "bfloat16")
 
 
-def element_bytes(dtype: str) -> tuple[int, int, int]:
+def param_byte_sizes(dtype: str) -> tuple[int, int, int]:
     """(e, K, s): bytes of a parameter (and of its gradient), of its optimizer state, and of an
     element of FSDP's shards."""
     from distbench.core.transformer import optimizer_bytes_per_param
@@ -71,7 +71,7 @@ def state_bytes(mode: str, shapes: list[tuple[int, int]], dtype: str, world: int
 
 
 def _state(mode: str, psi: int, shard: int, dtype: str, world: int) -> float:
-    elt, k, shard_elt = element_bytes(dtype)
+    elt, k, shard_elt = param_byte_sizes(dtype)
     return {"ddp": (2 * elt + k) * psi, "zero1": 2 * elt * psi + k * psi / world,
             "zero2": elt * shard * world + 4 * shard_elt * shard,
             "zero3": 4 * shard_elt * shard}[mode]
@@ -96,7 +96,7 @@ def need_per_rank(opts, mode: str, world: int) -> int:
     its compute-only replica (the whole model's parameters and gradients with the optimizer
     the rank steps) and the replay's buffers (one per distinct collective size), plus the
     activations of one micro-batch. Per layer times layers: no list as long as --layers."""
-    elt, k, shard_elt = element_bytes(opts.dtype)
+    elt, k, shard_elt = param_byte_sizes(opts.dtype)
     layer = param_shapes(opts.block, opts.hidden_size, opts.ffn_size, 1)
     psi = param_count(layer) * opts.layers
     shard = shard_count(layer, world) * opts.layers

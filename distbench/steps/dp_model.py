@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from distbench.steps.dp_formulas import HALF
-from distbench.steps.models import StackShape, build_stack
-from distbench.steps.reference import TensorPair
+from distbench.steps.reference import Reference, TensorPair
+from distbench.steps.stacks import StackShape, build_stack
 
 # The check's AdamW: one step moves each parameter by up to LR. Its eps is a share of the
 # reference's largest gradient, so that a gradient near zero (whose sign rounding may flip
@@ -341,13 +341,6 @@ def single_rank_step(kind: str, shape: StackShape, seed: int, device: torch.devi
 # The check's steps: DDP buckets the gradients as configured only from its second step on (the
 # first all-reduces them in one bucket), so the compared step is the third, as timed.
 CHECK_STEPS = 3
-
-
-@dataclass
-class Reference:
-    grads: dict[str, torch.Tensor]  # of the last step
-    params: dict[str, torch.Tensor]  # after CHECK_STEPS AdamW steps
-    eps: float
 
 
 def reference(kind: str, shape: StackShape, seed: int, world: int, dtype) -> Reference:

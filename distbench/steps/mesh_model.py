@@ -42,8 +42,8 @@ from distbench.steps.dp_model import (
     optimizer_tensors,
     storage_bytes,
 )
-from distbench.steps.models import MLP, Attention
-from distbench.steps.reference import TensorPair
+from distbench.steps.reference import Reference, TensorPair
+from distbench.steps.stacks import MLP, Attention
 
 SEED = 1234
 
@@ -53,7 +53,7 @@ SEED = 1234
 
 
 class Layer(nn.Module):
-    """Attention then MLP, each adding its own residual (steps.models' blocks). Recomputation
+    """Attention then MLP, each adding its own residual (steps.stacks' blocks). Recomputation
     (torch.utils.checkpoint, non-reentrant, as torchtitan applies it): full checkpoints the
     whole layer, keeping only its input; selective the attention core."""
 
@@ -455,14 +455,6 @@ def build_compute_only(model: ModelSpec, layout: Layout, pp_rank: int, shards: l
 # The check: one step against the whole model on the whole batch on one rank
 
 
-@dataclass
-class Reference:
-    loss: float
-    grads: dict[str, torch.Tensor]
-    params: dict[str, torch.Tensor]  # after one AdamW step
-    eps: float
-
-
 def reference(model: ModelSpec, dtype) -> Reference:
     """The whole stack on the whole batch on the CPU, one step. AdamW's eps is a share of the
     largest gradient, as dp's check takes it (a gradient near zero, whose sign rounding may flip,
@@ -480,7 +472,7 @@ def reference(model: ModelSpec, dtype) -> Reference:
     eps = CHECK_EPS_SHARE * top if top > 0 else 1e-8
     adamw(list(whole.parameters()), cpu, dtype, eps).step()
     params = {n: p.detach().clone() for n, p in whole.named_parameters()}
-    return Reference(float(loss.detach()), grads, params, eps)
+    return Reference(grads, params, eps, loss=float(loss.detach()))
 
 
 def check_step(mm: MeshModel, ref: Reference, dp_mean: Callable[[torch.Tensor], torch.Tensor]

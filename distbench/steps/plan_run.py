@@ -36,7 +36,7 @@ from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_OK
 from distbench.core.sizes import format_size
 from distbench.core.tables import plural
 from distbench.ops import data
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.planner import assemble, given, points
 from distbench.planner import plan as planning
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
@@ -333,7 +333,7 @@ def _collective(op: str, size: int, group, members: list[int], rt) -> Callable[[
     return pingpong
 
 
-def _say_skipped(s: Session, skipped: list[points.Skipped], budget: float) -> None:
+def _say_skipped(s: Session, skipped: list[points.Unmeasured], budget: float) -> None:
     for x in skipped:
         s.console.log(f"  skipped: {x.what} would hold {format_size(int(x.need))}, past the "
                       f"{format_size(int(budget))} a rank may hold here")
@@ -472,7 +472,7 @@ def _too_large(s: Session, model: ModelSpec, layout: Layout, dtype, budget: floa
     need = held_by_step(model, layout, dtype.itemsize)
     if need <= budget:
         return False
-    _say_skipped(s, [points.Skipped(f"the step {layout.label()}", need)], budget)
+    _say_skipped(s, [points.Unmeasured(f"the step {layout.label()}", need)], budget)
     return True
 
 

@@ -21,8 +21,8 @@ from distbench.run.peers import agree
 from distbench.run.session import Session
 from distbench.steps import pp_model
 from distbench.steps.common import NO_T1, check_against_reference, time_on_rank0_alone
-from distbench.steps.models import PipelineShape
 from distbench.steps.reference import RTOL
+from distbench.steps.stacks import PipelineShape
 
 
 def _agree(reason: str, device) -> str:

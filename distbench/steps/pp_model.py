@@ -1,4 +1,4 @@
-"""Pipeline parallelism: pp's residual stack (distbench.steps.models) split into stages, the
+"""Pipeline parallelism: pp's residual stack (distbench.steps.stacks) split into stages, the
 schedules that run them, and their accounting. Stage s holds a contiguous run of layers; every
 rank builds its own layers from the shape's seed, so no weights travel.
 
@@ -25,8 +25,8 @@ import torch
 
 from distbench.bench import timing
 from distbench.ops import p2p
-from distbench.steps.models import Block, PipelineShape, loss_fn, make_batch, make_stage
 from distbench.steps.reference import TensorPair
+from distbench.steps.stacks import Block, PipelineShape, loss_fn, make_batch, make_stage
 
 # Above this (layers x hidden^2 x tokens per step) the check runs on a small configuration
 # instead: every rank computes the single-rank reference itself.

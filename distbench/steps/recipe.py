@@ -32,9 +32,9 @@ from distbench.bench import timing
 from distbench.bench.measure import Settings, timed_samples
 from distbench.core.errors import one_line
 from distbench.core.sizes import format_size
-from distbench.run.memory import available_bytes, release
+from distbench.run.buffers import available_bytes, release
 from distbench.run.session import Session
-from distbench.steps.comms import Call, CommCounter
+from distbench.steps.comms import CommCall, CommCounter
 
 T = TypeVar("T")
 
@@ -94,7 +94,7 @@ def fits_here(s: Session, need_bytes: float, what: str) -> str:
     return agree_reason(reason, device)
 
 
-def counted(s: Session, label: str, fn: Callable[[], T]) -> tuple[T, list[Call]]:
+def counted(s: Session, label: str, fn: Callable[[], T]) -> tuple[T, list[CommCall]]:
     """fn() once under the collective counter, and what it issued, in order."""
     s.step(f"{label} (communication count)", s.opts.timeout)
     with CommCounter() as counter:

@@ -27,6 +27,17 @@ RTOL: dict[str, dict[str, float]] = {
     "step": {"float32": 1e-4, "float64": 1e-10, "bfloat16": 5e-2, "float16": 1e-2},
 }
 
+@dataclass
+class Reference:
+    """The whole model on one rank, from the same seed and batch: what a distributed step's
+    gradients and updated parameters are checked against (tp compares its own tensors)."""
+
+    grads: dict[str, torch.Tensor]  # of the last step
+    params: dict[str, torch.Tensor]  # after the optimizer's steps
+    eps: float  # AdamW's, a share of the largest gradient
+    loss: float | None = None  # the 3D step's check compares the loss too
+
+
 # (what it is, the distributed result, the single-rank reference)
 TensorPair = tuple[str, torch.Tensor, torch.Tensor]
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from distbench.bench import timing
 from distbench.bench.measure import Settings, timed_samples, timing_cells
 from distbench.core.tables import Output, format_table, plural
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.planner.layouts import SCHEDULE, Layout
 from distbench.planner.memory import held_by_step, memory, step_inputs_bytes
 from distbench.planner.models import ModelSpec, model_text, parse_model
@@ -37,9 +37,9 @@ from distbench.run.comm_trace import ranks_of
 from distbench.run.session import Session
 from distbench.steps import mesh_model, recipe
 from distbench.steps.common import check_against_reference, write_rows
-from distbench.steps.comms import Call, op_bytes, op_counts, replay, replay_p2p, replayable
+from distbench.steps.comms import CommCall, op_bytes, op_counts, replay, replay_p2p, replayable
 from distbench.steps.dp_model import hold_still
-from distbench.steps.reference import RTOL
+from distbench.steps.reference import RTOL, Reference
 
 DIMS = ("tp", "pp", "dp")
 # The reference (the whole model on the whole batch, forward and backward on every rank) may
@@ -278,7 +278,7 @@ def _dp_mean(mm: mesh_model.MeshModel):
 _REFERENCE: dict = {}
 
 
-def _reference(model: ModelSpec, dtype) -> mesh_model.Reference:
+def _reference(model: ModelSpec, dtype) -> Reference:
     """The single-rank reference, kept for the next layout of the same model (it does not
     depend on the layout: every layout trains the same samples)."""
     key = (model, str(dtype))
@@ -306,8 +306,8 @@ def check_model(model: ModelSpec, layout: Layout) -> ModelSpec:
 # Communication per dimension
 
 
-def split_by_dimension(calls: list[Call], mesh, layout: Layout
-                       ) -> tuple[dict[str, list[Call]], list[Call]]:
+def split_by_dimension(calls: list[CommCall], mesh, layout: Layout
+                       ) -> tuple[dict[str, list[CommCall]], list[CommCall]]:
     """The counted calls by the mesh dimension whose ranks their process group holds; the calls
     on no dimension's ranks apart, told by the ranks a call's group holds. A dimension of size 1
     issues nothing."""
@@ -315,8 +315,8 @@ def split_by_dimension(calls: list[Call], mesh, layout: Layout
     for d in DIMS:
         if getattr(layout, d) > 1:
             dims[tuple(dist.get_process_group_ranks(mesh[d].get_group()))] = d
-    by_dim: dict[str, list[Call]] = {d: [] for d in DIMS}
-    other: list[Call] = []
+    by_dim: dict[str, list[CommCall]] = {d: [] for d in DIMS}
+    other: list[CommCall] = []
     seen: dict[str, str | None] = {}
     for c in calls:
         if c.group not in seen:
@@ -326,7 +326,7 @@ def split_by_dimension(calls: list[Call], mesh, layout: Layout
     return by_dim, other
 
 
-def _alone(s: Session, dim: str, calls: list[Call], mesh, layout: Layout, label: str
+def _alone(s: Session, dim: str, calls: list[CommCall], mesh, layout: Layout, label: str
            ) -> tuple[float, dict]:
     """The dimension's calls replayed alone on its group, timed on every rank at once (each
     rank its own group's); 0 for a dimension of size 1. What could not be replayed, by op."""

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from distbench.bench.measure import timing_cells
 from distbench.core.tables import Output, format_table, plural
-from distbench.ops.dtypes import TORCH_DTYPES
-from distbench.run.memory import release
+from distbench.ops.torch_dtypes import TORCH_DTYPES
+from distbench.run.buffers import release
 from distbench.run.session import Session
 from distbench.steps import recipe
 from distbench.steps import tp_model as strat
@@ -26,8 +26,8 @@ from distbench.steps.common import (
     write_rows,
 )
 from distbench.steps.comms import op_bytes, op_counts
-from distbench.steps.models import StackShape, build_stack, make_inputs, make_step
 from distbench.steps.reference import RTOL
+from distbench.steps.stacks import StackShape, build_stack, make_inputs, make_step
 
 SEED = 1234
 

@@ -1,5 +1,5 @@
 """Megatron-style tensor parallelism over a 1-D DeviceMesh, applied the way production code
-applies it: the stack of distbench.steps.models is built on the meta device, parallelize_module
+applies it: the stack of distbench.steps.stacks is built on the meta device, parallelize_module
 (torch.distributed.tensor.parallel) shards it, and only then is each rank's shard materialised,
 as torchtitan does, so a model that needs TP to fit never exists whole on one GPU.
 
@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from distbench.steps.models import (
+from distbench.steps.reference import TensorPair
+from distbench.steps.stacks import (
     Stack,
     StackShape,
     build_stack,
@@ -32,8 +33,7 @@ from distbench.steps.models import (
     make_stack,
     make_step,
 )
-from distbench.steps.plan import BLOCKS
-from distbench.steps.reference import TensorPair
+from distbench.steps.vocabulary import BLOCKS
 
 # One reference forward+backward (and the TP one) on the configured shapes costs this much at
 # most; larger configurations are checked on small_shape() instead.
@@ -123,19 +123,6 @@ def check_shape(shape: StackShape, world: int) -> tuple[StackShape, bool]:
 def _sharded_layers(kind: str) -> tuple[str, str]:
     """The names of a block's column-parallel and row-parallel projections."""
     return ("up", "down") if kind == "mlp" else ("qkv", "out")
-
-
-def local_shard(full: Stack, kind: str, shape: StackShape, rank: int, world: int) -> Stack:
-    """Plain modules with this rank's shard shapes and weights (the rows/columns
-    ColwiseParallel/RowwiseParallel give it): the same computation as TP minus communication."""
-    p = next(full.parameters())
-    local = make_stack(kind, shape, shards=world).to(device=p.device, dtype=p.dtype)
-    col, row = _sharded_layers(kind)
-    with torch.no_grad():
-        for src, dst in zip(full.blocks, local.blocks, strict=True):
-            getattr(dst, col).weight.copy_(getattr(src, col).weight.chunk(world, 0)[rank])
-            getattr(dst, row).weight.copy_(getattr(src, row).weight.chunk(world, 1)[rank])
-    return local
 
 
 def tp_plan(kind: str, layers: int) -> dict:

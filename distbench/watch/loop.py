@@ -19,18 +19,18 @@ import torch.distributed as dist
 from distbench.bench import timing
 from distbench.bench.series import allocate
 from distbench.core import contracts
-from distbench.core.accounting import bandwidth, layout
+from distbench.core.accounting import bandwidth, buffer_of
 from distbench.core.dtypes import element_bytes
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
 from distbench.core.sizes import format_size
 from distbench.ops.collectives import OPS, Ctx
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.results.writer import Appender
 from distbench.run.runtime import RunFailure
 from distbench.run.session import Session
 from distbench.watch import health, textfile
-from distbench.watch.baseline import read_baseline
 from distbench.watch.judge import Tracker
+from distbench.watch.probe_baseline import read_baseline
 from distbench.watch.records import (
     SCHEMA_VERSION,
     Cycle,
@@ -52,7 +52,7 @@ class _Probe:
         self.probe = probe
         self.op = OPS[probe.op]
         self.ctx = Ctx(rt.rank, rt.world, 0, "sum", False)
-        self.lay = layout(self.op.accounting, probe.size_bytes, element_bytes(probe.dtype),
+        self.lay = buffer_of(self.op.accounting, probe.size_bytes, element_bytes(probe.dtype),
                           rt.world)
         self.case = None
         if self.lay is not None:

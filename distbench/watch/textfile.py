@@ -26,9 +26,9 @@ WHY_CHARS = 200  # how much of write_down's reason goes into distbench_up's help
 
 
 class _Family:
-    """One metrics.Metric's samples, gathered before they are written."""
+    """One metrics.PromMetric's samples, gathered before they are written."""
 
-    def __init__(self, metric: metrics.Metric, help_text: str | None = None) -> None:
+    def __init__(self, metric: metrics.PromMetric, help_text: str | None = None) -> None:
         kind = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}[metric.kind]
         self.metric = metric
         self.family = kind(metric.name, help_text or metric.help, labels=metric.labels)

@@ -1,6 +1,7 @@
-"""The commands: one table, statically imported, from a name to its options, its per-rank body
-(run under a launcher, with a Session) and, where it has one, its local body (run on this
-machine without starting workers). Command modules import torch only inside their bodies, so
+"""The commands, registered here and nowhere else: one table, statically imported, from a name to
+its options, its per-rank body (run under a launcher, with a Session) and, where it has one, its
+local body (run on this machine without starting workers); and the tools that read results
+back (TOOLS). Command modules import torch only inside their bodies, so
 the command line can be built and validated from this table without it."""
 
 from __future__ import annotations
@@ -8,7 +9,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from distbench.cli.commands import accept, collective, dp, p2p, plan, pp, step, topo, tp, watch
+from distbench.cli.commands import (
+    accept,
+    collective,
+    compare,
+    dp,
+    p2p,
+    plan,
+    pp,
+    report,
+    step,
+    topo,
+    tp,
+    watch,
+)
 from distbench.core.options import RunOptions
 
 
@@ -37,3 +51,7 @@ COMMANDS: dict[str, Command] = {
     "plan": Command(plan.HELP, plan.PlanOptions, plan.run, plan.run_local),
     "watch": Command(watch.HELP, watch.WatchOptions, watch.run, exit_code=watch.exit_code),
 }
+
+# The commands that read results back (no launcher, no option dataclass): each module's HELP and
+# `command`, registered under the module's name.
+TOOLS = (report, compare)

@@ -149,10 +149,10 @@ OUTPUT = contracts.ACCEPT
 
 
 def dry_run(opts: AcceptOptions) -> int:
-    """The plan, on this machine alone: the same planning code the run uses (check_plan.py),
+    """The plan, on this machine alone: the same planning code the run uses (itinerary.py),
     on a cluster of the size given."""
 
-    from distbench.accept import check_plan
+    from distbench.accept import itinerary
     from distbench.accept.profiles import resolve
     from distbench.core.exitcodes import EXIT_OK
 
@@ -163,9 +163,9 @@ def dry_run(opts: AcceptOptions) -> int:
         spec = "generic-gpu"
         print("distbench: auto picks a profile from the GPUs it finds, and a dry run has "
               "none: planning generic-gpu (name one with --profile)")
-    plan = check_plan.make(resolve(spec), check_plan.Layout.uniform(
+    plan = itinerary.make(resolve(spec), itinerary.Cluster.uniform(
         opts.nodes, opts.gpus_per_node), opts.quick)
-    print("\n".join(check_plan.lines(plan)))
+    print("\n".join(itinerary.lines(plan)))
     return EXIT_OK
 
 

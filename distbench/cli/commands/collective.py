@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from distbench.core import contracts, dtypes
+from distbench.bench.combinations import combinations
+from distbench.core import contracts
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
 from distbench.core.options import (
     OptionError,
@@ -17,7 +18,7 @@ from distbench.core.options import (
     require,
 )
 from distbench.core.tables import plural
-from distbench.ops.collectives import OPS, CollectiveOp, Ctx, names
+from distbench.ops.collectives import OPS, names
 from distbench.results.baseline import check_world as baseline_world
 from distbench.results.baseline import option_check
 
@@ -62,57 +63,21 @@ class CollectiveOptions(SweepOptions):
 OUTPUT = contracts.COLLECTIVE
 
 
-@dataclass(frozen=True)
-class Plan:
-    op: CollectiveOp
-    dtype: str
-    redop: str  # "none" for ops that do not reduce
-    root: int  # -1 for ops without a root
-    in_place: bool
-    skip: str = ""  # why this combination cannot run, decided before any measurement
-
-    def ctx(self, rank: int, n: int) -> Ctx:
-        return Ctx(rank, n, self.root, self.redop if self.redop != "none" else "sum",
-                   self.in_place)
-
-
-def plans(opts: CollectiveOptions) -> list[Plan]:
-    out = []
-    wanted = {"out": [False], "in": [True], "both": [False, True]}[opts.placement]
-    for name in opts.ops:
-        op = OPS[name]
-        root = opts.root if op.uses_root else -1
-        for dtype in opts.dtypes:
-            for redop in opts.redops if op.uses_redop else ["none"]:
-                skip = ""
-                if redop == "avg" and dtype not in dtypes.FLOATS:
-                    skip = "avg needs a floating-point dtype"
-                places = [p for p in wanted if p in op.placements]
-                if not places:
-                    if opts.placement == "in":  # asked for explicitly: say why not
-                        out.append(Plan(op, dtype, redop, root, True,
-                                        f"{name} has no in-place form in torch.distributed"))
-                        continue
-                    places = list(op.placements)  # out-of-place asked, op is in-place only
-                out.extend(Plan(op, dtype, redop, root, in_place, skip) for in_place in places)
-    return out
-
-
 def run(s: Session) -> int:
     """Per rank, under a launcher."""
     from distbench.bench import engine, series
     from distbench.bench.measure import fail_if_wrong
 
     rt, opts = s.rt, s.opts
-    all_plans = plans(opts)
-    if opts.placement == "out" and any(p.in_place for p in all_plans):
-        in_only = sorted({p.op.name for p in all_plans if p.in_place})
+    combos = combinations(opts.ops, opts.dtypes, opts.redops, opts.root, opts.placement)
+    if opts.placement == "out" and any(c.in_place for c in combos):
+        in_only = sorted({c.op.name for c in combos if c.in_place})
         s.console.log(f"{', '.join(in_only)}: in place only in torch.distributed; "
                       "their rows say in_place=1")
-    s.console.log(f"{plural(len(all_plans), 'combination')} x {plural(len(opts.sizes), 'size')} "
+    s.console.log(f"{plural(len(combos), 'combination')} x {plural(len(opts.sizes), 'size')} "
                   f"on {plural(rt.world, 'rank')}, {plural(rt.nnodes, 'node')}, backend "
                   f"{rt.backend}, results in {s.run_dir}/")
-    fail_if_wrong(engine.run(s, [series.collective(s, plan, OUTPUT) for plan in all_plans]))
+    fail_if_wrong(engine.run(s, [series.collective(s, c, OUTPUT) for c in combos]))
     if opts.baseline:
         from distbench.bench.baseline_gate import judge
 

@@ -22,7 +22,7 @@ from distbench.core.options import (
     with_example,
 )
 from distbench.platform import env
-from distbench.steps.plan import BLOCKS, FSDP, MODES
+from distbench.steps.vocabulary import BLOCKS, FSDP, MODES
 
 if TYPE_CHECKING:
     from distbench.run.session import Session

@@ -17,7 +17,7 @@ from distbench.core.options import (
     pick,
     redefault,
 )
-from distbench.steps.plan import SCHEDULES
+from distbench.steps.vocabulary import SCHEDULES
 
 if TYPE_CHECKING:
     from distbench.run.session import Session

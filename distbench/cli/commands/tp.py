@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from distbench.core import contracts
 from distbench.core.options import OptionError, StepOptions, at_least, option, pick
-from distbench.steps.plan import BLOCKS
+from distbench.steps.vocabulary import BLOCKS
 
 if TYPE_CHECKING:
     from distbench.run.session import Session

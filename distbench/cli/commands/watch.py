@@ -116,7 +116,7 @@ class WatchOptions(RunOptions):
                                   "--textfile /var/lib/node_exporter/distbench.prom")
             check_writable_dir("--textfile", path.parent, "--textfile /tmp/distbench.prom")
         if self.baseline is not None:
-            from distbench.watch.baseline import read_baseline
+            from distbench.watch.probe_baseline import read_baseline
 
             read_baseline(self.baseline)  # refused now, one line, when unreadable
 

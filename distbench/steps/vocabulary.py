@@ -4,7 +4,7 @@ the steps build what they name."""
 
 from __future__ import annotations
 
-# Megatron-style blocks (steps.models builds them).
+# Megatron-style blocks (steps.stacks builds them).
 BLOCKS = ("mlp", "attention")
 # Data-parallel modes, in the order the ZeRO stages shrink what each rank holds.
 MODES = ("ddp", "zero1", "zero2", "zero3")

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from distbench.core.dtypes import element_bytes
-from distbench.ops.dtypes import TORCH_DTYPES
+from distbench.ops.torch_dtypes import TORCH_DTYPES
 
 # ---------------------------------------------------------------------------------------------
 # Shapes

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 from helpers import free_port
 
-from distbench.run import memory
-from distbench.run.memory import allocate_fitting
+from distbench.run import buffers
+from distbench.run.buffers import allocate_fitting
 
 
 @pytest.fixture
@@ -88,8 +88,8 @@ def fake_cuda(monkeypatch, one_rank_group):
     device = FakeCuda(8 * GiB)
     device.install(monkeypatch)
     # agreement runs on the CPU group: the device here exists only as far as memory goes
-    real_agree = memory.agree
-    monkeypatch.setattr(memory, "agree",
+    real_agree = buffers.agree
+    monkeypatch.setattr(buffers, "agree",
                         lambda ok, dev, group=None: real_agree(ok, torch.device("cpu"), group))
     return device
 
@@ -99,7 +99,7 @@ def test_a_rejected_size_does_not_make_the_smaller_ones_look_taken(fake_cuda):
     block stays reserved by the caching allocator; the next size must still be judged on what
     the device really has, not on what the driver reports free."""
     sizes = [int(7.75 * GiB), 4 * GiB, 1 * GiB]
-    bufs, fitted = memory.allocate_fitting(fake_cuda.alloc, sizes, CUDA)
+    bufs, fitted = buffers.allocate_fitting(fake_cuda.alloc, sizes, CUDA)
     assert fitted == 4 * GiB and bufs.nbytes == 4 * GiB
     assert fake_cuda.emptied >= 1  # the rejected block was given back
 
@@ -109,8 +109,8 @@ def test_cached_but_unused_memory_counts_as_available(fake_cuda, monkeypatch):
     available to the next allocation."""
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     fake_cuda.reserved = 6 * GiB  # cached from an earlier series, unused now
-    assert memory.available_bytes(CUDA) == 8 * GiB
-    bufs, fitted = memory.allocate_fitting(fake_cuda.alloc, [4 * GiB], CUDA)
+    assert buffers.available_bytes(CUDA) == 8 * GiB
+    bufs, fitted = buffers.allocate_fitting(fake_cuda.alloc, [4 * GiB], CUDA)
     assert fitted == 4 * GiB
 
 
@@ -118,5 +118,5 @@ def test_cached_but_unused_memory_counts_as_available(fake_cuda, monkeypatch):
                                            ("1536M", 6 * GiB), ("0", 8 * GiB)])
 def test_the_headroom_is_an_option_in_bytes_or_a_fraction(fake_cuda, headroom, fits):
     sizes = [8 * GiB, 7 * GiB, 6 * GiB]
-    bufs, fitted = memory.allocate_fitting(fake_cuda.alloc, sizes, CUDA, headroom)
+    bufs, fitted = buffers.allocate_fitting(fake_cuda.alloc, sizes, CUDA, headroom)
     assert fitted == fits

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from distbench.accept import schedule
 from distbench.accept.profiles import Check, Profile
-from distbench.core.accounting import SENDRECV, bandwidth, layout
+from distbench.core.accounting import SENDRECV, bandwidth, buffer_of
 from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
 from distbench.core.tables import plural
@@ -57,7 +57,7 @@ class Target:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Cluster:
     """The cluster as accept sees it: node names, each node's global ranks, each node's host."""
 
     names: list[str]
@@ -69,7 +69,7 @@ class Layout:
         return sum(len(r) for r in self.node_ranks)
 
     @classmethod
-    def of_ranks(cls, ranks: list[dict], names: list[str]) -> Layout:
+    def of_ranks(cls, ranks: list[dict], names: list[str]) -> Cluster:
         """From the runtime's rank records (rank, node, host)."""
         by_node: dict[int, list[int]] = {}
         hosts: dict[int, str] = {}
@@ -80,7 +80,7 @@ class Layout:
         return cls(names, [tuple(sorted(by_node[i])) for i in nodes], [hosts[i] for i in nodes])
 
     @classmethod
-    def uniform(cls, nodes: int, per_node: int) -> Layout:
+    def uniform(cls, nodes: int, per_node: int) -> Cluster:
         """`nodes` machines of `per_node` ranks each, in block placement (a dry run)."""
         width = len(str(nodes - 1))
         names = [f"node{i:0{width}d}" for i in range(nodes)]
@@ -88,12 +88,12 @@ class Layout:
                    list(names))
 
 
-def pair_target(a: int, b: int, lay: Layout) -> Target:
+def pair_target(a: int, b: int, lay: Cluster) -> Target:
     return Target(f"{lay.names[a]}+{lay.names[b]}", (a, b),
                   tuple(sorted(lay.node_ranks[a] + lay.node_ranks[b])))
 
 
-def target_of(scope: str, nodes: tuple[int, ...], lay: Layout) -> Target:
+def target_of(scope: str, nodes: tuple[int, ...], lay: Cluster) -> Target:
     """The target of a check of `scope` on these nodes (a retest names them so)."""
     if scope == "node":
         return Target(lay.names[nodes[0]], nodes, lay.node_ranks[nodes[0]])
@@ -107,7 +107,7 @@ class Rounds(Sequence[list[Target]]):
     pair check has N(N-1)/2 targets (4.5 million at 3000 nodes, in 2999 rounds), which a run
     makes one round at a time and a dry run counts without making them."""
 
-    def __init__(self, scope: str, lay: Layout, quick: bool):
+    def __init__(self, scope: str, lay: Cluster, quick: bool):
         self.scope, self.lay, self.quick = scope, lay, quick
         nodes = len(lay.names)
         self._quick = schedule.quick_round(nodes) if scope == "pair" and quick else None
@@ -196,7 +196,7 @@ class Rounds(Sequence[list[Target]]):
         return sum(len(by_machine(targets, self.lay.hosts)) for targets in self)
 
 
-def rounds_of(check: Check, lay: Layout, quick: bool) -> Rounds:
+def rounds_of(check: Check, lay: Cluster, quick: bool) -> Rounds:
     """The check's targets, in rounds of targets that share no node."""
     return Rounds(check.scope, lay, quick)
 
@@ -267,7 +267,7 @@ class Groups:
 
 
 @dataclass
-class CheckPlan:
+class CheckItinerary:
     check: Check
     rounds: Rounds
     creations: int = 0  # group creations per rank for this check
@@ -276,11 +276,11 @@ class CheckPlan:
 
 
 @dataclass
-class Plan:
+class Itinerary:
     profile: Profile
-    layout: Layout
+    cluster: Cluster
     quick: bool
-    checks: list[CheckPlan]
+    checks: list[CheckItinerary]
 
     @property
     def rounds(self) -> int:
@@ -295,14 +295,14 @@ class Plan:
         return sum(c.seconds for c in self.checks)
 
 
-def make(profile: Profile, lay: Layout, quick: bool) -> Plan:
+def make(profile: Profile, lay: Cluster, quick: bool) -> Itinerary:
     """The acceptance of `profile` on this layout, as `accept` runs it (retests aside: they
     add rounds only where a target fails)."""
-    plans: list[CheckPlan] = []
+    plans: list[CheckItinerary] = []
     groups = Groups(lay.world, lambda lists: {})
     for check in profile.checks:
         rounds = rounds_of(check, lay, quick)
-        plan = CheckPlan(check, rounds)
+        plan = CheckItinerary(check, rounds)
         before = groups.created
         for r in range(len(rounds)):  # as the run holds them, by their keys: no target made
             groups.hold(rounds.key(r))
@@ -311,7 +311,7 @@ def make(profile: Profile, lay: Layout, quick: bool) -> Plan:
         plan.seconds = (rounds.batches() * (per_measurement + SETUP_S) + len(rounds) * ROUND_S
                         + plan.creations * CREATE_S)
         plans.append(plan)
-    return Plan(profile, lay, quick, plans)
+    return Itinerary(profile, lay, quick, plans)
 
 
 def _issued(check: Check, profile: Profile, rounds: Rounds) -> tuple[list[str], float]:
@@ -325,7 +325,7 @@ def _issued(check: Check, profile: Profile, rounds: Rounds) -> tuple[list[str], 
         return ["nothing: one rank per target"], 0.0
     elt = element_bytes(check.dtype)
     acc = OPS[check.op].accounting if check.command == "collective" else SENDRECV
-    lay = layout(acc, check.size, elt, n)
+    lay = buffer_of(acc, check.size, elt, n)
     if lay is None:
         return ["nothing: too small for the group"], 0.0
     what = check.op if check.command == "collective" else f"p2p {check.op}"
@@ -361,9 +361,9 @@ def floors_line(check: Check, nodes: int) -> str:
     return f"the profile's floor{floor_for} ({lines}){caveat}"
 
 
-def lines(plan: Plan) -> list[str]:
+def lines(plan: Itinerary) -> list[str]:
     """The plan as an operator reads it before booking the nodes; the last line sums it up."""
-    lay = plan.layout
+    lay = plan.cluster
     per_node = {len(r) for r in lay.node_ranks}
     out = [f"accept plan: profile {plan.profile.name}, {plural(len(lay.names), 'node')} of "
            f"{'/'.join(map(str, sorted(per_node)))} {'rank' if per_node == {1} else 'ranks'}, "

@@ -1,0 +1,87 @@
+"""docs/architecture.md's rules that can be read off the code: one meaning per name (no class
+name defined twice, no two modules of one file name outside cli/commands/), every module named
+in its box's row of the table, and every command registered in one place. The import rules are
+tests/test_layers.py's."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from distbench.cli.app import app
+from distbench.cli.commands import COMMANDS, TOOLS
+
+PACKAGE = Path(__file__).resolve().parents[1] / "distbench"
+COMMAND_DIR = PACKAGE / "cli" / "commands"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def where(path: Path) -> str:
+    return str(path.relative_to(PACKAGE.parent))
+
+
+def test_no_class_name_is_defined_twice():
+    """A grep for `class X` lands on one concept: two classes of one name in one package are two
+    meanings of one word (issue 33 found Layout, Reference and Plan three times each)."""
+    defined: dict[str, list[str]] = defaultdict(list)
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                defined[node.name].append(f"{where(path)}:{node.lineno}")
+    twice = {name: at for name, at in defined.items() if len(at) > 1}
+    assert not twice, f"class names defined more than once: {twice}"
+    assert len(defined) > 100  # the walk sees the package's classes
+
+
+def test_no_two_modules_share_a_file_name_outside_the_commands():
+    """cli/commands/ names its modules after their commands (plan.py is `distbench plan`);
+    everywhere else a module's file name is its own."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for path in SOURCES:
+        if path.name != "__init__.py" and path.parent != COMMAND_DIR:
+            by_name[path.name].append(where(path))
+    shared = {name: at for name, at in by_name.items() if len(at) > 1}
+    assert not shared, f"modules sharing a file name: {shared}"
+    assert "plan.py" in by_name and "models.py" in by_name
+
+
+def _rows() -> dict[str, str]:
+    """The box table's rows: box name -> the row's text."""
+    text = DOC.read_text(encoding="utf-8")
+    return {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)/` \|.*$", text, re.M)}
+
+
+def test_every_module_is_named_in_its_box_row():
+    """The table says what each box holds; a module it does not name is a module a reader of
+    the table cannot find, or one whose box the table no longer describes."""
+    rows = _rows()
+    boxes = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    assert set(boxes) == set(rows), "a box without a row in docs/architecture.md, or a row " \
+                                    "without a box"
+    missing = []
+    for box in boxes:
+        named = set(re.findall(r"`(\w+)`", rows[box]))
+        missing += [f"{box}/{p.name}" for p in sorted((PACKAGE / box).glob("*.py"))
+                    if p.stem != "__init__" and p.stem not in named]
+    assert not missing, f"modules docs/architecture.md's table does not name: {missing}"
+
+
+def test_every_command_is_registered_once_in_cli_commands():
+    """A new command is one entry in cli/commands/__init__.py (COMMANDS, or TOOLS for one that
+    reads results back), and the application has exactly those commands, each under the name of
+    its module. A command module is one with a HELP."""
+    registered = [c.name for c in app.registered_commands]
+    assert len(registered) == len(set(registered)), registered
+    tools = [t.__name__.rsplit(".", 1)[1] for t in TOOLS]
+    assert not set(tools) & set(COMMANDS)
+    assert sorted(registered) == sorted([*COMMANDS, *tools])
+    modules = [p.stem for p in sorted(COMMAND_DIR.glob("*.py")) if p.stem != "__init__"]
+    with_help = [m for m in modules
+                 if hasattr(importlib.import_module(f"distbench.cli.commands.{m}"), "HELP")]
+    assert sorted(with_help) == sorted(registered)
+    for name, command in COMMANDS.items():
+        assert command.run.__module__ == f"distbench.cli.commands.{name}", name
