@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from distbench.core import contracts
 from distbench.core.dtypes import ALIASES as DTYPE_ALIASES
 from distbench.core.dtypes import FLOATS
-from distbench.core.exitcodes import EXIT_OK
+from distbench.core.exitcodes import EXIT_FAILED, EXIT_OK
 from distbench.core.options import (
     OptionError,
     RunOptions,
@@ -385,13 +385,19 @@ def plan_from_runs(opts: PlanOptions) -> int:
     from distbench.results import writer
     from distbench.run.console import Console
 
-    run_dir = writer.new_run_dir(opts.out, "plan")
+    try:
+        run_dir = writer.new_run_dir(opts.out, "plan")
+    except OSError as e:  # validated, then filled or taken away
+        return _cannot_write(None, e)
     record = writer.RunRecord(run_dir, "plan", opts.to_json(), opts.argv)
-    record.update(world_size=gpus, nnodes=max(1, gpus // per_node))
-    assemble.write(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
-                   memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
-                   top=opts.top, measured=measured, per_node_from=per_node_from,
-                   recompute=opts.recompute)
+    try:
+        record.update(world_size=gpus, nnodes=max(1, gpus // per_node))
+        assemble.write(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
+                       memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
+                       top=opts.top, measured=measured, per_node_from=per_node_from,
+                       recompute=opts.recompute)
+    except OSError as e:  # a full disk: the rows written are whole, run.json says so
+        return _cannot_write(record, e)
     console = Console(True)
     fitting = ranked(rows)
     console.lines(top_lines(rows, opts.top, title=(
@@ -406,6 +412,26 @@ def plan_from_runs(opts: PlanOptions) -> int:
     record.finish("ok", EXIT_OK)
     console.log(f"results in {run_dir}/")
     return EXIT_OK
+
+
+def _cannot_write(record, e: OSError) -> int:
+    """The results promise on a full disk, as a run with workers keeps it (run.session): one
+    line, run.json "failed" with exit 3, and whole rows only (results.writer)."""
+    import sys
+
+    from distbench.results import writer
+
+    error = f"cannot write {e.filename}: {e.strerror or e}"
+    print(f"distbench: error: {error}", file=sys.stderr)
+    if record is not None:
+        try:
+            record.finish("failed", EXIT_FAILED, error)
+        except writer.PartlyWritten:
+            pass  # it says how the run ended
+        except OSError as again:
+            print(f"distbench: error: cannot finish {record.path}: {again.strerror}; it may "
+                  "still say \"running\"", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def cluster(opts: PlanOptions, inputs: Inputs) -> tuple[int, int, str]:
