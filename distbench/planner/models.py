@@ -174,6 +174,8 @@ def parse_model(option: str, text) -> ModelSpec:
         key = key.strip()
         if key not in KEYS:
             raise OptionError(option, f"unknown key {key!r} (keys: {', '.join(KEYS)})", EXAMPLE)
+        if KEYS[key] in values:  # the last one winning hid the mistake
+            raise OptionError(option, f"{key} is given twice", EXAMPLE)
         try:
             number = int(value.strip())
         except ValueError:
