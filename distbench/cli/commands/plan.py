@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distbench.core import contracts
-from distbench.core.dtypes import ALIASES as DTYPE_ALIASES
 from distbench.core.dtypes import FLOATS
 from distbench.core.exitcodes import EXIT_FAILED, EXIT_OK
 from distbench.core.options import (
@@ -22,6 +21,7 @@ from distbench.core.options import (
     at_least,
     fraction,
     iterations,
+    one_float_dtype,
     one_of,
     option,
     pick,
@@ -61,13 +61,6 @@ def _count(high: int, largest: str, example: str):
 
 def _model(option_name: str, text) -> str:
     return model_text(parse_model(option_name, text))
-
-
-def _dtype(option_name: str, text) -> str:
-    dtypes = pick(FLOATS, "--dtype bfloat16", DTYPE_ALIASES)(option_name, text)
-    if len(dtypes) != 1:
-        raise OptionError(option_name, "takes one floating-point dtype", "--dtype bfloat16")
-    return dtypes[0]
 
 
 def _zero(option_name: str, text) -> list[int]:
@@ -132,8 +125,8 @@ def _fabric(option_name: str, text) -> str | None:
     return str(text)
 
 
-for _check, _example in ((_model, "--model 7b"), (_dtype, "--dtype bfloat16"),
-                         (_zero, "--zero 1,3"), (_memory, "--gpu-memory 80G"),
+for _check, _example in ((_model, "--model 7b"), (_zero, "--zero 1,3"),
+                         (_memory, "--gpu-memory 80G"),
                          (_paths, "--from results/RUN1,results/RUN2"), (_gpu, "--gpu h100"),
                          (_fabric, "--fabric dgx-h100"),
                          (_layouts, "--layout tp=8,pp=2,dp=4,zero=1,mbs=2,recompute=full"),
@@ -171,7 +164,7 @@ class PlanOptions(RunOptions):
                                check=fraction("--mfu 0.4", optional=True),
                                show_default=False)
     dtype: str = option("float32", f"{', '.join(FLOATS)}: the parameters' and activations' "
-                        "type.", check=_dtype)
+                        "type.", check=one_float_dtype)
     zero: list[int] = option("all", "ZeRO stages considered (0 is plain DDP); comma list or "
                              "'all'.", check=_zero, cli_type=str)
     recompute: list[str] = option(
