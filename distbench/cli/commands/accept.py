@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from distbench.run.session import Session
 
 HELP = "Cluster acceptance: a hardware profile's checks, a verdict, and the bad node named."
+EXAMPLES = (
+    "distbench accept                # the profile picked from the GPUs",
+    "distbench accept --profile h100-sxm-8 --baseline results/<run>",
+    "distbench accept --dry-run --nodes 128 --gpus-per-node 8 --profile h100-sxm-8",
+)
 
 # What a dry run plans at most. It makes no target, but it counts every round of every check
 # (N - 1 per pair check) and lists every rank: 100000 nodes of 8 GPUs, 800000 ranks, plan in

@@ -31,7 +31,7 @@ from distbench.core.options import (
 from distbench.core.sizes import SizeError, format_size, parse_size
 from distbench.planner.gpus import DEFAULT_MFU, GPUS
 from distbench.planner.layouts import RECOMPUTE, parse_zero
-from distbench.planner.models import PRESETS, model_text, parse_model
+from distbench.planner.models import PRESETS, SHAPE_HELP, model_text, parse_model
 
 if TYPE_CHECKING:
     from distbench.planner.inputs import Inputs
@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 
 HELP = ("Plan a model's layouts (TP, PP, DP, ZeRO, micro-batches) on a cluster: memory per rank "
         "judged, step time predicted from measured collectives, compute and overlap.")
+EXAMPLES = (
+    "distbench plan --from results/<run> --gpus 1024 --gpus-per-node 8 --model 7b",
+    "distbench plan --fabric dgx-a100 --gpus 1024 --model 7b --dtype bfloat16",
+    "distbench plan --model layers=4,hidden=128,heads=4,seq=32,batch=16 --workers 4",
+)
 
 # What a GPU is taken to hold when nothing says: an 80 GB part (A100/H100), said in the output.
 ASSUMED_MEMORY = 80 * 2**30
@@ -136,9 +141,9 @@ for _check, _example in ((_model, "--model 7b"), (_zero, "--zero 1,3"),
 
 @dataclass(kw_only=True)
 class PlanOptions(RunOptions):
-    model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape "
-                        "layers=4,hidden=128,ffn=512,heads=4,seq=32,batch=16 (batch: the global "
-                        "batch in samples, Megatron's --global-batch-size).", check=_model)
+    model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape: {SHAPE_HELP}. "
+                        "batch: the global batch in samples, Megatron's --global-batch-size.",
+                        check=_model)
     gpus: int | None = option(None, "GPUs to plan for. Default: the workers' world.",
                               check=_count(MAX_GPUS, "the largest clusters'", "--gpus 1024"),
                               show_default=False)
@@ -155,9 +160,10 @@ class PlanOptions(RunOptions):
         "when no layer was timed.", check=_gpu, cli_type=str, show_default=False)
     fabric: str | None = option(
         None, "A declared fabric, for groups no --from run measured (or with no --from at all): "
-        "a preset (dgx-a100, dgx-h100, dgx-h200), figures node_gbps=,nic_gbps=,nics_per_node="
-        "[,gpus_per_node=,gpu=,base_us=,node_hop_us=,net_hop_us=], or a preset with figures "
-        "replaced (dgx-a100,nics_per_node=4).", check=_fabric, cli_type=str, show_default=False)
+        "a preset (dgx-a100, dgx-h100, dgx-h200), figures node_gbps= nic_gbps= nics_per_node= "
+        "(optionally gpus_per_node= gpu= base_us= node_hop_us= net_hop_us=) comma-joined, or "
+        "a preset with figures replaced (dgx-a100,nics_per_node=4).", check=_fabric,
+        cli_type=str, show_default=False)
     mfu: float | None = option(None, "Fraction of --gpu's peak a layer reaches. Default: the "
                                "fraction distbench measured on that GPU in 16-bit types "
                                f"(h100: 0.546), else {DEFAULT_MFU}.",
@@ -172,11 +178,11 @@ class PlanOptions(RunOptions):
         "(each layer; Megatron's large runs); comma list or 'all'.", check=_recompute,
         cli_type=str)
     layouts: str | None = option(
-        None, "A layout you run, predicted beside the ranked list, in Megatron's terms: "
-        "tp=8,pp=2,dp=4,zero=1,mbs=2,recompute=full (mbs: samples per micro-batch; or m=, "
-        "their count; the global batch is --model's batch=; dp defaults to the GPUs left). "
-        "Repeat it, or separate layouts with ';'.", flag="layout", check=_layouts,
-        cli_type=list[str] | None, show_default=False)
+        None, "A layout you run, predicted beside the ranked list, in Megatron's terms, "
+        "comma-joined: tp=8 pp=2 dp=4 zero=1 mbs=2 recompute=full (mbs: samples per "
+        "micro-batch; or m=, their count; the global batch is --model's batch=; dp defaults "
+        "to the GPUs left). Repeat it, or separate layouts with ';'.", flag="layout",
+        check=_layouts, cli_type=list[str] | None, show_default=False)
     sources: list[str] | None = option(
         None, "Earlier run directories to predict from (collective, p2p, dp, accept, plan), "
         "nccl-tests logs or folders of them; comma list. Nothing is started: not with "
