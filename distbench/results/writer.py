@@ -45,7 +45,7 @@ def new_run_dir(parent: Path, command: str) -> Path:
 # own sections (step's layouts, accept's summary) are what a full disk may cost.
 RUN_KEYS = ("schema_version", "distbench_version", "command", "argv", "options", "status",
             "exit_code", "error", "start_utc", "end_utc", "python", "platform", "env",
-            "world_size", "nnodes", "lost_ranks", "failed_step")
+            "backend", "versions", "world_size", "nnodes", "lost_ranks", "failed_step")
 
 
 def write_json(path: Path, data: dict, keep: tuple[str, ...] | None = None) -> None:
