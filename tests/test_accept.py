@@ -271,7 +271,8 @@ def test_a_baseline_is_the_expectation(on_this_machine, tmp_path, monkeypatch, c
 
 @pytest.mark.parametrize("args,option,needle", [
     (["--profile", "h100-sxm"], "--profile", "h100-sxm-8"),  # lists what there is
-    (["--baseline", "/nonexistent"], "--baseline", "no accept.json"),
+    (["--baseline", "/nonexistent"], "--baseline", "'/nonexistent' is no directory"),
+    (["--baseline", "."], "--baseline", "no accept.json in '.'"),
 ])
 def test_bad_input_is_one_line_before_any_worker(in_process, tmp_path, args, option, needle):
     proc = in_process("accept", *args, "--out", str(tmp_path / "out"))

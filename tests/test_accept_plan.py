@@ -310,6 +310,21 @@ def test_a_dry_run_of_128_nodes_prints_the_plan_in_seconds_and_writes_nothing(tm
     assert list(tmp_path.iterdir()) == []  # no run directory, no worker
 
 
+@pytest.mark.parametrize("per_node, said", [(4, True), (8, False)])
+def test_a_dry_run_says_floors_for_another_node_size_will_not_be_judged(tmp_path, per_node,
+                                                                         said):
+    done = cli(tmp_path, "accept", "--dry-run", "--nodes", "4", "--gpus-per-node",
+               str(per_node), "--profile", "h100-sxm-8", dispatch=True)
+    assert done.returncode == 0, done.stderr
+    warning = ("distbench: warning: h100-sxm-8's floors are for 8 GPUs per node, and at 4 "
+               "ranks per node its 4 checks against them (node all_reduce busbw, node "
+               "all_gather busbw, node reduce_scatter busbw, cluster all_reduce busbw) are "
+               "planned but will not be judged: each row a SKIP, never a pass")
+    assert (done.stdout.splitlines()[0] == warning) is said
+    assert done.stdout.count("distbench: warning:") == int(said)
+    assert done.stdout.splitlines()[-1].startswith("plan: 8 checks")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--dry-run", "--nodes", "4"], "--gpus-per-node: a dry run plans for a cluster"),
     (["--nodes", "4"], "--nodes: only plans a cluster, with --dry-run"),

@@ -488,6 +488,18 @@ def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, args, option):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("dtype,said", [
+    ("int8", "unknown value 'int8' (valid: float32, bfloat16, float16, float64) (example"),
+    ("all", "takes one floating-point dtype (float32, bfloat16, float16, float64), got 'all'"),
+    ("bf16,float32", "takes one floating-point dtype"),
+])
+def test_one_dtype_is_asked_and_all_is_not_offered(tmp_path, dtype, said):
+    got = _plan(tmp_path, "--fabric", "dgx-a100", "--gpus", "8", "--dtype", dtype)
+    line = helpers.assert_one_line_error(got, None, "--dtype", ours=True)
+    assert said in line, line
+    assert not (tmp_path / "out").exists()
+
+
 TOY = "hidden=128,ffn=512,heads=4,seq=32"
 
 

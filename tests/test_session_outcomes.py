@@ -84,6 +84,36 @@ def test_the_launchers_sigterm_while_a_failure_is_handled_still_ends_the_run(one
                              "by peer")
 
 
+GLOO_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+               "Connection closed by peer [127.0.0.1]:5549. This is typically caused by a "
+               "remote worker crashing. Check the logs of the remote worker before reporting "
+               "an error. GLHF! \U0001f3d6\ufe0f")
+
+
+class _GlooFailsAsTheLauncherStopsUs(_FailsAsTheLauncherStopsUs):
+    def __str__(self):
+        super().__str__()
+        return GLOO_CLOSED
+
+
+def test_a_sigterm_while_a_gloo_error_is_handled_says_what_gloo_saw_not_its_advice(one_rank):
+    def body(s):
+        raise _GlooFailsAsTheLauncherStopsUs()
+    got_code, meta = _run(one_rank, body)
+    assert (got_code, meta["status"]) == (143, "terminated")
+    assert meta["error"] == ("stopped by SIGTERM in startup while handling: Connection closed "
+                             "by peer [127.0.0.1]:5549.")
+
+
+def test_a_gloo_error_is_said_without_gloos_source_line_and_advice(one_rank):
+    def body(s):
+        raise RuntimeError(GLOO_CLOSED)
+    got_code, meta = _run(one_rank, body)
+    assert (got_code, meta["status"]) == (3, "failed")
+    assert meta["error"] == ("startup failed: RuntimeError: Connection closed by peer "
+                             "[127.0.0.1]:5549.")
+
+
 @pytest.mark.parametrize("body,code,status", [
     (lambda s: 0, 0, "ok"),
     (lambda s: 1, 1, "wrong"),

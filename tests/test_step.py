@@ -42,6 +42,13 @@ BAD = [
     ("zero-without-replicas", ["--tp", "4", "--zero", "3"], "--zero",
      "no layout asked for has dp > 1"),
     ("model-unknown", ["--model", "huge"], "--model", "unknown model 'huge'"),
+    ("model-key-twice", ["--model", "layers=4,hidden=64,heads=4,seq=8,batch=8,layers=8"],
+     "--model", "layers is given twice"),
+    # one dtype: "all" is not listed as valid, and refused as no single dtype
+    ("dtype-int8", ["--dtype", "int8"], "--dtype",
+     "unknown value 'int8' (valid: float32, bfloat16, float16, float64) (example"),
+    ("dtype-all", ["--dtype", "all"], "--dtype", "takes one floating-point dtype (float32, "
+     "bfloat16, float16, float64), got 'all'"),
     ("model-shape-lacks", ["--model", "layers=4,hidden=64"], "--model", "lacks heads"),
     ("tp-zero", ["--tp", "0"], "--tp", "at least 1"),
     ("recompute-unknown", ["--recompute", "some"], "--recompute", "some"),

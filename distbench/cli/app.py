@@ -30,12 +30,22 @@ from distbench.core.options import (
 from distbench.platform import env, lifeline, limits, slurm_mpi
 from distbench.run import faults
 
+
+def epilog(examples: tuple[str, ...]) -> str:
+    """The examples under a command's --help. Typer joins an epilog's single line breaks
+    into one paragraph: each example is a paragraph of its own."""
+    return "\n\n".join(["Examples:", *examples])
+
+
 app = typer.Typer(
     name="distbench",
     help="Benchmarks for the communication distributed training runs on.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    epilog=epilog(("distbench collective --op all_reduce --workers 2",
+                   "distbench step --workers 4",
+                   "distbench plan --help     # a command's options and examples")),
 )
 
 
@@ -138,7 +148,8 @@ def _add(name: str, command: Command) -> None:
     handler.__signature__ = inspect.Signature(params)
     handler.__annotations__ = {p.name: p.annotation for p in params}
     handler.__name__ = name
-    app.command(name=name, help=command.help)(handler)
+    app.command(name=name, help=command.help, epilog=epilog(command.examples))(handler)
+
 
 
 @app.callback()
@@ -148,8 +159,9 @@ def _root() -> None:
 
 for _name, _command in COMMANDS.items():
     _add(_name, _command)
-for _tool in TOOLS:
-    app.command(name=_tool.__name__.rsplit(".", 1)[1], help=_tool.HELP)(_tool.command)
+for _tool in TOOLS:  # they read results back: no launcher, no option dataclass
+    app.command(name=_tool.__name__.rsplit(".", 1)[1], help=_tool.HELP,
+                epilog=epilog(_tool.EXAMPLES))(_tool.command)
 
 
 def _usage_error(e: typer.TyperException, argv: list[str]) -> str:

@@ -178,14 +178,18 @@ DEFAULT_TIMEOUT_S = 300.0
 MAX_ITERS = 10_000_000
 
 
-def _one_float_dtype(option: str, text) -> str:
-    dtypes = pick(FLOAT_DTYPES, "--dtype bfloat16", DTYPE_ALIASES)(option, text)
-    if len(dtypes) != 1:
-        raise OptionError(option, "takes one floating-point dtype", "--dtype bfloat16")
-    return dtypes[0]
+def one_float_dtype(option: str, text) -> str:
+    """One floating-point dtype (an alias such as bf16 allowed): not a list, nor "all", and
+    the refusal lists only what it takes."""
+    names = [t.strip().lower() for t in str(text).split(",")]
+    if len(names) != 1 or names == ["all"]:
+        raise OptionError(option, f"takes one floating-point dtype ({', '.join(FLOAT_DTYPES)}),"
+                          f" got {str(text)!r}", "--dtype bfloat16")
+    return one_of(FLOAT_DTYPES, "--dtype bfloat16")(option, DTYPE_ALIASES.get(names[0],
+                                                                              names[0]))
 
 
-with_example(_one_float_dtype, "--dtype bfloat16")
+with_example(one_float_dtype, "--dtype bfloat16")
 
 
 def check_writable_dir(option: str, path: Path, example: str) -> Path:
@@ -356,7 +360,7 @@ class StepOptions(RunOptions):
     layers: int = option(2, "Transformer layers (blocks) in the stack.",
                          check=at_least(1, "--layers 2"))
     dtype: str = option("float32", f"{', '.join(FLOAT_DTYPES[:-1])} or {FLOAT_DTYPES[-1]}.",
-                        check=_one_float_dtype)
+                        check=one_float_dtype)
     iters: int = option(10, "Timed training steps.", check=iterations("--iters 10"))
     warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
     check: bool = option(True, "Compare outputs and gradients with a single-rank reference on "

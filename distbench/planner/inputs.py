@@ -9,7 +9,6 @@ a point that was not measured is stated in `Inputs.notes` by the lookup that app
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -160,7 +159,9 @@ class Inputs:
         return cls(fits=fits, compute=compute, **data)
 
     def write(self, run_dir: Path) -> None:
-        (run_dir / INPUTS_JSON).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        from distbench.results import writer
+
+        writer.write_json(run_dir / INPUTS_JSON, self.to_json())  # whole, or not there
 
     def note(self, text: str) -> None:
         if text not in self.notes:

@@ -143,6 +143,10 @@ KEYS = {"layers": "layers", "hidden": "hidden_size", "ffn": "ffn_size", "heads":
         "gated": "gated"}
 # the keys a shape may leave out, and what leaving them out means
 OPTIONAL = {"kv_heads": 0, "vocab": 0, "gated": 0}
+# A shape's keys for --help: space-separated, so the help wraps them at 80 columns instead of
+# cutting one long word (the examples under --help show them comma-joined)
+SHAPE_HELP = (" ".join(f"{k}=" for k in KEYS if k not in OPTIONAL) + ", comma-joined (and "
+              "optionally kv_heads=, vocab=, gated=1; ffn defaults to 4 x hidden)")
 
 # The most a shape may say of each key. A plan's and a step's layouts are arithmetic over the
 # layers' and the batch's divisors, and a number with no bound made that arithmetic run for
@@ -174,6 +178,8 @@ def parse_model(option: str, text) -> ModelSpec:
         key = key.strip()
         if key not in KEYS:
             raise OptionError(option, f"unknown key {key!r} (keys: {', '.join(KEYS)})", EXAMPLE)
+        if KEYS[key] in values:  # the last one winning hid the mistake
+            raise OptionError(option, f"{key} is given twice", EXAMPLE)
         try:
             number = int(value.strip())
         except ValueError:

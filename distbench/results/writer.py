@@ -41,9 +41,22 @@ def new_run_dir(parent: Path, command: str) -> Path:
     raise FileExistsError(f"no free run directory name under {parent}")
 
 
-def write_json(path: Path, data: dict) -> None:
+# What run.json always holds, a full disk or not: what the run was and how it ended. A command's
+# own sections (step's layouts, accept's summary) are what a full disk may cost.
+RUN_KEYS = ("schema_version", "distbench_version", "command", "argv", "options", "status",
+            "exit_code", "error", "start_utc", "end_utc", "python", "platform", "env",
+            "backend", "versions", "world_size", "nnodes", "lost_ranks", "failed_step")
+
+
+def write_json(path: Path, data: dict, keep: tuple[str, ...] | None = None) -> None:
     """Atomic: a reader (or a crash) never sees half a file, and a failed write (a full disk)
-    leaves the previous file as it was, with no temporary beside it."""
+    leaves the previous file as it was, with no temporary beside it.
+
+    On a full disk a file that exists is rewritten in place, which frees its old blocks first:
+    the only way left to say how a run ended. That rewrite never leaves the file cut (a JSON
+    no reader takes): indented, else compact, else, with `keep` (the fields that must stay),
+    only those. The last one is no larger than what any earlier version held, so it fits
+    the blocks the truncation freed."""
     text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
@@ -53,12 +66,25 @@ def write_json(path: Path, data: dict) -> None:
         tmp.unlink(missing_ok=True)
         if e.errno != errno.ENOSPC or not path.exists():
             raise OSError(e.errno, e.strerror, str(path)) from None
-        # A full disk: rewriting in place frees the old file's blocks first, which is the only
-        # way left to say how the run ended.
-        try:
-            path.write_text(text)
-        except OSError:
-            raise OSError(e.errno, e.strerror, str(path)) from None
+        forms = [text, json.dumps(data, separators=(",", ":"), default=str)]
+        if keep is not None:
+            forms.append(json.dumps({k: data[k] for k in keep if k in data},
+                                    separators=(",", ":"), default=str))
+        for i, form in enumerate(forms):
+            try:
+                path.write_text(form)
+            except OSError:
+                continue
+            if i < 2:
+                return
+            raise PartlyWritten(e.errno, e.strerror, str(path)) from None
+        with contextlib.suppress(OSError):  # not even that: no file beats a cut one
+            path.unlink()
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+class PartlyWritten(OSError):
+    """A full disk let write_json keep only the fields it was told to keep."""
 
 
 def comm_environment() -> dict[str, str]:
@@ -173,7 +199,7 @@ class RunRecord:
 
     def update(self, **fields) -> None:
         self.data.update(fields)
-        write_json(self.path, self.data)
+        write_json(self.path, self.data, keep=RUN_KEYS)
 
     def finish(self, status: str, exit_code: int, error: str | None = None, **fields) -> None:
         """`fields`: what the ending adds (lost_ranks and failed_step when ranks were lost)."""
@@ -198,7 +224,9 @@ def mark_unfinished(run_dir: Path, error: str, exit_code: int, status: str = "fa
         return False
     data.update(status=status, exit_code=exit_code, error=error, end_utc=utc_now(), **fields)
     try:
-        write_json(path, data)
+        write_json(path, data, keep=RUN_KEYS)
+    except PartlyWritten:
+        pass  # how the run ended is said, which is all this adds
     except OSError as e:
         print(f"distbench: error: cannot finish {path}: {e.strerror}; it may still say "
               "\"running\"", file=sys.stderr)

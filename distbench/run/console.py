@@ -7,7 +7,26 @@ import os
 import sys
 
 from rich.console import Console as RichConsole
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
+
+
+class Eta(ProgressColumn):
+    """The time left at the pace so far: from the first step done. rich's own estimate waits
+    for two updates inside its 30 s window, which a plan's few long stages seldom give."""
+
+    def render(self, task) -> Text:
+        if not task.completed or task.elapsed is None or task.total is None:
+            return Text("eta -:--:--")
+        left = int(task.elapsed * (task.total - task.completed) / task.completed)
+        return Text(f"eta {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}")
 
 
 class Console:
@@ -33,12 +52,13 @@ class Console:
                 print(text, flush=True)
 
     def start_progress(self, total: int) -> None:
-        """A live bar when stderr is a terminal; otherwise stdout's streamed rows are the
-        progress and stderr stays quiet."""
+        """A live bar with the time spent and an estimate of the time left, when stderr is a
+        terminal; otherwise stdout's streamed rows are the progress and stderr stays quiet."""
         if not (self.enabled and self.err.is_terminal and total > 1):
             return
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                   MofNCompleteColumn(), TimeElapsedColumn(),
+                                  Eta(),
                                   console=self.err, transient=True, redirect_stdout=False)
         self._progress.start()
         self._task = self._progress.add_task("measuring", total=total)
@@ -46,6 +66,7 @@ class Console:
     def working_on(self, label: str) -> None:
         if self._progress is not None:
             self._progress.update(self._task, description=label)
+            self._progress.refresh()  # a step or plan stage lasts seconds: say it at once
 
     def advance(self, steps: int = 1) -> None:
         if self._progress is not None:

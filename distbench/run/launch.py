@@ -122,7 +122,9 @@ def _workers_failed(record, failures: dict) -> int:
         data["error"] = (data.get("error") or said).replace(
             said, describe_lost(lost, data["failed_step"], dead))
         try:
-            writer.write_json(record.path, data)
+            writer.write_json(record.path, data, keep=writer.RUN_KEYS)
+        except writer.PartlyWritten:
+            pass  # the lost ranks are said: they are among what it keeps
         except OSError as e:
             print(f"distbench: error: cannot finish {record.path}: {e.strerror}",
                   file=sys.stderr)

@@ -244,6 +244,10 @@ class Session:
                 self.record.finish(status, code, error, **fields)
                 for hook in self.on_end:
                     hook(status, code, error)
+            except writer.PartlyWritten as e:
+                print(f"distbench: rank 0: error: cannot write all of {self.record.path}: "
+                      f"{e.strerror}; it says how the run ended, without {self.command}'s own "
+                      "sections", file=sys.stderr, flush=True)
             except OSError as e:
                 print(f"distbench: rank 0: error: cannot finish {self.record.path}: "
                       f"{e.strerror}; it may still say \"running\"", file=sys.stderr, flush=True)

@@ -109,12 +109,16 @@ def write_rows(s: Session, sink: CsvSink | NullSink, output: Output, details: di
     own under details[part][label]), the console. Once every row is written, the run fails if
     one was wrong."""
     bad: list[str] = []
+    s.console.start_progress(len(rows))  # a row is seconds of building and stepping a model
     for label, measure in rows:
+        s.console.working_on(label)
         row, info = measure(bad)
         details[part][label] = info
         sink.append(row)
         if s.record is not None:
             s.record.update(**{s.command: details})
         s.console.lines(format_table(output.console, [row]))
+        s.console.advance()
+    s.console.stop_progress()
     fail_if_wrong(bad)
     return EXIT_OK

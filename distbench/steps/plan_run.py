@@ -72,6 +72,8 @@ def run(s: Session, output) -> int:
     s.console.log(f"plan: {model.describe()}; inputs measured on {plural(rt.world, 'rank')}, "
                   f"{plural(rt.nnodes, 'node')}, backend {rt.backend}, within "
                   f"{format_size(int(budget))} a rank")
+    # the bar's steps: each kind of input measured, then each layout validated
+    s.console.start_progress(len(INPUT_STAGES) + opts.validations)
     inputs = measure_inputs(s, model, dtype, gpn, budget, opts.named_layouts(gpus, gpn))
     measured = Inputs.from_json(inputs.to_json())
     details: dict = {"model": model.to_json(), "inputs": measured.to_json()}
@@ -90,6 +92,7 @@ def run(s: Session, output) -> int:
     if s.record is not None:
         s.record.update(plan=details)
     if not opts.validations:
+        s.console.stop_progress()
         return EXIT_OK
     if gpus != rt.world or gpn != rt.world // max(1, rt.nnodes):
         s.console.log(f"--validate runs layouts on the {rt.world} ranks at hand; the plan above "
@@ -154,6 +157,7 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
     details["validation"] = found
     for r in chosen:
         layout = planning.layout_of(r)
+        s.console.working_on(f"validating {layout.label()}")
         row, _ = step3d.measure_layout(s, model, layout, dtype, bad, check=False)
         step_sink.append(row)
         predicted = r["predicted_step_ms"]
@@ -176,6 +180,8 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
             s.record.update(plan=details)
         s.console.log(f"  {layout.label()}: predicted {predicted:.2f} ms, measured "
                       + (f"{measured:.2f} ms ({err:+.1f}%)" if ok else str(row.get("status"))))
+        s.console.advance()
+    s.console.stop_progress()
     mape, rho = planning.validation_summary(pairs) if pairs else (None, None)
     unseen_mape = planning.validation_summary(unseen)[0] if unseen else None
     if len(pairs) < planning.MIN_RANKED or (rho is not None and math.isnan(rho)):
@@ -224,14 +230,33 @@ def measure_inputs(s: Session, model: ModelSpec, dtype, gpn: int, budget: float,
             f"{format_size(int(budget))} a rank may hold here" + (
                 f": the smallest, {smallest.label()}, needs about {format_size(int(need))}"
                 if smallest is not None else ""), status="bad_input", exit_code=EXIT_BAD_INPUT)
+    stages = iter(INPUT_STAGES)
+
+    def next_stage() -> None:
+        s.console.working_on(f"measuring {next(stages)}")
+
+    next_stage()
     inputs.fits = measure_fits(s, model, layouts, elt, budget)
+    s.console.advance()
+    next_stage()
     inputs.compute = measure_compute(s, model, [*layouts, *(
         lay for lay in named if rt.world % lay.tp == 0)], dtype, inputs, budget)
+    s.console.advance()
+    next_stage()
     inputs.optimizer_us_per_layer, inputs.optimizer_us_per_param = measure_optimizer(
         s, model, dtype)
+    s.console.advance()
+    next_stage()
     measure_overlap(s, model, dtype, inputs, budget)
+    s.console.advance()
+    next_stage()
     measure_pipeline(s, model, dtype, inputs, gpn, budget)
+    s.console.advance()
     return inputs
+
+
+# what measure_inputs measures, in order: the progress bar's first steps
+INPUT_STAGES = ("collectives", "layers", "the optimizer", "overlap", "the pipeline")
 
 
 def _agreed_us(seconds: float, device) -> float:

@@ -36,20 +36,26 @@ class Command:
     dry_run: Callable[[RunOptions], int] | None = None
     # (options, exit code) -> what the local launcher exits with (watch --npd's plugin codes)
     exit_code: Callable[[RunOptions, int], int] | None = None
+    # command lines shown under --help, each whole on one line at 80 columns
+    examples: tuple[str, ...] = ()
 
 
 COMMANDS: dict[str, Command] = {
-    "collective": Command(collective.HELP, collective.CollectiveOptions, collective.run),
-    "p2p": Command(p2p.HELP, p2p.P2POptions, p2p.run),
-    "topo": Command(topo.HELP, topo.TopoOptions, topo.run, topo.run_local),
-    "tp": Command(tp.HELP, tp.TPOptions, tp.run),
-    "pp": Command(pp.HELP, pp.PPOptions, pp.run),
-    "dp": Command(dp.HELP, dp.DPOptions, dp.run),
-    "step": Command(step.HELP, step.StepCommandOptions, step.run),
-    "accept": Command(accept.HELP, accept.AcceptOptions, accept.run,
-                      dry_run=accept.dry_run),
-    "plan": Command(plan.HELP, plan.PlanOptions, plan.run, plan.run_local),
-    "watch": Command(watch.HELP, watch.WatchOptions, watch.run, exit_code=watch.exit_code),
+    "collective": Command(collective.HELP, collective.CollectiveOptions, collective.run,
+                          examples=collective.EXAMPLES),
+    "p2p": Command(p2p.HELP, p2p.P2POptions, p2p.run, examples=p2p.EXAMPLES),
+    "topo": Command(topo.HELP, topo.TopoOptions, topo.run, topo.run_local,
+                    examples=topo.EXAMPLES),
+    "tp": Command(tp.HELP, tp.TPOptions, tp.run, examples=tp.EXAMPLES),
+    "pp": Command(pp.HELP, pp.PPOptions, pp.run, examples=pp.EXAMPLES),
+    "dp": Command(dp.HELP, dp.DPOptions, dp.run, examples=dp.EXAMPLES),
+    "step": Command(step.HELP, step.StepCommandOptions, step.run, examples=step.EXAMPLES),
+    "accept": Command(accept.HELP, accept.AcceptOptions, accept.run, dry_run=accept.dry_run,
+                      examples=accept.EXAMPLES),
+    "plan": Command(plan.HELP, plan.PlanOptions, plan.run, plan.run_local,
+                    examples=plan.EXAMPLES),
+    "watch": Command(watch.HELP, watch.WatchOptions, watch.run, exit_code=watch.exit_code,
+                     examples=watch.EXAMPLES),
 }
 
 # The commands that read results back (no launcher, no option dataclass): each module's HELP and

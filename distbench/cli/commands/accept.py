@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from distbench.run.session import Session
 
 HELP = "Cluster acceptance: a hardware profile's checks, a verdict, and the bad node named."
+EXAMPLES = (
+    "distbench accept                # the profile picked from the GPUs",
+    "distbench accept --profile h100-sxm-8 --baseline results/<run>",
+    "distbench accept --dry-run --nodes 128 --gpus-per-node 8 --profile h100-sxm-8",
+)
 
 # What a dry run plans at most. It makes no target, but it counts every round of every check
 # (N - 1 per pair check) and lists every rank: 100000 nodes of 8 GPUs, 800000 ranks, plan in
@@ -55,6 +60,9 @@ def _baseline(option_name: str, value) -> str | None:
     path = Path(str(value))
     if not env.reads_files():
         return str(path)
+    if not path.is_dir():  # "no accept.json in" a directory that is not there misleads
+        raise OptionError(option_name, f"{str(path)!r} is no directory (a previous distbench "
+                          "accept run directory)", "--baseline results/<run>")
     if not (path / "accept.json").is_file():
         raise OptionError(option_name, f"no accept.json in {str(path)!r} (a previous "
                           "distbench accept run directory)", "--baseline results/<run>")
@@ -163,10 +171,27 @@ def dry_run(opts: AcceptOptions) -> int:
         spec = "generic-gpu"
         print("distbench: auto picks a profile from the GPUs it finds, and a dry run has "
               "none: planning generic-gpu (name one with --profile)")
-    plan = itinerary.make(resolve(spec), itinerary.Cluster.uniform(
+    profile = resolve(spec)
+    plan = itinerary.make(profile, itinerary.Cluster.uniform(
         opts.nodes, opts.gpus_per_node), opts.quick)
+    unjudged = _floors_not_judged(profile, opts.gpus_per_node)
+    if unjudged:
+        print(f"distbench: warning: {unjudged}")
     print("\n".join(itinerary.lines(plan)))
     return EXIT_OK
+
+
+def _floors_not_judged(profile, per_node: int) -> str:
+    """What a dry run must say before its plan when the profile's floors are for another node
+    size: the run would measure those checks and skip each row (accept.verdicts), never pass it;
+    an operator should learn that before booking the nodes, not from the verdict."""
+    want = profile.gpus_per_node
+    absolute = [c.name for c in profile.checks if c.vs == "absolute"]
+    if not want or want == per_node or not absolute:
+        return ""
+    return (f"{profile.name}'s floors are for {want} GPUs per node, and at {per_node} ranks "
+            f"per node its {len(absolute)} checks against them ({', '.join(absolute)}) are "
+            "planned but will not be judged: each row a SKIP, never a pass")
 
 
 def run(s: Session) -> int:

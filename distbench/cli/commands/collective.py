@@ -29,6 +29,11 @@ REDOPS = ("sum", "prod", "max", "min", "avg")
 PLACEMENTS = ("out", "in", "both")
 
 HELP = "Time collectives over a size sweep; bus bandwidth as nccl-tests reports it."
+EXAMPLES = (
+    "distbench collective --op all --sizes 1K:16M:x4",
+    "distbench collective --op all_reduce --sizes 8:256M:x2 --workers 4",
+    "distbench collective --baseline results/<run>   # exit 4 when slower",
+)
 
 
 @dataclass(kw_only=True)

@@ -12,6 +12,10 @@ from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
 
 HELP = ("Compare two runs row by row (ratio, Mann-Whitney p-value, + - ~ x); exit 4 when a row "
         "is worse beyond the threshold and the noise.")
+EXAMPLES = (
+    "distbench compare results/<base> results/<new>",
+    "distbench compare results/<base> results/<new> --metric time --format md",
+)
 FORMATS = ("text", "md", "csv")
 
 

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 HELP = ("Data-parallel step timing: DDP buckets, ZeRO-1, FSDP2 as ZeRO-2/3; exposed "
         "communication and memory per rank.")
+EXAMPLES = (
+    "distbench dp --workers 2",
+    "distbench dp --mode ddp --bucket-cap-mb 1,5,25,100",
+)
 
 
 def _modes(option_name: str, text) -> list[str]:

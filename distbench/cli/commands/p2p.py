@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 PATTERNS = ("ring", "pingpong", "matrix")
 
 HELP = "Point-to-point: ring, ping-pong latency, and the pairwise link matrix with outliers."
+EXAMPLES = (
+    "distbench p2p --pattern ring --sizes 8:128M:x2",
+    "distbench p2p --pattern pingpong --sizes 8:64K:x2 --workers 4",
+)
 
 
 @dataclass(kw_only=True)

@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distbench.core import contracts
-from distbench.core.dtypes import ALIASES as DTYPE_ALIASES
 from distbench.core.dtypes import FLOATS
-from distbench.core.exitcodes import EXIT_OK
+from distbench.core.exitcodes import EXIT_FAILED, EXIT_OK
 from distbench.core.options import (
     OptionError,
     RunOptions,
     at_least,
     fraction,
     iterations,
+    one_float_dtype,
     one_of,
     option,
     pick,
@@ -31,7 +31,7 @@ from distbench.core.options import (
 from distbench.core.sizes import SizeError, format_size, parse_size
 from distbench.planner.gpus import DEFAULT_MFU, GPUS
 from distbench.planner.layouts import RECOMPUTE, parse_zero
-from distbench.planner.models import PRESETS, model_text, parse_model
+from distbench.planner.models import PRESETS, SHAPE_HELP, model_text, parse_model
 
 if TYPE_CHECKING:
     from distbench.planner.inputs import Inputs
@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 
 HELP = ("Plan a model's layouts (TP, PP, DP, ZeRO, micro-batches) on a cluster: memory per rank "
         "judged, step time predicted from measured collectives, compute and overlap.")
+EXAMPLES = (
+    "distbench plan --from results/<run> --gpus 1024 --gpus-per-node 8 --model 7b",
+    "distbench plan --fabric dgx-a100 --gpus 1024 --model 7b --dtype bfloat16",
+    "distbench plan --model layers=4,hidden=128,heads=4,seq=32,batch=16 --workers 4",
+)
 
 # What a GPU is taken to hold when nothing says: an 80 GB part (A100/H100), said in the output.
 ASSUMED_MEMORY = 80 * 2**30
@@ -61,13 +66,6 @@ def _count(high: int, largest: str, example: str):
 
 def _model(option_name: str, text) -> str:
     return model_text(parse_model(option_name, text))
-
-
-def _dtype(option_name: str, text) -> str:
-    dtypes = pick(FLOATS, "--dtype bfloat16", DTYPE_ALIASES)(option_name, text)
-    if len(dtypes) != 1:
-        raise OptionError(option_name, "takes one floating-point dtype", "--dtype bfloat16")
-    return dtypes[0]
 
 
 def _zero(option_name: str, text) -> list[int]:
@@ -132,8 +130,8 @@ def _fabric(option_name: str, text) -> str | None:
     return str(text)
 
 
-for _check, _example in ((_model, "--model 7b"), (_dtype, "--dtype bfloat16"),
-                         (_zero, "--zero 1,3"), (_memory, "--gpu-memory 80G"),
+for _check, _example in ((_model, "--model 7b"), (_zero, "--zero 1,3"),
+                         (_memory, "--gpu-memory 80G"),
                          (_paths, "--from results/RUN1,results/RUN2"), (_gpu, "--gpu h100"),
                          (_fabric, "--fabric dgx-h100"),
                          (_layouts, "--layout tp=8,pp=2,dp=4,zero=1,mbs=2,recompute=full"),
@@ -143,9 +141,9 @@ for _check, _example in ((_model, "--model 7b"), (_dtype, "--dtype bfloat16"),
 
 @dataclass(kw_only=True)
 class PlanOptions(RunOptions):
-    model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape "
-                        "layers=4,hidden=128,ffn=512,heads=4,seq=32,batch=16 (batch: the global "
-                        "batch in samples, Megatron's --global-batch-size).", check=_model)
+    model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape: {SHAPE_HELP}. "
+                        "batch: the global batch in samples, Megatron's --global-batch-size.",
+                        check=_model)
     gpus: int | None = option(None, "GPUs to plan for. Default: the workers' world.",
                               check=_count(MAX_GPUS, "the largest clusters'", "--gpus 1024"),
                               show_default=False)
@@ -162,16 +160,17 @@ class PlanOptions(RunOptions):
         "when no layer was timed.", check=_gpu, cli_type=str, show_default=False)
     fabric: str | None = option(
         None, "A declared fabric, for groups no --from run measured (or with no --from at all): "
-        "a preset (dgx-a100, dgx-h100, dgx-h200), figures node_gbps=,nic_gbps=,nics_per_node="
-        "[,gpus_per_node=,gpu=,base_us=,node_hop_us=,net_hop_us=], or a preset with figures "
-        "replaced (dgx-a100,nics_per_node=4).", check=_fabric, cli_type=str, show_default=False)
+        "a preset (dgx-a100, dgx-h100, dgx-h200), figures node_gbps= nic_gbps= nics_per_node= "
+        "(optionally gpus_per_node= gpu= base_us= node_hop_us= net_hop_us=) comma-joined, or "
+        "a preset with figures replaced (dgx-a100,nics_per_node=4).", check=_fabric,
+        cli_type=str, show_default=False)
     mfu: float | None = option(None, "Fraction of --gpu's peak a layer reaches. Default: the "
                                "fraction distbench measured on that GPU in 16-bit types "
                                f"(h100: 0.546), else {DEFAULT_MFU}.",
                                check=fraction("--mfu 0.4", optional=True),
                                show_default=False)
     dtype: str = option("float32", f"{', '.join(FLOATS)}: the parameters' and activations' "
-                        "type.", check=_dtype)
+                        "type.", check=one_float_dtype)
     zero: list[int] = option("all", "ZeRO stages considered (0 is plain DDP); comma list or "
                              "'all'.", check=_zero, cli_type=str)
     recompute: list[str] = option(
@@ -179,11 +178,11 @@ class PlanOptions(RunOptions):
         "(each layer; Megatron's large runs); comma list or 'all'.", check=_recompute,
         cli_type=str)
     layouts: str | None = option(
-        None, "A layout you run, predicted beside the ranked list, in Megatron's terms: "
-        "tp=8,pp=2,dp=4,zero=1,mbs=2,recompute=full (mbs: samples per micro-batch; or m=, "
-        "their count; the global batch is --model's batch=; dp defaults to the GPUs left). "
-        "Repeat it, or separate layouts with ';'.", flag="layout", check=_layouts,
-        cli_type=list[str] | None, show_default=False)
+        None, "A layout you run, predicted beside the ranked list, in Megatron's terms, "
+        "comma-joined: tp=8 pp=2 dp=4 zero=1 mbs=2 recompute=full (mbs: samples per "
+        "micro-batch; or m=, their count; the global batch is --model's batch=; dp defaults "
+        "to the GPUs left). Repeat it, or separate layouts with ';'.", flag="layout",
+        check=_layouts, cli_type=list[str] | None, show_default=False)
     sources: list[str] | None = option(
         None, "Earlier run directories to predict from (collective, p2p, dp, accept, plan), "
         "nccl-tests logs or folders of them; comma list. Nothing is started: not with "
@@ -385,13 +384,19 @@ def plan_from_runs(opts: PlanOptions) -> int:
     from distbench.results import writer
     from distbench.run.console import Console
 
-    run_dir = writer.new_run_dir(opts.out, "plan")
+    try:
+        run_dir = writer.new_run_dir(opts.out, "plan")
+    except OSError as e:  # validated, then filled or taken away
+        return _cannot_write(None, e)
     record = writer.RunRecord(run_dir, "plan", opts.to_json(), opts.argv)
-    record.update(world_size=gpus, nnodes=max(1, gpus // per_node))
-    assemble.write(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
-                   memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
-                   top=opts.top, measured=measured, per_node_from=per_node_from,
-                   recompute=opts.recompute)
+    try:
+        record.update(world_size=gpus, nnodes=max(1, gpus // per_node))
+        assemble.write(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
+                       memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
+                       top=opts.top, measured=measured, per_node_from=per_node_from,
+                       recompute=opts.recompute)
+    except OSError as e:  # a full disk: the rows written are whole, run.json says so
+        return _cannot_write(record, e)
     console = Console(True)
     fitting = ranked(rows)
     console.lines(top_lines(rows, opts.top, title=(
@@ -406,6 +411,26 @@ def plan_from_runs(opts: PlanOptions) -> int:
     record.finish("ok", EXIT_OK)
     console.log(f"results in {run_dir}/")
     return EXIT_OK
+
+
+def _cannot_write(record, e: OSError) -> int:
+    """The results promise on a full disk, as a run with workers keeps it (run.session): one
+    line, run.json "failed" with exit 3, and whole rows only (results.writer)."""
+    import sys
+
+    from distbench.results import writer
+
+    error = f"cannot write {e.filename}: {e.strerror or e}"
+    print(f"distbench: error: {error}", file=sys.stderr)
+    if record is not None:
+        try:
+            record.finish("failed", EXIT_FAILED, error)
+        except writer.PartlyWritten:
+            pass  # it says how the run ended
+        except OSError as again:
+            print(f"distbench: error: cannot finish {record.path}: {again.strerror}; it may "
+                  "still say \"running\"", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def cluster(opts: PlanOptions, inputs: Inputs) -> tuple[int, int, str]:

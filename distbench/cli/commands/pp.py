@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from distbench.run.session import Session
 
 HELP = "Pipeline-parallel step timing: schedules side by side, measured and analytic bubble."
+EXAMPLES = (
+    "distbench pp --workers 2",
+    "distbench pp --schedule gpipe,1f1b --micro-batches 16 --workers 4",
+)
 
 
 @dataclass(kw_only=True)

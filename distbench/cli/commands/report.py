@@ -12,6 +12,10 @@ import typer
 
 HELP = ("Plots, a Markdown summary and the alpha-beta model of runs (distbench run directories "
         "or nccl-tests logs).")
+EXAMPLES = (
+    "distbench report results/<run> results/<other run>",
+    "distbench report results/<run> --predict all_reduce:1G",
+)
 
 
 def default_out(inputs: list[Path]) -> Path:

@@ -29,13 +29,18 @@ from distbench.planner.layouts import (
     problems,
 )
 from distbench.planner.models import EXAMPLE as MODEL_EXAMPLE
-from distbench.planner.models import PRESETS, ModelSpec, model_text, parse_model
+from distbench.planner.models import PRESETS, SHAPE_HELP, ModelSpec, model_text, parse_model
 
 if TYPE_CHECKING:
     from distbench.run.session import Session
 
 HELP = ("One training step of a transformer stack on a tp x pp x dp mesh: step, compute and "
         "communication per dimension, bubble, memory per rank.")
+EXAMPLES = (
+    "distbench step --workers 4       # every tp x pp x dp of 4 ranks",
+    "distbench step --workers 4 --tp 2 --pp 2 --zero 0,1",
+    "distbench step --model layers=8,hidden=256,heads=8,seq=64,batch=32",
+)
 
 ZERO_EXAMPLE = "--zero 0,1,3"
 
@@ -55,9 +60,8 @@ with_example(_zero_stages, ZERO_EXAMPLE)
 
 @dataclass(kw_only=True)
 class StepCommandOptions(RunOptions):
-    model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape: layers=,hidden=,"
-                        "ffn=,heads=,seq=,batch= (batch: samples per step over all replicas).",
-                        check=_model)
+    model: str = option("toy", f"A preset ({', '.join(PRESETS)}) or a shape: {SHAPE_HELP}. "
+                        "batch: samples per step over all replicas.", check=_model)
     tp: int | None = option(None, "Tensor-parallel ranks. With none of --tp, --pp, --dp: every "
                             "layout of the world the model fits.",
                             check=at_least(1, "--tp 2", optional=True), show_default=False)

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 
 HELP = ("Topology snapshot (nvidia-smi topo -m, NVML inventory, CPU/NUMA): this machine, or "
         "one per node under torchrun.")
+EXAMPLES = (
+    "distbench topo                  # this machine",
+)
 
 
 @dataclass(kw_only=True)

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from distbench.run.session import Session
 
 HELP = "Tensor-parallel step timing: Megatron-style MLP and attention blocks, forward+backward."
+EXAMPLES = (
+    "distbench tp --workers 2",
+    "distbench tp --block mlp --hidden-size 4096 --ffn-size 16384 --dtype bf16",
+)
 
 
 def _blocks(option_name: str, text) -> list[str]:

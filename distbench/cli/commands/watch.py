@@ -31,8 +31,12 @@ if TYPE_CHECKING:
     from distbench.run.session import Session
 
 HELP = ("Watch the fabric over time: probes every --interval, judged with hysteresis, "
-        "stragglers named, a Prometheus textfile. Example: distbench watch --interval 10 "
-        "--textfile /var/lib/node_exporter/textfile/distbench.prom")
+        "stragglers named, a Prometheus textfile.")
+EXAMPLES = (
+    "distbench watch --textfile /var/lib/node_exporter/textfile/distbench.prom",
+    "distbench watch --interval 2 --count 30 --workers 2   # then a verdict",
+    "distbench watch --once --baseline results/<run>      # a node health check",
+)
 
 # what fits one Slurm HealthCheckProgram run (killed after 60 s) with room for the start
 ONCE_CYCLES = 1
