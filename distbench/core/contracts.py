@@ -86,7 +86,9 @@ TP = Output("tp.csv", csv=(
     Column("speedup", "speedup", "", 9, ".2f"),
     Column("efficiency", "effic", "", 7, ".2f"),
     Column("max_abs_err", "max_err", "", 10, ".3g"),
-), read=("block", "dtype", "world_size", "step_us", "compute_only_us", "comm_pct", "status"))
+), read=("block", "dtype", "world_size", "step_us", "compute_only_us", "comm_pct", "status"),
+    identity=("block", "dtype", "world_size", "nnodes", "hidden_size", "seq_len",
+              "micro_batch_size", "layers"))
 
 
 # pp
@@ -113,7 +115,9 @@ PP = Output("pp.csv", csv=(
     Column("max_abs_err", "max err", "", 10, ".2e"),
     Column("bubble_measured_per_stage", "bubble per stage", "(per rank)", 20),
 ), read=("schedule", "dtype", "world_size", "micro_batches", "step_us", "bubble_measured",
-         "bubble_analytic", "status"))
+         "bubble_analytic", "status"),
+    identity=("schedule", "dtype", "world_size", "nnodes", "stages", "micro_batches",
+              "micro_batch_size"))
 
 
 # dp
@@ -141,7 +145,9 @@ DP = Output("dp.csv", csv=(
     Column("efficiency", "effic", "", 7, ".2f"),
     Column("max_abs_err", "max_err", "", 10, ".3g"),
 ), read=("mode", "bucket_cap_mb", "dtype", "world_size", "step_us", "compute_only_us",
-         "comm_alone_us", "exposed_comm_us", "overlap_pct", "state_bytes_per_rank", "status"))
+         "comm_alone_us", "exposed_comm_us", "overlap_pct", "state_bytes_per_rank", "status"),
+    identity=("mode", "bucket_cap_mb", "dtype", "world_size", "nnodes", "block",
+              "micro_batch_size", "layers"))
 
 
 # A layout's columns as step and validation show them (plan's rank first, its own widths)

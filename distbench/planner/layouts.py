@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
+from distbench.core.layout_label import layout_label
 from distbench.core.options import pick
 from distbench.planner.models import ModelSpec
 
@@ -49,10 +50,8 @@ class Layout:
         return model.batch // (self.dp * self.micro_batches)
 
     def label(self) -> str:
-        text = f"tp{self.tp} pp{self.pp} dp{self.dp} zero{self.zero} m{self.micro_batches}"
-        if self.virtual_stages > 1:
-            text += f" v{self.virtual_stages}"
-        return text if self.recompute == "none" else f"{text} rc-{self.recompute}"
+        return layout_label(self.tp, self.pp, self.dp, self.zero, self.micro_batches,
+                            self.virtual_stages, self.recompute)
 
     def key(self) -> tuple[int, int, int, int, int]:
         return (self.tp, self.pp, self.dp, self.zero, self.micro_batches)

@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from distbench.core import noise
-from distbench.core.contracts import MEASURES, OUTPUTS
+from distbench.core.contracts import OUTPUTS, measure_of
 from distbench.core.errors import ReadError
+from distbench.core.layout_label import row_label
 from distbench.core.tables import (
     Column,
     format_row,
@@ -42,21 +43,29 @@ DEFAULT_THRESHOLD = 0.05
 IDENTITY: dict[str, tuple[str, ...]] = {o.file: o.identity for o in OUTPUTS if o.identity}
 
 
+# A training step's figure is its step time: those files record no time_us of one call.
+STEP_TIMES = dict.fromkeys(("tp.csv", "pp.csv", "dp.csv", "step.csv"), "step_us")
+
+
 @dataclass(frozen=True)
 class Metric:
     name: str
-    columns: dict[str, str]  # file -> the column holding it
-    higher_is_better: bool
+    columns: dict[str, str]  # file -> the column holding it; a file not here is not compared
+
+    def higher_is_better(self, file: str) -> bool:
+        return measure_of(self.columns[file]).higher_is_better
 
 
+BUSBW = {"collective.csv": "busbw_gbps", "p2p.csv": "busbw_gbps", "p2p_matrix.csv": "gbps",
+         "accept.csv": "measured"}
+TIME = {"collective.csv": "time_us", "p2p.csv": "time_us", "p2p_matrix.csv": "time_us",
+        **STEP_TIMES, "accept.csv": "measured"}
 METRICS = {
-    "busbw": Metric("busbw", {"collective.csv": "busbw_gbps", "p2p.csv": "busbw_gbps",
-                              "p2p_matrix.csv": "gbps", "accept.csv": "measured"},
-                    MEASURES["busbw_gbps"].higher_is_better),
-    "time": Metric("time", {**dict.fromkeys(IDENTITY, "time_us"), "accept.csv": "measured"},
-                   MEASURES["time_us"].higher_is_better),
-    "p99": Metric("p99", {**dict.fromkeys(IDENTITY, "p99_us"), "accept.csv": "measured"},
-                  MEASURES["p99_us"].higher_is_better),
+    # each file by what it is read for: a bandwidth where it records one, else its time
+    "auto": Metric("auto", {**TIME, **BUSBW}),
+    "busbw": Metric("busbw", BUSBW),
+    "time": Metric("time", TIME),
+    "p99": Metric("p99", {**{f: "p99_us" for f in IDENTITY}, "accept.csv": "measured"}),
 }
 MARKS = {"better": "+", "worse": "-", "same": "~", "incomparable": "x"}
 
@@ -129,7 +138,7 @@ def _higher_is_better(metric: Metric, file: str, row) -> bool:
     judged); elsewhere the metric asked for."""
     if file == "accept.csv":
         return check_metric(row["metric"])[1]
-    return metric.higher_is_better
+    return metric.higher_is_better(file)
 
 
 def _group(file: str, row) -> str:
@@ -139,10 +148,14 @@ def _group(file: str, row) -> str:
         return str(row["op"])
     if file == "p2p.csv":
         return str(row["pattern"])
-    return f"matrix {row['direction']}"
+    if file == "p2p_matrix.csv":
+        return f"matrix {row['direction']}"
+    return file.removesuffix(".csv")  # a training step: one group per command
 
 
 def _label(file: str, keys: tuple[str, ...], row) -> str:
+    if file in ("step.csv",):  # a layout reads as its label, not as five bare numbers
+        return f"{row_label(row)} {row.get('dtype')}"
     skip = {"op", "pattern", "direction", "world_size", "nnodes", "check", "scope", "metric"}
     parts = []
     for k in keys:
@@ -212,6 +225,8 @@ def _judge(higher_is_better: bool, threshold: float, base_v, new_v, base_r: list
     if not ok or pd.isna(base_v) or pd.isna(new_v) or float(base_v) <= 0 or float(new_v) <= 0:
         return row(None, None, "incomparable", "not measured on both sides")
     ratio = float(new_v) / float(base_v)
+    if ratio == 1 and base_r == new_r:  # a run against itself (or its copy): nothing changed,
+        return row(ratio, None, "same", "identical")  # however noisy its repetitions were
     # the row's own figure, as a time ratio: busbw up by 10% is a time ratio of 1/1.1
     time_ratio = 1 / ratio if higher_is_better else ratio
     if len(base_r) >= 2 and len(new_r) >= 2:
@@ -329,16 +344,21 @@ def setup_differences(base: Run, new: Run) -> list[tuple[str, str, str]]:
     return [(k, shown(fb[k]), shown(fn[k])) for k in fb if fb[k] != fn[k]]
 
 
-def compare(base: Run, new: Run, metric: str = "busbw",
+def compare(base: Run, new: Run, metric: str = "auto",
             threshold: float = DEFAULT_THRESHOLD) -> Comparison:
     """Raises ReadError when the two runs have no row in common."""
     chosen = METRICS[metric]
-    files = [f for f in IDENTITY if f in base.tables and f in new.tables]
-    if not files:
+    shared = [f for f in IDENTITY if f in base.tables and f in new.tables]
+    if not shared:
         raise ReadError(new.path, "shares no table compare reads with "
                         f"{base.path} (it reads {', '.join(IDENTITY)}; BASE has "
                         f"{', '.join(base.tables) or 'none'}, NEW has "
                         f"{', '.join(new.tables) or 'none'})")
+    files = [f for f in shared if f in chosen.columns]
+    if not files:
+        others = sorted(m for m, x in METRICS.items() if all(f in x.columns for f in shared))
+        raise ReadError(new.path, f"--metric {metric}: {', '.join(shared)} records none; "
+                        f"compare these runs with --metric {' or '.join(others)}")
     for run in (base, new):
         check_samples(run)
     typical = (typical_noise(base), typical_noise(new))
@@ -381,14 +401,17 @@ def _cells(r: Row) -> dict:
 
 
 def _what(c: Comparison) -> str:
-    """The metric and its unit; accept.csv's rows are each in their check's own unit."""
+    """The metric and its unit; accept.csv's rows are each in their check's own unit. `auto`
+    is named by what it read (busbw, or a training step's time)."""
     files = {r.file for r in c.rows}
+    name = " and ".join(sorted({_metric_name(c.metric, f) for f in files}))
     if files == {"accept.csv"}:
-        return f"{c.metric.name} (each check in its own unit)"
-    unit = "GB/s" if c.metric.higher_is_better else "us"
+        return f"{name} (each check in its own unit)"
+    unit = ", ".join(sorted({measure_of(c.metric.columns[f]).unit
+                             for f in files - {"accept.csv"}}))
     if "accept.csv" in files:
-        return f"{c.metric.name} ({unit}; accept.csv rows each in their check's own unit)"
-    return f"{c.metric.name} ({unit})"
+        return f"{name} ({unit}; accept.csv rows each in their check's own unit)"
+    return f"{name} ({unit})"
 
 
 def _rule(c: Comparison) -> str:
@@ -465,9 +488,18 @@ def format_csv(c: Comparison) -> list[str]:
     w.writerow(["file", "op", "row", "metric", "base", "new", "ratio", "p_value", "mark",
                 "note", "noise"])
     for r in c.rows:
-        w.writerow([r.file, r.group, r.label, c.metric.name, _csv_num(r.base), _csv_num(r.new),
+        w.writerow([r.file, r.group, r.label, _metric_name(c.metric, r.file), _csv_num(r.base),
+                    _csv_num(r.new),
                     _csv_num(r.ratio), _csv_num(r.p_value), r.mark, r.note, _csv_num(r.noise)])
     return buf.getvalue().splitlines()
+
+
+def _metric_name(metric: Metric, file: str) -> str:
+    """What `auto` read in `file`, named as the metric that reads the same column."""
+    if metric.name != "auto":
+        return metric.name
+    return next(m.name for m in METRICS.values()
+                if m.name != "auto" and m.columns.get(file) == metric.columns[file])
 
 
 def _csv_num(v: float | None) -> str:

@@ -21,6 +21,7 @@ from matplotlib.ticker import (  # noqa: E402
     NullLocator,
 )
 
+from distbench.core.layout_label import row_label  # noqa: E402
 from distbench.results import reader  # noqa: E402
 from distbench.results.reader import Run, measured  # noqa: E402
 
@@ -548,6 +549,59 @@ def validation_figure(rows: list[dict], path: Path, title: str, band: float = 0.
     return _save(fig, path)
 
 
-def all_plots(runs: list[Run], out: Path) -> list[Path]:
-    return [*collective(runs, out), *p2p(runs, out), *tp(runs, out), *pp(runs, out),
-            *dp(runs, out), *accept(runs, out)]
+def step(runs: list[Run], out: Path) -> list[Path]:
+    """Each layout's step as its compute, bubble and the communication each dimension left
+    exposed (ms)."""
+    parts = (("compute", "compute_only_us"), ("bubble", "bubble_us"),
+             ("exposed tp", "tp_exposed_us"), ("exposed pp", "pp_exposed_us"),
+             ("exposed dp", "dp_exposed_us"))
+
+    def series(rows: list[pd.Series]) -> dict[str, list[float]]:
+        # a part measured below 0 (noise) hid nothing, not less than nothing
+        return {name: [max(0.0, _number(row.get(col)) or 0.0) / 1e3 for row in rows]
+                for name, col in parts}
+
+    return _bar_chart(runs, "step.csv", lambda row: row_label(row.to_dict()), series, True,
+                      "step (ms)", "step: compute + bubble + exposed communication",
+                      out / "step_parts.png")
+
+
+def plan(runs: list[Run], out: Path) -> list[Path]:
+    """Each plan run's predicted step against memory, and its validation's predicted against
+    measured steps."""
+    paths = []
+    for run in runs:
+        frame = run.table("plan.csv")
+        if frame is not None and len(frame):
+            paths.append(plan_figure(frame.to_dict("records"), out / f"plan_{_slug(run.name)}.png",
+                                     f"plan: {run.name}"))
+        frame = run.table("validation.csv")
+        if frame is not None and frame["measured_step_ms"].notna().any():
+            paths.append(validation_figure(frame.to_dict("records"),
+                                           out / f"validation_{_slug(run.name)}.png",
+                                           f"plan --validate: {run.name}"))
+    return paths
+
+
+def watch(runs: list[Run], out: Path) -> list[Path]:
+    """Each probe's time per cycle, the cycles with a rank named late marked."""
+    paths = []
+    for run in runs:
+        frame = run.table("watch.csv")
+        if frame is None or not len(frame):
+            continue
+        fig, ax = plt.subplots(figsize=(7.0, 3.8))
+        for (op, size), g in frame.groupby(["op", "size_bytes"], sort=False):
+            ok = g[g["status"].astype(str) == "ok"]
+            ax.plot(ok["cycle"], ok["time_us"], marker=".", label=f"{op} {binary(size)}")
+            late = ok[ok["late_rank"].notna() & (ok["late_rank"].astype(str) != "")]
+            if len(late):
+                ax.scatter(late["cycle"], late["time_us"], marker="x", c="tab:red", zorder=3,
+                           label=f"{op} {binary(size)}: a rank late")
+        ax.set_xlabel("cycle")
+        ax.set_ylabel("time (us)")
+        ax.set_title(f"watch: {run.name}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+        paths.append(_save(fig, out / f"watch_{_slug(run.name)}.png"))
+    return paths

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from distbench.core.contracts import NUMBERS, OUTPUTS, measure_of
+from distbench.core.contracts import NUMBERS, OUTPUTS, WATCH, measure_of
 from distbench.core.errors import ReadError, one_line
 from distbench.results import nccltests, samples
 
 # What report and compare need of each CSV (core.contracts): an older run may lack the columns
 # added since, not these.
-REQUIRED: dict[str, tuple[str, ...]] = {o.file: o.required for o in OUTPUTS}
+# watch.csv is reported, not compared: its rows are cycles, not repetitions of one measurement.
+REQUIRED: dict[str, tuple[str, ...]] = {o.file: o.required for o in (*OUTPUTS, WATCH)}
 NCCL_TESTS = "nccl-tests"
 
 

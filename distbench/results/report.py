@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from distbench.core.contracts import NUMBERS
+from distbench.core.layout_label import row_label
 from distbench.core.sizes import format_size
 from distbench.core.tables import markdown_table, number
 from distbench.results import alphabeta, reader
-from distbench.results.reader import Run, measured
+from distbench.results.reader import NCCL_TESTS, Run, measured
 
 
 def models(run: Run) -> list[dict]:
@@ -69,10 +70,11 @@ def _run_header(run: Run) -> list[str]:
                 f"{_world(run)}.", ""]
     versions = reader.versions(run)
     bits = [f"`distbench {m.get('command')}`", f"status **{m.get('status')}** "
-            f"(exit {m.get('exit_code')})", _world(run), f"backend {m.get('backend')}",
-            f"torch {versions.get('torch')}"]
-    if versions.get("nccl"):
-        bits.append(f"NCCL {versions['nccl']}")
+            f"(exit {m.get('exit_code')})", _world(run)]
+    # a fact the run did not record (topo starts no backend) is left out, not printed "None"
+    bits += [f"{name} {value}" for name, value in (
+        ("backend", m.get("backend")), ("torch", versions.get("torch")),
+        ("NCCL", versions.get("nccl"))) if value]
     lines = [f"## {run.name}", "", ", ".join(bits) + f"; `{run.path}`.", ""]
     if m.get("error"):
         lines += [f"Ended with: {m['error']}", ""]
@@ -186,6 +188,98 @@ def _dp_section(run: Run) -> list[str]:
     return (lines + _skipped(run.table("dp.csv"))) if lines else []
 
 
+def _layout_text(row: pd.Series) -> str:
+    return row_label(row.to_dict())
+
+
+def _ms(row: pd.Series, column: str) -> str:
+    value = row.get(column)
+    return "-" if _missing(value) else number(float(value) / 1e3)
+
+
+def _memory_cells(row: pd.Series) -> list[str]:
+    """The measured peak beside the model's figure, and how far the model is."""
+    peak, model = row.get("peak_mem_bytes"), row.get("model_mem_bytes")
+    known = not _missing(peak) and not _missing(model) and float(peak) > 0
+    error = f"{(float(model) - float(peak)) / float(peak):+.1%}" if known else "-"
+    return [_size(peak), _size(model), error]
+
+
+def _step_run_section(run: Run) -> list[str]:
+    lines = _step_section(
+        run, "step.csv", "Training step per layout",
+        ["layout", "step (ms)", "compute only (ms)", "exposed tp (ms)", "exposed pp (ms)",
+         "exposed dp (ms)", "bubble (ms)", "peak memory", "model memory", "model error"],
+        lambda r: [_layout_text(r), _ms(r, "step_us"), _ms(r, "compute_only_us"),
+                   _ms(r, "tp_exposed_us"), _ms(r, "pp_exposed_us"), _ms(r, "dp_exposed_us"),
+                   _ms(r, "bubble_us"), *_memory_cells(r)])
+    return (lines + _skipped(run.table("step.csv"))) if lines else []
+
+
+PLAN_SHOWN = 10  # the fastest layouts that fit, as the console shows them
+
+
+def _plan_section(run: Run) -> list[str]:
+    lines = []
+    frame = run.table("plan.csv")
+    if frame is not None:
+        fits = frame[frame["fits"].astype(bool)].sort_values("predicted_step_ms")
+        lines += ["### Plan", "",
+                  f"{len(frame)} layouts predicted, {len(fits)} fit in memory; the "
+                  f"{min(PLAN_SHOWN, len(fits))} fastest:", ""]
+        lines += markdown_table(
+            ["layout", "predicted step (ms)", "compute (ms)", "exposed dp (ms)",
+             "bubble (ms)", "memory per rank"],
+            [[_layout_text(r), number(r["predicted_step_ms"]), number(r.get("compute_ms")),
+              number(r.get("dp_exposed_ms")), number(r.get("bubble_ms")),
+              _size(r.get("memory_per_rank_bytes"))]
+             for _, r in fits.head(PLAN_SHOWN).iterrows()])
+        lines.append("")
+    frame = run.table("validation.csv")
+    if frame is not None and len(frame):
+        lines += ["### Validation", ""]
+        lines += markdown_table(
+            ["layout", "predicted (ms)", "measured (ms)", "error", "in sample", "status"],
+            [[_layout_text(r), number(r["predicted_step_ms"]), number(r["measured_step_ms"]),
+              "-" if _missing(r.get("error_pct")) else f"{float(r['error_pct']):+.1f}%",
+              "yes" if int(r.get("in_sample") or 0) else "no", str(r["status"])]
+             for _, r in frame.iterrows()])
+        errors = frame.dropna(subset=["error_pct"])
+        unseen = errors[errors["in_sample"].fillna(0).astype(int) == 0]
+        if len(unseen):  # plan.md gives the rank correlation too
+            lines += ["", f"Mean absolute error {unseen['error_pct'].abs().mean():.1f}% over "
+                      f"{len(unseen)} layouts out of sample."]
+        lines.append("")
+    return lines
+
+
+def _topo_section(run: Run) -> list[str]:
+    """A run of no table (topo's): what its topology snapshot says."""
+    if run.tables:
+        return []
+    summary = reader.topology_summary(run)
+    return ["### Topology", "", summary, ""] if summary else []
+
+
+def _watch_section(run: Run) -> list[str]:
+    frame = run.table("watch.csv")
+    if frame is None or not len(frame):
+        return []
+    cycles = int(frame["cycle"].max()) + 1 if "cycle" in frame else len(frame)
+    lines = ["### Watch", "", f"{cycles} cycles.", ""]
+    rows = []
+    for (op, size, scope), g in frame.groupby(["op", "size_bytes", "scope"], sort=False):
+        ok = g[g["status"].astype(str) == "ok"]
+        late = sorted({str(s) for s in g["stragglers"].dropna() if str(s)})
+        rows.append([str(op), _size(size), str(scope), str(len(ok)),
+                     number(ok["time_us"].median()) if len(ok) else "-",
+                     number(ok["busbw_gbps"].median()) if len(ok) else "-",
+                     str(g["verdict"].iloc[-1]), ", ".join(late) or "none"])
+    lines += markdown_table(["op", "size", "scope", "cycles measured", "median time (us)",
+                             "median busbw (GB/s)", "last verdict", "stragglers named"], rows)
+    return lines + [""]
+
+
 def _skipped(frame: pd.DataFrame) -> list[str]:
     skipped = frame[frame["status"] == "skipped"]
     if not len(skipped):
@@ -291,6 +385,35 @@ def _accept_section(run: Run) -> list[str]:
                     "better, whatever the metric's direction.", ""]
 
 
+@dataclass(frozen=True)
+class Kind:
+    """A kind of run as report shows it: the commands whose runs it is, its section of
+    report.md (from the run and its alpha-beta fits) and the plots.py function that draws it
+    (None: nothing to draw). A new command registers its kind here, once."""
+    commands: tuple[str, ...]
+    section: Callable[[Run, list[dict]], list[str]]
+    plots: str | None
+
+
+KINDS = (
+    Kind(("collective", NCCL_TESTS), _collective_section, "collective"),
+    Kind(("p2p",), lambda run, _: _p2p_section(run), "p2p"),
+    Kind(("tp",), lambda run, _: _tp_section(run), "tp"),
+    Kind(("pp",), lambda run, _: _pp_section(run), "pp"),
+    Kind(("dp",), lambda run, _: _dp_section(run), "dp"),
+    # a plan run's validation measures real steps: it writes step.csv too
+    Kind(("step",), lambda run, _: _step_run_section(run), "step"),
+    Kind(("plan",), lambda run, _: _plan_section(run), "plan"),
+    Kind(("accept",), lambda run, _: _accept_section(run), "accept"),
+    Kind(("topo",), lambda run, _: _topo_section(run), None),
+    Kind(("watch",), lambda run, _: _watch_section(run), "watch"),
+)
+
+
+def reported_commands() -> set[str]:
+    return {c for k in KINDS for c in k.commands}
+
+
 def markdown(runs: list[Run], fits: list[list[dict]], images: list[Path]) -> list[str]:
     """`fits`: each run's models, in the order of `runs`."""
     lines = ["# distbench report", "", "Runs: " + ", ".join(f"`{r.name}`" for r in runs), ""]
@@ -298,12 +421,8 @@ def markdown(runs: list[Run], fits: list[list[dict]], images: list[Path]) -> lis
         lines += _run_header(run)
         lines += _dropped(run)
         lines += _no_results(run)
-        lines += _collective_section(run, run_fits)
-        lines += _p2p_section(run)
-        lines += _tp_section(run)
-        lines += _pp_section(run)
-        lines += _dp_section(run)
-        lines += _accept_section(run)
+        for kind in KINDS:  # every section reads the tables it knows, whichever made them
+            lines += kind.section(run, run_fits)
     if images:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
     return lines
@@ -317,7 +436,7 @@ def write(runs: list[Run], out: Path) -> tuple[list[str], list[Path]]:
     runs = [plausible(r) for r in runs]
     out.mkdir(parents=True, exist_ok=True)
     fits = [models(r) for r in runs]
-    images = plots.all_plots(runs, out)
+    images = [p for kind in KINDS if kind.plots for p in getattr(plots, kind.plots)(runs, out)]
     lines = markdown(runs, fits, images)
     (out / "report.md").write_text("\n".join(lines) + "\n")
     files = [out / "report.md", *images]

@@ -27,7 +27,9 @@ def command(
     threshold: Annotated[str, typer.Option(
         help="The smallest change called better or worse; smaller is ~, or x where the "
              "noise is larger (5% or 0.05).")] = "5%",
-    metric: Annotated[str, typer.Option(help="busbw, time or p99.")] = "busbw",
+    metric: Annotated[str, typer.Option(
+        help="auto (busbw where a file records one, else its time; a training step's is its "
+             "step time), busbw, time or p99.")] = "auto",
     format: Annotated[str, typer.Option(
         "--format", help="text, md (for a pull request) or csv.")] = "text",
 ) -> None:
