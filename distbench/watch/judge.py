@@ -11,7 +11,8 @@ The rules:
   understate a noisy machine's noise), with their spread (slowest over fastest, less 1) as its
   noise. Until a probe has a baseline it is "unknown", and
   the verdict is "unknown" while no probe is judged: a verdict on nothing measured is never "ok".
-- **A bad cycle.** "Worse" is noise.judge's rule, the one compare and accept --baseline use: the
+- **A bad cycle.** "Worse" is noise.judge's rule, the one accept's rows use (compare judges two
+  runs' repetitions by noise.call instead, which a cycle's one time does not have): the
   time over the baseline's must pass the tolerance and the noise by noise.MARGIN. Worse at twice
   the tolerance is fail-bad, else warn-bad. A probe whose status is "failed" is fail-bad (no
   baseline needed to fail); "skipped", or a probe missing from the cycle, changes nothing.
