@@ -5,13 +5,18 @@ runs compare crashes on, fails here."""
 
 from __future__ import annotations
 
+import csv
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 from helpers import cli
+from test_report import _sensible
 
 from distbench.cli.commands import COMMANDS
-from distbench.results import compare, reader, report
+from distbench.core.tables import plural
+from distbench.results import compare, plots, reader, report
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
 # the kinds whose rows are repeated measurements of one thing; topo measures nothing, and a
@@ -68,3 +73,94 @@ def test_compare_refuses_a_metric_a_step_run_does_not_record_in_one_line(tmp_pat
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("# compare time (us)")
     assert " tp1 pp1 dp2 zero0 m1 float32 " in res.stdout
+
+
+def _figure_rows(lines: list[str]) -> list[str]:
+    """A section's table rows that hold a figure (a number in a cell of its own)."""
+    return [line for line in lines if line.startswith("| ") and not line.startswith("|---")
+            and re.search(r"\| [-+]?[0-9][0-9.]*(%| [KMG]iB)? \|", line)]
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_kinds_section_shows_its_figures_and_links_each_plot(command, tmp_path):
+    """A section is its figures in a table, not a title alone (topo's was one line naming the
+    CPU, and said its run wrote no result); each plot is drawn and linked."""
+    run = report.plausible(reader.load(RUNS / command))
+    (kind,) = [k for k in report.KINDS if command in k.commands]
+    section = kind.section(run, report.models(run))
+    assert _figure_rows(section), "\n".join(section)
+    lines, files = report.write([run], tmp_path)
+    text = "\n".join(lines)
+    assert "\n".join(section) in text and "No result rows" not in text, text
+    drawn = [f for f in files if f.suffix == ".png"]
+    assert bool(drawn) == bool(kind.plots), drawn
+    for png in drawn:
+        _sensible(png)
+        assert f"![{png.stem}]({png.name})" in text
+
+
+def test_topo_reports_each_nodes_figures():
+    run = reader.load(RUNS / "topo")
+    (node,) = run.topo["nodes"]
+    section = "\n".join(report._topo_section(run))
+    assert f"| {node['host']} | {len(node['gpus'])} |" in section
+    assert f"| {node['cpu']['model']} | {node['cpu']['logical_cores']} |" in section
+
+
+def test_counts_of_one_read_as_one():
+    """"1 cycles." and "over 1 layouts out of sample" (the fixtures hold one of each)."""
+    watch = report._watch_section(reader.load(RUNS / "watch"))
+    assert "1 cycle." in watch
+    plan = "\n".join(report._plan_section(reader.load(RUNS / "plan")))
+    assert "over 1 layout out of sample." in plan
+
+
+def test_the_watch_plot_counts_cycles_whole():
+    """One cycle was drawn on an axis from -0.04 to 0.04."""
+    fig = plots.watch_figure(reader.load(RUNS / "watch"))
+    ticks = fig.axes[0].get_xticks()
+    plots.plt.close(fig)
+    assert len(ticks) and all(float(t).is_integer() for t in ticks), ticks
+
+
+def _slowed(src: Path, dst: Path, file: str, factor: float) -> Path:
+    """A copy of a run with every step in `file` taking `factor` times as long."""
+    shutil.copytree(src, dst)
+    with open(dst / file, newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(dst / file, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows({**r, "step_us": str(float(r["step_us"]) * factor)} if r["step_us"]
+                         else r for r in rows)
+    return dst
+
+
+@pytest.mark.parametrize(("command", "file"), [("step", "step.csv"), ("plan", "step.csv"),
+                                               ("dp", "dp.csv"), ("tp", "tp.csv"),
+                                               ("pp", "pp.csv")])
+def test_a_slower_training_step_is_worse_by_its_time_and_fails_the_gate(command, file,
+                                                                        tmp_path):
+    """Not only a run against itself: two step, plan or dp runs are compared row by row."""
+    slow = _slowed(RUNS / command, tmp_path / "slow", file, 1.5)
+    res = cli(tmp_path, "compare", str(RUNS / command), str(slow))
+    assert res.returncode == 4, res.stdout + res.stderr
+    assert res.stdout.startswith("# compare time (us)")
+    rows = len(reader.measured(reader.load(slow).tables[file]))
+    assert f"# {plural(rows, 'row')} worse by more than 5%" in res.stdout
+    assert "by the threshold alone" in res.stdout  # no repetitions: said, not hidden
+    assert cli(tmp_path, "compare", str(slow), str(RUNS / command)).returncode == 0
+
+
+def test_a_plan_without_validation_is_refused_saying_it_holds_predictions(tmp_path):
+    plan = tmp_path / "plan"
+    shutil.copytree(RUNS / "plan", plan)
+    for name in ("step.csv", "validation.csv"):
+        (plan / name).unlink()
+    res = cli(tmp_path, "compare", str(plan), str(plan))
+    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert "plan.csv (predictions, not measurements: plan --validate measures step.csv)" \
+        in line, line
+    watch = cli(tmp_path, "compare", str(RUNS / "watch"), str(RUNS / "watch"))
+    assert "watch.csv (cycles watch judges itself" in watch.stderr, watch.stderr

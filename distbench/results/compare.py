@@ -344,6 +344,22 @@ def setup_differences(base: Run, new: Run) -> list[tuple[str, str, str]]:
     return [(k, shown(fb[k]), shown(fn[k])) for k in fb if fb[k] != fn[k]]
 
 
+# Tables a run may hold that compare does not read, and why: said where a run holds only these
+NOT_COMPARED = {
+    "plan.csv": "predictions, not measurements: plan --validate measures step.csv",
+    "validation.csv": "each prediction against one measurement: its step.csv is compared",
+    "watch.csv": "cycles watch judges itself, against its own baseline",
+}
+
+
+def _holds(run: Run) -> str:
+    """A run's tables for a refusal, each that compare does not read with why; a run of none
+    (topo) says what made it."""
+    if not run.tables:
+        return f"none (`distbench {run.command}` writes none)" if run.meta else "none"
+    return ", ".join(f"{f} ({NOT_COMPARED[f]})" if f in NOT_COMPARED else f for f in run.tables)
+
+
 def compare(base: Run, new: Run, metric: str = "auto",
             threshold: float = DEFAULT_THRESHOLD) -> Comparison:
     """Raises ReadError when the two runs have no row in common."""
@@ -352,8 +368,7 @@ def compare(base: Run, new: Run, metric: str = "auto",
     if not shared:
         raise ReadError(new.path, "shares no table compare reads with "
                         f"{base.path} (it reads {', '.join(IDENTITY)}; BASE has "
-                        f"{', '.join(base.tables) or 'none'}, NEW has "
-                        f"{', '.join(new.tables) or 'none'})")
+                        f"{_holds(base)}, NEW has {_holds(new)})")
     files = [f for f in shared if f in chosen.columns]
     if not files:
         others = sorted(m for m, x in METRICS.items() if all(f in x.columns for f in shared))

@@ -17,6 +17,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import (  # noqa: E402
     FixedLocator,
     FuncFormatter,
+    MaxNLocator,
     NullFormatter,
     NullLocator,
 )
@@ -585,23 +586,29 @@ def plan(runs: list[Run], out: Path) -> list[Path]:
 
 def watch(runs: list[Run], out: Path) -> list[Path]:
     """Each probe's time per cycle, the cycles with a rank named late marked."""
-    paths = []
-    for run in runs:
-        frame = run.table("watch.csv")
-        if frame is None or not len(frame):
-            continue
-        fig, ax = plt.subplots(figsize=(7.0, 3.8))
-        for (op, size), g in frame.groupby(["op", "size_bytes"], sort=False):
-            ok = g[g["status"].astype(str) == "ok"]
-            ax.plot(ok["cycle"], ok["time_us"], marker=".", label=f"{op} {binary(size)}")
-            late = ok[ok["late_rank"].notna() & (ok["late_rank"].astype(str) != "")]
-            if len(late):
-                ax.scatter(late["cycle"], late["time_us"], marker="x", c="tab:red", zorder=3,
-                           label=f"{op} {binary(size)}: a rank late")
-        ax.set_xlabel("cycle")
-        ax.set_ylabel("time (us)")
-        ax.set_title(f"watch: {run.name}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-        paths.append(_save(fig, out / f"watch_{_slug(run.name)}.png"))
-    return paths
+    return [_save(fig, out / f"watch_{_slug(run.name)}.png") for run in runs
+            if (fig := watch_figure(run)) is not None]
+
+
+def watch_figure(run: Run):
+    """The figure behind a watch run's plot, or None when it has no probe."""
+    frame = run.table("watch.csv")
+    if frame is None or not len(frame):
+        return None
+    fig, ax = plt.subplots(figsize=(7.0, 3.8))
+    for (op, size), g in frame.groupby(["op", "size_bytes"], sort=False):
+        ok = g[g["status"].astype(str) == "ok"]
+        ax.plot(ok["cycle"], ok["time_us"], marker=".", label=f"{op} {binary(size)}")
+        late = ok[ok["late_rank"].notna() & (ok["late_rank"].astype(str) != "")]
+        if len(late):
+            ax.scatter(late["cycle"], late["time_us"], marker="x", c="tab:red", zorder=3,
+                       label=f"{op} {binary(size)}: a rank late")
+    ax.set_xlabel("cycle")
+    # cycles are whole: a run of one cycle is not drawn on an axis of -0.04 to 0.04
+    ax.set_xlim(float(frame["cycle"].min()) - 0.5, float(frame["cycle"].max()) + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax.set_ylabel("time (us)")
+    ax.set_title(f"watch: {run.name}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig

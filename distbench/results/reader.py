@@ -202,13 +202,14 @@ def measured(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"].isin(["ok", "wrong"])]
 
 
-def _nodes(run: Run) -> list[dict]:
+def topo_nodes(run: Run) -> list[dict]:
+    """topo.json's nodes, each a dict ([] where it has none, or is not of that shape)."""
     nodes = run.topo.get("nodes")
     return [n for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) else []
 
 
 def gpu_model(run: Run) -> str | None:
-    names = sorted({str(g.get("name")) for node in _nodes(run)
+    names = sorted({str(g.get("name")) for node in topo_nodes(run)
                     for g in (node.get("gpus") if isinstance(node.get("gpus"), list) else [])
                     if isinstance(g, dict) and g.get("name")})
     return ", ".join(names) or None
@@ -218,7 +219,7 @@ def topology_summary(run: Run) -> str | None:
     """One line: the GPU-GPU link kinds and the CPU, as topo.json records them."""
     kinds: dict[str, int] = {}
     cpus = set()
-    for node in _nodes(run):
+    for node in topo_nodes(run):
         for kind in _mapping(_mapping(node.get("gpu_links")).get("links")).values():
             kinds[str(kind)] = kinds.get(str(kind), 0) + 1
         cpu = _mapping(node.get("cpu"))

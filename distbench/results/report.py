@@ -14,7 +14,7 @@ import pandas as pd
 from distbench.core.contracts import NUMBERS
 from distbench.core.layout_label import row_label
 from distbench.core.sizes import format_size
-from distbench.core.tables import markdown_table, number
+from distbench.core.tables import markdown_table, number, plural
 from distbench.results import alphabeta, reader
 from distbench.results.reader import NCCL_TESTS, Run, measured
 
@@ -248,17 +248,36 @@ def _plan_section(run: Run) -> list[str]:
         unseen = errors[errors["in_sample"].fillna(0).astype(int) == 0]
         if len(unseen):  # plan.md gives the rank correlation too
             lines += ["", f"Mean absolute error {unseen['error_pct'].abs().mean():.1f}% over "
-                      f"{len(unseen)} layouts out of sample."]
+                      f"{plural(len(unseen), 'layout')} out of sample."]
         lines.append("")
     return lines
 
 
 def _topo_section(run: Run) -> list[str]:
-    """A run of no table (topo's): what its topology snapshot says."""
+    """A run of no table (topo's): per node of its topology snapshot, the figures topo
+    printed: GPUs, their links, the CPU and the network interfaces up."""
     if run.tables:
         return []
-    summary = reader.topology_summary(run)
-    return ["### Topology", "", summary, ""] if summary else []
+    rows = []
+    for node in reader.topo_nodes(run):
+        gpus = [g for g in node.get("gpus") or [] if isinstance(g, dict)]
+        cpu = node.get("cpu") if isinstance(node.get("cpu"), dict) else {}
+        links = list(((node.get("gpu_links") or {}).get("links") or {}).values())
+        kinds = {str(k): sum(str(v) == str(k) for v in links) for k in links}
+        nics = [str(n.get("name")) + (f" {n['speed_mbps']} Mb/s" if n.get("speed_mbps") else "")
+                for n in node.get("network") or [] if isinstance(n, dict)
+                and n.get("state") == "up"]
+        # no GPU found: why, as topo said it (nvidia-smi not found, NVML missing)
+        why = node.get("nvidia_smi_error") or node.get("nvml_error") or "none found"
+        rows.append([str(node.get("host")), str(len(gpus)),
+                     ", ".join(sorted({str(g.get("name")) for g in gpus})) if gpus else
+                     f"- ({why})", ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items()))
+                     or "-", str(cpu.get("model") or "-"), str(cpu.get("logical_cores") or "-"),
+                     ", ".join(nics) or "-"])
+    if not rows:
+        return []
+    return ["### Topology", ""] + markdown_table(
+        ["host", "GPUs", "GPU model", "GPU links", "CPU", "cores", "network up"], rows) + [""]
 
 
 def _watch_section(run: Run) -> list[str]:
@@ -266,7 +285,7 @@ def _watch_section(run: Run) -> list[str]:
     if frame is None or not len(frame):
         return []
     cycles = int(frame["cycle"].max()) + 1 if "cycle" in frame else len(frame)
-    lines = ["### Watch", "", f"{cycles} cycles.", ""]
+    lines = ["### Watch", "", f"{plural(cycles, 'cycle')}.", ""]
     rows = []
     for (op, size, scope), g in frame.groupby(["op", "size_bytes", "scope"], sort=False):
         ok = g[g["status"].astype(str) == "ok"]
@@ -296,6 +315,8 @@ def _no_results(run: Run) -> list[str]:
     if others:
         return [f"No table report reads: {', '.join(others)} is not one of "
                 f"{', '.join(reader.REQUIRED)}.", ""]
+    if run.command == "topo" and reader.topo_nodes(run):  # topo.json is what it writes
+        return []
     return [f"No result rows: `distbench {run.command}` wrote none.", ""]
 
 
