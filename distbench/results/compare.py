@@ -154,7 +154,7 @@ def _group(file: str, row) -> str:
 
 
 def _label(file: str, keys: tuple[str, ...], row) -> str:
-    if file in ("step.csv",):  # a layout reads as its label, not as five bare numbers
+    if file == "step.csv":  # a layout reads as its label, not as five bare numbers
         return f"{row_label(row)} {row.get('dtype')}"
     skip = {"op", "pattern", "direction", "world_size", "nnodes", "check", "scope", "metric"}
     parts = []
