@@ -166,6 +166,11 @@ class Listener(TorchDispatchMode):
         raise NotImplementedError
 
     def __enter__(self):
+        # The first op dispatched through a mode imports torch._dynamo (torch._compile's
+        # guard): about 2 s, 3.5 on a busy machine, which inside a rank's first collective
+        # looked like a stalled peer to a 3 s --timeout. Paid here, before any step is timed.
+        import torch._dynamo  # noqa: F401
+
         self._batches.__enter__()
         return super().__enter__()
 
