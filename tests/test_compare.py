@@ -399,12 +399,15 @@ def test_a_slowed_run_is_worse_and_fails_the_gate(plain_and_slowed):
     base, new = reader.load(plain), reader.load(slowed)
     for i, r in enumerate(c.rows):  # both runs wrote the same rows in the same order
         b, n = compare._reps(base, "collective.csv", i), compare._reps(new, "collective.csv", i)
-        # the rule is on the repetitions: their medians' ratio against the noise and margin
-        beyond = statistics.median(n) / statistics.median(b) > (1 + r.noise) ** noise.MARGIN
-        apart = min(n) > max(b)
-        assert r.mark == "-" and beyond and apart or \
-            r.mark == "x" and r.note.startswith("within the noise") and not (beyond and apart), \
-            (r, b, n)
+        # the rule is on the repetitions (noise.call): the gap between the nearest ones against
+        # the noise said, which is never less than the faster (plain) run's own spread. A stall
+        # of the plain run (seen under load: 739 to 2654 us) makes its row too noisy to tell.
+        gap = min(n) / max(b)
+        assert r.noise >= noise.spread(b), (r, b)
+        assert statistics.median(n) / statistics.median(b) > 1.05, (r, b, n)
+        assert r.mark == "-" and gap > (1 + r.noise) ** noise.GAP_MARGIN or \
+            r.mark == "x" and r.note.startswith("within the noise") and \
+            gap <= (1 + r.noise) ** noise.GAP_MARGIN, (r, b, n)
     assert f"{len(c.worse)} rows worse by more than 5% and beyond the noise" in res.stdout
     # the other way round every row is better, and the gate passes
     assert _compare(slowed, plain).returncode == 0
