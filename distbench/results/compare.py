@@ -173,6 +173,12 @@ def _label(file: str, keys: tuple[str, ...], row) -> str:
             parts.append(f"{k[:3]} {int(v)}")
         elif k == "size_bytes":
             parts.append(f"{int(v)} B")
+        elif k == "group_size":  # said only where the groups are not the whole world
+            if pd.isna(row.get("world_size")) or int(v) != int(row["world_size"]):
+                parts.append(f"groups of {int(v)}")
+        elif k == "group_stride":
+            if int(v) != 1:
+                parts.append(f"stride {int(v)}")
         else:
             parts.append(str(v))
     return " ".join(parts)
