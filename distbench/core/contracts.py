@@ -41,7 +41,8 @@ COLLECTIVE = Output("collective.csv", csv=(
     *MEASURED_COLUMNS,
 ), identity=("op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes",
              "group_size", "group_stride"),
-    read=("time_us", "p99_us", "algbw_gbps", "busbw_gbps", "status"))
+    read=("time_us", "p99_us", "algbw_gbps", "busbw_gbps", "status"),
+    identity_since=("group_size", "group_stride"))
 
 
 # p2p
