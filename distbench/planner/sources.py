@@ -356,7 +356,8 @@ def merge(into: Inputs, other: Inputs) -> None:
     have = {(f.op, f.ranks, f.span, f.per_node) for f in into.fits}
     for f in other.fits:
         if (f.op, f.ranks, f.span, f.per_node) in have:
-            into.note(f"{f.op} on {f.ranks} ranks ({f.span}) measured twice: the first kept, "
+            where = f"nodes, {f.per_node} per node" if f.crosses and f.per_node else f.span
+            into.note(f"{f.op} on {f.ranks} ranks ({where}) measured twice: the first kept, "
                       f"not {f.source}")
         else:
             into.fits.append(f)
