@@ -262,3 +262,17 @@ def test_a_fit_of_a_grouped_run_survives_inputs_json(tmp_path):
     saved = Inputs(fits=[CommFit(op="all_reduce", ranks=2, span="nodes", alpha_us=1.0,
                                  beta_gbps=2.0, per_node=1, source="measured here")])
     assert Inputs.from_json(json.loads(json.dumps(saved.to_json()))).fits == saved.fits
+
+
+def test_report_says_how_a_grouped_run_split_its_world(tmp_path):
+    from distbench.results import reader, report
+
+    grouped = _write_collective(tmp_path / "grouped", _rows(
+        "all_reduce", 40.0, 20.0, world_size=16, nnodes=2, group_size=2, group_stride=8,
+        groups=8, per_node=1))
+    whole = _write_collective(tmp_path / "whole", _rows(
+        "all_reduce", 40.0, 20.0, world_size=16, nnodes=2, group_size=16, group_stride=1,
+        groups=1, per_node=8))
+    text = "\n".join(report.markdown([reader.load(grouped), reader.load(whole)], [[], []], []))
+    assert "16 ranks on 2 node(s), in 8 groups of 2 at stride 8 (1 a node) all at once" in text
+    assert text.count("groups of") == 1
