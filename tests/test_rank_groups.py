@@ -276,3 +276,17 @@ def test_report_says_how_a_grouped_run_split_its_world(tmp_path):
     text = "\n".join(report.markdown([reader.load(grouped), reader.load(whole)], [[], []], []))
     assert "16 ranks on 2 node(s), in 8 groups of 2 at stride 8 (1 a node) all at once" in text
     assert text.count("groups of") == 1
+
+
+def test_a_baseline_of_other_groups_is_refused_before_any_worker(in_process, tmp_path):
+    base = _write_collective(tmp_path / "base", _rows(
+        "all_reduce", 40.0, 20.0, world_size=4, nnodes=2, group_size=2, group_stride=2,
+        groups=2, per_node=1))
+    for other in (["--group-size", "2"], []):
+        res = in_process("collective", "--workers", "4", "--baseline", str(base), *other,
+                         "--out", str(tmp_path / "out"))
+        line = assert_one_line_error(res, None, "--baseline", True)
+        assert "groups of 2 at stride 2" in line
+    same = in_process("collective", "--workers", "4", "--baseline", str(base), "--group-size",
+                      "2", "--group-stride", "2", "--out", str(tmp_path / "out"))
+    assert same.code == 0, same.stderr

@@ -20,6 +20,7 @@ from distbench.core.options import (
 )
 from distbench.core.tables import plural
 from distbench.ops.collectives import OPS, names
+from distbench.results.baseline import check_groups as baseline_groups
 from distbench.results.baseline import check_world as baseline_world
 from distbench.results.baseline import option_check
 
@@ -85,6 +86,7 @@ class CollectiveOptions(SweepOptions):
             raise OptionError("--root", f"rank {self.root} does not exist in {where} (the root "
                               "is a rank of each group)", "--root 0")
         baseline_world(self.baseline, ("collective.csv",), world)
+        baseline_groups(self.baseline, world, n, self.group_stride)
 
 
 OUTPUT = contracts.COLLECTIVE
