@@ -221,6 +221,8 @@ def processes_of(args: tuple[str, ...] | list[str]) -> int:
 # asserts itself: every rank's posts are recorded (distbench.run.comm_trace) and checked once the
 # run has ended, and a run that ended well must hold no process group but the default one.
 TRACED = ("step", "plan", "pp", "p2p", "accept", "dp", "tp", "collective")
+# The last traced run's posts, by rank (nccl_rules.read), for a test that asserts on them.
+LAST_TRACES: dict = {}
 
 
 @contextlib.contextmanager
@@ -237,6 +239,8 @@ def nccl_rules_held(command: str | None, env: dict[str, str]) -> Iterator[None]:
     env[TRACE_ENV] = str(where)
     try:
         yield
+        LAST_TRACES.clear()
+        LAST_TRACES.update(nccl_rules.read(where))
         problems = nccl_rules.check(where)
         assert not problems, f"distbench {command} broke NCCL's rules:\n" + "\n".join(problems)
         leaked = nccl_rules.leaked_groups(where)

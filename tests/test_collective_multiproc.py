@@ -6,6 +6,7 @@ import csv
 import json
 import re
 
+import helpers
 import pytest
 from helpers import distbench, torchrun_nodes
 
@@ -203,3 +204,34 @@ def test_config_from_a_pipe_reaches_the_workers(piped):
     # run.json keeps what the user typed, not the flags handed to the workers
     assert meta["argv"] == ["collective", "--config", "/dev/stdin", "--workers", "3", "--out",
                             str(proc.out)]
+
+
+def test_strided_groups_across_two_nodes_all_run_at_once(tmp_path):
+    """--group-size 2 --group-stride 2 on 4 ranks of 2 (fake) nodes: the DP groups of tp 2,
+    {0,2} and {1,3}, one rank on each node. Sizes, skips and busbw by the group's 2 ranks (32 B
+    of reduce_scatter give each of 2 its 16 B, where 4 ranks would be too many); every rank ran
+    the ops on its own group (its posts, recorded), under NCCL's rules and with no group left."""
+    res = distbench(tmp_path, "collective", "--op", "all_reduce,reduce_scatter", "--sizes",
+                    "32,1K", "--iters", "2", "--warmup", "1", "--reps", "1", "--workers", "4",
+                    "--group-size", "2", "--group-stride", "2", DISTBENCH_TEST_NODE_SIZE="2")
+    assert res.code == 0, res.stderr
+    rows = res.rows()
+    assert [(r["op"], r["size_bytes"]) for r in rows] == [
+        ("all_reduce", "32"), ("all_reduce", "1024"), ("reduce_scatter", "32"),
+        ("reduce_scatter", "1024")]
+    for r in rows:
+        assert r["status"] == "ok" and r["wrong"] == "0", r
+        assert (r["world_size"], r["nnodes"], r["group_size"], r["group_stride"], r["groups"],
+                r["per_node"]) == ("4", "2", "2", "2", "2", "1"), r
+        assert int(r["size_bytes"]) == int(r["count"]) * 4
+        assert float(r["busbw_gbps"]) == pytest.approx(
+            float(r["algbw_gbps"]) * factor(r["op"], 2), rel=1e-4)
+    traces = helpers.LAST_TRACES
+    assert sorted(traces) == [0, 1, 2, 3]
+    for rank, trace in traces.items():
+        mine = [rank % 2, rank % 2 + 2]
+        (group,) = [g for g, members in trace.groups.items() if members == mine]
+        ops = {(e["op"], e["bytes"]) for e in trace.events if e["group"] == group}
+        assert any(b == 1024 for _, b in ops) and len({op for op, _ in ops}) == 2, ops
+        assert trace.complete and not trace.alive
+    assert "2 groups of 2 at stride 2 (1 rank a node)" in res.stderr + res.stdout

@@ -18,6 +18,7 @@ from scipy.stats import mannwhitneyu
 
 from distbench.cli.commands.collective import OUTPUT
 from distbench.core import noise
+from distbench.core.errors import ReadError
 from distbench.core.tables import markdown_row
 from distbench.results import compare, reader, samples
 
@@ -673,3 +674,31 @@ def test_accept_rows_are_headed_in_their_own_units_and_named_in_full(tmp_path):
     md = _compare(base, new, "--format", "md").stdout.splitlines()
     assert "| check | row | BASE | NEW | ratio | noise | p | |" in md
     assert "| check | geometric mean NEW/BASE | rows |" in md
+
+
+def test_rows_of_other_groups_do_not_pair_and_older_runs_match_as_before(tmp_path):
+    """collective --group-size: a row of 2 groups of 2 at stride 2 is no row of consecutive
+    groups, nor of the whole world; a run without the group columns (written before them) is
+    still read, and two such runs match without a word about them."""
+    def rows(**group) -> list[dict]:
+        return [_row("all_reduce", 1024, 100.0, world_size=4, **group)]
+
+    strided = dict(group_size=2, group_stride=2, groups=2, per_node=1)
+    base = _write_run(tmp_path / "consecutive", rows(group_size=2, group_stride=1, groups=2,
+                                                     per_node=2), [_times(100.0)])
+    new = _write_run(tmp_path / "strided", rows(**strided), [_times(100.0, seed=2)])
+    again = _write_run(tmp_path / "strided-again", rows(**strided), [_times(100.0, seed=3)])
+    with pytest.raises(ReadError, match="1 row only in BASE, 1 only in NEW"):
+        compare.compare(reader.load(base), reader.load(new), "time", 0.05)
+    (row,) = compare.compare(reader.load(new), reader.load(again), "time", 0.05).rows
+    assert row.ratio is not None and row.label == "float32 sum in 1024 B groups of 2 stride 2"
+    old = [_write_run(tmp_path / f"old{i}", [_row("all_reduce", 1024, 100.0)],
+                      [_times(100.0, seed=i)]) for i in (4, 5)]
+    for path in old:  # as a run written before the group columns: none of them
+        text = (path / "collective.csv").read_text().splitlines()
+        cut = len(OUTPUT.csv) - 4
+        (path / "collective.csv").write_text("\n".join(",".join(line.split(",")[:cut])
+                                                       for line in text) + "\n")
+    c = compare.compare(reader.load(old[0]), reader.load(old[1]), "time", 0.05)
+    assert len(c.rows) == 1 and c.rows[0].ratio is not None
+    assert not any("group" in n for n in c.unmatched), c.unmatched

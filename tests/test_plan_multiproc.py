@@ -124,3 +124,24 @@ def test_a_1024_gpu_plan_from_that_run_starts_nothing(planned, tmp_path):
                 "optimizer_us_per_layer", "overlap", "wrapper_us_per_layer",
                 "pipeline_us_per_microbatch", "bubble_weight", "overlap_layouts"):
         assert after[key] == before[key], key
+
+
+@pytest.mark.procs(5)  # 4 workers and their launcher
+def test_workers_on_two_nodes_measure_the_strided_groups_of_their_layouts(tmp_path):
+    """4 workers as 2 (fake) nodes of 2: tp 2 dp 2's DP groups {0,2}, {1,3} and tp 2 pp 2's
+    hop between ranks 2 apart hold one rank per node, unlike any group of consecutive ranks.
+    The workers measure them as such, so the plan prices those layouts from fits of their own
+    shape, not from the whole world's scaled by its NICs (issue 31)."""
+    res = distbench(tmp_path, "plan", "--workers", "4", "--model", TINY, "--zero", "0",
+                    "--min-time", "0.05", timeout=240, DISTBENCH_TEST_NODE_SIZE="2")
+    assert res.code == 0, res.stderr
+    fits = Inputs.from_json(json.loads((res.run_dir / "inputs.json").read_text())).fits
+    placed = {(f.op, f.ranks, f.span, f.per_node) for f in fits}
+    assert {("all_reduce", 2, "nodes", 1), ("sendrecv", 2, "nodes", 1),
+            ("all_reduce", 2, "node", None), ("all_reduce", 4, "nodes", 2)} <= placed
+    assert all(f.per_node for f in fits if f.span == "nodes")  # every fit across says its own
+    ranked = {(r["tp"], r["pp"], r["dp"]) for r in res.rows("plan.csv")}
+    assert {("2", "1", "2"), ("2", "2", "1")} <= ranked
+    # nothing priced by scaling another placement's NICs (Inputs.comm_us would note it here)
+    assert "per node x" not in (res.run_dir / "plan.md").read_text()
+    assert "at stride 2 (nodes, 1 per node)" in res.stderr + res.stdout

@@ -151,7 +151,8 @@ PINNED = {
     'collective.csv': (
         "op dtype redop root in_place world_size nnodes size_bytes count iters time_us "
         "rank_min_us rank_max_us slowest_rank p50_us p99_us cv_pct algbw_gbps busbw_gbps wrong "
-        "backend status note launch_bound reps spread_pct "
+        "backend status note launch_bound reps spread_pct group_size group_stride groups "
+        "per_node "
     ).split(),
     'p2p.csv': (
         "pattern dtype world_size nnodes pairs size_bytes count iters time_us rank_min_us "

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +26,7 @@ from distbench.core.accounting import bandwidth
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.core.tables import Output, format_row, format_table, plural
 from distbench.ops.collectives import OPS, Ctx
+from distbench.run import split
 from distbench.run.buffers import release
 from distbench.run.runtime import RunFailure, node_names
 
@@ -123,23 +123,10 @@ def measure_check(s: Session, m: Settings, step: itinerary.CheckItinerary, group
 
 
 def _group_maker(rt, timeout_s: float):
-    """Groups.make for this run: a round's disjoint groups in one call on every rank, with the
-    run's timeout (torch's default would be NCCL's 10 minutes). NCCL splits the default
-    communicator once (non-members get None); elsewhere torch makes the groups one by one.
-    Not new_group(use_local_synchronization=True): torch names such a group by how many groups
-    the rank holds, which differs between ranks that sat different rounds out. NCCL can let a
-    split communicator share its parent's resources (ncclConfig_t.splitShare), which would make
-    each round's groups cheaper in device memory; torch 2.13's ProcessGroupNCCL.NCCLConfig, as
-    its type stubs list it (blocking, cga_cluster_size, min_ctas, max_ctas), does not offer it,
-    so the groups are split with torch's defaults and released after each round instead."""
-    timeout = timedelta(seconds=timeout_s)
-
+    """Groups.make for this run: a round's disjoint groups in one call on every rank
+    (run.split.make)."""
     def make(lists: list[tuple[int, ...]]) -> dict:
-        if rt.backend == "nccl" and hasattr(dist, "split_group"):
-            mine = dist.split_group(split_ranks=[list(r) for r in lists], timeout=timeout)
-        else:
-            mine, _ = dist.new_subgroups_by_enumeration([list(r) for r in lists],
-                                                        timeout=timeout)
+        mine = split.make(rt.backend, [list(r) for r in lists], timeout_s)
         return {r: mine for r in lists if rt.rank in r}
     return make
 

@@ -56,13 +56,15 @@ class Series:
     probe: Callable[[], Case] | None = None  # one element: can the backend run this at all?
     on_skip: Callable[[int, Buffer | None, str], None] | None = None  # instead of a skipped row
     after_size: Callable[[Buffer], None] | None = None
+    ranks: int | None = None  # the ranks each op runs on (a group's size); None: the world
 
 
 def bandwidth_point(s: Session, what: str, case: Case, acc: Accounting, lay: Buffer,
-                    scale: float = 1.0) -> Point:
-    """The usual point: the statistics plus algbw and busbw by the op's byte accounting."""
+                    scale: float = 1.0, ranks: int | None = None) -> Point:
+    """The usual point: the statistics plus algbw and busbw by the op's byte accounting, on
+    `ranks` ranks (the op's group; None: the world)."""
     def columns(st: timing.Stats) -> dict:
-        algbw, busbw = bandwidth(acc, lay.size_bytes, st.time_us / 1e6, s.rt.world)
+        algbw, busbw = bandwidth(acc, lay.size_bytes, st.time_us / 1e6, ranks or s.rt.world)
         return {**stats_columns(st, s.opts.check), "algbw_gbps": algbw, "busbw_gbps": busbw}
     return Point(what, case, columns, scale)
 
@@ -82,7 +84,7 @@ def run(s: Session, series: list[Series]) -> list[str]:
 
 def _run_series(s: Session, m: Settings, ser: Series, sizes: list[int], bad: list[str]
                 ) -> None:
-    console, n = s.console, s.rt.world
+    console, n = s.console, ser.ranks or s.rt.world
     sink = s.sink(ser.output)
     if ser.title is not None:
         console.lines(format_table(ser.output.console, [], title=ser.title))

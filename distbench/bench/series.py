@@ -5,6 +5,7 @@ collective or a p2p pattern measured on a group of its own, as acceptance measur
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,6 +28,7 @@ from distbench.run.runtime import rank_names
 if TYPE_CHECKING:
     from distbench.bench.combinations import Combination
     from distbench.run.session import Session
+    from distbench.run.split import Split
 
 
 def allocate(op, ctx, count: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,10 +51,12 @@ def describe(op: str, size: int, dtype: str, redop: str, in_place: bool) -> str:
     return f"{op} {format_size(size)} {dtype}{extra} {'in-place' if in_place else 'out-of-place'}"
 
 
-def collective(s: Session, combo: Combination, output) -> Series:
+def collective(s: Session, combo: Combination, output, part: Split) -> Series:
+    """`combo` on each group of `part` at once (one group: the world); busbw by the group's
+    size, the timing statistics over every rank of every group."""
     rt = s.rt
-    n, op = rt.world, combo.op
-    ctx = combo.ctx(rt.rank, n)
+    n, op = part.size, combo.op
+    ctx = replace(combo.ctx(part.rank, n), group=part.group)
     elt = element_bytes(combo.dtype)
     alloc = functools.partial(allocate, op, ctx, dtype=TORCH_DTYPES[combo.dtype],
                               device=rt.device)
@@ -64,20 +68,24 @@ def collective(s: Session, combo: Combination, output) -> Series:
     def points(bufs, lay: Buffer) -> list[Point]:
         what = describe(op.name, lay.size_bytes, combo.dtype, combo.redop, combo.in_place)
         case = op.build(ctx, bufs[0], bufs[1], lay.per_rank_count)
-        return [bandwidth_point(s, what, case, op.accounting, lay)]
+        return [bandwidth_point(s, what, case, op.accounting, lay, ranks=n)]
 
     need = min_bytes(op.accounting, elt, n)
+    groups = len(part.members)
     return Series(
         name=f"{op.name} {combo.dtype}", output=output,
         title=f"{op.name}  {combo.dtype}  redop {combo.redop}  root {combo.root}  "
-              f"{'in-place' if combo.in_place else 'out-of-place'}  ranks {n}  "
-              f"nodes {rt.nnodes}  backend {rt.backend}",
+              f"{'in-place' if combo.in_place else 'out-of-place'}  ranks {rt.world}  "
+              f"nodes {rt.nnodes}  backend {rt.backend}" + (
+                  f"  groups {groups} of {n} stride {part.stride} ({part.per_node} a node)"
+                  if groups > 1 else ""),
         accounting=op.accounting, elt=elt, alloc=alloc, points=points,
         row={"op": op.name, "dtype": combo.dtype, "redop": combo.redop, "root": combo.root,
-             "in_place": combo.in_place, "world_size": n, "nnodes": rt.nnodes,
-             "backend": rt.backend, "status": "ok", "note": ""},
+             "in_place": combo.in_place, "world_size": rt.world, "nnodes": rt.nnodes,
+             "backend": rt.backend, "status": "ok", "note": part.note, "group_size": n,
+             "group_stride": part.stride, "groups": groups, "per_node": part.per_node},
         too_small=f"too small: {n} ranks need at least {need} B of {combo.dtype}",
-        skip=combo.skip, probe=probe)
+        skip=combo.skip, probe=probe, ranks=n)
 
 
 def _send_recv(dtype: str, device):

@@ -32,15 +32,17 @@ COLLECTIVE = Output("collective.csv", csv=(
     "op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes", "count",
     "iters", "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us",
     "cv_pct", "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound",
-    "reps", "spread_pct",
+    "reps", "spread_pct", "group_size", "group_stride", "groups", "per_node",
 ), console=(
     *SIZE_COLUMNS,
     Column("redop", "redop", "", 6, ident=True),
     Column("root", "root", "", 5, ident=True),
     Column("in_place", "place", "", 6, fmt=lambda v: "in" if v else "out", ident=True),
     *MEASURED_COLUMNS,
-), identity=("op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes"),
-    read=("time_us", "p99_us", "algbw_gbps", "busbw_gbps", "status"))
+), identity=("op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes",
+             "group_size", "group_stride"),
+    read=("time_us", "p99_us", "algbw_gbps", "busbw_gbps", "status"),
+    identity_since=("group_size", "group_stride"))
 
 
 # p2p
@@ -271,7 +273,8 @@ NUMBERS = ("root", "in_place", "world_size", "nnodes", "pairs", "size_bytes", "c
            "src_rank", "dst_rank", "step_us", "compute_only_us", "comm_pct", "micro_batches",
            "bubble_measured", "bubble_analytic", "measured", "expected", "ratio", "retest",
            "bucket_cap_mb", "comm_alone_us", "exposed_comm_us", "overlap_pct",
-           "state_bytes_per_rank", "state_bytes_formula")
+           "state_bytes_per_rank", "state_bytes_formula", "group_size", "group_stride",
+           "groups", "per_node")
 _unknown = [c for c in NUMBERS if not any(c in o.csv for o in OUTPUTS)]
 if _unknown:
     raise ValueError(f"NUMBERS names no CSV's column: {_unknown}")

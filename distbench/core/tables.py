@@ -65,10 +65,14 @@ class Output:
     identity: tuple[str, ...] = ()
     # what report and compare read besides the identity; a run without one is refused
     read: tuple[str, ...] = ()
+    # identity columns added after runs were written without them: compare matches on them
+    # where both runs record them, and a run without them is still read
+    identity_since: tuple[str, ...] = ()
 
     def __post_init__(self):
         for what, keys in (("console", [c.key for c in self.console]),
-                           ("identity", self.identity), ("read", self.read)):
+                           ("identity", self.identity), ("read", self.read),
+                           ("identity_since", self.identity_since)):
             unknown = [k for k in keys if k not in self.csv]
             if unknown:
                 raise ValueError(f"{self.file}: {what} columns not in the CSV: {unknown}")
@@ -76,8 +80,10 @@ class Output:
     @property
     def required(self) -> tuple[str, ...]:
         """The columns a run read back must have (its identity and what is read), in CSV
-        order; a run's other columns may be missing (an older run lacks those added since)."""
-        return tuple(c for c in self.csv if c in self.identity or c in self.read)
+        order; a run's other columns may be missing (an older run lacks those added since,
+        identity_since among them)."""
+        return tuple(c for c in self.csv if (c in self.identity or c in self.read)
+                     and c not in self.identity_since)
 
 
 def _line(columns: Sequence[Column], cells: Iterable[str]) -> str:

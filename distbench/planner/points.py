@@ -7,9 +7,10 @@ a run by it before any worker starts (`need`), and the workers measure by it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from distbench.core import rank_groups
 from distbench.planner.layouts import Layout, enumerate_layouts
 from distbench.planner.memory import (
     held_by_step,
@@ -115,3 +116,43 @@ def need(model: ModelSpec, world: int, gpus_per_node: int, zero: Sequence[int], 
                + [BUFFERS_PER_POINT * n for n in sizes]
                + [compute_point_bytes(model, t, m, elt) for t, m in points]
                + [optimizer_point_bytes(model, elt)])
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """Groups of `size` ranks at `stride` (core.rank_groups), each running `ops` at once."""
+
+    size: int
+    stride: int
+    ops: tuple[str, ...]
+
+
+def group_shapes(layouts: Sequence[Layout], world: int, node_of: Sequence[Hashable]
+                 ) -> list[GroupShape]:
+    """The groups the fits are measured on: consecutive ranks at every size the world divides
+    into (a TP group's shape, and a DP or PP group's inside one node, where a stride shares the
+    same links), each with every op the layouts issue (the pipeline's hop on pairs); then, where
+    the workers span nodes, the strided groups of `layouts` that cross them placed otherwise
+    than the consecutive group of their size: a DP group of tp t (stride t) with its data-
+    parallel collectives (predict.dp_ops), a pipeline hop between stages t x dp apart (pairs at
+    that stride, where the stages pair off). Keyed by their ranks per node, so that a layout's
+    DP group is priced from a fit of its own placement (Inputs.comm_us)."""
+    from distbench.planner.predict import dp_ops
+
+    sizes = [g for g in range(2, world + 1) if world % g == 0]
+    shapes = [GroupShape(g, 1, ("all_reduce", "all_gather", "reduce_scatter")
+                         + (("sendrecv",) if g == 2 else ())) for g in sizes]
+    wanted: dict[tuple[int, int], list[str]] = {}
+    for lay in layouts:
+        if lay.dp > 1 and lay.tp > 1:
+            wanted.setdefault((lay.dp, lay.tp), []).extend(dp_ops(lay.zero))
+        if lay.pp > 1 and lay.pp % 2 == 0 and lay.tp * lay.dp > 1:
+            wanted.setdefault((2, lay.tp * lay.dp), []).append("sendrecv")
+    for (size, stride), ops in sorted(wanted.items()):
+        if world % (size * stride):
+            continue
+        here = rank_groups.placement(rank_groups.members(world, size, stride), node_of)[0]
+        alike = rank_groups.placement(rank_groups.members(world, size), node_of)[0]
+        if here < size and here != alike:
+            shapes.append(GroupShape(size, stride, tuple(dict.fromkeys(sorted(ops)))))
+    return shapes

@@ -233,6 +233,12 @@ def pipeline_calibration(steps: list[tuple[Layout, float]], model: ModelSpec, in
     return max(0.0, work), weight
 
 
+def dp_ops(zero: int) -> tuple[str, ...]:
+    """The collectives a DP group issues at a ZeRO stage, as dp_collectives_us prices them."""
+    return {0: ("all_reduce",), 1: ("all_reduce", "all_gather")}.get(
+        zero, ("all_gather", "reduce_scatter"))
+
+
 def dp_collectives_us(inputs: Inputs, layout: Layout, span: Span | str, grad_bytes: float
                       ) -> tuple[float, float]:
     """The data-parallel collectives of one step, alone, and the fraction of them that hides

@@ -1,8 +1,10 @@
 """`plan --from RUN,...`: earlier run directories read into the Inputs a plan is predicted from.
 Torch-free.
 
-- collective: an alpha-beta fit (results.alphabeta.fit) per op, world size and span ("node"
-  when the row ran on one node, else "nodes") over its rows with status ok;
+- collective: an alpha-beta fit (results.alphabeta.fit) per op, group size and placement over
+  its rows with status ok: inside a node, or across nodes with so many ranks on each (a row of
+  `collective --group-size` says its group's size and ranks per node; an older row ran on the
+  whole world, "node" when that was one node);
 - p2p: "sendrecv", the pipeline's hop, from the ping-pong rows (their time is the one-way
   time, half the round trip); a run with only ring rows gives it from those (each rank sends
   and receives at once: the steady state of 1F1B), noted;
@@ -252,18 +254,33 @@ def _fit(inputs: Inputs, op: str, ranks: int, span: str, rows: pd.DataFrame, sou
 
 
 def _collective(inputs: Inputs, frame: pd.DataFrame, source: str) -> None:
+    """A fit per op, group size and placement. A row of `collective --group-size` says its
+    group's size and ranks per node (the group crosses nodes when it has fewer on one than in
+    all); an older row, or an nccl-tests log's, ran on the whole world: its nodes say."""
     rows = _ok(frame)
     rows = rows[rows["op"].isin(COLLECTIVE_OPS)]
     nnodes = rows["nnodes"] if "nnodes" in rows.columns else pd.Series(1, index=rows.index)
     nnodes = pd.to_numeric(nnodes, errors="coerce").fillna(1).clip(lower=1).astype(int)
-    rows = rows.assign(_span=nnodes.map(span_of),
-                       _per_node=pd.to_numeric(rows["world_size"]).astype(int) // nnodes)
+    world = pd.to_numeric(rows["world_size"]).astype(int)
+    ranks = _column(rows, "group_size").fillna(world).astype(int)
+    per_node = _column(rows, "per_node").fillna(world // nnodes).astype(int)
+    grouped = _column(rows, "per_node").notna()
+    span = nnodes.map(span_of).where(~grouped, (per_node < ranks).map(
+        lambda crosses: "nodes" if crosses else "node"))
+    rows = rows.assign(_ranks=ranks, _span=span, _per_node=per_node)
     fitted = 0
-    for (op, world, span, per_node), group in rows.groupby(
-            ["op", "world_size", "_span", "_per_node"], sort=True):
-        fitted += _fit(inputs, str(op), int(world), str(span), group, source, int(per_node))
+    for (op, size, span, per_node), group in rows.groupby(
+            ["op", "_ranks", "_span", "_per_node"], sort=True):
+        fitted += _fit(inputs, str(op), int(size), str(span), group, source, int(per_node))
     if fitted:
         inputs.sources.append(f"{source}: {fitted} alpha-beta fits")
+
+
+def _column(rows: pd.DataFrame, name: str) -> pd.Series:
+    """A numeric column, all missing where the rows lack it (an older run's)."""
+    if name not in rows.columns:
+        return pd.Series(float("nan"), index=rows.index)
+    return pd.to_numeric(rows[name], errors="coerce")
 
 
 def _p2p(inputs: Inputs, frame: pd.DataFrame, source: str) -> None:
@@ -339,7 +356,8 @@ def merge(into: Inputs, other: Inputs) -> None:
     have = {(f.op, f.ranks, f.span, f.per_node) for f in into.fits}
     for f in other.fits:
         if (f.op, f.ranks, f.span, f.per_node) in have:
-            into.note(f"{f.op} on {f.ranks} ranks ({f.span}) measured twice: the first kept, "
+            where = f"nodes, {f.per_node} per node" if f.crosses and f.per_node else f.span
+            into.note(f"{f.op} on {f.ranks} ranks ({where}) measured twice: the first kept, "
                       f"not {f.source}")
         else:
             into.fits.append(f)

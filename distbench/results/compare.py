@@ -41,6 +41,9 @@ DEFAULT_THRESHOLD = 0.05
 
 # The files compare reads: those whose rows have an identity to match them on (core.contracts).
 IDENTITY: dict[str, tuple[str, ...]] = {o.file: o.identity for o in OUTPUTS if o.identity}
+# identity columns added since older runs were written: left out in silence when neither side
+# records them (two runs made before them match as they always did)
+SINCE: dict[str, tuple[str, ...]] = {o.file: o.identity_since for o in OUTPUTS}
 
 
 # A training step's figure is its step time: those files record no time_us of one call.
@@ -173,6 +176,12 @@ def _label(file: str, keys: tuple[str, ...], row) -> str:
             parts.append(f"{k[:3]} {int(v)}")
         elif k == "size_bytes":
             parts.append(f"{int(v)} B")
+        elif k == "group_size":  # said only where the groups are not the whole world
+            if pd.isna(row.get("world_size")) or int(v) != int(row["world_size"]):
+                parts.append(f"groups of {int(v)}")
+        elif k == "group_stride":
+            if int(v) != 1:
+                parts.append(f"stride {int(v)}")
         else:
             parts.append(str(v))
     return " ".join(parts)
@@ -186,6 +195,8 @@ def _keys(file: str, base: pd.DataFrame, new: pd.DataFrame, notes: list[str]
     for k in IDENTITY[file]:
         gone = [side for side, f in (("BASE", base), ("NEW", new))
                 if k not in f.columns or f[k].isna().all()]
+        if len(gone) == 2 and k in SINCE.get(file, ()):
+            continue
         if gone:
             notes.append(f"{file}: matched without {k} ({' and '.join(gone)} does not "
                          "record it)")

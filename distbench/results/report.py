@@ -60,7 +60,19 @@ def _world(run: Run) -> str:
     ranks, nodes = reader.world_size(run), reader.nnodes(run)
     if reader.UNKNOWN in (ranks, nodes):  # a log printed without its device list
         return f"ranks {ranks}, nodes {nodes}"
-    return f"{ranks} ranks on {nodes} node(s)"
+    return f"{ranks} ranks on {nodes} node(s)" + _groups(run)
+
+
+def _groups(run: Run) -> str:
+    """How a `collective --group-size` run split its world, said where it did."""
+    frame = run.tables.get("collective.csv")
+    if frame is None or "group_size" not in frame.columns or not len(frame):
+        return ""
+    row = frame.iloc[0]
+    if _missing(row.get("groups")) or int(row["groups"]) <= 1:
+        return ""
+    return (f", in {int(row['groups'])} groups of {int(row['group_size'])} at stride "
+            f"{int(row['group_stride'])} ({int(row['per_node'])} a node) all at once")
 
 
 def _run_header(run: Run) -> list[str]:

@@ -45,6 +45,7 @@ from distbench.planner.memory import held_by_step, usable_bytes
 from distbench.planner.models import ModelSpec
 from distbench.platform import env, limits
 from distbench.results.alphabeta import fit
+from distbench.run import split
 from distbench.run.runtime import RunFailure
 from distbench.run.session import Session
 from distbench.steps import mesh_model, recipe, step3d
@@ -289,42 +290,37 @@ def _time_us(s: Session, fn: Callable[[], object], active: bool = True,
     return sorted(reps)[len(reps) // 2]
 
 
-def group_sizes(world: int) -> list[int]:
-    return [g for g in range(2, world + 1) if world % g == 0]
-
-
-def _span(s: Session, members: list[int]) -> str:
-    nodes = {s.rt.ranks[r].get("node") for r in members} if s.rt.ranks else {0}
-    return "node" if len(nodes) == 1 else "nodes"
-
-
 def measure_fits(s: Session, model: ModelSpec, layouts: list[Layout], elt: int,
                  budget: float) -> list[CommFit]:
-    """Each collective on every group size at once: groups of consecutive ranks (as TP's; DP's
-    and PP's of one node are strided, which on one node shares the same links), over the sweep
-    of planner.points."""
+    """Each collective on every group shape of points.group_shapes, every group of a shape at
+    once, over the sweep of planner.points: consecutive ranks at every group size, and where
+    the workers span nodes the strided groups of the layouts that cross them otherwise (a DP
+    group of tp 2: stride 2). A fit across nodes says its group's ranks per node, the same on
+    every rank (rank_groups.placement)."""
     rt, opts = s.rt, s.opts
     sizes, skipped = points.sweep_sizes(model, layouts, elt, budget)
     _say_skipped(s, skipped, budget)
     fits: list[CommFit] = []
-    for g in group_sizes(rt.world):
-        blocks = [list(range(i, i + g)) for i in range(0, rt.world, g)]
-        group, _ = dist.new_subgroups_by_enumeration(blocks, backend=rt.backend)
-        mine = next(b for b in blocks if rt.rank in b)
-        span = _span(s, mine)
-        for op in ("all_reduce", "all_gather", "reduce_scatter", "sendrecv"):
-            if op == "sendrecv" and g != 2:
-                continue
-            s.step(f"plan inputs: {op} on groups of {g}", opts.timeout)
-            hops = 2 if op == "sendrecv" else 1  # a ping-pong is two one-way hops
-            times = [_time_us(s, _collective(op, size, group, mine, rt)) / hops
-                     for size in sizes]
-            f = fit(sizes, times)
-            fits.append(CommFit(op=op, ranks=g, span=span, alpha_us=f.alpha_us,
-                                beta_gbps=f.beta_gbps, source="measured here"))
-            s.console.log(f"  {op} on {g} ranks: alpha {f.alpha_us:.0f} us, beta "
-                          f"{f.beta_gbps:.2f} GB/s (fit error {f.err_pct:.0f}%)")
-        dist.destroy_process_group(group)
+    for shape in points.group_shapes(layouts, rt.world, split.node_of(rt)):
+        g, stride = shape.size, shape.stride
+        shaped = f"groups of {g}" + (f" at stride {stride}" if stride > 1 else "")
+        with split.split(rt, g, stride, opts.timeout) as part:
+            where = f"nodes, {part.per_node} per node" if part.crosses else "node"
+            for op in shape.ops:
+                s.step(f"plan inputs: {op} on {shaped}", opts.timeout)
+                hops = 2 if op == "sendrecv" else 1  # a ping-pong is two one-way hops
+                times = [_time_us(s, _collective(op, size, part.group, part.mine, rt)) / hops
+                         for size in sizes]
+                f = fit(sizes, times)
+                fits.append(CommFit(
+                    op=op, ranks=g, span="nodes" if part.crosses else "node",
+                    alpha_us=f.alpha_us, beta_gbps=f.beta_gbps,
+                    source="measured here" + (f" ({shaped}, {where})" if stride > 1 else ""),
+                    per_node=part.per_node if part.crosses else None))
+                s.console.log(f"  {op} on {g} ranks" + (f" at stride {stride}" if stride > 1
+                                                        else "")
+                              + f" ({where}): alpha {f.alpha_us:.0f} us, beta "
+                              f"{f.beta_gbps:.2f} GB/s (fit error {f.err_pct:.0f}%)")
         gc.collect()
     return fits
 

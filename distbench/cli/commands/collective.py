@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from distbench.bench.combinations import combinations
-from distbench.core import contracts
+from distbench.core import contracts, rank_groups
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
 from distbench.core.options import (
     OptionError,
     SweepOptions,
+    at_least,
     one_of,
     option,
     pick,
@@ -19,6 +20,7 @@ from distbench.core.options import (
 )
 from distbench.core.tables import plural
 from distbench.ops.collectives import OPS, names
+from distbench.results.baseline import check_groups as baseline_groups
 from distbench.results.baseline import check_world as baseline_world
 from distbench.results.baseline import option_check
 
@@ -32,6 +34,7 @@ HELP = "Time collectives over a size sweep; bus bandwidth as nccl-tests reports 
 EXAMPLES = (
     "distbench collective --op all --sizes 1K:16M:x4",
     "distbench collective --op all_reduce --sizes 8:256M:x2 --workers 4",
+    "distbench collective --workers 8 --group-size 4 --group-stride 2  # tp2's DP",
     "distbench collective --baseline results/<run>   # exit 4 when slower",
 )
 
@@ -48,21 +51,42 @@ class CollectiveOptions(SweepOptions):
                                      "--root 0"))
     placement: str = option("out", "out, in or both: out-of-place or in-place buffers.",
                             check=one_of(PLACEMENTS, "--placement both"))
+    group_size: int | None = option(
+        None, "Split the world into groups of this many ranks, every group running each op at "
+        "once, as a layout's TP or DP groups do (torch's new_subgroups(group_size)); busbw is "
+        "by the group's size. Default: the whole world, one group.",
+        check=require(lambda v: v >= 2, "a group needs 2 ranks or more, got {value}",
+                      "--group-size 2", optional=True), show_default=False)
+    group_stride: int = option(
+        1, "The ranks of a group are this far apart: 1 takes consecutive ranks ({0,1}, {2,3}), "
+        "S every S-th ({r, r+S, ...}: the DP group of a layout of tp S, which crosses nodes "
+        "with fewer ranks on each). Needs --group-size x stride to divide the world.",
+        check=at_least(1, "--group-stride 2"))
     baseline: str | None = option(
         None, "A previous collective run directory: print the comparison with it at the end "
         f"(as distbench compare), and exit {EXIT_BELOW} when a row is worse by more than 5% and "
         "beyond the noise the two runs show.", check=option_check("collective.csv"),
         cli_type=str, show_default=False)
 
+    def group_of(self, world: int) -> int:
+        """The ranks each op runs on: --group-size, else the world."""
+        return self.group_size or world
+
     def buffer_multiple(self, world: int) -> int:
-        return max(op.elements(op.in_mult, 1, world) + op.elements(op.out_mult, 1, world)
+        n = self.group_of(world)
+        return max(op.elements(op.in_mult, 1, n) + op.elements(op.out_mult, 1, n)
                    for op in (OPS[name] for name in self.ops))
 
     def check_world(self, world: int) -> None:
-        if self.root >= world:
-            raise OptionError("--root", f"rank {self.root} does not exist in a world of {world}",
-                              "--root 0")
+        if self.group_size is not None or self.group_stride != 1:
+            rank_groups.check(world, self.group_of(world), self.group_stride)
+        n = self.group_of(world)
+        if self.root >= n:
+            where = f"a group of {n}" if n < world else f"a world of {world}"
+            raise OptionError("--root", f"rank {self.root} does not exist in {where} (the root "
+                              "is a rank of each group)", "--root 0")
         baseline_world(self.baseline, ("collective.csv",), world)
+        baseline_groups(self.baseline, world, n, self.group_stride)
 
 
 OUTPUT = contracts.COLLECTIVE
@@ -72,6 +96,7 @@ def run(s: Session) -> int:
     """Per rank, under a launcher."""
     from distbench.bench import engine, series
     from distbench.bench.measure import fail_if_wrong
+    from distbench.run.split import split
 
     rt, opts = s.rt, s.opts
     combos = combinations(opts.ops, opts.dtypes, opts.redops, opts.root, opts.placement)
@@ -79,10 +104,18 @@ def run(s: Session) -> int:
         in_only = sorted({c.op.name for c in combos if c.in_place})
         s.console.log(f"{', '.join(in_only)}: in place only in torch.distributed; "
                       "their rows say in_place=1")
-    s.console.log(f"{plural(len(combos), 'combination')} x {plural(len(opts.sizes), 'size')} "
-                  f"on {plural(rt.world, 'rank')}, {plural(rt.nnodes, 'node')}, backend "
-                  f"{rt.backend}, results in {s.run_dir}/")
-    fail_if_wrong(engine.run(s, [series.collective(s, c, OUTPUT) for c in combos]))
+    n = opts.group_of(rt.world)
+    with split(rt, n, opts.group_stride, opts.timeout) as part:
+        groups = (f", in {plural(len(part.members), 'group')} of {n} at stride "
+                  f"{part.stride} ({plural(part.per_node, 'rank')} a node) all at once"
+                  if n < rt.world else "")
+        s.console.log(f"{plural(len(combos), 'combination')} x {plural(len(opts.sizes), 'size')} "
+                      f"on {plural(rt.world, 'rank')}, {plural(rt.nnodes, 'node')}{groups}, "
+                      f"backend {rt.backend}, results in {s.run_dir}/")
+        if part.note:
+            s.console.log(part.note)
+        bad = engine.run(s, [series.collective(s, c, OUTPUT, part) for c in combos])
+    fail_if_wrong(bad)
     if opts.baseline:
         from distbench.bench.baseline_gate import judge
 
