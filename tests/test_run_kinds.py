@@ -16,6 +16,7 @@ from test_report import _sensible
 
 from distbench.cli.commands import COMMANDS
 from distbench.core.tables import plural
+from distbench.planner.plan import validation_md
 from distbench.results import compare, plots, reader, report
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
@@ -164,3 +165,52 @@ def test_a_plan_without_validation_is_refused_saying_it_holds_predictions(tmp_pa
         in line, line
     watch = cli(tmp_path, "compare", str(RUNS / "watch"), str(RUNS / "watch"))
     assert "watch.csv (cycles watch judges itself" in watch.stderr, watch.stderr
+
+
+
+def _table_after(lines: list[str], heading: str) -> list[str]:
+    start = lines.index(heading) + 2
+    return [line for line in lines[start:start + 50] if line.startswith("|")]
+
+
+def _typed(row: dict) -> dict:
+    def cell(v: str):
+        if v == "":
+            return None
+        try:
+            return int(v)
+        except ValueError:
+            try:
+                return float(v)
+            except ValueError:
+                return v
+    return {k: cell(v) for k, v in row.items()}
+
+
+def test_a_plans_validation_reads_the_same_in_plan_md_and_in_its_report(tmp_path):
+    """One builder (core/validation_table) for both: the report once wrote its own table, with
+    4 significant digits ("130" where plan.md said "129.95") and other missing cells."""
+    run = tmp_path / "plan"
+    shutil.copytree(RUNS / "plan", run)
+    with (run / "validation.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows and rows[0]["measured_step_ms"]
+    more = [{**rows[0], "predicted_step_ms": "131.207", "measured_step_ms": "129.953",
+             "error_pct": "0.965", "micro_batches": "1"},
+            {**rows[0], "measured_step_ms": "", "error_pct": "", "status": "failed",
+             "micro_batches": "4", "in_sample": "1"}]
+    with (run / "validation.csv").open("w", newline="") as fh:
+        out = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        out.writeheader()
+        out.writerows(rows + more)
+    lines, _ = report.write([reader.load(run)], tmp_path / "report")
+    in_report = _table_after(lines, "### Validation")
+    in_plan_md = _table_after(
+        validation_md({"layouts": [_typed(r) for r in rows + more]}, [], []).splitlines(),
+        "## Validation")
+    assert in_report == in_plan_md
+    assert "| 131.21 | 129.95 | +1.0% | no | ok |" in in_report[-2], in_report
+    assert in_report[-1].endswith("| - | - | yes | failed |"), in_report
+    # and the recorded run's own plan.md, written by the plan command, reads the same
+    recorded = (RUNS / "plan" / "plan.md").read_text().splitlines()
+    assert in_report[:2 + len(rows)] == _table_after(recorded, "## Validation")

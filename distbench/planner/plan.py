@@ -13,6 +13,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 from distbench.core.contracts import PLAN
 from distbench.core.tables import markdown_table, plural
+from distbench.core.validation_table import validation_table
 from distbench.planner import memory as mem
 from distbench.planner.inputs import Inputs
 from distbench.planner.layouts import RECOMPUTE, ZERO_STAGES, Layout, enumerate_layouts
@@ -233,16 +234,8 @@ def validation_md(found: dict, notes: Sequence[str], lines: Sequence[str]) -> st
     """plan.md's section on a validation: each layout run against its prediction, what was
     capped or in sample, and the error."""
     out = ["", "## Validation", ""]
-    # the whole label: two layouts that differ only in recomputation must not read alike
-    rows = [[layout_of(v).label(),
-             f"{v['predicted_step_ms']:.2f}",
-             "" if v["measured_step_ms"] is None else f"{v['measured_step_ms']:.2f}",
-             "" if v["error_pct"] is None else f"{v['error_pct']:+.1f}%",
-             "yes" if v["in_sample"] else "no", str(v["status"])]
-            for v in found.get("layouts", [])]
-    if rows:
-        out += markdown_table(["layout", "predicted (ms)", "measured (ms)", "error",
-                               "in sample", "status"], rows, align="lrrrll")
+    if found.get("layouts"):
+        out += validation_table(found["layouts"])
         out.append("")
     out += [f"- {n}" for n in [*notes, *lines]]
     return "\n".join(out) + "\n"

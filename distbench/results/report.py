@@ -15,6 +15,7 @@ from distbench.core.contracts import NUMBERS
 from distbench.core.layout_label import row_label
 from distbench.core.sizes import format_size
 from distbench.core.tables import markdown_table, number, plural
+from distbench.core.validation_table import validation_table
 from distbench.results import alphabeta, reader
 from distbench.results.reader import NCCL_TESTS, Run, measured
 
@@ -250,12 +251,7 @@ def _plan_section(run: Run) -> list[str]:
     frame = run.table("validation.csv")
     if frame is not None and len(frame):
         lines += ["### Validation", ""]
-        lines += markdown_table(
-            ["layout", "predicted (ms)", "measured (ms)", "error", "in sample", "status"],
-            [[_layout_text(r), number(r["predicted_step_ms"]), number(r["measured_step_ms"]),
-              "-" if _missing(r.get("error_pct")) else f"{float(r['error_pct']):+.1f}%",
-              "yes" if int(r.get("in_sample") or 0) else "no", str(r["status"])]
-             for _, r in frame.iterrows()])
+        lines += validation_table(frame.to_dict("records"))
         errors = frame.dropna(subset=["error_pct"])
         unseen = errors[errors["in_sample"].fillna(0).astype(int) == 0]
         if len(unseen):  # plan.md gives the rank correlation too
