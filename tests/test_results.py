@@ -142,3 +142,16 @@ def test_new_run_dir_real_clock(tmp_path):
     a = writer.new_run_dir(tmp_path, "collective")
     b = writer.new_run_dir(tmp_path, "collective")
     assert a != b and a.is_dir() and b.is_dir()
+
+
+def test_json_written_is_json_nan_and_infinity_as_null(tmp_path):
+    """json.dumps writes NaN and Infinity, which jq, JavaScript and Go refuse: a figure that is
+    not a number is written as unknown."""
+    path = tmp_path / "run.json"
+    writer.write_json(path, {"a": float("nan"), "b": [1.5, float("inf"), (float("-inf"),)],
+                             "c": {"d": 2.0, "e": "NaN"}})
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in {path.read_text()}")
+    assert json.loads(path.read_text(), parse_constant=refuse) == {
+        "a": None, "b": [1.5, None, [None]], "c": {"d": 2.0, "e": "NaN"}}

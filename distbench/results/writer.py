@@ -8,6 +8,7 @@ import csv
 import errno
 import io
 import json
+import math
 import os
 import platform
 import sys
@@ -57,6 +58,7 @@ def write_json(path: Path, data: dict, keep: tuple[str, ...] | None = None) -> N
     no reader takes): indented, else compact, else, with `keep` (the fields that must stay),
     only those. The last one is no larger than what any earlier version held, so it fits
     the blocks the truncation freed."""
+    data = _finite(data)
     text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
@@ -81,6 +83,18 @@ def write_json(path: Path, data: dict, keep: tuple[str, ...] | None = None) -> N
         with contextlib.suppress(OSError):  # not even that: no file beats a cut one
             path.unlink()
         raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+def _finite(value):
+    """NaN and infinity as null: json.dumps writes them as NaN and Infinity, which are not JSON
+    (jq, JavaScript and Go refuse the file), and a figure that is not a number is unknown."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 class PartlyWritten(OSError):
