@@ -100,6 +100,13 @@ def test_each_kinds_section_shows_its_figures_and_links_each_plot(command, tmp_p
         assert f"![{png.stem}]({png.name})" in text
 
 
+def test_a_topo_runs_header_says_its_nodes_not_unknown_ranks(tmp_path):
+    """topo gathers each node's snapshot and runs no ranks: its header said "ranks unknown"."""
+    lines, _ = report.write([reader.load(RUNS / "topo")], tmp_path)
+    header = next(line for line in lines if line.startswith("`distbench topo`"))
+    assert "1 node(s)" in header and "unknown" not in header, header
+
+
 def test_topo_reports_each_nodes_figures():
     run = reader.load(RUNS / "topo")
     (node,) = run.topo["nodes"]

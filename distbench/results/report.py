@@ -59,6 +59,8 @@ def _size(v) -> str:
 
 def _world(run: Run) -> str:
     ranks, nodes = reader.world_size(run), reader.nnodes(run)
+    if ranks == reader.UNKNOWN and nodes != reader.UNKNOWN:  # a run of no ranks (topo's)
+        return f"{nodes} node(s)"
     if reader.UNKNOWN in (ranks, nodes):  # a log printed without its device list
         return f"ranks {ranks}, nodes {nodes}"
     return f"{ranks} ranks on {nodes} node(s)" + _groups(run)
