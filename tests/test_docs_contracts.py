@@ -94,3 +94,13 @@ def test_the_identity_columns_report_md_lists_are_the_declared_ones():
             listed[m.group(1)] = [c.strip() for c in m.group(2).split(",")]
     declared = {name: list(o.identity) for name, o in _outputs().items() if o.identity}
     assert listed == declared
+
+
+def test_run_jsons_command_field_lists_every_command_that_writes_a_run():
+    """results.md's run.json table listed 7 of the 10 commands (step, plan and watch were added
+    after it was written)."""
+    from distbench.cli.commands import COMMANDS
+
+    row = next(line for line in RESULTS_MD.read_text().splitlines()
+               if line.startswith("| `command` |") and "`accept`" in line)
+    assert re.findall(r"`([a-z0-9]+)`", row.split("|")[2]) == list(COMMANDS)
