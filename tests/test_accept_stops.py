@@ -16,9 +16,9 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from fake_session import fake_runtime
 from helpers import clean_env, free_port, power_off, processes_naming
 
 from distbench.accept import files, verdicts
@@ -35,7 +35,7 @@ AT_256K = CHECKS.index("pair p2p ring busbw")
 
 def _progress(tmp_path: Path) -> tuple[files.AcceptFiles, writer.RunRecord]:
     record = writer.RunRecord(tmp_path, "accept", {}, ["accept"])
-    rt = SimpleNamespace(world=2, backend="gloo", snapshots=[])
+    rt = fake_runtime(0, 2)
     return files.AcceptFiles(tmp_path, record, PROFILE, "named", ["a", "b"], rt,
                                  strict=False), record
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import helpers
@@ -818,18 +817,14 @@ class _NoAllReduce(torch.nn.Module):
 def _skip_on(rank: int) -> list[dict]:
     """zero2 then ddp on one rank of two, rank 1 refusing to build zero2 (as a backend without
     reduce_scatter would): the rows each rank returns."""
-    from types import SimpleNamespace
+    from fake_session import FakeSession, fake_runtime
 
     from distbench.steps import dp as steps
 
     shape = StackShape(hidden_size=64, ffn_size=128, heads=4, seq_len=16, micro_batch_size=2,
                        layers=2)
-    s = SimpleNamespace(
-        rt=SimpleNamespace(rank=rank, world=2, nnodes=1, backend="gloo", device=CPU),
-        opts=SimpleNamespace(block="mlp", dtype="float32", timeout=60, warmup=0, iters=2,
-                             check=False),
-        step=lambda what, seconds: None, faults=Faults(), watching_failures=nullcontext,
-        failed_here=lambda label, reason: None, end_part=lambda: None)
+    s = FakeSession(fake_runtime(rank, 2), block="mlp", dtype="float32", timeout=60, warmup=0,
+                    iters=2, check=False)
     batch = strat.local_batch(shape, 1, rank, CPU, torch.float32)
     return [steps._measure(s, mode, bucket, shape, torch.float32, batch, 0.001, None, shape,
                            True, [])[0] for mode, bucket in (("zero2", None), ("ddp", 25.0))]

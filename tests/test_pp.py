@@ -204,14 +204,11 @@ def test_bad_pp_option_is_one_line_and_exit_2(captured, capsys, args, option):
 
 def _rows_on(rank: int, opts) -> list[dict]:
     """Each schedule's row as rank `rank` of two measures it, as pp.run does."""
-    from types import SimpleNamespace
+    from fake_session import FakeSession, fake_runtime
 
-    from distbench.run.faults import Faults
     from distbench.steps import pp as steps
 
-    s = SimpleNamespace(rt=SimpleNamespace(rank=rank, world=2, nnodes=1, backend="gloo",
-                                           device=torch.device("cpu")),
-                        opts=opts, step=lambda what, seconds: None, faults=Faults())
+    s = FakeSession(fake_runtime(rank, 2), opts)
     shape = PipelineShape.from_options(opts)
     bad: list[str] = []
     rows = [steps._measure_schedule(s, schedule, shape, shape, None, 0.001, bad)

@@ -10,10 +10,10 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import jsonschema
 import pytest
+from fake_session import fake_runtime
 from json_schemas import problems, validator
 from test_topo import NVMLError_NotSupported, _fake_pynvml, _no_nvidia_smi
 
@@ -178,7 +178,7 @@ def test_topo_json_of_gpus_validates_and_mutants_fail(tmp_path, monkeypatch):
 
 def _progress(tmp_path: Path):
     record = writer.RunRecord(tmp_path, "accept", {}, ["accept"])
-    rt = SimpleNamespace(world=2, backend="gloo", snapshots=[])
+    rt = fake_runtime(0, 2)
     return files.AcceptFiles(tmp_path, record, PROFILE, "named", ["a", "b"], rt, strict=False)
 
 
