@@ -182,7 +182,9 @@ NO_TORCH = {"bad-sizes": ["collective", "--sizes", "1Q"], "help": ["--help"],
             "tp-bad": ["tp", "--heads", "7"], "pp-bad": ["pp", "--schedule", "zb"],
             # accept's plan: torch would take most of a dry run's time, at any node count
             "accept-dry-run": ["accept", "--dry-run", "--nodes", "128", "--gpus-per-node", "8",
-                               "--profile", "h100-sxm-8"]}
+                               "--profile", "h100-sxm-8"],
+            "dp-mode": ["dp", "--mode", "zero9"], "dp-bucket": ["dp", "--bucket-cap-mb", "0"],
+            "dp-help": ["dp", "--help"]}
 
 
 @pytest.mark.multiproc

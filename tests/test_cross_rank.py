@@ -234,3 +234,23 @@ def test_ranks_with_different_options_are_refused(monkeypatch, captured):
         assert (e.status, e.exit_code) == ("bad_input", EXIT_BAD_INPUT)
         assert str(e) == ("ranks were started with different options (1 of 2 ranks differ from "
                           "rank 0; sizes: rank 0 has [4096], rank 1 has [8192])")
+
+
+def test_a_sweeps_rows_and_titles_say_the_world_and_nodes_the_runtime_found():
+    """Two torchrun agents of two ranks each: every collective and p2p row says 4 ranks on 2
+    nodes, as the startup counted them (the nodes of run.json's ranks). The real two-agent launch
+    is test_p2p_multiproc.test_two_nodes_label_links_intra_and_inter."""
+    from distbench.bench import series
+    from distbench.bench.combinations import combinations
+    from distbench.cli.commands.collective import OUTPUT
+    from distbench.cli.commands.p2p import OUTPUT as P2P
+
+    for rank in range(4):
+        s = FakeSession(fake_runtime(rank, 4, nnodes=2))
+        made = [series.collective(s, combo, OUTPUT) for combo in combinations(
+            ["all_reduce", "all_gather"], ["float32"], ["sum"], -1, "in")]
+        made += [series.p2p_pattern(s, pattern, "float32", P2P) for pattern in
+                 ("ring", "pingpong")]
+        for ser in made:
+            assert (ser.row["world_size"], ser.row["nnodes"]) == (4, 2), ser.name
+            assert "ranks 4  nodes 2  backend gloo" in ser.title, ser.title

@@ -144,6 +144,9 @@ def test_the_same_run_without_a_slow_rank_passes(tmp_path, n):
 
 
 def test_two_nodes_label_links_intra_and_inter(tmp_path):
+    """The sweeps' one run of two torchrun agents (two ranks each) on 127.0.0.1: the nodes the
+    startup tells apart, in run.json and in every link's name. That collective's rows and titles
+    carry the same world and nodes: test_cross_rank (in-process, from the runtime)."""
     args = ["p2p", "--pattern", "matrix,pingpong", "--sizes", "4K", "--iters", "2",
             "--warmup", "1"]
     node0, node1 = torchrun_nodes(tmp_path, nnodes=2, nproc=2, per_node_args=[args, args])
@@ -151,7 +154,8 @@ def test_two_nodes_label_links_intra_and_inter(tmp_path):
     assert node1.returncode == 0, node1.stderr
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["nnodes"] == 2
+    assert meta["nnodes"] == 2 and meta["world_size"] == 4
+    assert [r["node"] for r in meta["ranks"]] == [0, 0, 1, 1]
     node_of = {r["rank"]: r["node"] for r in meta["ranks"]}
     rows = list(csv.DictReader(open(run_dir / "p2p_matrix.csv")))
     assert len([r for r in rows if r["direction"] == "uni"]) == 4 * 3
