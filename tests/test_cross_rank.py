@@ -182,20 +182,14 @@ def test_shared_t1_timer_and_check_agreement_on_two_ranks(monkeypatch):
 
 # -- startup: ranks started with different options ------------------------------------------
 
-def _identity(captured, *args: str) -> dict:
+def _identity(where, *args: str) -> dict:
     """What a rank started with `distbench *args` posts for the others to agree on."""
-    from typer.testing import CliRunner
+    from helpers import resolved
 
-    import distbench.cli.app
-
-    result = CliRunner().invoke(distbench.cli.app.app, list(args))
-    assert result.exit_code == 0, (result.output, result.exception)
-    ((_, opts),) = captured
-    captured.clear()
-    return opts.identity()
+    return resolved(where, *args).identity()
 
 
-def test_ranks_with_different_options_are_refused(monkeypatch, captured):
+def test_ranks_with_different_options_are_refused(monkeypatch, tmp_path):
     """Two ranks (threads, on a real store in this process) started with different --sizes, as
     two torchrun agents given different arguments are: runtime.start ends both alike, before any
     process group exists, naming the option that differs. The refusal ending every real node at
@@ -208,7 +202,7 @@ def test_ranks_with_different_options_are_refused(monkeypatch, captured):
     from distbench.run import peers, runtime
 
     base = ("collective", "--iters", "2", "--warmup", "1")
-    identities = [_identity(captured, *base, "--sizes", size) for size in ("4K", "8K")]
+    identities = [_identity(tmp_path, *base, "--sizes", size) for size in ("4K", "8K")]
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=10))
     local = threading.local()

@@ -16,10 +16,8 @@ import helpers
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import LAUNCHER_VARS, assert_one_line_error
-from typer.testing import CliRunner
+from helpers import LAUNCHER_VARS, assert_one_line_error, resolved
 
-import distbench.cli.app
 from distbench.cli.commands import COMMANDS
 from distbench.cli.commands import dp as cmd
 from distbench.cli.commands.dp import DPOptions
@@ -295,11 +293,8 @@ def test_heads_need_not_divide_the_hidden_size_of_an_mlp(no_launcher):
     assert _opts(block="attention", heads=8, hidden_size=512).heads == 8
 
 
-def _resolve(captured, *args: str) -> DPOptions:
-    result = CliRunner().invoke(distbench.cli.app.app, ["dp", *args])
-    assert result.exit_code == 0, (result.output, result.exception)
-    assert len(captured) == 1 and captured[0][0] == "dp"
-    opts = captured.pop()[1]
+def _resolve(where: Path, *args: str) -> DPOptions:
+    opts = resolved(where, "dp", *args)
     assert isinstance(opts, DPOptions)
     return opts
 
@@ -312,16 +307,16 @@ def _resolve(captured, *args: str) -> DPOptions:
      "timeout": 60},
     {"mode": "fsdp,zero1", "reshard_after_forward": "false", "bucket_cap_mb": "0.001"},
 ], ids=["defaults", "everything-else", "fsdp-as-zero2"])
-def test_to_argv_round_trip(captured, raw):
+def test_to_argv_round_trip(tmp_path, raw):
     opts = _opts(**raw)
-    again = _resolve(captured, *to_argv(opts))
+    again = _resolve(tmp_path, *to_argv(opts))
     assert dataclasses.replace(again, argv=[]) == dataclasses.replace(opts, argv=[])
     # and once more through build() itself
     assert to_argv(again) == to_argv(opts)
 
 
-def test_command_line_reaches_the_options(captured):
-    opts = _resolve(captured, "--mode", "fsdp,ddp", "--reshard-after-forward", "false",
+def test_command_line_reaches_the_options(tmp_path):
+    opts = _resolve(tmp_path, "--mode", "fsdp,ddp", "--reshard-after-forward", "false",
                     "--bucket-cap-mb", "4,4,8", "--block", "attention", "--heads", "4",
                     "--hidden-size", "64")
     assert opts.modes == ["zero2", "ddp"] and opts.bucket_cap_mb == [4.0, 8.0]
@@ -374,12 +369,12 @@ def test_config_unknown_key_is_refused(tmp_path, text, key):
         load_config(cfg, "dp", _known(), set(COMMANDS))
 
 
-def test_config_through_the_command_line_and_flags_win(captured, tmp_path):
+def test_config_through_the_command_line_and_flags_win(tmp_path):
     cfg = tmp_path / "bench.toml"
     cfg.write_text('[dp]\nmode = "zero2"\nbucket-cap-mb = "7"\nlayers = 1\n')
-    opts = _resolve(captured, "--config", str(cfg))
+    opts = _resolve(tmp_path, "--config", str(cfg))
     assert opts.modes == ["zero2"] and opts.bucket_cap_mb == [7.0] and opts.layers == 1
-    opts = _resolve(captured, "--config", str(cfg), "--mode", "ddp")
+    opts = _resolve(tmp_path, "--config", str(cfg), "--mode", "ddp")
     assert opts.modes == ["ddp"] and opts.bucket_cap_mb == [7.0]
 
 

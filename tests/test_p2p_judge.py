@@ -4,7 +4,8 @@ The ranks are placed as `--workers` places them (one host, one node: host:local_
 link intra-node) and as torchrun agents on one host place them (a node each: host#node:0, every
 link inter-node). The figures are those real ranks measure: healthy links within 2x of each
 other, a rank slow both ways (a 50 ms wait per op of 16 MiB) at 10-30 % of them.
-test_p2p_multiproc.py measures this end to end at 3 ranks; the other world sizes are here."""
+test_p2p_multiproc.py measures this end to end once (3 ranks, --workers, one rank slow both
+ways), and once more without the fault; the rest is here."""
 
 from __future__ import annotations
 
@@ -150,6 +151,21 @@ def test_without_fail_below_slow_links_are_reported_but_pass(seed):
     assert {o.split(" (")[0] for o in judged["outliers"]} >= {
         f"{HOST}:2 -> {HOST}:0", f"{HOST}:2 -> {HOST}:1", f"{HOST}:0 <-> {HOST}:2",
         f"{HOST}:1 <-> {HOST}:2"}
+    assert f"  likely culprit: {judged['culprits'][0]}" in s.console.logged
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_rank_slow_sending_fails_the_run_and_is_named(seed):
+    """Rank 2 of 3 waits 20 ms before every send (DISTBENCH_TEST_SLOW_SEND 2:0.02): with
+    --fail-below 0.5 the run fails, each link it sends on is an outlier, and it is named first,
+    in run.json and in the log."""
+    s, failed = _judged(3, False, _figures(seed, slow={2}, one_way=True), fail_below=0.5)
+    assert failed is not None and (failed.status, failed.exit_code) == ("slow_links", 4)
+    judged = s.record.meta["matrix"]
+    for dst in (0, 1):
+        assert any(o.startswith(f"{HOST}:2 -> {HOST}:{dst} ") for o in judged["outliers"]), \
+            judged["outliers"]
+    assert judged["culprits"][0].startswith(f"rank 2 ({HOST}:2)")
     assert f"  likely culprit: {judged['culprits'][0]}" in s.console.logged
 
 
