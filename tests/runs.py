@@ -5,14 +5,15 @@ makes them contradict themselves."""
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from distbench.core import noise
-from distbench.core.contracts import COLLECTIVE, Output
+from distbench.core.contracts import COLLECTIVE, DP, P2P, Output
 from distbench.results import samples
 
 DERIVED = "derived"  # a figure the builder works out from the row's samples
@@ -20,12 +21,33 @@ GLOO_CPU = {"status": "ok", "exit_code": 0, "world_size": 2, "nnodes": 1, "backe
             "versions": {"torch": "2.13.0+cpu"}}
 
 
-def write_meta(path: Path, command: str = "collective", **meta) -> Path:
+def write_meta(path: Path, command: str = "collective", finished: bool = True, **meta) -> Path:
     """run.json: a run of `command` that ended well on two gloo ranks of one node, unless
-    `meta` says otherwise."""
+    `meta` says otherwise; finished=False: the command and `meta` alone."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "run.json").write_text(json.dumps({"command": command, **GLOO_CPU, **meta}))
+    (path / "run.json").write_text(json.dumps({"command": command,
+                                               **(GLOO_CPU if finished else {}), **meta}))
     return path
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: Iterable[dict]) -> Path:
+    """A CSV of `columns` as distbench writes one: a cell a row leaves out, or None, is empty."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(columns))
+        writer.writeheader()
+        writer.writerows({c: "" if r.get(c) is None else r[c] for c in columns} for r in rows)
+    return path
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def rewrite_csv(path: Path, change) -> Path:
+    """The CSV with change(row) for each row (a copy of a run, doctored)."""
+    rows = read_csv(path)
+    return write_csv(path, list(rows[0]), [change(r) for r in rows])
 
 
 def write_table(path: Path, output: Output, rows: Sequence[dict],
@@ -107,3 +129,35 @@ def matrix_row(direction: str, src: int, dst: int, size: int, time_us: float = 1
             "dtype": "float32", "world_size": world, "nnodes": 1, "size_bytes": size,
             "count": size // 4, "iters": 50, "time_us": time_us, "p99_us": time_us * 1.2,
             "gbps": DERIVED, "wrong": 0, "backend": "gloo", **more}
+
+
+def planner_sources_run(root: Path) -> Path:
+    """A collective run of a 2-node cluster of 8 GPUs each (all_reduce T = 20 us + S at
+    100 GB/s algbw in a node, 50 us + S at 20 GB/s across), a p2p run's ping-pong, dp's
+    overlap and a topology of 8 H100s per node, in one directory: what `plan --from` reads."""
+    root.mkdir(parents=True)
+    rows = []
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        for world, nnodes, alpha, beta in ((8, 1, 20.0, 100.0), (16, 2, 50.0, 20.0)):
+            rows += [{"op": op, "dtype": "float32", "redop": "sum", "root": -1, "in_place": 0,
+                      "world_size": world, "nnodes": nnodes, "size_bytes": 2**k,
+                      "count": 2**k // 4, "time_us": alpha + 2**k / (beta * 1e3),
+                      "p99_us": 1, "algbw_gbps": 1, "busbw_gbps": 1, "status": "ok"}
+                     for k in range(10, 31, 2)]
+    write_csv(root / "collective.csv", COLLECTIVE.csv, rows)
+    write_csv(root / "p2p.csv", P2P.csv, [
+        {"pattern": "pingpong", "dtype": "float32", "world_size": 2 * n, "nnodes": n,
+         "pairs": 1, "size_bytes": 2**k, "count": 2**k // 4, "time_us": a + 2**k / (b * 1e3),
+         "p99_us": 1, "busbw_gbps": 1, "status": "ok"}
+        for n, a, b in ((1, 10.0, 100.0), (2, 30.0, 25.0)) for k in range(10, 31, 2)])
+    common = {"dtype": "float32", "world_size": 8, "step_us": 1, "compute_only_us": 1,
+              "comm_alone_us": 1, "exposed_comm_us": 1, "state_bytes_per_rank": 1,
+              "status": "ok"}
+    write_csv(root / "dp.csv", DP.csv, [{"mode": "ddp", "bucket_cap_mb": 25, "overlap_pct": 60,
+                                         **common},
+                                        {"mode": "zero3", "overlap_pct": 40, **common}])
+    write_meta(root, "collective", finished=False, status="ok")
+    gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 85520809984}
+            for i in range(8)]
+    (root / "topo.json").write_text(json.dumps({"nodes": [{"host": "a", "gpus": gpus}]}))
+    return root

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 from helpers import Run, cli, distbench
-from runs import collective_row, matrix_row, p2p_row, times, write_meta, write_run, write_table
+from runs import (
+    collective_row,
+    matrix_row,
+    p2p_row,
+    times,
+    write_csv,
+    write_meta,
+    write_run,
+    write_table,
+)
 from scipy.stats import mannwhitneyu
 
 from distbench.core import noise
@@ -637,12 +646,8 @@ def test_accept_rows_are_headed_in_their_own_units_and_named_in_full(tmp_path):
                  "metric": "time_us", "measured": latency, "verdict": "PASS", "retest": 0},
                 {"check": "node all_reduce busbw", "scope": "node", "target": "vm",
                  "metric": "p50_busbw_gbps", "measured": 1.0, "verdict": "PASS", "retest": 0}]
-        lines = [",".join(ACCEPT.csv)] + [",".join(str(r.get(c, "")) for c in ACCEPT.csv)
-                                          for r in rows]
-        (path / "accept.csv").write_text("\n".join(lines) + "\n")
-        (path / "run.json").write_text(json.dumps({"command": "accept", "status": "ok",
-                                                   "world_size": 2, "nnodes": 1}))
-        return path
+        write_csv(path / "accept.csv", ACCEPT.csv, rows)
+        return write_meta(path, "accept", finished=False, status="ok", world_size=2, nnodes=1)
 
     base, new = accept_run(tmp_path / "a", 100.0), accept_run(tmp_path / "b", 300.0)
     res = _compare(base, new)

@@ -6,7 +6,6 @@ how an nccl-tests log's world shows."""
 
 from __future__ import annotations
 
-import csv
 import json
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 from helpers import Run, cli, distbench
 from matplotlib.colors import to_rgba
+from runs import write_csv, write_meta
 
 from distbench.cli.commands.accept import OUTPUT as ACCEPT
 from distbench.results import plots, reader, report
@@ -215,22 +215,15 @@ SUMMARY = "4 measurements failed, 1 warned: first node all_reduce busbw on n3"
 def _accept_run(path: Path, rows: list[dict], summary: str = SUMMARY) -> Path:
     """accept.csv, accept.json and run.json as `distbench accept` writes them."""
     path.mkdir(parents=True)
-    with open(path / "accept.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, ACCEPT.csv)
-        writer.writeheader()
-        writer.writerows({k: "" if r.get(k) is None else r.get(k) for k in ACCEPT.csv}
-                         for r in rows)
+    write_csv(path / "accept.csv", ACCEPT.csv, rows)
     outcome = {"verdict": "FAIL", "summary": summary,
                "culprits": ["pair all_reduce busbw: node n3 is in all 2 failing pairs"],
                "notes": []}
     (path / "accept.json").write_text(json.dumps(
         {"schema_version": 1, "exit_code": 4, **outcome,
          "verdicts": [{**r, "retest": bool(r["retest"])} for r in rows]}))
-    (path / "run.json").write_text(json.dumps(
-        {"schema_version": 1, "command": "accept", "status": "below_expectation",
-         "exit_code": 4, "world_size": 6, "nnodes": 3, "backend": "gloo",
-         "versions": {"torch": "2.13.0+cpu"}, "accept": outcome}))
-    return path
+    return write_meta(path, "accept", schema_version=1, status="below_expectation",
+                      exit_code=4, world_size=6, nnodes=3, accept=outcome)
 
 
 def _tally(verdicts: list[dict]) -> dict[str, int]:
