@@ -154,7 +154,7 @@ def test_two_nodes_label_links_intra_and_inter(tmp_path):
     for r in rows:
         same = node_of[int(r["src_rank"])] == node_of[int(r["dst_rank"])]
         assert r["link"] == ("intra" if same else "inter"), r
-        assert r["nnodes"] == "2"
+        assert r["nnodes"] == "2" and r["wrong"] == "0"
     assert {r["link"] for r in rows} == {"intra", "inter"}
     # ping-pong pairs i with i + n/2: on two nodes of two, every pair crosses nodes
     (pp,) = list(csv.DictReader(open(run_dir / "p2p.csv")))
