@@ -161,3 +161,18 @@ def planner_sources_run(root: Path) -> Path:
             for i in range(8)]
     (root / "topo.json").write_text(json.dumps({"nodes": [{"host": "a", "gpus": gpus}]}))
     return root
+
+
+def accept_in_progress(path: Path):
+    """accept.json as a cpu-gloo acceptance on two ranks keeps it while it runs (AcceptFiles),
+    and the run.json beside it: (files, record)."""
+    from fake_session import fake_runtime
+
+    from distbench.accept import files
+    from distbench.accept.profiles import load
+    from distbench.results import writer
+
+    profile = load(Path(__file__).parent.parent / "configs" / "profiles" / "cpu-gloo.toml")
+    record = writer.RunRecord(path, "accept", {}, ["accept"])
+    return files.AcceptFiles(path, record, profile, "named", ["a", "b"], fake_runtime(0, 2),
+                             strict=False), record
