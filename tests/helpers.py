@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import json_schemas
@@ -176,6 +176,8 @@ class Run:
     stderr: str
     out: Path
     secs: float = 0.0  # from start to exit, the interpreter's start-up included
+    # in-process (cli): the (command, options) dispatch was handed, where workers would start
+    dispatched: list = field(default_factory=list)
 
     @property
     def returncode(self) -> int:  # as subprocess says it, for assert_one_line_error
@@ -278,12 +280,15 @@ def distbench(out: Path | None, *args: str, timeout: float = 180, cwd: Path | No
     return Run(proc.returncode, proc.stdout, proc.stderr, out or where, secs)
 
 
-def cli(cwd: Path, *argv: str, dispatch: bool = False) -> Run:
-    """`distbench *argv` in this process, in `cwd`, outside any launcher, with dispatch (where
-    a run would start workers) replaced: its exit code and what it printed. Bad input (exit 2)
-    must never reach dispatch: the in-process form of "refused before any worker"; a real
-    process shows the interpreter's part (test_cli's smoke tests). dispatch=True keeps the
-    real one, for what runs here (--dry-run): a worker it started would fail the test."""
+def cli(cwd: Path, *argv: str, dispatch: bool = False, env: dict[str, str] | None = None
+        ) -> Run:
+    """`distbench *argv` in this process, in `cwd`, outside any launcher (unless `env` sets a
+    launcher's variables), with dispatch (where a run would start workers) replaced: its exit
+    code, what it printed and what dispatch was handed (Run.dispatched: the resolved options).
+    Bad input (exit 2) must never reach dispatch: the in-process form of "refused before any
+    worker"; a real process shows the interpreter's part (test_cli's smoke tests).
+    dispatch=True keeps the real one, for what runs here (--dry-run): a worker it started
+    would fail the test. The suite's one in-process driver of the command line."""
     import io
 
     import distbench.cli.app as app
@@ -293,6 +298,7 @@ def cli(cwd: Path, *argv: str, dispatch: bool = False) -> Run:
     saved = (os.getcwd(), dict(os.environ), sys.argv, app.dispatch)
     for var in [*LAUNCHER_VARS, *(k for k in os.environ if k.startswith("DISTBENCH_"))]:
         os.environ.pop(var, None)
+    os.environ.update(env or {})
     os.chdir(cwd)
     sys.argv = ["distbench", *argv]  # what run.json would record as typed
     if not dispatch:
@@ -312,7 +318,24 @@ def cli(cwd: Path, *argv: str, dispatch: bool = False) -> Run:
         sys.argv, app.dispatch = saved[2], saved[3]
     if code == 2:
         assert dispatched == [], f"bad input reached dispatch: {dispatched}"
-    return Run(code, out.getvalue(), err.getvalue(), cwd)
+    return Run(code, out.getvalue(), err.getvalue(), cwd, dispatched=dispatched)
+
+
+def resolved(cwd: Path, *argv: str, env: dict[str, str] | None = None):
+    """The options `distbench *argv` hands dispatch (cli): accepted, dispatched once."""
+    res = cli(cwd, *argv, env=env)
+    assert res.code == 0, res.stdout + res.stderr
+    ((command, opts),) = res.dispatched
+    assert command == argv[0]
+    return opts
+
+
+def refused(cwd: Path, *argv: str, env: dict[str, str] | None = None) -> str:
+    """The one stderr line `distbench *argv` is refused in (cli): exit 2, nothing dispatched."""
+    res = cli(cwd, *argv, env=env)
+    assert res.code == 2 and res.dispatched == [], res.stdout + res.stderr
+    assert len(res.stderr.splitlines()) == 1, res.stderr
+    return res.stderr
 
 
 def python_c(code: str, cwd: Path | None = None, timeout: float = 60,

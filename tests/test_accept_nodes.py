@@ -17,12 +17,11 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import torch
 import torch.distributed as dist
 from fake_group import ThreadWorld, on_threads
+from fake_session import FakeSession, fake_runtime
 from helpers import distbench_lines
 
 from distbench.accept import acceptance, itinerary
@@ -128,21 +127,15 @@ class Accepted:
 
 
 def _session(rank: int, ranks: list[dict], run_dir: Path, baseline: Path | None
-             ) -> SimpleNamespace:
-    """What acceptance.run reads of a Session; rank 0 owns the files, as a real one does."""
+             ) -> FakeSession:
+    """Rank `rank`'s session; rank 0 owns the files, as a real one does."""
     chief = rank == 0
-    rt = SimpleNamespace(rank=rank, world=len(ranks), backend="gloo", device=torch.device("cpu"),
-                         ranks=ranks, snapshots=[], peers=None)
-    opts = SimpleNamespace(profile="cpu-gloo", quick=False, timeout=60.0, strict=False,
-                           baseline=str(baseline) if baseline else None)
-    sink = writer.CsvSink(run_dir / contracts.ACCEPT.file, list(contracts.ACCEPT.csv)) \
-        if chief else writer.NullSink()
-    return SimpleNamespace(rt=rt, opts=opts, console=Console(chief),
-                           run_dir=run_dir if chief else None,
-                           record=writer.RunRecord(run_dir, "accept", {}, ["accept"])
-                           if chief else None,
-                           on_end=[], sink=lambda output: sink, csv=sink,
-                           step=lambda what, s: None, faults=None)
+    return FakeSession(fake_runtime(rank, len(ranks), ranks=ranks), console=Console(chief),
+                       run_dir=run_dir if chief else None,
+                       record=writer.RunRecord(run_dir, "accept", {}, ["accept"])
+                       if chief else None, command="accept",
+                       profile="cpu-gloo", quick=False, timeout=60.0, strict=False,
+                       baseline=str(baseline) if baseline else None)
 
 
 def accept_here(monkeypatch, capsys, run_dir: Path, nodes: int, per_node: int, slow: list[int],
@@ -167,7 +160,7 @@ def accept_here(monkeypatch, capsys, run_dir: Path, nodes: int, per_node: int, s
         except RunFailure as e:
             return e.status, e.exit_code
         finally:
-            s.csv.close()  # as the session closes it, however the run ends
+            s.close_sinks()  # as the session closes them, however the run ends
 
     ends = on_threads(world.world, rank, world.barrier)
     with open(run_dir / "accept.csv", newline="") as f:

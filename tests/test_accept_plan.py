@@ -15,9 +15,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 import torch.distributed as dist
 from fake_group import ThreadWorld, on_threads
+from fake_session import FakeSession, fake_runtime
 from helpers import cli
 
 from distbench.accept import acceptance, itinerary
@@ -154,10 +154,8 @@ def _run_schedule(monkeypatch, profile, lay: Cluster, measure_s: float = 0.0,
 
     def rank(r: int) -> list:
         fake.start(r)
-        rt = SimpleNamespace(rank=r, world=lay.world, backend="gloo", device=torch.device("cpu"),
-                             peers=SimpleNamespace(wait_on_host=fake.wait_on_host))
-        s = SimpleNamespace(rt=rt, opts=SimpleNamespace(timeout=timeout),
-                            step=lambda what, seconds: None)
+        rt = fake_runtime(r, lay.world, peers=SimpleNamespace(wait_on_host=fake.wait_on_host))
+        s = FakeSession(rt, timeout=timeout)
         groups = Groups(lay.world, acceptance._group_maker(rt, timeout), lambda g: None)
         met = itertools.count(1)
         return [x for step in plan.checks
@@ -211,7 +209,7 @@ def test_nccl_splits_the_world_once_per_round_with_the_timeout(monkeypatch):
         return "mine" if any(1 in r for r in split_ranks) else None
 
     monkeypatch.setattr(dist, "split_group", split_group, raising=False)
-    rt = SimpleNamespace(rank=1, backend="nccl")
+    rt = fake_runtime(1, 4, backend="nccl")
     made = acceptance._group_maker(rt, 42.0)([(0, 1), (2, 3)])
     assert made == {(0, 1): "mine"}
     assert calls == [([[0, 1], [2, 3]], timedelta(seconds=42.0))]

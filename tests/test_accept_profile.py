@@ -7,14 +7,14 @@ stays quiet."""
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
+from fake_session import fake_runtime
 
 from distbench.accept import profile_choice, profiles
 from distbench.accept.verdicts import Result, judge
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
-from distbench.run.runtime import RunFailure
+from distbench.run.runtime import RunFailure, Runtime
 
 H100 = "NVIDIA H100 80GB HBM3"
 NVML_GONE = "nvmlInit failed: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
@@ -44,9 +44,9 @@ def ranks(*per_node: int, device: str = H100) -> list[dict]:
 
 
 def runtime(snapshots: list[dict], rank_list: list[dict], backend: str = "nccl",
-            rank: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(rank=rank, world=len(rank_list), backend=backend, ranks=rank_list,
-                           snapshots=snapshots if rank == 0 else [])
+            rank: int = 0) -> Runtime:
+    return fake_runtime(rank, len(rank_list), backend=backend, ranks=rank_list,
+                        snapshots=snapshots if rank == 0 else [])
 
 
 @pytest.fixture

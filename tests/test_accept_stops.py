@@ -16,10 +16,10 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from helpers import clean_env, free_port, power_off, processes_naming
+from runs import accept_in_progress
 
 from distbench.accept import files, verdicts
 from distbench.accept.profiles import load
@@ -31,13 +31,6 @@ CHECKS = [c.name for c in PROFILE.checks]
 AT_64K = CHECKS.index("node all_gather busbw")
 # its sixth, pair p2p ring busbw, the only one at 256 KiB
 AT_256K = CHECKS.index("pair p2p ring busbw")
-
-
-def _progress(tmp_path: Path) -> tuple[files.AcceptFiles, writer.RunRecord]:
-    record = writer.RunRecord(tmp_path, "accept", {}, ["accept"])
-    rt = SimpleNamespace(world=2, backend="gloo", snapshots=[])
-    return files.AcceptFiles(tmp_path, record, PROFILE, "named", ["a", "b"], rt,
-                                 strict=False), record
 
 
 def _end(record: writer.RunRecord, progress: files.AcceptFiles, status: str, code: int,
@@ -58,7 +51,7 @@ def _first_check_judged() -> verdicts.Judged:
 def test_accept_json_says_how_far_a_run_got_and_how_it_ended(tmp_path):
     """Written from the start; the run's ending, said by whichever thread ends the run (the
     watchdog's on a timeout) once run.json is finished, is accept.json's too."""
-    progress, record = _progress(tmp_path)
+    progress, record = accept_in_progress(tmp_path)
     acc = _accept_json(tmp_path)
     assert (acc["status"], acc["verdict"], acc["exit_code"]) == ("running", None, None)
     assert (acc["checks_done"], acc["check_in_progress"]) == ([], None)
@@ -83,7 +76,7 @@ def test_accept_json_says_how_far_a_run_got_and_how_it_ended(tmp_path):
 
 
 def test_a_concluded_run_keeps_its_verdict_whatever_ends_it(tmp_path):
-    progress, record = _progress(tmp_path)
+    progress, record = accept_in_progress(tmp_path)
     judged = _first_check_judged()
     progress.conclude(judged)
     status, code, line = judged.outcome(False)

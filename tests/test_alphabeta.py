@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import python_c
 
 from distbench.results import alphabeta as ab
 
@@ -192,10 +191,3 @@ def test_parse_predict(text, want):
 def test_parse_predict_rejects(text, match):
     with pytest.raises(ValueError, match=match):
         ab.parse_predict(text)
-
-
-@pytest.mark.multiproc  # a fresh interpreter: what the module imports, from nothing
-def test_module_stays_torch_free():
-    code = "import distbench.results.alphabeta, sys; assert 'torch' not in sys.modules"
-    proc = python_c(code)
-    assert proc.returncode == 0, proc.stderr

@@ -11,12 +11,10 @@ from pathlib import Path
 import helpers
 import pytest
 import typer.main
-from helpers import assert_one_line_error, python_c
-from typer.testing import CliRunner
+from helpers import assert_one_line_error, python_c, refused, resolved
 
 import distbench.cli.app
 import distbench.run.launch
-from distbench.cli.commands.collective import CollectiveOptions
 from distbench.ops.collectives import OPS
 
 # --------------------------------------------------------------------------------------------
@@ -182,7 +180,9 @@ NO_TORCH = {"bad-sizes": ["collective", "--sizes", "1Q"], "help": ["--help"],
             "tp-bad": ["tp", "--heads", "7"], "pp-bad": ["pp", "--schedule", "zb"],
             # accept's plan: torch would take most of a dry run's time, at any node count
             "accept-dry-run": ["accept", "--dry-run", "--nodes", "128", "--gpus-per-node", "8",
-                               "--profile", "h100-sxm-8"]}
+                               "--profile", "h100-sxm-8"],
+            "dp-mode": ["dp", "--mode", "zero9"], "dp-bucket": ["dp", "--bucket-cap-mb", "0"],
+            "dp-help": ["dp", "--help"]}
 
 
 @pytest.mark.multiproc
@@ -295,16 +295,6 @@ def test_torchrun_trap_check_can_fail():
 # 5/6. Resolved options, observed by replacing the launcher.
 # --------------------------------------------------------------------------------------------
 
-def _resolve(captured, *args: str) -> CollectiveOptions:
-    result = CliRunner().invoke(distbench.cli.app.app, list(args))
-    assert result.exit_code == 0, (result.output, result.exception)
-    assert len(captured) == 1
-    command, opts = captured[0]
-    assert command == args[0]
-    captured.clear()
-    return opts
-
-
 CONFIG_TOP = """
     op = "all_gather"
     sizes = "4K,8K"
@@ -317,9 +307,9 @@ CONFIG_TABLE = "[collective]\n" + textwrap.dedent(CONFIG_TOP) + '\n[p2p]\npatter
 
 
 @pytest.mark.parametrize("text", [CONFIG_TOP, CONFIG_TABLE], ids=["top-level", "table"])
-def test_config_values_land_and_flags_win(captured, tmp_path, text):
+def test_config_values_land_and_flags_win(tmp_path, text):
     cfg = _write(tmp_path / "bench.toml", text)
-    opts = _resolve(captured, "collective", "--config", str(cfg))
+    opts = resolved(tmp_path, "collective", "--config", str(cfg))
     assert opts.ops == ["all_gather"]
     assert opts.sizes == [4096, 8192]
     assert opts.dtypes == ["float32", "bfloat16"]
@@ -328,18 +318,18 @@ def test_config_values_land_and_flags_win(captured, tmp_path, text):
     assert opts.check is False
     assert opts.redops == ["sum"]  # not in the file: the default
 
-    opts = _resolve(captured, "collective", "--config", str(cfg), "--iters", "7")
+    opts = resolved(tmp_path, "collective", "--config", str(cfg), "--iters", "7")
     assert opts.iters == 7
     assert opts.ops == ["all_gather"] and opts.sizes == [4096, 8192]
 
     # the flag wins whichever side of --config it is on
-    opts = _resolve(captured, "collective", "--sizes", "1K", "--check", "--config", str(cfg))
+    opts = resolved(tmp_path, "collective", "--sizes", "1K", "--check", "--config", str(cfg))
     assert opts.sizes == [1024]
     assert opts.check is True
     assert opts.iters == 3
 
 
-def test_config_top_level_and_table_merge_the_table_winning(captured, tmp_path):
+def test_config_top_level_and_table_merge_the_table_winning(tmp_path):
     cfg = _write(tmp_path / "bench.toml", """
         sizes = "4K"
         iters = 3
@@ -348,9 +338,9 @@ def test_config_top_level_and_table_merge_the_table_winning(captured, tmp_path):
         [p2p]
         pattern = "ring"
     """)
-    opts = _resolve(captured, "collective", "--config", str(cfg))
+    opts = resolved(tmp_path, "collective", "--config", str(cfg))
     assert opts.sizes == [4096] and opts.iters == 7
-    opts = _resolve(captured, "p2p", "--config", str(cfg))
+    opts = resolved(tmp_path, "p2p", "--config", str(cfg))
     assert opts.sizes == [4096] and opts.iters == 3 and opts.patterns == ["ring"]
 
 
@@ -361,8 +351,8 @@ def test_empty_out_is_refused(in_process, tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
 
 
-def test_defaults(captured):
-    opts = _resolve(captured, "collective")
+def test_defaults(tmp_path):
+    opts = resolved(tmp_path, "collective")
     assert opts.ops == ["all_reduce"]
     assert opts.sizes[0] == 8 and opts.sizes[-1] == 128 * 2**20
     assert opts.dtypes == ["float32"] and opts.redops == ["sum"]
@@ -371,8 +361,8 @@ def test_defaults(captured):
     assert opts.out == Path("results")
 
 
-def test_good_inputs_resolve(captured):
-    opts = _resolve(captured, "collective", "--op", "all", "--dtype", "bf16,fp32", "--redop",
+def test_good_inputs_resolve(tmp_path):
+    opts = resolved(tmp_path, "collective", "--op", "all", "--dtype", "bf16,fp32", "--redop",
                     "all", "--placement", "both", "--root", "1", "--workers", "2",
                     "--backend", "GLOO", "--sizes", "1K:4K:+1K")
     assert opts.ops == list(OPS)
@@ -386,35 +376,24 @@ def test_good_inputs_resolve(captured):
     assert opts.sizes == [1024, 2048, 3072, 4096]
 
 
-def test_one_worker_is_enough_for_a_collective(captured):
-    assert _resolve(captured, "collective", "--workers", "1").workers == 1
+def test_one_worker_is_enough_for_a_collective(tmp_path):
+    assert resolved(tmp_path, "collective", "--workers", "1").workers == 1
 
 
-def test_duplicates_and_aliases_collapse(captured):
-    opts = _resolve(captured, "collective", "--dtype", "fp32,float32,float,bf16",
+def test_duplicates_and_aliases_collapse(tmp_path):
+    opts = resolved(tmp_path, "collective", "--dtype", "fp32,float32,float,bf16",
                     "--op", "all_reduce, all_reduce ,broadcast")
     assert opts.dtypes == ["float32", "bfloat16"]
     assert opts.ops == ["all_reduce", "broadcast"]
 
 
-def _main_error(capsys, *argv: str) -> str:
-    with pytest.raises(SystemExit) as exc:
-        distbench.cli.app.main(list(argv))
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1, err
-    return err
-
-
-def test_root_must_exist_in_the_world(captured, capsys, monkeypatch):
-    err = _main_error(capsys, "collective", "--root", "2", "--workers", "2")
+def test_root_must_exist_in_the_world(tmp_path):
+    err = refused(tmp_path, "collective", "--root", "2", "--workers", "2")
     assert err.startswith("distbench: error: --root:") and "example:" in err
     # under a launcher the world size comes from the environment
-    monkeypatch.setenv("WORLD_SIZE", "3")
-    err = _main_error(capsys, "collective", "--root", "3")
+    err = refused(tmp_path, "collective", "--root", "3", env={"WORLD_SIZE": "3"})
     assert err.startswith("distbench: error: --root:")
-    assert captured == []
-    assert _resolve(captured, "collective", "--root", "2").root == 2
+    assert resolved(tmp_path, "collective", "--root", "2", env={"WORLD_SIZE": "3"}).root == 2
 
 
 @pytest.mark.multiproc  # the world is counted where workers would start: the real command
@@ -450,10 +429,9 @@ def test_a_shape_refused_for_the_default_world_leaves_nothing(tmp_path, args, op
     (["p2p", "--pattern", "star", "--sizes", "1Q"], "--sizes"),
 ], ids=["collective-op-sizes", "collective-backend-dtype", "tp-hidden-heads", "pp-dtype-timeout",
         "p2p-pattern-sizes"])
-def test_of_several_bad_options_the_shared_one_is_named_first(captured, capsys, argv, named):
-    err = _main_error(capsys, *argv)
+def test_of_several_bad_options_the_shared_one_is_named_first(tmp_path, argv, named):
+    err = refused(tmp_path, *argv)
     assert err.startswith(f"distbench: error: {named}:"), err
-    assert captured == []
 
 
 def test_dtype_names_are_torch_dtypes():

@@ -9,12 +9,9 @@ from pathlib import Path
 
 import helpers
 import pytest
-from helpers import assert_one_line_error
+from helpers import assert_one_line_error, refused, resolved
 from test_cli import _distbench_options, _torchrun_parser
-from typer.testing import CliRunner
 
-import distbench.cli.app
-import distbench.run.launch
 from distbench.cli.commands.p2p import P2POptions
 from distbench.cli.commands.topo import TopoOptions
 
@@ -73,17 +70,8 @@ def test_p2p_needs_two_ranks_under_a_launcher(tmp_path):
 # Good input resolves: the launcher is replaced, the options it would get are inspected.
 # --------------------------------------------------------------------------------------------
 
-def _resolve(captured, command: str, *args: str):
-    result = CliRunner().invoke(distbench.cli.app.app, [command, *args])
-    assert result.exit_code == 0, (result.output, result.exception)
-    assert len(captured) == 1
-    got, opts = captured.pop()
-    assert got == command
-    return opts
-
-
-def test_p2p_defaults(captured):
-    opts = _resolve(captured, "p2p")
+def test_p2p_defaults(tmp_path):
+    opts = resolved(tmp_path, "p2p")
     assert isinstance(opts, P2POptions)
     assert opts.patterns == ["ring"]
     assert opts.outlier_below == 0.8
@@ -95,15 +83,15 @@ def test_p2p_defaults(captured):
     assert opts.out == Path("results")
 
 
-def test_p2p_pattern_all(captured):
-    assert _resolve(captured, "p2p", "--pattern", "all").patterns == ["ring", "pingpong",
+def test_p2p_pattern_all(tmp_path):
+    assert resolved(tmp_path, "p2p", "--pattern", "all").patterns == ["ring", "pingpong",
                                                                          "matrix"]
-    assert _resolve(captured, "p2p", "--pattern", "Matrix, ring,matrix").patterns == [
+    assert resolved(tmp_path, "p2p", "--pattern", "Matrix, ring,matrix").patterns == [
         "matrix", "ring"]
 
 
-def test_p2p_good_values(captured):
-    opts = _resolve(captured, "p2p", "--pattern", "matrix", "--fail-below", "0.5",
+def test_p2p_good_values(tmp_path):
+    opts = resolved(tmp_path, "p2p", "--pattern", "matrix", "--fail-below", "0.5",
                     "--outlier-below", "1", "--workers", "3", "--sizes", "1K,4K", "--iters",
                     "4", "--no-check", "--backend", "gloo", "--dtype", "bf16")
     assert opts.patterns == ["matrix"]
@@ -128,48 +116,39 @@ CONFIG = """
 """
 
 
-def test_p2p_config_table_lands_and_flags_win(captured, tmp_path):
+def test_p2p_config_table_lands_and_flags_win(tmp_path):
     cfg = tmp_path / "bench.toml"
     cfg.write_text(textwrap.dedent(CONFIG))
-    opts = _resolve(captured, "p2p", "--config", str(cfg))
+    opts = resolved(tmp_path, "p2p", "--config", str(cfg))
     assert opts.patterns == ["matrix"]
     assert opts.outlier_below == 0.6
     assert opts.sizes == [1024, 2048]
     assert opts.iters == 9  # top-level keys apply to every command; the table adds to them
     assert opts.fail_below is None
 
-    opts = _resolve(captured, "p2p", "--pattern", "ring", "--config", str(cfg))
+    opts = resolved(tmp_path, "p2p", "--pattern", "ring", "--config", str(cfg))
     assert opts.patterns == ["ring"]
     assert opts.outlier_below == 0.6
 
 
-def test_p2p_config_bad_value_is_refused(captured, tmp_path, capsys):
+def test_p2p_config_bad_value_is_refused(tmp_path):
     cfg = tmp_path / "bench.toml"
     cfg.write_text('[p2p]\nfail-below = 3\n')
-    with pytest.raises(SystemExit) as exc:
-        distbench.cli.app.main(["p2p", "--config", str(cfg)])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("distbench: error: --fail-below:") and len(err.splitlines()) == 1
-    assert captured == []
+    err = refused(tmp_path, "p2p", "--config", str(cfg))
+    assert err.startswith("distbench: error: --fail-below:")
 
 
-def test_p2p_world_size_from_the_environment(captured, monkeypatch, capsys):
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    with pytest.raises(SystemExit) as exc:
-        distbench.cli.app.main(["p2p"])
-    assert exc.value.code == 2
-    assert capsys.readouterr().err.startswith("distbench: error: --workers:")
-    assert captured == []
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert _resolve(captured, "p2p").patterns == ["ring"]
+def test_p2p_world_size_from_the_environment(tmp_path):
+    err = refused(tmp_path, "p2p", env={"WORLD_SIZE": "1"})
+    assert err.startswith("distbench: error: --workers:")
+    assert resolved(tmp_path, "p2p", env={"WORLD_SIZE": "2"}).patterns == ["ring"]
 
 
-def test_topo_resolves(captured):
-    opts = _resolve(captured, "topo")
+def test_topo_resolves(tmp_path):
+    opts = resolved(tmp_path, "topo")
     assert isinstance(opts, TopoOptions)
     assert opts.backend == "gloo" and opts.timeout == 300.0 and opts.workers is None
-    opts = _resolve(captured, "topo", "--timeout", "30")
+    opts = resolved(tmp_path, "topo", "--timeout", "30")
     assert opts.backend == "gloo" and opts.timeout == 30.0
 
 

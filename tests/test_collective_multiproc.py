@@ -8,7 +8,8 @@ import re
 
 import helpers
 import pytest
-from helpers import distbench, torchrun_nodes
+from helpers import distbench
+from test_golden import RECORDED, assert_matches_recording
 
 from distbench.run.session import NO_LOST_RANK
 
@@ -29,11 +30,30 @@ def factor(op: str, n: int) -> float:  # nccl-tests' table, written out again on
     return (n - 1) / n
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_every_op_at_world_size(tmp_path, n):
+@pytest.fixture(scope="module")
+def world3(tmp_path_factory):
+    """`collective --op all` at world size 3, once: test_golden.py's recorded sweep (two dtypes,
+    two redops, both placements), checked against the recording and by the rules below."""
+    return distbench(tmp_path_factory.mktemp("world3"), *RECORDED["collective"])
+
+
+def test_every_op_at_world_size_2(tmp_path):
     requested = [4, 1000, 65536]
     res = distbench(tmp_path, "collective", "--op", "all", "--sizes", ",".join(map(str, requested)),
-                    "--placement", "both", "--iters", "2", "--warmup", "1", "--workers", str(n))
+                    "--placement", "both", "--iters", "2", "--warmup", "1", "--workers", "2")
+    check_every_op(res, 2, requested)
+
+
+def test_every_op_at_world_size_3(world3):
+    check_every_op(world3, 3, [2, 1024, 65536])
+
+
+def test_world_size_3_writes_the_recorded_csv(world3):
+    assert_matches_recording("collective", world3)
+
+
+def check_every_op(res, n: int, requested: list[int]) -> None:
+    """Every op ran on n ranks of one node, sized and accounted as nccl-tests does."""
     assert res.code == 0, res.stderr
     rows = res.rows()
     assert {r["op"] for r in rows} == ALL_OPS
@@ -56,8 +76,10 @@ def test_every_op_at_world_size(tmp_path, n):
         assert float(r["rank_min_us"]) <= t <= float(r["rank_max_us"])
         assert 0 <= int(r["slowest_rank"]) < n
         assert int(r["iters"]) == 2
-    # 4 bytes cannot give every rank a float32 of a split op: a skipped row with a note
-    tiny = [r for r in rows if r["op"] in SPLIT and r["size_bytes"] == "4"]
+    # the smallest size (4 or 2 bytes) cannot give every rank a float32 of a split op: a
+    # skipped row with a note
+    tiny = [r for r in rows if r["op"] in SPLIT and r["dtype"] == "float32"
+            and r["size_bytes"] == str(requested[0])]
     assert tiny and all(r["status"] == "skipped" and "too small" in r["note"] for r in tiny)
     # both placements where torch has them, in-place only where it has nothing else
     places = {(r["op"], r["in_place"]) for r in ok}
@@ -116,23 +138,6 @@ def test_calibrated_iterations_follow_min_time(calibrated):
     assert 5 <= iters <= 10_000
     # the loop took about --min-time: not one op, not ten times the target
     assert 0.02 <= iters * float(row["time_us"]) / 1e6 <= 1.0
-
-
-def test_two_nodes_two_agents(tmp_path):
-    args = ["collective", "--op", "all_reduce,all_gather", "--sizes", "4K,64K", "--iters", "2",
-            "--warmup", "1"]
-    node0, node1 = torchrun_nodes(tmp_path, nnodes=2, nproc=2, per_node_args=[args, args])
-    assert node0.returncode == 0, node0.stderr
-    assert node1.returncode == 0, node1.stderr
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    rows = list(csv.DictReader(open(run_dir / "collective.csv")))
-    assert len(rows) == 4
-    for r in rows:
-        assert (r["world_size"], r["nnodes"], r["wrong"], r["status"]) == ("4", "2", "0", "ok")
-        assert float(r["busbw_gbps"]) == pytest.approx(
-            float(r["algbw_gbps"]) * factor(r["op"], 4), rel=1e-4)
-    meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["nnodes"] == 2 and [r["node"] for r in meta["ranks"]] == [0, 0, 1, 1]
 
 
 def test_a_corrupted_result_is_caught(tmp_path):

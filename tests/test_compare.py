@@ -1,7 +1,8 @@
 """distbench compare: the rank test (pinned to scipy), the row matching and marks, the noise
-rule on repetitions, the refusal of samples that contradict their rows, the CI gate on real runs
-(a run against itself, and against a run the fault hook slowed), --baseline at the end of a run,
-and bad input."""
+rule on repetitions, the refusal of samples that contradict their rows, the CI gate (a run
+against itself, and against a run slowed as the fault hook slows one, both written as this
+machine measures: tests/runs.py), --baseline at the end of a real collective and p2p run, and
+bad input."""
 
 from __future__ import annotations
 
@@ -9,15 +10,27 @@ import json
 import math
 import random
 import shutil
+import socket
 import statistics
 from pathlib import Path
 
 import pytest
 from helpers import Run, cli, distbench
+from runs import (
+    collective_row,
+    matrix_row,
+    p2p_row,
+    times,
+    write_csv,
+    write_meta,
+    write_run,
+    write_table,
+)
 from scipy.stats import mannwhitneyu
 
-from distbench.cli.commands.collective import OUTPUT
 from distbench.core import noise
+from distbench.core.contracts import COLLECTIVE, P2P_MATRIX
+from distbench.core.contracts import P2P as P2P_OUTPUT
 from distbench.core.errors import ReadError
 from distbench.core.tables import markdown_row
 from distbench.results import compare, reader, samples
@@ -86,59 +99,18 @@ def test_mann_whitney_shifted_noisy_samples_are_told_apart():
 # Runs written by hand: the matching and the marks
 
 
-def _write_run(path, rows: list[dict], per_row: list[list[float]], reps: int = 5, **meta):
-    """A run as distbench writes one: each measured row's iterations, p50 and mean come from its
-    samples (the mean over ranks a hair under the slowest rank's), and its repetitions are the
-    medians of the samples split in order."""
-    path.mkdir(parents=True)
-    lines = [",".join(OUTPUT.csv)]
-    kept = []
-    for i, r in enumerate(rows):
-        us = per_row[i] if i < len(per_row) else []
-        if us and r.get("status", "ok") == "ok":
-            r = {**r, "iters": len(us), "p50_us": statistics.median(us),
-                 "time_us": statistics.fmean(us) * 0.999}
-            r["algbw_gbps"] = r["size_bytes"] / r["time_us"] / 1e3
-            kept.append(samples.encode(i, us, noise.split(us, reps)))
-        if r.get("busbw_gbps") == "derived":
-            r = {**r, "busbw_gbps": r["algbw_gbps"]}
-        lines.append(",".join("" if r.get(c) is None else str(r.get(c)) for c in OUTPUT.csv))
-    (path / "collective.csv").write_text("\n".join(lines) + "\n")
-    (path / "collective.samples.jsonl").write_text("".join(kept))
-    (path / "run.json").write_text(json.dumps({
-        "command": "collective", "status": "ok", "exit_code": 0, "world_size": 2,
-        "nnodes": 1, "backend": "gloo", "versions": {"torch": "2.13.0+cpu"}, **meta}))
-    return path
-
-
-def _row(op: str, size: int, time_us: float, **more) -> dict:
-    busbw = size / time_us / 1e3
-    return {"op": op, "dtype": "float32", "redop": "sum", "root": -1, "in_place": 1,
-            "world_size": 2, "nnodes": 1, "size_bytes": size, "count": size // 4,
-            "iters": 50, "time_us": time_us, "p99_us": time_us * 1.2,
-            "algbw_gbps": busbw, "busbw_gbps": "derived", "status": "ok", **more}
-
-
-def _times(mean: float, n: int = 50, seed: int = 1, spread: float = 0.02) -> list[float]:
-    """n iterations within +-spread of `mean`, whose mean is `mean`."""
-    rng = random.Random(seed)
-    raw = [mean * (1 + rng.uniform(-spread, spread)) for _ in range(n)]
-    shift = statistics.fmean(raw) - mean
-    return [v - shift for v in raw]
-
-
 def test_rows_are_marked_better_worse_same_and_incomparable(tmp_path):
     sizes = [1024, 4096, 16384, 65536]
-    base = _write_run(tmp_path / "base", [_row("all_reduce", s, 100.0) for s in sizes]
-                      + [_row("all_gather", 1024, 50.0)],
-                      [_times(100.0, seed=s) for s in sizes] + [_times(50.0)])
+    base = write_run(tmp_path / "base", [collective_row("all_reduce", s, 100.0) for s in sizes]
+                      + [collective_row("all_gather", 1024, 50.0)],
+                      [times(100.0, seed=s) for s in sizes] + [times(50.0)])
     new_times = {1024: 100.5, 4096: 80.0, 16384: 130.0}  # same, better, worse; 64K skipped
-    new_rows = [_row("all_reduce", s, new_times[s]) for s in sizes[:3]]
-    new_rows.append({**_row("all_reduce", 65536, 100.0), "status": "skipped",
+    new_rows = [collective_row("all_reduce", s, new_times[s]) for s in sizes[:3]]
+    new_rows.append({**collective_row("all_reduce", 65536, 100.0), "status": "skipped",
                      "time_us": None, "busbw_gbps": None})
-    new_rows.append(_row("broadcast", 1024, 10.0))  # only in NEW
-    new = _write_run(tmp_path / "new", new_rows,
-                     [_times(new_times[s], seed=s + 1) for s in sizes[:3]] + [[], _times(10.0)])
+    new_rows.append(collective_row("broadcast", 1024, 10.0))  # only in NEW
+    new = write_run(tmp_path / "new", new_rows,
+                     [times(new_times[s], seed=s + 1) for s in sizes[:3]] + [[], times(10.0)])
     c = compare.compare(reader.load(base), reader.load(new), "busbw", 0.05)
     marks = {(r.group, r.label): r.mark for r in c.rows}
     assert marks == {("all_reduce", "float32 sum in 1024 B"): "~",
@@ -162,9 +134,9 @@ def test_a_change_within_the_noise_is_noisy_not_worse(tmp_path):
     cannot be called the same at a 5% threshold either."""
     rng = random.Random(3)
     noisy = [100 * (1 + rng.uniform(-0.4, 0.4)) for _ in range(50)]
-    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [noisy])
+    base = write_run(tmp_path / "base", [collective_row("all_reduce", 1024, 100.0)], [noisy])
     for factor, note in ((1.3, "within the noise"), (1.02, "noisy: repetitions")):
-        new = _write_run(tmp_path / f"new{factor}", [_row("all_reduce", 1024, 100.0)],
+        new = write_run(tmp_path / f"new{factor}", [collective_row("all_reduce", 1024, 100.0)],
                          [[x * factor for x in noisy[::-1]]])
         (row,) = compare.compare(reader.load(base), reader.load(new), "time", 0.05).rows
         assert row.ratio == pytest.approx(factor, rel=1e-6)
@@ -177,15 +149,16 @@ def test_a_noisy_run_against_itself_is_the_same_not_too_noisy_to_tell(tmp_path):
     where every ratio was 1.000: identical measurements are the same, however noisy."""
     rng = random.Random(4)
     noisy = [100 * (1 + rng.uniform(-0.4, 0.4)) for _ in range(50)]
-    run = reader.load(_write_run(tmp_path / "run", [_row("all_reduce", 1024, 100.0)], [noisy]))
+    run = reader.load(write_run(tmp_path / "run", [collective_row("all_reduce", 1024, 100.0)],
+                                [noisy]))
     (row,) = compare.compare(run, run, "time", 0.05).rows
     assert (row.ratio, row.mark) == (1.0, "~")
     assert "0 x" in compare.format_text(compare.compare(run, run), run, run)[-1]
 
 
 def test_without_samples_the_threshold_alone_decides(tmp_path):
-    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [[]])
-    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 120.0)], [[]])
+    base = write_run(tmp_path / "base", [collective_row("all_reduce", 1024, 100.0)], [[]])
+    new = write_run(tmp_path / "new", [collective_row("all_reduce", 1024, 120.0)], [[]])
     c = compare.compare(reader.load(base), reader.load(new))
     (row,) = c.rows
     assert (row.mark, row.p_value, row.note) == ("-", None,
@@ -197,8 +170,8 @@ def test_without_samples_the_threshold_alone_decides(tmp_path):
 
 
 def test_a_run_made_before_repetitions_were_kept_splits_its_loop(tmp_path):
-    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 100.0)], [_times(150.0)])
+    base = write_run(tmp_path / "base", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    new = write_run(tmp_path / "new", [collective_row("all_reduce", 1024, 100.0)], [times(150.0)])
     for run in (base, new):  # drop the "reps" as an older distbench wrote the file
         path = run / "collective.samples.jsonl"
         lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -208,8 +181,8 @@ def test_a_run_made_before_repetitions_were_kept_splits_its_loop(tmp_path):
 
 
 def test_setup_differences_are_listed(tmp_path):
-    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 100.0)], [_times(100.0)],
+    base = write_run(tmp_path / "base", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    new = write_run(tmp_path / "new", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)],
                      versions={"torch": "2.14.0", "nccl": "2.27.3"}, backend="nccl")
     c = compare.compare(reader.load(base), reader.load(new))
     assert ("torch", "2.13.0+cpu", "2.14.0") in c.setup
@@ -220,8 +193,8 @@ def test_setup_differences_are_listed(tmp_path):
 
 
 def test_markdown_and_csv_formats(tmp_path):
-    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 150.0)], [_times(150.0)])
+    base = write_run(tmp_path / "base", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    new = write_run(tmp_path / "new", [collective_row("all_reduce", 1024, 150.0)], [times(150.0)])
     res = _compare(base, new, "--format", "md")
     assert res.returncode == 4, res.stderr
     table = [line for line in res.stdout.splitlines() if line.startswith("| all_reduce")]
@@ -238,10 +211,10 @@ def test_markdown_and_csv_formats(tmp_path):
 def _one_and_one(tmp_path) -> tuple[Path, Path]:
     """BASE with two ops, NEW with one of them much slower and a torch of its own: a setup
     that differs, a row on one side only, and one row worse."""
-    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0),
-                                          _row("all_gather", 1024, 50.0)],
-                      [_times(100.0), _times(50.0, seed=2)])
-    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 150.0)], [_times(150.0)],
+    base = write_run(tmp_path / "base", [collective_row("all_reduce", 1024, 100.0),
+                                          collective_row("all_gather", 1024, 50.0)],
+                      [times(100.0), times(50.0, seed=2)])
+    new = write_run(tmp_path / "new", [collective_row("all_reduce", 1024, 150.0)], [times(150.0)],
                      versions={"torch": "2.14.0"})
     return base, new
 
@@ -288,9 +261,9 @@ def test_a_threshold_under_one_percent_is_echoed_as_given_and_one_row_is_one_row
 def test_a_noisy_row_names_a_fine_threshold_as_given(tmp_path):
     """Repetitions 4.6% apart against a 0.5% threshold: noisy, and the note says so (it said
     "more than the 0% threshold")."""
-    us = _times(100.0, spread=0.05)
-    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [us])
-    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 100.2)],
+    us = times(100.0, spread=0.05)
+    base = write_run(tmp_path / "base", [collective_row("all_reduce", 1024, 100.0)], [us])
+    new = write_run(tmp_path / "new", [collective_row("all_reduce", 1024, 100.2)],
                      [[x * 1.002 for x in us]])
     (row,) = compare.compare(reader.load(base), reader.load(new), "time", 0.005).rows
     assert (row.mark, row.note) == ("x", "noisy: repetitions 4.6% apart, more than the 0.5% "
@@ -315,7 +288,7 @@ def _one_error_line(res, *fragments: str) -> None:
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    ok = write_run(tmp_path / "ok", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
     empty = tmp_path / "empty"
     empty.mkdir()
     _one_error_line(_compare(empty, ok), f"{empty}: no run here")
@@ -330,7 +303,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 
     (other / "p2p.csv").write_text(",".join(P2P.csv) + "\n")
     _one_error_line(_compare(ok, other), "shares no table compare reads")
-    far = _write_run(tmp_path / "far", [_row("all_reduce", 1 << 20, 100.0)], [_times(100.0)])
+    far = write_run(tmp_path / "far", [collective_row("all_reduce", 1 << 20, 100.0)],
+                    [times(100.0)])
     _one_error_line(_compare(ok, far), "no row in common")
     log = tmp_path / "nccl.log"
     log.write_text("some output that is no nccl-tests table\n")
@@ -345,50 +319,47 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 
 
 SWEEP = ("--sizes", "1K:16K:x4", "--min-time", "0.3")
+SWEPT = [("all_reduce", 1, "sum"), ("all_gather", 0, "none")]  # at --placement out: op,
+# in_place, redop
+SIZES = (1024, 4096, 16384)
+STALLED = ("all_gather", 16384)  # the plain run's row whose last repetition stalled
 
 
-@pytest.fixture(scope="module")
-def plain_and_slowed(tmp_path_factory):
-    """A small sweep, and the same sweep with rank 1 waiting 20 ms before every op: gloo on two
-    shared cores takes from 0.1 to 8 ms an op, so the two runs' samples barely overlap. Each
-    row at least 0.3 s, so that a stall of tens of ms cannot make one repetition of a few ops
-    many times its peers and the row noisy: at 30 iterations 3 to 6 of the 6 rows were called
-    worse (3 in 2 runs of 6, the least the tests allow), at 0.3 s 5 or 6 (2026-11-25)."""
-    out = tmp_path_factory.mktemp("runs")
-    args = ("collective", "--op", "all_reduce,all_gather", *SWEEP, "--warmup", "2",
-            "--workers", "2")
-    (out / "plain").mkdir()
-    (out / "slowed").mkdir()
-    plain = distbench(out / "plain", *args)
-    slowed = distbench(out / "slowed", *args, DISTBENCH_TEST_SLOW_RANK="1:0.02")
-    assert plain.code == 0 and slowed.code == 0, plain.stderr + slowed.stderr
-    return plain.run_dir, slowed.run_dir
+def _plain_and_slowed(where: Path) -> tuple[Path, Path]:
+    """What `collective --op all_reduce,all_gather` SWEEP --workers 2 measures on this 2-core
+    machine, and the same with rank 1 waiting 20 ms before every op (DISTBENCH_TEST_SLOW_RANK
+    1:0.02): gloo takes from 0.1 to 8 ms an op here, so the two runs' samples barely overlap.
+    One row of the plain run stalled for its last repetition (tens of ms an op, as a burst of
+    load on the shared cores gives), which leaves it too noisy to tell from the slowed run."""
+    rows, plain, slowed = [], [], []
+    for k, (op, in_place, redop) in enumerate(SWEPT):
+        for j, size in enumerate(SIZES):
+            rows.append(collective_row(op, size, 500.0, in_place=in_place, redop=redop))
+            us = times(500.0 + 100 * j, seed=10 * k + j, spread=0.3)
+            if (op, size) == STALLED:
+                us[40:] = [v * 80 for v in us[40:]]
+            plain.append(us)
+            slowed.append(times(20_500.0 + 100 * j, n=15, seed=10 * k + j + 5, spread=0.05))
+    return (write_run(where / "plain", rows, plain), write_run(where / "slowed", rows, slowed))
 
 
-# Two runs measured apart and compared: another test's load on the 2 cores during one of them
-# and not the other is a change compare would rightly call (or call noise). Alone, as the
-# runs of the fixture are made in the first test's setup.
-@pytest.mark.multiproc
-@pytest.mark.alone
-def test_a_run_against_itself_is_the_same_everywhere(plain_and_slowed):
-    plain, _ = plain_and_slowed
+def test_a_run_against_itself_is_the_same_everywhere(tmp_path):
+    plain, _ = _plain_and_slowed(tmp_path)
     res = _compare(plain, plain)
     assert res.returncode == 0, res.stdout + res.stderr
     rows = [line for line in res.stdout.splitlines() if line.startswith(" ")
             and ("all_reduce" in line or "all_gather" in line)]
     assert len(rows) == 6
     c = compare.compare(reader.load(plain), reader.load(plain))
-    # nothing changed: the same, or (where this machine's repetitions are further apart than
-    # the threshold) too noisy to tell; never better or worse
+    # nothing changed: the same, even the row whose repetitions are far apart; never better,
+    # worse or too noisy to tell
     assert all(r.ratio == 1.0 and r.mark == "~" for r in c.rows), res.stdout
     assert "# setup: the same" in res.stdout
     assert "# no row worse by more than 5% and beyond the noise (0 +, 0 -," in res.stdout
 
 
-@pytest.mark.multiproc
-@pytest.mark.alone
-def test_a_slowed_run_is_worse_and_fails_the_gate(plain_and_slowed):
-    plain, slowed = plain_and_slowed
+def test_a_slowed_run_is_worse_and_fails_the_gate(tmp_path):
+    plain, slowed = _plain_and_slowed(tmp_path)
     res = _compare(plain, slowed)
     assert res.returncode == 4, res.stdout + res.stderr
     c = compare.compare(reader.load(plain), reader.load(slowed))
@@ -409,16 +380,24 @@ def test_a_slowed_run_is_worse_and_fails_the_gate(plain_and_slowed):
         assert r.mark == "-" and gap > (1 + r.noise) ** noise.GAP_MARGIN or \
             r.mark == "x" and r.note.startswith("within the noise") and \
             gap <= (1 + r.noise) ** noise.GAP_MARGIN, (r, b, n)
+    # both kinds of row are here: the stalled one too noisy to tell, the others worse
+    assert [r.mark == "x" for r in c.rows] == [k == STALLED for k in
+                                              ((op, size) for op, _, _ in SWEPT for size in SIZES)]
     assert f"{len(c.worse)} rows worse by more than 5% and beyond the noise" in res.stdout
     # the other way round every row is better, and the gate passes
     assert _compare(slowed, plain).returncode == 0
 
 
+# The one real run of the gate at the end of a sweep (bench.baseline_gate, on every rank): the
+# comparison's rules are the tests above, on runs written by hand. Alone: a slowdown on the
+# machine during the run is what the gate is there to see.
 @pytest.mark.multiproc
 @pytest.mark.alone
-def test_baseline_at_the_end_of_a_run(plain_and_slowed, tmp_path):
-    plain, _ = plain_and_slowed
-    res = distbench(tmp_path, "collective", "--op", "all_reduce,all_gather", *SWEEP,
+def test_baseline_at_the_end_of_a_run(tmp_path):
+    plain, _ = _plain_and_slowed(tmp_path / "given")
+    out = tmp_path / "new"
+    out.mkdir()
+    res = distbench(out, "collective", "--op", "all_reduce,all_gather", *SWEEP,
                     "--warmup", "2", "--workers", "2", "--baseline", str(plain),
                     DISTBENCH_TEST_SLOW_RANK="0:0.02")
     assert res.code == 4, res.stderr
@@ -427,6 +406,8 @@ def test_baseline_at_the_end_of_a_run(plain_and_slowed, tmp_path):
     meta = json.loads((res.run_dir / "run.json").read_text())
     assert (meta["status"], meta["exit_code"]) == ("below_expectation", 4)
     assert meta["baseline"]["rows"] == 6 and meta["baseline"]["worse"] >= 3
+    assert meta["baseline"]["worse"] == len(
+        compare.compare(reader.load(plain), reader.load(res.run_dir)).worse)
     assert len(res.rows("collective.csv")) == 6  # every row kept
 
 
@@ -448,11 +429,11 @@ def test_an_nccl_tests_log_compares_with_itself_and_with_a_distbench_run(tmp_pat
     # 6 sizes, both placements; 8 bytes shows a busbw of 0.00, which nothing can be compared to
     assert "(0 +, 0 -, 10 ~, 2 x)" in res.stdout
     # a distbench run of the same shape (8 ranks, one node), half as fast at 1 MiB out of place
-    ours = _write_run(tmp_path / "ours", [
-        {**_row("all_reduce", 1024, 15.62), "world_size": 8, "in_place": 0,
+    ours = write_run(tmp_path / "ours", [
+        {**collective_row("all_reduce", 1024, 15.62), "world_size": 8, "in_place": 0,
          "busbw_gbps": 0.11},
-        {**_row("all_reduce", 1048576, 90.5), "world_size": 8, "in_place": 0,
-         "busbw_gbps": 20.27}], [_times(15.62), _times(90.5)], world_size=8)
+        {**collective_row("all_reduce", 1048576, 90.5), "world_size": 8, "in_place": 0,
+         "busbw_gbps": 20.27}], [times(15.62), times(90.5)], world_size=8)
     c = compare.compare(reader.load(log), reader.load(ours))
     assert [(r.label, r.mark) for r in c.rows] == [("float32 sum out 1024 B", "~"),
                                                    ("float32 sum out 1048576 B", "-")]
@@ -461,8 +442,24 @@ def test_an_nccl_tests_log_compares_with_itself_and_with_a_distbench_run(tmp_pat
     assert worse.note == "no repetitions: by the threshold alone"
 
 
+def _p2p_base(where: Path) -> Path:
+    """What `p2p --pattern ring,matrix --sizes 4K,64K --min-time 0.3 --workers 2` measures on
+    this machine: gloo at 4-64 KiB takes 0.1-0.5 ms an op here."""
+    host = socket.gethostname()
+    ring = [p2p_row("ring", size) for size in (4096, 65536)]
+    links = [matrix_row(d, s, t, size, host=host) for size in (4096, 65536)
+             for d, s, t in (("uni", 0, 1), ("uni", 1, 0), ("bi", 0, 1))]
+    write_table(where, P2P_OUTPUT, ring, [times(150.0 + 250 * i, seed=i, spread=0.3)
+                                          for i in range(len(ring))])
+    write_table(where, P2P_MATRIX, links, [times(150.0 + 50 * i, seed=10 + i, spread=0.3)
+                                           for i in range(len(links))])
+    return write_meta(where, "p2p")
+
+
+# The one real run of p2p's gate: a slowed run against a baseline written as this machine
+# measures (_p2p_base). Alone: see test_baseline_at_the_end_of_a_run.
 @pytest.mark.multiproc
-@pytest.mark.alone  # two runs compared: see test_a_run_against_itself_is_the_same_everywhere
+@pytest.mark.alone
 def test_p2p_baseline_compares_the_ring_and_the_matrix(tmp_path):
     # Each row at least 0.3 s, so each of its 5 repetitions at least 60 ms: gloo at 4-64 KiB
     # takes 0.1-0.5 ms an op here and now and then stalls for tens of ms, which made a
@@ -471,15 +468,13 @@ def test_p2p_baseline_compares_the_ring_and_the_matrix(tmp_path):
     # 2026-11-25). A rank slowed 10 ms an op is 20-100x slower.
     args = ("p2p", "--pattern", "ring,matrix", "--sizes", "4K,64K", "--min-time", "0.3",
             "--warmup", "2", "--workers", "2")
-    (tmp_path / "base").mkdir()
+    base = _p2p_base(tmp_path / "given")
     (tmp_path / "new").mkdir()
-    base = distbench(tmp_path / "base", *args)
-    assert base.code == 0, base.stderr
     # rank 1 slow both ways: the ring and both directions of its one link
-    res = distbench(tmp_path / "new", *args, "--baseline", str(base.run_dir),
+    res = distbench(tmp_path / "new", *args, "--baseline", str(base),
                     DISTBENCH_TEST_SLOW_RANK="1:0.01")
     assert res.code == 4, res.stderr
-    c = compare.compare(reader.load(base.run_dir), reader.load(res.run_dir))
+    c = compare.compare(reader.load(base), reader.load(res.run_dir))
     assert {r.file for r in c.worse} == {"p2p.csv", "p2p_matrix.csv"}
     # per size, the ring; matrix: 0->1 and 1->0 one way, 0<->1 both ways (measured once per
     # pair); a row not called worse is one whose repetitions are too far apart to tell, never
@@ -494,21 +489,21 @@ def test_p2p_baseline_compares_the_ring_and_the_matrix(tmp_path):
 
 
 def test_a_cell_that_is_no_number_is_one_line_naming_file_column_and_row(tmp_path):
-    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    fast = {**_row("all_reduce", 4096, 100.0), "busbw_gbps": "fast"}
-    junk = _write_run(tmp_path / "junk", [_row("all_reduce", 1024, 100.0), fast],
-                      [_times(100.0), _times(100.0)])
+    ok = write_run(tmp_path / "ok", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    fast = {**collective_row("all_reduce", 4096, 100.0), "busbw_gbps": "fast"}
+    junk = write_run(tmp_path / "junk", [collective_row("all_reduce", 1024, 100.0), fast],
+                      [times(100.0), times(100.0)])
     _one_error_line(_compare(ok, junk), f"{junk}/collective.csv: column busbw_gbps holds 'fast' "
                     "in row 2, not a number")
-    nan = _write_run(tmp_path / "nan", [{**_row("all_reduce", 1024, 100.0), "busbw_gbps": "nan"}],
-                     [[]])
+    nan = write_run(tmp_path / "nan",
+                    [{**collective_row("all_reduce", 1024, 100.0), "busbw_gbps": "nan"}], [[]])
     (row,) = compare.compare(reader.load(ok), reader.load(nan)).rows
     assert row.mark == "x"  # no value: nothing to compare, not a slowdown
 
 
 def test_a_run_with_no_rows_yet_is_refused_as_base_and_as_baseline(tmp_path):
-    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    empty = _write_run(tmp_path / "empty", [], [])
+    ok = write_run(tmp_path / "ok", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    empty = write_run(tmp_path / "empty", [], [])
     _one_error_line(_compare(empty, ok), "no row in common", "collective.csv: no rows in BASE")
     res = cli(tmp_path, "collective", "--baseline", str(empty), "--out", str(tmp_path))
     assert res.code == 2 and "no rows of collective.csv" in res.stderr, res.stderr
@@ -516,8 +511,8 @@ def test_a_run_with_no_rows_yet_is_refused_as_base_and_as_baseline(tmp_path):
 
 
 def test_a_baseline_of_another_world_size_is_refused_before_any_worker(tmp_path):
-    three = _write_run(tmp_path / "three", [{**_row("all_reduce", 1024, 100.0),
-                                             "world_size": 3}], [_times(100.0)])
+    three = write_run(tmp_path / "three", [{**collective_row("all_reduce", 1024, 100.0),
+                                             "world_size": 3}], [times(100.0)])
     (tmp_path / "out").mkdir()
     res = cli(tmp_path / "out", "collective", "--workers", "2", "--baseline", str(three),
               "--out", str(tmp_path / "out"))
@@ -529,8 +524,8 @@ def test_a_baseline_of_another_world_size_is_refused_before_any_worker(tmp_path)
 
 
 def test_time_is_worse_by_its_own_growth_not_by_the_bandwidth_it_implies(tmp_path):
-    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)], [[]])
-    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, 111.0)], [[]])
+    base = write_run(tmp_path / "base", [collective_row("all_reduce", 1024, 100.0)], [[]])
+    new = write_run(tmp_path / "new", [collective_row("all_reduce", 1024, 111.0)], [[]])
     (row,) = compare.compare(reader.load(base), reader.load(new), "time", 0.10).rows
     assert row.mark == "-" and row.ratio == pytest.approx(1.11)
     (row,) = compare.compare(reader.load(base), reader.load(new), "time", 0.12).rows
@@ -538,11 +533,12 @@ def test_time_is_worse_by_its_own_growth_not_by_the_bandwidth_it_implies(tmp_pat
 
 
 def test_a_mean_moved_by_outliers_against_most_iterations_is_not_a_slowdown(tmp_path):
-    base = _write_run(tmp_path / "base", [_row("all_reduce", 1024, 100.0)],
-                      [_times(100.0, n=50)])
+    base = write_run(tmp_path / "base", [collective_row("all_reduce", 1024, 100.0)],
+                      [times(100.0, n=50)])
     # 49 iterations 10% faster, one spike: the mean is slower, the iterations are not
-    faster = _times(90.0, n=49) + [1500.0]
-    new = _write_run(tmp_path / "new", [_row("all_reduce", 1024, sum(faster) / 50)], [faster])
+    faster = times(90.0, n=49) + [1500.0]
+    new = write_run(tmp_path / "new", [collective_row("all_reduce", 1024, sum(faster) / 50)],
+                    [faster])
     (row,) = compare.compare(reader.load(base), reader.load(new)).rows
     assert row.ratio < 0.95 and row.p_value < 0.05  # the repetitions are 10% faster
     assert (row.mark, row.note) == ("x", "the row's mean and its repetitions disagree")
@@ -557,8 +553,8 @@ def test_rows_that_share_an_identity_pair_up_in_order(tmp_path):
 
 
 def test_run_json_and_topo_json_of_the_wrong_shape_are_no_traceback(tmp_path):
-    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    odd = _write_run(tmp_path / "odd", [_row("all_reduce", 1024, 100.0)], [_times(100.0)],
+    ok = write_run(tmp_path / "ok", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    odd = write_run(tmp_path / "odd", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)],
                      versions="2.3")
     (odd / "topo.json").write_text(json.dumps({"nodes": [{"gpus": "none", "cpu": []}, 5]}))
     res = _compare(ok, odd)
@@ -589,8 +585,9 @@ def _edit_samples(run: Path, change) -> None:
 
 
 def test_a_csv_edited_slower_with_its_samples_unchanged_is_refused(tmp_path):
-    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    edited = _write_run(tmp_path / "edited", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    ok = write_run(tmp_path / "ok", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    edited = write_run(tmp_path / "edited", [collective_row("all_reduce", 1024, 100.0)],
+                       [times(100.0)])
     for column in ("time_us", "p50_us"):
         _edit_csv(edited, column, 2.0)
     _one_error_line(_compare(ok, edited), f"{edited}/collective.csv: row 0",
@@ -599,14 +596,14 @@ def test_a_csv_edited_slower_with_its_samples_unchanged_is_refused(tmp_path):
 
 
 def test_samples_doubled_with_the_csv_unchanged_are_refused(tmp_path):
-    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    doubled = _write_run(tmp_path / "doubled", [_row("all_reduce", 1024, 100.0)],
-                         [_times(100.0)])
+    ok = write_run(tmp_path / "ok", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    doubled = write_run(tmp_path / "doubled", [collective_row("all_reduce", 1024, 100.0)],
+                         [times(100.0)])
     _edit_samples(doubled, lambda o: {**o, "us": [2 * v for v in o["us"]],
                                       "reps": [2 * v for v in o["reps"]]})
     _one_error_line(_compare(ok, doubled), "contradicts its samples", "median")
     # the repetitions alone doubled: they no longer split the iterations they claim to
-    reps = _write_run(tmp_path / "reps", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    reps = write_run(tmp_path / "reps", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
     _edit_samples(reps, lambda o: {**o, "reps": [2 * v for v in o["reps"]]})
     _one_error_line(_compare(ok, reps), "contradicts its samples", "repetition 0")
 
@@ -617,23 +614,25 @@ def test_samples_doubled_with_the_csv_unchanged_are_refused(tmp_path):
     (lambda o: {**o, "reps": [-5.0] + o["reps"][1:]}, "NaN, infinite or negative"),
 ])
 def test_nan_and_negative_samples_are_refused(tmp_path, change, needle):
-    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    bad = _write_run(tmp_path / "bad", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    ok = write_run(tmp_path / "ok", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    bad = write_run(tmp_path / "bad", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
     _edit_samples(bad, change)
     _one_error_line(_compare(ok, bad), "collective.samples.jsonl: line 1", needle)
 
 
 def test_duplicate_samples_of_a_row_are_refused(tmp_path):
-    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    twice = _write_run(tmp_path / "twice", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    ok = write_run(tmp_path / "ok", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    twice = write_run(tmp_path / "twice", [collective_row("all_reduce", 1024, 100.0)],
+                      [times(100.0)])
     path = twice / "collective.samples.jsonl"
     path.write_text(path.read_text() * 2)
     _one_error_line(_compare(ok, twice), "line 2: a second line for row 0")
 
 
 def test_samples_for_a_row_the_csv_does_not_have_are_refused(tmp_path):
-    ok = _write_run(tmp_path / "ok", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
-    extra = _write_run(tmp_path / "extra", [_row("all_reduce", 1024, 100.0)], [_times(100.0)])
+    ok = write_run(tmp_path / "ok", [collective_row("all_reduce", 1024, 100.0)], [times(100.0)])
+    extra = write_run(tmp_path / "extra", [collective_row("all_reduce", 1024, 100.0)],
+                      [times(100.0)])
     _edit_samples(extra, lambda o: {**o, "row": 7})
     res = _compare(ok, extra)
     _one_error_line(res, "samples for row 7, but collective.csv has 1 row")
@@ -651,12 +650,8 @@ def test_accept_rows_are_headed_in_their_own_units_and_named_in_full(tmp_path):
                  "metric": "time_us", "measured": latency, "verdict": "PASS", "retest": 0},
                 {"check": "node all_reduce busbw", "scope": "node", "target": "vm",
                  "metric": "p50_busbw_gbps", "measured": 1.0, "verdict": "PASS", "retest": 0}]
-        lines = [",".join(ACCEPT.csv)] + [",".join(str(r.get(c, "")) for c in ACCEPT.csv)
-                                          for r in rows]
-        (path / "accept.csv").write_text("\n".join(lines) + "\n")
-        (path / "run.json").write_text(json.dumps({"command": "accept", "status": "ok",
-                                                   "world_size": 2, "nnodes": 1}))
-        return path
+        write_csv(path / "accept.csv", ACCEPT.csv, rows)
+        return write_meta(path, "accept", finished=False, status="ok", world_size=2, nnodes=1)
 
     base, new = accept_run(tmp_path / "a", 100.0), accept_run(tmp_path / "b", 300.0)
     res = _compare(base, new)
@@ -681,22 +676,22 @@ def test_rows_of_other_groups_do_not_pair_and_older_runs_match_as_before(tmp_pat
     groups, nor of the whole world; a run without the group columns (written before them) is
     still read, and two such runs match without a word about them."""
     def rows(**group) -> list[dict]:
-        return [_row("all_reduce", 1024, 100.0, world_size=4, **group)]
+        return [collective_row("all_reduce", 1024, 100.0, world_size=4, **group)]
 
     strided = dict(group_size=2, group_stride=2, groups=2, per_node=1)
-    base = _write_run(tmp_path / "consecutive", rows(group_size=2, group_stride=1, groups=2,
-                                                     per_node=2), [_times(100.0)])
-    new = _write_run(tmp_path / "strided", rows(**strided), [_times(100.0, seed=2)])
-    again = _write_run(tmp_path / "strided-again", rows(**strided), [_times(100.0, seed=3)])
+    base = write_run(tmp_path / "consecutive", rows(group_size=2, group_stride=1, groups=2,
+                                                     per_node=2), [times(100.0)])
+    new = write_run(tmp_path / "strided", rows(**strided), [times(100.0, seed=2)])
+    again = write_run(tmp_path / "strided-again", rows(**strided), [times(100.0, seed=3)])
     with pytest.raises(ReadError, match="1 row only in BASE, 1 only in NEW"):
         compare.compare(reader.load(base), reader.load(new), "time", 0.05)
     (row,) = compare.compare(reader.load(new), reader.load(again), "time", 0.05).rows
     assert row.ratio is not None and row.label == "float32 sum in 1024 B groups of 2 stride 2"
-    old = [_write_run(tmp_path / f"old{i}", [_row("all_reduce", 1024, 100.0)],
-                      [_times(100.0, seed=i)]) for i in (4, 5)]
+    old = [write_run(tmp_path / f"old{i}", [collective_row("all_reduce", 1024, 100.0)],
+                      [times(100.0, seed=i)]) for i in (4, 5)]
     for path in old:  # as a run written before the group columns: none of them
         text = (path / "collective.csv").read_text().splitlines()
-        cut = len(OUTPUT.csv) - 4
+        cut = len(COLLECTIVE.csv) - 4
         (path / "collective.csv").write_text("\n".join(",".join(line.split(",")[:cut])
                                                        for line in text) + "\n")
     c = compare.compare(reader.load(old[0]), reader.load(old[1]), "time", 0.05)

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 from fake_group import on_threads, run_ranks
+from fake_session import FakeSession, fake_runtime
 
 from distbench.bench import timing
 from distbench.run import buffers
@@ -87,19 +88,9 @@ def test_allocation_fits_the_rank_with_least_memory(monkeypatch):
     assert run_ranks(monkeypatch, 2, alloc_on) == [(64, 64), (64, 64)]
 
 
-class _Session:
+def _session(rank: int, world: int) -> FakeSession:
     """What time_on_rank0_alone asks of a session, for one rank."""
-
-    def __init__(self, rank: int):
-        from types import SimpleNamespace
-
-        self.rt = SimpleNamespace(rank=rank, device=CPU)
-        self.opts = SimpleNamespace(timeout=60, warmup=2, iters=3)
-        self.console = SimpleNamespace(log=lambda message: self.logged.append(message))
-        self.logged: list[str] = []
-
-    def step(self, what: str, seconds: float) -> None:
-        pass
+    return FakeSession(fake_runtime(rank, world), timeout=60, warmup=2, iters=3)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -118,10 +109,10 @@ def test_t1_that_does_not_fit_is_left_out_on_every_rank(monkeypatch, world, fail
             raise torch.OutOfMemoryError("fake: the step does not fit")
         return step
 
-    sessions = [_Session(r) for r in range(world)]
+    sessions = [_session(r, world) for r in range(world)]
     out = run_ranks(monkeypatch, world, lambda r: time_on_rank0_alone(sessions[r], "t1", build))
     assert out == [None] * world
-    assert sessions[0].logged == [NO_T1 + "; no scaling view"]
+    assert sessions[0].console.logged == [NO_T1 + "; no scaling view"]
 
 
 def test_t1_is_the_mean_of_rank_0s_timed_steps_on_every_rank(monkeypatch):
@@ -132,7 +123,7 @@ def test_t1_is_the_mean_of_rank_0s_timed_steps_on_every_rank(monkeypatch):
     def build():
         return lambda: (calls.append(1), time.sleep(0.002))
 
-    out = run_ranks(monkeypatch, 2, lambda r: time_on_rank0_alone(_Session(r), "t1", build))
+    out = run_ranks(monkeypatch, 2, lambda r: time_on_rank0_alone(_session(r, 2), "t1", build))
     assert out[0] == out[1] and 0.002 <= out[0] < 0.05
     assert len(calls) == 2 + 3  # warmup then iters, on rank 0 alone
 
@@ -141,16 +132,12 @@ def _shared_helpers(rank: int) -> dict:
     """What tp and pp share, as one rank sees it: t1 on rank 0 alone, then rank 0 out of memory,
     then the check's verdict agreed; as JSON, as each rank would write it."""
     import json
-    from types import SimpleNamespace
 
     from distbench.steps.common import agree_check, time_on_rank0_alone
     from distbench.steps.reference import TensorCheck
 
-    named, logs, calls = [], [], []
-    s = SimpleNamespace(rt=SimpleNamespace(rank=rank, device=CPU),
-                        opts=SimpleNamespace(timeout=60, warmup=0, iters=3),
-                        step=lambda what, seconds: named.append(what),
-                        console=SimpleNamespace(log=logs.append))
+    calls = []
+    s = FakeSession(fake_runtime(rank, 2), timeout=60, warmup=0, iters=3)
 
     def build():
         calls.append("build")
@@ -167,8 +154,8 @@ def _shared_helpers(rank: int) -> dict:
     tie = TensorCheck(max_abs_err=1.0, worst_ratio=2.0, worst=f"r{rank}", wrong=1)
     nan = TensorCheck(max_abs_err=0.0, worst_ratio=float("nan"), worst=f"r{rank}", wrong=0)
     agreed = [vars(agree_check(c, CPU)) for c in (mine, tie, nan)]
-    return json.loads(json.dumps({"t1": t1, "t1_oom": t1_oom, "named": named, "logs": logs,
-                                  "calls": calls, "agreed": agreed}))
+    return json.loads(json.dumps({"t1": t1, "t1_oom": t1_oom, "named": s.steps,
+                                  "logs": s.console.logged, "calls": calls, "agreed": agreed}))
 
 
 def test_shared_t1_timer_and_check_agreement_on_two_ranks(monkeypatch):
@@ -195,20 +182,14 @@ def test_shared_t1_timer_and_check_agreement_on_two_ranks(monkeypatch):
 
 # -- startup: ranks started with different options ------------------------------------------
 
-def _identity(captured, *args: str) -> dict:
+def _identity(where, *args: str) -> dict:
     """What a rank started with `distbench *args` posts for the others to agree on."""
-    from typer.testing import CliRunner
+    from helpers import resolved
 
-    import distbench.cli.app
-
-    result = CliRunner().invoke(distbench.cli.app.app, list(args))
-    assert result.exit_code == 0, (result.output, result.exception)
-    ((_, opts),) = captured
-    captured.clear()
-    return opts.identity()
+    return resolved(where, *args).identity()
 
 
-def test_ranks_with_different_options_are_refused(monkeypatch, captured):
+def test_ranks_with_different_options_are_refused(monkeypatch, tmp_path):
     """Two ranks (threads, on a real store in this process) started with different --sizes, as
     two torchrun agents given different arguments are: runtime.start ends both alike, before any
     process group exists, naming the option that differs. The refusal ending every real node at
@@ -221,7 +202,7 @@ def test_ranks_with_different_options_are_refused(monkeypatch, captured):
     from distbench.run import peers, runtime
 
     base = ("collective", "--iters", "2", "--warmup", "1")
-    identities = [_identity(captured, *base, "--sizes", size) for size in ("4K", "8K")]
+    identities = [_identity(tmp_path, *base, "--sizes", size) for size in ("4K", "8K")]
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=10))
     local = threading.local()
@@ -247,3 +228,25 @@ def test_ranks_with_different_options_are_refused(monkeypatch, captured):
         assert (e.status, e.exit_code) == ("bad_input", EXIT_BAD_INPUT)
         assert str(e) == ("ranks were started with different options (1 of 2 ranks differ from "
                           "rank 0; sizes: rank 0 has [4096], rank 1 has [8192])")
+
+
+def test_a_sweeps_rows_and_titles_say_the_world_and_nodes_the_runtime_found():
+    """Two torchrun agents of two ranks each: every collective and p2p row says 4 ranks on 2
+    nodes, as the startup counted them (the nodes of run.json's ranks). The real two-agent launch
+    is test_p2p_multiproc.test_two_nodes_label_links_intra_and_inter."""
+    from distbench.bench import series
+    from distbench.bench.combinations import combinations
+    from distbench.cli.commands.collective import OUTPUT
+    from distbench.cli.commands.p2p import OUTPUT as P2P
+    from distbench.run.split import split
+
+    for rank in range(4):
+        s = FakeSession(fake_runtime(rank, 4, nnodes=2))
+        with split(s.rt, 4, 1, 60.0) as whole:  # the world as one group: nothing is made
+            made = [series.collective(s, combo, OUTPUT, whole) for combo in combinations(
+                ["all_reduce", "all_gather"], ["float32"], ["sum"], -1, "in")]
+        made += [series.p2p_pattern(s, pattern, "float32", P2P) for pattern in
+                 ("ring", "pingpong")]
+        for ser in made:
+            assert (ser.row["world_size"], ser.row["nnodes"]) == (4, 2), ser.name
+            assert "ranks 4  nodes 2  backend gloo" in ser.title, ser.title

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers import distbench
-from test_plan import synthetic_run
+from runs import planner_sources_run
 
 from distbench.results import samples, writer
 
@@ -139,7 +139,7 @@ def test_run_json_a_little_bigger_on_a_full_disk_is_kept_whole(tmp_path, tiny_di
 @pytest.mark.procs(2)  # the mount, then distbench planning with no worker
 def test_a_plan_from_earlier_runs_on_a_full_disk_ends_failed_with_whole_rows(tmp_path,
                                                                               tiny_disk):
-    run = synthetic_run(tmp_path / "run")
+    run = planner_sources_run(tmp_path / "run")
     disk = tiny_disk("40k")  # run.json fits, the 1024-GPU plan.csv does not
     res = distbench(disk, "plan", "--from", str(run), "--gpus", "1024", "--gpus-per-node", "8",
                     "--model", "7b", cwd=tmp_path, procs=1)

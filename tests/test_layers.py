@@ -32,6 +32,9 @@ BANNED = {
     # a plan from earlier runs is pure arithmetic, in seconds even for thousands of GPUs
     "planner": {"torch"},
 }
+# Modules that must stay light in a box that need not be: accept's profiles are read by the
+# command line's validation and by accept --dry-run, which never import torch.
+BANNED_MODULES = {"distbench.accept.profiles": {"torch"}}
 TOP_LEVEL = {"__init__", "__main__"}
 
 
@@ -148,6 +151,36 @@ def test_light_boxes_stay_light(name):
         pulled |= GRAPH[dep].theirs_at_load
     heavy = sorted(pulled & BANNED[box(name)])
     assert not heavy, f"{name} imports {heavy}, directly or through our modules"
+
+
+@pytest.mark.parametrize("name", sorted(BANNED_MODULES))
+def test_light_modules_stay_light(name):
+    pulled = set(GRAPH[name].theirs)
+    for dep in loaded_with(name):
+        pulled |= GRAPH[dep].theirs_at_load
+    heavy = sorted(pulled & BANNED_MODULES[name])
+    assert not heavy, f"{name} imports {heavy}, directly or through our modules"
+
+
+# The static checks above, held against what an interpreter really loads (an import the source
+# hides from ast, such as importlib's, is caught here): one fresh interpreter, each module in
+# turn, and what it may not have brought in checked before the next is imported.
+FRESH = [("distbench.core.sizes", "", ("torch", "numpy")),
+         ("distbench.results.alphabeta", "", ("torch",)),
+         ("distbench.accept.profiles", "m.available(); m.resolve('h100-sxm-8')", ("torch",))]
+
+
+@pytest.mark.multiproc  # a fresh interpreter: what the modules import, from nothing
+def test_light_modules_load_light_in_a_fresh_interpreter():
+    from helpers import python_c
+
+    code = "import importlib, sys\n" + "".join(
+        f"m = importlib.import_module({name!r}); {call}\n"
+        f"print({name!r}, [b for b in {banned!r} if b in sys.modules])\n"
+        for name, call, banned in FRESH)
+    proc = python_c(code, PACKAGE.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"{name} []" for name, _, _ in FRESH], proc.stdout
 
 
 def test_no_import_cycle():

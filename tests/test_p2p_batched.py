@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from fake_session import FakeSession, fake_runtime
 
 from distbench.ops import p2p
 from distbench.steps.pp_model import NaivePipeline
@@ -65,16 +66,6 @@ def test_the_naive_pipeline_sends_one_batched_op_at_a_time(batches, rank, want):
     assert batches == want
 
 
-def _fake_session(rank: int, world: int):
-    from types import SimpleNamespace
-
-    ranks = [{"rank": r, "host": "h", "local_rank": r, "node": 0} for r in range(world)]
-    rt = SimpleNamespace(rank=rank, world=world, device=torch.device("cpu"), ranks=ranks,
-                         nnodes=1, backend="gloo")
-    return SimpleNamespace(rt=rt, opts=SimpleNamespace(check=True),
-                           console=SimpleNamespace(log=lambda m: None, lines=lambda ls: None))
-
-
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_the_matrix_probe_uses_every_pair_this_rank_is_in_once(batches, world):
     """NCCL connects a pair the first time it is used, allocating as it does: the probe, run
@@ -82,7 +73,8 @@ def test_the_matrix_probe_uses_every_pair_this_rank_is_in_once(batches, world):
     from distbench.bench import series
     from distbench.cli.commands.p2p import MATRIX_OUTPUT
 
-    ser = series.matrix(_fake_session(1, world), "float32", MATRIX_OUTPUT, [])
+    s = FakeSession(fake_runtime(1, world), check=True)
+    ser = series.matrix(s, "float32", MATRIX_OUTPUT, [])
     case = ser.probe()
     case.prepare()
     case.run()
@@ -102,7 +94,8 @@ def test_every_p2p_pattern_is_probed_on_one_element(batches, pattern):
     from distbench.bench import series
     from distbench.cli.commands.p2p import OUTPUT
 
-    ser = series.p2p_pattern(_fake_session(0, 2), pattern, "float32", OUTPUT)
+    s = FakeSession(fake_runtime(0, 2), check=True)
+    ser = series.p2p_pattern(s, pattern, "float32", OUTPUT)
     case = ser.probe()
     case.prepare()
     case.run()

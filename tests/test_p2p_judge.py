@@ -4,16 +4,17 @@ The ranks are placed as `--workers` places them (one host, one node: host:local_
 link intra-node) and as torchrun agents on one host place them (a node each: host#node:0, every
 link inter-node). The figures are those real ranks measure: healthy links within 2x of each
 other, a rank slow both ways (a 50 ms wait per op of 16 MiB) at 10-30 % of them.
-test_p2p_multiproc.py measures this end to end at 3 ranks; the other world sizes are here."""
+test_p2p_multiproc.py measures this end to end once (3 ranks, --workers, one rank slow both
+ways), and once more without the fault; the rest is here."""
 
 from __future__ import annotations
 
 import random
 import socket
 from collections.abc import Callable
-from types import SimpleNamespace
 
 import pytest
+from fake_session import FakeSession, Record, fake_runtime
 
 from distbench.cli.commands.p2p import _judge
 from distbench.results.links import Link
@@ -59,23 +60,13 @@ def _figures(seed: int, slow: set[int] = frozenset(),
     return gbps
 
 
-class _Session:
-    """What _judge reads of a session (the options, the ranks) and writes (run.json, rank 0's
-    console)."""
-
-    def __init__(self, ranks: list[dict], fail_below: float | None):
-        self.opts = SimpleNamespace(outlier_below=0.8, fail_below=fail_below)
-        self.rt = SimpleNamespace(ranks=ranks)
-        self.said: list[str] = []
-        self.console = SimpleNamespace(log=self.said.append)
-        self.meta: dict = {}
-        self.record = SimpleNamespace(update=self.meta.update)
-
-
 def _judged(n: int, agents: bool, figures, fail_below: float | None = 0.5
-            ) -> tuple[_Session, RunFailure | None]:
+            ) -> tuple[FakeSession, RunFailure | None]:
+    """_judge on a session of the ranks: what it writes to run.json (s.record.meta) and says on
+    rank 0's console (s.console.logged)."""
     ranks = _ranks(n, agents)
-    s = _Session(ranks, fail_below)
+    s = FakeSession(fake_runtime(0, n, ranks=ranks), outlier_below=0.8, fail_below=fail_below,
+                    record=Record())
     try:
         _judge(s, _matrix(ranks, figures))
     except RunFailure as e:
@@ -92,9 +83,9 @@ def test_a_rank_slow_both_ways_fails_the_run_and_is_named(n, seed):
     s, failed = _judged(n, False, _figures(seed, slow={2}))
     assert failed is not None and (failed.status, failed.exit_code) == ("slow_links", 4)
     culprit = f"rank 2 ({HOST}:2)"
-    judged = s.meta["matrix"]
+    judged = s.record.meta["matrix"]
     assert judged["culprits"][0].startswith(culprit + ": ")
-    assert f"  likely culprit: {culprit}: " in "\n".join(s.said)
+    assert f"  likely culprit: {culprit}: " in "\n".join(s.console.logged)
     assert str(failed).endswith(f"; likely culprit {judged['culprits'][0]}")
     for peer in (p for p in range(n) if p != 2):
         for start in (f"{HOST}:2 -> {HOST}:{peer} ", f"{HOST}:{peer} -> {HOST}:2 ",
@@ -114,7 +105,7 @@ def test_the_same_ranks_without_a_slow_rank_pass(n, seed, agents):
     """A/A, on one host (every link intra-node) and as agents (a node each, inter-node)."""
     s, failed = _judged(n, agents, _figures(seed))
     assert failed is None
-    judged = s.meta["matrix"]
+    judged = s.record.meta["matrix"]
     assert judged["failing"] == [] and judged["cannot_tell"] == []
     assert [r["basis"] for r in judged["references"]] == [
         f"median of all {n * (n - 1)} links", f"median of all {n * (n - 1) // 2} links"]
@@ -129,20 +120,20 @@ def test_two_ranks_pass_a_rank_slow_both_ways_and_say_they_cannot_tell(seed):
     for slow in (set(), {1}):
         s, failed = _judged(2, False, _figures(seed, slow=slow))
         assert failed is None
-        judged = s.meta["matrix"]
+        judged = s.record.meta["matrix"]
         assert judged["failing"] == []
         assert all(r["basis"].endswith(" (only 2 ranks: either end may be slow)")
                    for r in judged["references"])
         (line,) = judged["cannot_tell"]
         assert line.startswith(f"the intra-node links join only {HOST}:0 and {HOST}:1: ")
-        assert f"matrix: cannot tell: {line}" in s.said
+        assert f"matrix: cannot tell: {line}" in s.console.logged
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_two_ranks_fail_a_link_slow_one_way_and_name_no_culprit(seed):
     s, failed = _judged(2, False, _figures(seed, slow={1}, one_way=True))
     assert failed is not None and failed.exit_code == 4
-    judged = s.meta["matrix"]
+    judged = s.record.meta["matrix"]
     assert [f.split(" (")[0] for f in judged["failing"]] == [f"{HOST}:1 -> {HOST}:0"]
     assert judged["culprits"] == [] and "likely culprit" not in str(failed)
 
@@ -153,14 +144,29 @@ def test_without_fail_below_slow_links_are_reported_but_pass(seed):
     in run.json; without --fail-below the run still passes."""
     s, failed = _judged(3, False, _figures(seed, slow={2}, one_way=True), fail_below=None)
     assert failed is None
-    judged = s.meta["matrix"]
+    judged = s.record.meta["matrix"]
     assert judged["culprits"][0].startswith(f"rank 2 ({HOST}:2): ")
     assert judged["failing"] == [] and judged["fail_below"] is None
     # those it sends on, and any healthy link that noise put under --outlier-below's 0.8
     assert {o.split(" (")[0] for o in judged["outliers"]} >= {
         f"{HOST}:2 -> {HOST}:0", f"{HOST}:2 -> {HOST}:1", f"{HOST}:0 <-> {HOST}:2",
         f"{HOST}:1 <-> {HOST}:2"}
-    assert f"  likely culprit: {judged['culprits'][0]}" in s.said
+    assert f"  likely culprit: {judged['culprits'][0]}" in s.console.logged
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_rank_slow_sending_fails_the_run_and_is_named(seed):
+    """Rank 2 of 3 waits 20 ms before every send (DISTBENCH_TEST_SLOW_SEND 2:0.02): with
+    --fail-below 0.5 the run fails, each link it sends on is an outlier, and it is named first,
+    in run.json and in the log."""
+    s, failed = _judged(3, False, _figures(seed, slow={2}, one_way=True), fail_below=0.5)
+    assert failed is not None and (failed.status, failed.exit_code) == ("slow_links", 4)
+    judged = s.record.meta["matrix"]
+    for dst in (0, 1):
+        assert any(o.startswith(f"{HOST}:2 -> {HOST}:{dst} ") for o in judged["outliers"]), \
+            judged["outliers"]
+    assert judged["culprits"][0].startswith(f"rank 2 ({HOST}:2)")
+    assert f"  likely culprit: {judged['culprits'][0]}" in s.console.logged
 
 
 # -- torchrun agents on one host, one rank each: nodes named host#node ------------------------
@@ -170,7 +176,7 @@ def test_without_fail_below_slow_links_are_reported_but_pass(seed):
 def test_the_slow_node_is_named_by_its_own_name(nnodes, seed):
     s, failed = _judged(nnodes, True, _figures(seed, slow={2}))
     assert failed is not None and (failed.status, failed.exit_code) == ("slow_links", 4)
-    judged = s.meta["matrix"]
+    judged = s.record.meta["matrix"]
     assert judged["culprits"][0].startswith(f"rank 2 ({HOST}#2:0): ")
     assert any(c.startswith(f"host {HOST}#2: ") for c in judged["culprits"])
     assert len(judged["failing"]) == 3 * (nnodes - 1)

@@ -9,6 +9,8 @@ import socket
 import pytest
 from helpers import distbench, torchrun_nodes
 
+from distbench.run.peers import rank_names
+
 pytestmark = pytest.mark.multiproc
 
 
@@ -56,27 +58,6 @@ def test_ring_pingpong_and_matrix(tmp_path, n):
         assert (res.run_dir / name).exists()
 
 
-def test_one_slow_rank_is_named_and_fails_the_run(tmp_path):
-    # rank 2 waits 20 ms before every send: every link it sends on is ~100x slower
-    res = distbench(tmp_path, "p2p", "--pattern", "matrix", "--sizes", "16K", "--iters", "5",
-                    "--warmup", "1", "--workers", "3", "--fail-below", "0.5",
-                    DISTBENCH_TEST_SLOW_SEND="2:0.02")
-    assert res.code == 4, res.stderr
-    host = socket.gethostname()
-    meta = res.meta()
-    assert meta["status"] == "slow_links" and meta["exit_code"] == 4
-    outliers = meta["matrix"]["outliers"]
-    for dst in (0, 1):
-        assert any(o.startswith(f"{host}:2 -> {host}:{dst} ") for o in outliers), outliers
-    assert meta["matrix"]["culprits"][0].startswith(f"rank 2 ({host}:2)")
-    assert f"likely culprit: rank 2 ({host}:2)" in res.stderr
-    # the slow rank's rows are measured and kept, not dropped
-    rows = res.rows("p2p_matrix.csv")
-    slow = [float(r["gbps"]) for r in rows if r["direction"] == "uni" and r["src_rank"] == "2"]
-    fast = [float(r["gbps"]) for r in rows if r["direction"] == "uni" and r["src_rank"] != "2"]
-    assert len(slow) == 2 and max(slow) < min(fast)
-
-
 # Both ways slow, on most links. On this shared 2-core machine a healthy link's figure (its mean
 # time per op) is noisy where ops are short or few: at 16 KiB x 3 iterations healthy links fell
 # to 4-15 % of their class median in most clean runs, and up to 4 MiB whole links now and then
@@ -89,9 +70,10 @@ SLOW_RANK_RUN = ("p2p", "--pattern", "matrix", "--sizes", "16M", "--min-time", "
                  "--warmup", "1", "--fail-below", "0.5")
 SLOW_RANK_2 = "2:0.05"
 # One world size end to end: what only real ranks show (the fault slows every link rank 2 is on,
-# a clean run's links stay within the judge's allowance, torchrun agents on one host are nodes
-# named host#node). The judgement at 2, 3 and 4 ranks, with and without the slow rank, for
-# --workers and for agents, on the figures such runs measure: test_p2p_judge.py.
+# a clean run's links stay within the judge's allowance). Torchrun agents on one host are nodes
+# named host#node: test_two_nodes_label_links_intra_and_inter. The judgement at 2, 3 and 4
+# ranks, with and without the slow rank, a rank slow sending only, for --workers and for
+# agents, on the figures such runs measure: test_p2p_judge.py.
 WORLD = [3]
 
 
@@ -118,6 +100,13 @@ def test_a_rank_slow_both_ways_is_named_though_it_is_on_most_links(tmp_path, n):
     assert all("of the healthy intra-node links'" in f for f in judged["failing"])
     for ref in judged["references"]:
         assert ref["basis"].endswith(f" not on {culprit}"), ref
+    # the slow rank's rows are measured and kept, not dropped
+    rows = res.rows("p2p_matrix.csv")
+    on = [float(r["gbps"]) for r in rows if r["direction"] == "uni" and "2" in
+          (r["src_rank"], r["dst_rank"])]
+    off = [float(r["gbps"]) for r in rows if r["direction"] == "uni" and "2" not in
+           (r["src_rank"], r["dst_rank"])]
+    assert len(on) == 2 * (n - 1) and max(on) < min(off)
 
 
 @pytest.mark.parametrize("n", WORLD)
@@ -144,6 +133,9 @@ def test_the_same_run_without_a_slow_rank_passes(tmp_path, n):
 
 
 def test_two_nodes_label_links_intra_and_inter(tmp_path):
+    """The sweeps' one run of two torchrun agents (two ranks each) on 127.0.0.1: the nodes the
+    startup tells apart, in run.json and in every link's name. That collective's rows and titles
+    carry the same world and nodes: test_cross_rank (in-process, from the runtime)."""
     args = ["p2p", "--pattern", "matrix,pingpong", "--sizes", "4K", "--iters", "2",
             "--warmup", "1"]
     node0, node1 = torchrun_nodes(tmp_path, nnodes=2, nproc=2, per_node_args=[args, args])
@@ -151,14 +143,18 @@ def test_two_nodes_label_links_intra_and_inter(tmp_path):
     assert node1.returncode == 0, node1.stderr
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["nnodes"] == 2
+    assert meta["nnodes"] == 2 and meta["world_size"] == 4
+    assert [r["node"] for r in meta["ranks"]] == [0, 0, 1, 1]
+    # agents on one host are nodes named host#node, as the judge names them (test_p2p_judge)
+    host = socket.gethostname()
+    assert rank_names(meta["ranks"]) == [f"{host}#{n}:{k}" for n in (0, 1) for k in (0, 1)]
     node_of = {r["rank"]: r["node"] for r in meta["ranks"]}
     rows = list(csv.DictReader(open(run_dir / "p2p_matrix.csv")))
     assert len([r for r in rows if r["direction"] == "uni"]) == 4 * 3
     for r in rows:
         same = node_of[int(r["src_rank"])] == node_of[int(r["dst_rank"])]
         assert r["link"] == ("intra" if same else "inter"), r
-        assert r["nnodes"] == "2"
+        assert r["nnodes"] == "2" and r["wrong"] == "0"
     assert {r["link"] for r in rows} == {"intra", "inter"}
     # ping-pong pairs i with i + n/2: on two nodes of two, every pair crosses nodes
     (pp,) = list(csv.DictReader(open(run_dir / "p2p.csv")))
@@ -193,24 +189,6 @@ def test_workers_under_a_launcher_is_ignored_with_one_warning(tmp_path):
     rows = list(csv.DictReader(open(run_dir / "p2p.csv")))
     assert [(r["pattern"], r["world_size"], r["status"]) for r in rows] == [("ring", "2", "ok")]
     assert json.loads((run_dir / "run.json").read_text())["options"]["workers"] is None
-
-
-@pytest.mark.parametrize("nnodes", WORLD)
-def test_the_slow_node_is_named_across_torchrun_agents(tmp_path, nnodes):
-    """Nodes as torchrun agents on one host (one rank each): rank 2's node is named by its own
-    name, host#2, not by a host:local_rank every rank shares."""
-    args = [*SLOW_RANK_RUN[1:]]
-    procs = torchrun_nodes(tmp_path, nnodes=nnodes, nproc=1,
-                           per_node_args=[["p2p", *args]] * nnodes,
-                           DISTBENCH_TEST_SLOW_RANK=SLOW_RANK_2)
-    assert procs[0].returncode != 0
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    meta = json.loads((run_dir / "run.json").read_text())
-    host = socket.gethostname()
-    assert (meta["status"], meta["exit_code"], meta["nnodes"]) == ("slow_links", 4, nnodes)
-    assert meta["matrix"]["culprits"][0].startswith(f"rank 2 ({host}#2:0): ")
-    assert any(c.startswith(f"host {host}#2: ") for c in meta["matrix"]["culprits"])
-    assert all(f"{host}#2:0" in f for f in meta["matrix"]["failing"])
 
 
 def test_the_odd_rank_of_a_pingpong_waits_out_a_loop_longer_than_the_timeout(tmp_path):

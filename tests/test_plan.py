@@ -13,8 +13,9 @@ from pathlib import Path
 
 import helpers
 import pytest
+from runs import planner_sources_run, write_csv, write_meta
 
-from distbench.core.contracts import ACCEPT, COLLECTIVE, DP, P2P
+from distbench.core.contracts import ACCEPT
 from distbench.core.options import OptionError
 from distbench.planner import memory as mem
 from distbench.planner import sources
@@ -333,48 +334,8 @@ def test_pick_validation_takes_the_best_then_spans_the_space():
 # ---------------------------------------------------------------------------------------------
 # Earlier runs, and the command
 
-def _write(path: Path, columns, rows) -> None:
-    with open(path, "w", newline="") as fh:
-        out = csv.DictWriter(fh, columns)
-        out.writeheader()
-        for r in rows:
-            out.writerow({c: r.get(c, "") for c in columns})
-
-
-def synthetic_run(root: Path) -> Path:
-    """A collective run of a 2-node cluster of 8 GPUs each (all_reduce T = 20 us + S at
-    100 GB/s algbw in a node, 50 us + S at 20 GB/s across), a p2p run's ping-pong, dp's
-    overlap and a topology of 8 H100s per node, in one directory."""
-    root.mkdir(parents=True)
-    rows = []
-    for op in ("all_reduce", "all_gather", "reduce_scatter"):
-        for world, nnodes, alpha, beta in ((8, 1, 20.0, 100.0), (16, 2, 50.0, 20.0)):
-            rows += [{"op": op, "dtype": "float32", "redop": "sum", "root": -1, "in_place": 0,
-                      "world_size": world, "nnodes": nnodes, "size_bytes": 2**k,
-                      "count": 2**k // 4, "time_us": alpha + 2**k / (beta * 1e3),
-                      "p99_us": 1, "algbw_gbps": 1, "busbw_gbps": 1, "status": "ok"}
-                     for k in range(10, 31, 2)]
-    _write(root / "collective.csv", COLLECTIVE.csv, rows)
-    _write(root / "p2p.csv", P2P.csv, [
-        {"pattern": "pingpong", "dtype": "float32", "world_size": 2 * n, "nnodes": n,
-         "pairs": 1, "size_bytes": 2**k, "count": 2**k // 4, "time_us": a + 2**k / (b * 1e3),
-         "p99_us": 1, "busbw_gbps": 1, "status": "ok"}
-        for n, a, b in ((1, 10.0, 100.0), (2, 30.0, 25.0)) for k in range(10, 31, 2)])
-    common = {"dtype": "float32", "world_size": 8, "step_us": 1, "compute_only_us": 1,
-              "comm_alone_us": 1, "exposed_comm_us": 1, "state_bytes_per_rank": 1,
-              "status": "ok"}
-    _write(root / "dp.csv", DP.csv, [{"mode": "ddp", "bucket_cap_mb": 25, "overlap_pct": 60,
-                                      **common},
-                                     {"mode": "zero3", "overlap_pct": 40, **common}])
-    (root / "run.json").write_text(json.dumps({"command": "collective", "status": "ok"}))
-    gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 85520809984}
-            for i in range(8)]
-    (root / "topo.json").write_text(json.dumps({"nodes": [{"host": "a", "gpus": gpus}]}))
-    return root
-
-
 def test_earlier_runs_are_read_into_fits_overlap_and_the_topology(tmp_path):
-    inputs = sources.read([synthetic_run(tmp_path / "run")])
+    inputs = sources.read([planner_sources_run(tmp_path / "run")])
     fit = {(f.op, f.ranks, f.span): f for f in inputs.fits}
     assert set(fit) == {(op, w, s) for op in ("all_reduce", "all_gather", "reduce_scatter")
                         for w, s in ((8, "node"), (16, "nodes"))} | {
@@ -412,12 +373,12 @@ def test_a_plans_figures_are_read_back_a_zero_one_too(tmp_path):
 def test_an_accept_run_with_one_size_per_check_is_refused(tmp_path):
     run = tmp_path / "accept"
     run.mkdir()
-    _write(run / "accept.csv", ACCEPT.csv, [
+    write_csv(run / "accept.csv", ACCEPT.csv, [
         {"check": "node all_reduce busbw", "scope": "node", "target": "a",
          "command": "collective", "op": "all_reduce", "dtype": "float32", "size_bytes": 2**30,
          "ranks": 8, "time_us": 5000, "measured": 1, "expected": 1, "ratio": 1,
          "verdict": "PASS", "retest": 0}])
-    (run / "run.json").write_text(json.dumps({"command": "accept", "nnodes": 1}))
+    write_meta(run, "accept", finished=False, nnodes=1)
     with pytest.raises(OptionError, match="one size per group"):
         sources.read_one(run)
 
@@ -427,7 +388,7 @@ def _plan(tmp_path: Path, *args: str) -> helpers.Run:
 
 
 def test_a_1024_gpu_plan_from_a_collective_run_in_seconds(tmp_path):
-    run = synthetic_run(tmp_path / "run")
+    run = planner_sources_run(tmp_path / "run")
     start = time.monotonic()
     got = _plan(tmp_path, "--from", str(run), "--gpus", "1024", "--gpus-per-node", "8",
                 "--model", "7b", "--dtype", "bfloat16")
@@ -458,7 +419,7 @@ def test_a_1024_gpu_plan_from_a_collective_run_in_seconds(tmp_path):
 
 
 def test_memory_assumed_when_nothing_says_is_said(tmp_path):
-    run = synthetic_run(tmp_path / "run")
+    run = planner_sources_run(tmp_path / "run")
     (run / "topo.json").unlink()
     got = _plan(tmp_path, "--from", str(run), "--gpus", "16", "--gpus-per-node", "8",
                 "--model", "1b", "--gpu", "a100", "--gpu-memory", "40G")
@@ -481,7 +442,7 @@ def test_memory_assumed_when_nothing_says_is_said(tmp_path):
     (("--gpus", "16", "--gpus-per-node", "8"), "--gpu"),  # no compute, no GPU to scale from
 ])
 def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, args, option):
-    run = synthetic_run(tmp_path / "run")
+    run = planner_sources_run(tmp_path / "run")
     (run / "topo.json").unlink()
     got = _plan(tmp_path, "--from", str(run), *args)
     helpers.assert_one_line_error(got, None, option, ours=True)
@@ -515,7 +476,7 @@ def test_one_number_past_any_real_model_or_cluster_is_refused_at_once(tmp_path, 
                                                                       needle):
     """Each made the plan's arithmetic spin for minutes (issue 30), or ran a plan of a node
     no machine has."""
-    run = synthetic_run(tmp_path / "run")
+    run = planner_sources_run(tmp_path / "run")
     args = {"--gpus": "8", "--gpus-per-node": "8", **given}
     with helpers.within(5):
         got = _plan(tmp_path, "--from", str(run), *(x for kv in args.items() for x in kv))
@@ -525,7 +486,7 @@ def test_one_number_past_any_real_model_or_cluster_is_refused_at_once(tmp_path, 
 
 
 def test_the_largest_values_accepted_together_plan_in_seconds(tmp_path):
-    run = synthetic_run(tmp_path / "run")
+    run = planner_sources_run(tmp_path / "run")
     start = time.monotonic()
     with helpers.within(30):
         got = _plan(tmp_path, "--from", str(run), "--gpus", str(2**20), "--gpus-per-node",
@@ -546,7 +507,7 @@ def test_a_from_that_holds_no_inputs_is_refused(tmp_path, make):
         path.mkdir()
     if make == "tp":
         path.mkdir()
-        (path / "run.json").write_text(json.dumps({"command": "tp", "status": "ok"}))
+        write_meta(path, "tp", finished=False, status="ok")
     got = _plan(tmp_path, "--from", str(path), "--gpus", "16", "--gpus-per-node", "8")
     helpers.assert_one_line_error(got, None, "--from", ours=True)
     assert not (tmp_path / "out").exists()

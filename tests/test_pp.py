@@ -8,8 +8,8 @@ from fractions import Fraction
 
 import pytest
 import torch
+from helpers import refused, resolved
 
-import distbench.cli.app
 from distbench.cli.commands.pp import OUTPUT, PPOptions
 from distbench.steps import pp_model, reference
 from distbench.steps.stacks import PipelineShape, make_layer
@@ -173,14 +173,9 @@ def test_compare_catches_a_wrong_loss_and_a_small_relative_error():
     assert _compare(pipe, ref).wrong == 1
 
 
-def test_pp_options_reach_the_command(captured):
-    with pytest.raises(SystemExit) as e:
-        distbench.cli.app.main(["pp", "--schedule", "gpipe,interleaved-1f1b",
-                                "--micro-batches", "4", "--layers", "5", "--workers", "2",
-                                "--virtual-stages", "2"])
-    assert e.value.code == 0
-    ((command, opts),) = captured
-    assert command == "pp"
+def test_pp_options_reach_the_command(tmp_path):
+    opts = resolved(tmp_path, "pp", "--schedule", "gpipe,interleaved-1f1b", "--micro-batches",
+                    "4", "--layers", "5", "--workers", "2", "--virtual-stages", "2")
     assert opts.schedules == ["gpipe", "interleaved-1f1b"]
     assert (opts.micro_batches, opts.layers, opts.virtual_stages) == (4, 5, 2)
 
@@ -191,27 +186,20 @@ def test_pp_options_reach_the_command(captured):
     (["--schedule", "zero-bubble"], "--schedule"),
     (["--micro-batches", "0"], "--micro-batches"),
 ])
-def test_bad_pp_option_is_one_line_and_exit_2(captured, capsys, args, option):
-    with pytest.raises(SystemExit) as e:
-        distbench.cli.app.main(["pp", *args])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith(f"distbench: error: {option}:") and "\n" not in err
-    assert captured == []  # no worker was started
+def test_bad_pp_option_is_one_line_and_exit_2(tmp_path, args, option):
+    err = refused(tmp_path, "pp", *args)  # one line, and no worker was started
+    assert err.startswith(f"distbench: error: {option}:")
 
 
 # ---- a schedule that cannot run: a skipped row, and the next schedule still runs ---------------
 
 def _rows_on(rank: int, opts) -> list[dict]:
     """Each schedule's row as rank `rank` of two measures it, as pp.run does."""
-    from types import SimpleNamespace
+    from fake_session import FakeSession, fake_runtime
 
-    from distbench.run.faults import Faults
     from distbench.steps import pp as steps
 
-    s = SimpleNamespace(rt=SimpleNamespace(rank=rank, world=2, nnodes=1, backend="gloo",
-                                           device=torch.device("cpu")),
-                        opts=opts, step=lambda what, seconds: None, faults=Faults())
+    s = FakeSession(fake_runtime(rank, 2), opts)
     shape = PipelineShape.from_options(opts)
     bad: list[str] = []
     rows = [steps._measure_schedule(s, schedule, shape, shape, None, 0.001, bad)
@@ -220,18 +208,15 @@ def _rows_on(rank: int, opts) -> list[dict]:
     return rows
 
 
-def test_a_schedule_that_cannot_run_is_a_skipped_row(captured, monkeypatch):
+def test_a_schedule_that_cannot_run_is_a_skipped_row(tmp_path, monkeypatch):
     from fake_group import run_ranks
 
     from distbench.core.tables import format_table
 
     # interleaved 1F1B on 2 ranks: 5 micro-batches make 2 rounds, and 5 is not a multiple of 2
-    with pytest.raises(SystemExit) as e:
-        distbench.cli.app.main(["pp", "--workers", "2", "--schedule", "interleaved-1f1b,gpipe",
-                                "--micro-batches", "5", "--hidden-size", "64", "--seq-len", "8",
-                                "--layers", "4", "--iters", "2", "--warmup", "1", "--no-check"])
-    assert e.value.code == 0
-    ((_, opts),) = captured
+    opts = resolved(tmp_path, "pp", "--workers", "2", "--schedule", "interleaved-1f1b,gpipe",
+                    "--micro-batches", "5", "--hidden-size", "64", "--seq-len", "8",
+                    "--layers", "4", "--iters", "2", "--warmup", "1", "--no-check")
     # the fake group has no point-to-point: gpipe's stages are built, its step does nothing
     monkeypatch.setattr(pp_model.TorchPipeline, "step", lambda self: None)
     r0, r1 = run_ranks(monkeypatch, 2, lambda rank: _rows_on(rank, opts))

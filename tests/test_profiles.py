@@ -9,7 +9,6 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from helpers import python_c
 
 from distbench.accept import profiles
 from distbench.accept.profiles import METRICS, Check, NodeFloors, ProfileError
@@ -186,14 +185,6 @@ def test_metrics_name_real_columns_and_patterns():
         for command, ops in spec["commands"].items():
             assert command in profiles.COMMANDS
             assert ops is None or set(ops) <= set(profiles.P2P_PATTERNS)
-
-
-@pytest.mark.multiproc  # a fresh interpreter: what the module imports, from nothing
-def test_importing_profiles_loads_no_torch():
-    code = ("import sys, distbench.accept.profiles as p; p.available(); p.resolve('h100-sxm-8'); "
-            "assert 'torch' not in sys.modules, 'torch imported'")
-    proc = python_c(code, ROOT)
-    assert proc.returncode == 0, proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------

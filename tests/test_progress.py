@@ -8,6 +8,7 @@ import io
 import re
 from types import SimpleNamespace
 
+from fake_session import FakeSession
 from rich.console import Console as RichConsole
 
 from distbench.core import contracts
@@ -31,7 +32,7 @@ def _frames(screen: io.StringIO) -> list[str]:
 
 def test_each_layout_is_a_step_of_the_bar_named_as_it_runs():
     console, screen = _on_a_terminal()
-    session = SimpleNamespace(console=console, record=None, command="step")
+    session = FakeSession(console=console, command="step")
     seen = []
 
     def layout(label):

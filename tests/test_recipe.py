@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_session import FakeSession, fake_runtime
 
 from distbench.bench import timing
 from distbench.planner.layouts import Layout
 from distbench.planner.models import PRESETS, ModelSpec
 from distbench.run import runtime
-from distbench.run.faults import Faults
 from distbench.steps import mesh_model, plan_run, recipe, step3d
 from distbench.steps.dp_model import MasterAdamW
 
@@ -30,10 +30,8 @@ SMALL = ModelSpec(name="small", layers=2, hidden_size=16, ffn_size=32, heads=2, 
 # ---- the fit check, before anything is built --------------------------------------------------
 
 def _session(device, rank: int = 0):
-    return SimpleNamespace(rt=SimpleNamespace(rank=rank, world=2, nnodes=1, device=device,
-                                              backend="nccl", peers=None),
-                           opts=SimpleNamespace(timeout=60, iters=2, warmup=1),
-                           step=lambda what, seconds: None, faults=Faults())
+    return FakeSession(fake_runtime(rank, 2, device=device, backend="nccl"), timeout=60, iters=2,
+                       warmup=1)
 
 
 @pytest.fixture
@@ -246,6 +244,5 @@ def test_plans_optimizer_point_times_the_steps_adamw(monkeypatch, dtype, kind):
     monkeypatch.setattr(plan_run, "adamw", recording)
     monkeypatch.setattr(plan_run, "_time_us", lambda s, fn, **kw: (fn(), 100.0)[1])
     s = _session(CPU)
-    s.console = SimpleNamespace(log=lambda line: None)
     plan_run.measure_optimizer(s, SMALL, dtype)
     assert made[0] == (CPU, dtype) and type(made[1]) is kind

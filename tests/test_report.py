@@ -1,27 +1,25 @@
-"""distbench report on real small runs made here (collective, p2p with the matrix, tp, pp,
-dp, accept): valid PNGs of a sensible size, report.md naming every op, model.json; several runs and
-an nccl-tests log overlaid; --predict; bad input. And, on run directories written by hand (no
-worker started): what the accept section and the verdict plot say of failures and retests, and
-how an nccl-tests log's world shows."""
+"""distbench report on real small runs (collective, p2p with the matrix, tp, pp, dp, accept,
+recorded in tests/fixtures/runs): valid PNGs of a sensible size, report.md naming every op,
+model.json; several runs and an nccl-tests log overlaid; --predict; bad input. And, on run
+directories written by hand (no worker started): what the accept section and the verdict plot
+say of failures and retests, and how an nccl-tests log's world shows."""
 
 from __future__ import annotations
 
-import csv
 import json
+import shutil
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import matplotlib.image
 import numpy as np
 import pytest
-from helpers import Run, cli, distbench
+from helpers import Run, cli
 from matplotlib.colors import to_rgba
+from runs import write_csv, write_meta
 
 from distbench.cli.commands.accept import OUTPUT as ACCEPT
 from distbench.results import plots, reader, report
-
-multiproc = pytest.mark.multiproc
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
 OPS = ("all_reduce", "all_gather", "broadcast")
@@ -48,34 +46,25 @@ def _sensible(path: Path) -> None:
     assert path.stat().st_size > 5000  # a drawn plot, not an empty canvas
 
 
+# The real runs recorded in tests/fixtures/runs (remake.sh says how each was made: the
+# collective of OPS over 256 B to 256 KiB, p2p's every pattern, tp, pp, dp and accept on 2
+# workers); report reads them here, in this process, as it would read fresh ones.
+RECORDED = Path(__file__).parent / "fixtures" / "runs"
+REPORTED = ("collective", "p2p", "tp", "pp", "dp", "accept")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
+    """A copy of each recorded run (report writes its report/ into the run)."""
     out = tmp_path_factory.mktemp("runs")
-    runs = {
-        "collective": ("collective", "--op", ",".join(OPS), "--sizes", "256:256K:x4",
-                       "--iters", "10", "--warmup", "1"),
-        "p2p": ("p2p", "--pattern", "all", "--sizes", "1K,64K", "--iters", "5",
-                "--warmup", "1"),
-        "tp": ("tp", "--hidden-size", "64", "--ffn-size", "128", "--heads", "4", "--seq-len",
-               "8", "--micro-batch-size", "2", "--layers", "2", "--iters", "3", "--warmup", "1"),
-        "pp": ("pp", "--micro-batches", "4", "--micro-batch-size", "2", "--seq-len", "8",
-               "--hidden-size", "64", "--layers", "4", "--iters", "3", "--warmup", "1"),
-        "dp": ("dp", "--hidden-size", "32", "--ffn-size", "64", "--heads", "2", "--seq-len", "8",
-               "--micro-batch-size", "2", "--layers", "2", "--iters", "2", "--warmup", "1"),
-        "accept": ("accept",),
-    }
-
-    def made(name: str) -> Path:
-        (out / name).mkdir()
-        res = distbench(out / name, *runs[name], "--workers", "2")
-        assert res.code == 0, res.stderr
-        return res.run_dir
-
-    with ThreadPoolExecutor(2) as pool:  # two runs at a time: 6 processes at most
-        return dict(zip(runs, pool.map(made, runs), strict=True))
+    return {name: Path(shutil.copytree(RECORDED / name, out / name)) for name in REPORTED}
 
 
-@multiproc
+def test_the_recorded_collective_run_has_every_op():
+    ops = set(reader.load(RECORDED / "collective").tables["collective.csv"]["op"])
+    assert ops == set(OPS)
+
+
 def test_report_of_a_collective_run(runs):
     res = _report(runs["collective"])
     assert res.returncode == 0, res.stderr
@@ -92,7 +81,6 @@ def test_report_of_a_collective_run(runs):
     assert all(f["alpha_us"] > 0 and f["busbw_gbps"] > 0 for f in fits)
 
 
-@multiproc
 def test_report_of_p2p_tp_and_pp_runs(runs):
     for name, pngs, words in (
         ("p2p", ["p2p_busbw.png", "p2p_latency.png"], ["ring", "pingpong", "Link matrix"]),
@@ -114,7 +102,6 @@ def test_report_of_p2p_tp_and_pp_runs(runs):
     _sensible(heatmap)
 
 
-@multiproc
 def test_several_runs_and_an_nccl_tests_log_on_one_plot(runs, tmp_path):
     log = FIXTURES / "bare_table.log"
     res = _report(runs["collective"], log, "--out", tmp_path / "both")
@@ -126,7 +113,6 @@ def test_several_runs_and_an_nccl_tests_log_on_one_plot(runs, tmp_path):
     _sensible(tmp_path / "both" / "collective_busbw.png")
 
 
-@multiproc
 def test_predict_prints_the_model_and_writes_nothing(runs):
     res = _report(runs["collective"], "--predict", "all_reduce:1G")
     assert res.returncode == 0, res.stderr
@@ -139,7 +125,6 @@ def test_predict_prints_the_model_and_writes_nothing(runs):
     assert t_us == pytest.approx(f["alpha_us"] + (1 << 30) / (f["beta_gbps"] * 1e3), rel=1e-3)
 
 
-@multiproc
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(runs, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -162,7 +147,6 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(runs, tmp_path):
     assert not list(empty.iterdir())
 
 
-@multiproc
 def test_a_run_reported_from_inside_its_directory_keeps_its_name(runs, tmp_path):
     res = _report(".", "--out", tmp_path / "r", cwd=runs["collective"])
     assert res.returncode == 0, res.stderr
@@ -215,22 +199,15 @@ SUMMARY = "4 measurements failed, 1 warned: first node all_reduce busbw on n3"
 def _accept_run(path: Path, rows: list[dict], summary: str = SUMMARY) -> Path:
     """accept.csv, accept.json and run.json as `distbench accept` writes them."""
     path.mkdir(parents=True)
-    with open(path / "accept.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, ACCEPT.csv)
-        writer.writeheader()
-        writer.writerows({k: "" if r.get(k) is None else r.get(k) for k in ACCEPT.csv}
-                         for r in rows)
+    write_csv(path / "accept.csv", ACCEPT.csv, rows)
     outcome = {"verdict": "FAIL", "summary": summary,
                "culprits": ["pair all_reduce busbw: node n3 is in all 2 failing pairs"],
                "notes": []}
     (path / "accept.json").write_text(json.dumps(
         {"schema_version": 1, "exit_code": 4, **outcome,
          "verdicts": [{**r, "retest": bool(r["retest"])} for r in rows]}))
-    (path / "run.json").write_text(json.dumps(
-        {"schema_version": 1, "command": "accept", "status": "below_expectation",
-         "exit_code": 4, "world_size": 6, "nnodes": 3, "backend": "gloo",
-         "versions": {"torch": "2.13.0+cpu"}, "accept": outcome}))
-    return path
+    return write_meta(path, "accept", schema_version=1, status="below_expectation",
+                      exit_code=4, world_size=6, nnodes=3, accept=outcome)
 
 
 def _tally(verdicts: list[dict]) -> dict[str, int]:

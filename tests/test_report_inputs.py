@@ -5,8 +5,6 @@ link matrix's arrows; cells no measurement can take; --out where nothing can be 
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 from helpers import Run, cli, distbench
+from runs import write_csv, write_meta
 
 from distbench.cli.commands.dp import OUTPUT as DP
 from distbench.results import plots, reader, report
@@ -26,19 +25,6 @@ H100_LOG = FIXTURES / "bare_table.log"  # all_reduce on 8 H100s, up to 312 GB/s
 def _report(*args, cwd: Path, **env) -> Run:
     """`distbench report *args` in a process of its own (its environment, its warnings)."""
     return distbench(None, "report", *map(str, args), cwd=cwd, timeout=120, **env)
-
-
-def _write_csv(path: Path, columns, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def _run_json(path: Path, command: str) -> None:
-    (path / "run.json").write_text(json.dumps(
-        {"schema_version": 1, "command": command, "status": "ok", "exit_code": 0,
-         "world_size": 2, "nnodes": 1, "backend": "gloo", "versions": {"torch": "2.13.0+cpu"}}))
 
 
 def _gloo_collective(path: Path, alpha_us: float = 200.0, gbps: float = 1.0,
@@ -56,8 +42,8 @@ def _gloo_collective(path: Path, alpha_us: float = 200.0, gbps: float = 1.0,
                          "time_us": t, "p99_us": t, "algbw_gbps": rate,
                          "busbw_gbps": busbw if busbw is not None and i == 2 else rate,
                          "status": "ok"})
-    _write_csv(path / "collective.csv", REQUIRED["collective.csv"], rows)
-    _run_json(path, "collective")
+    write_csv(path / "collective.csv", REQUIRED["collective.csv"], rows)
+    write_meta(path, "collective", schema_version=1)
     return path
 
 
@@ -79,8 +65,8 @@ def _dp_run(path: Path) -> Path:
              "state_bytes_per_rank": state, "state_bytes_formula": formula,
              "backend": "gloo", "status": "ok"}
             for mode, bucket, step, compute, alone, state, formula in DP_ROWS]
-    _write_csv(path / "dp.csv", DP.csv, rows)
-    _run_json(path, "dp")
+    write_csv(path / "dp.csv", DP.csv, rows)
+    write_meta(path, "dp", schema_version=1)
     return path
 
 
@@ -115,7 +101,7 @@ def test_a_dp_run_in_a_list_does_not_stop_the_report(tmp_path):
     coll = _gloo_collective(tmp_path / "coll-run")
     topo = tmp_path / "topo-run"  # topo writes run.json and no CSV
     topo.mkdir()
-    _run_json(topo, "topo")
+    write_meta(topo, "topo", schema_version=1)
     res = cli(tmp_path, "report", *map(str, (coll, dp, topo, "--out", tmp_path / "out")))
     assert res.returncode == 0, res.stderr
     text = (tmp_path / "out" / "report.md").read_text()
@@ -236,8 +222,8 @@ def _matrix_run(path: Path) -> Path:
                              "dst_local_rank": dst, "link": "intra", "dtype": "float32",
                              "world_size": 4, "nnodes": 1, "size_bytes": 1 << 20,
                              "time_us": 100.0, "p99_us": 100.0, "gbps": gbps})
-    _write_csv(path / "p2p_matrix.csv", REQUIRED["p2p_matrix.csv"], rows)
-    _run_json(path, "p2p")
+    write_csv(path / "p2p_matrix.csv", REQUIRED["p2p_matrix.csv"], rows)
+    write_meta(path, "p2p", schema_version=1)
     return path
 
 

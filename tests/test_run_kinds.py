@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import cli
+from runs import rewrite_csv
 from test_report import _sensible
 
 from distbench.cli.commands import COMMANDS
@@ -134,13 +135,8 @@ def test_the_watch_plot_counts_cycles_whole():
 def _slowed(src: Path, dst: Path, file: str, factor: float) -> Path:
     """A copy of a run with every step in `file` taking `factor` times as long."""
     shutil.copytree(src, dst)
-    with open(dst / file, newline="") as f:
-        rows = list(csv.DictReader(f))
-    with open(dst / file, "w", newline="") as f:
-        writer = csv.DictWriter(f, list(rows[0]))
-        writer.writeheader()
-        writer.writerows({**r, "step_us": str(float(r["step_us"]) * factor)} if r["step_us"]
-                         else r for r in rows)
+    rewrite_csv(dst / file, lambda r: {**r, "step_us": str(float(r["step_us"]) * factor)}
+                if r["step_us"] else r)
     return dst
 
 

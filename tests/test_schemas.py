@@ -10,11 +10,11 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import jsonschema
 import pytest
 from json_schemas import problems, validator
+from runs import accept_in_progress
 from test_topo import NVMLError_NotSupported, _fake_pynvml, _no_nvidia_smi
 
 from distbench import schemas
@@ -176,12 +176,6 @@ def test_topo_json_of_gpus_validates_and_mutants_fail(tmp_path, monkeypatch):
 
 # accept.json ---------------------------------------------------------------------------------
 
-def _progress(tmp_path: Path):
-    record = writer.RunRecord(tmp_path, "accept", {}, ["accept"])
-    rt = SimpleNamespace(world=2, backend="gloo", snapshots=[])
-    return files.AcceptFiles(tmp_path, record, PROFILE, "named", ["a", "b"], rt, strict=False)
-
-
 def _judged(time_us: float | None, wrong: int = 0) -> verdicts.Judged:
     check = PROFILE.checks[0]
     measured = [verdicts.Result(check, name, (i,), 2, time_us=time_us, wrong=wrong,
@@ -192,7 +186,7 @@ def _judged(time_us: float | None, wrong: int = 0) -> verdicts.Judged:
 
 @pytest.mark.parametrize("time_us, wrong", [(1000.0, 0), (1e9, 0), (1000.0, 3), (None, 0)])
 def test_accept_json_from_start_to_end_validates(tmp_path, time_us, wrong):
-    progress = _progress(tmp_path)
+    progress = accept_in_progress(tmp_path)[0]
     path = tmp_path / "accept.json"
     assert problems(path) == []
     progress.begin(PROFILE.checks[0].name)
@@ -220,7 +214,7 @@ def test_accept_json_from_start_to_end_validates(tmp_path, time_us, wrong):
 
 
 def test_accept_json_stopped_halfway_validates(tmp_path):
-    progress = _progress(tmp_path)
+    progress = accept_in_progress(tmp_path)[0]
     progress.begin(PROFILE.checks[0].name)
     progress.record.finish("interrupted", exitcodes.EXIT_INTERRUPTED, "interrupted by SIGINT")
     progress.ended("interrupted", exitcodes.EXIT_INTERRUPTED, "interrupted by SIGINT")

@@ -1,8 +1,6 @@
 import itertools
-from pathlib import Path
 
 import pytest
-from helpers import python_c
 
 from distbench.core.sizes import (
     MAX_SIZE,
@@ -411,18 +409,3 @@ def test_single_size_errors(text, match):
 def test_results_are_plain_ints():
     for text in ("8:1K", "1K:4K:+1K", "1K,2K", "64M"):
         assert all(type(v) is int for v in parse_sizes(text))
-
-
-# --- import cost ---------------------------------------------------------------
-
-
-@pytest.mark.multiproc  # a fresh interpreter: what the module imports, from nothing
-def test_module_does_not_import_torch():
-    code = (
-        "import sys; import distbench.core.sizes; "
-        "bad = [m for m in ('torch', 'numpy') if m in sys.modules]; "
-        "print(','.join(bad))"
-    )
-    out = python_c(code, Path(__file__).resolve().parents[1])
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""

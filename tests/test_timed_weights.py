@@ -5,10 +5,9 @@ every kernel still run; the step's own build holds after its checked step."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
+from fake_session import FakeSession
 
 from distbench.planner.layouts import Layout
 from distbench.planner.models import parse_model
@@ -67,8 +66,7 @@ def test_zero_redundancy_optimizer_is_held_in_its_partition(one_rank_group):
 
 
 def _session():
-    rt = SimpleNamespace(device=CPU, rank=0, world=1)
-    return SimpleNamespace(rt=rt, opts=SimpleNamespace(timeout=60.0))
+    return FakeSession(timeout=60.0)
 
 
 @pytest.mark.parametrize("checked", [False, True])

@@ -5,12 +5,11 @@ run and its check, the table, and option errors through the real command line.""
 from __future__ import annotations
 
 import ast
-from contextlib import nullcontext
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_session import FakeSession
 
 import distbench.steps.stacks
 from distbench.cli.commands import tp as cmd
@@ -199,7 +198,7 @@ def test_parallelized_stack_matches_reference_on_one_rank(group, kind):
 
 def _session(corrupt: bool):
     """What check_against_reference reads of a session."""
-    return SimpleNamespace(rt=SimpleNamespace(device=CPU), faults=Faults(corrupt=corrupt))
+    return FakeSession(faults=Faults(corrupt=corrupt))
 
 
 @pytest.mark.parametrize("kind", strat.BLOCKS)
@@ -283,13 +282,7 @@ def test_the_sharded_model_is_gone_before_rank_0_builds_the_whole_one(group, mon
     monkeypatch.setattr(strat, "build_sharded", build_sharded)
     monkeypatch.setattr(steps, "build_stack", build_whole)
     sh = strat.small_shape(1)
-    s = SimpleNamespace(rt=SimpleNamespace(rank=0, world=1, nnodes=1, device=CPU, backend="gloo"),
-                        opts=SimpleNamespace(timeout=60, warmup=1, iters=2, check=False,
-                                             dtype="float32"),
-                        step=lambda what, seconds: None, faults=Faults(),
-                        console=SimpleNamespace(log=lambda line: None),
-                        watching_failures=nullcontext, failed_here=lambda label, why: None,
-                        end_part=lambda: None)
+    s = FakeSession(timeout=60, warmup=1, iters=2, check=False, dtype="float32")
     row, _ = steps._measure_block(s, "mlp", sh, group, torch.float32, sh, True, [])
     assert alive_at_t1 == [False]
     assert row["t1_us"] > 0
