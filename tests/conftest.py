@@ -6,9 +6,7 @@ import time
 
 import helpers
 import pytest
-from helpers import LAUNCHER_VARS, free_port, processes_naming
-
-import distbench.cli.app
+from helpers import free_port, processes_naming
 
 # A suite started in the background by a shell without job control (a CI script's `cmd &`)
 # inherits SIGINT ignored, and so would every process it starts, since an ignored signal
@@ -122,22 +120,6 @@ def one_rank_group():
         yield
     finally:
         dist.destroy_process_group()
-
-
-@pytest.fixture
-def captured(monkeypatch, tmp_path):
-    """Run the CLI in-process with dispatch replaced; returns the (command, opts) it was given."""
-    for var in LAUNCHER_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)  # the default --out is relative
-    seen: list[tuple[str, object]] = []
-
-    def fake_dispatch(command, opts):
-        seen.append((command, opts))
-        return 0
-
-    monkeypatch.setattr(distbench.cli.app, "dispatch", fake_dispatch)
-    return seen
 
 
 @pytest.fixture

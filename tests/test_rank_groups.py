@@ -14,10 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
-from helpers import assert_one_line_error
-from typer.testing import CliRunner
+from helpers import assert_one_line_error, resolved
 
-from distbench.cli.app import app
 from distbench.core import rank_groups
 from distbench.core.contracts import COLLECTIVE
 from distbench.core.options import OptionError
@@ -105,20 +103,12 @@ def test_collective_refuses_a_bad_split_before_any_worker(in_process, tmp_path, 
     assert not out.exists()
 
 
-def _resolve(captured, *args: str):
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, (result.output, result.exception)
-    (_, opts), = captured
-    captured.clear()
-    return opts
-
-
-def test_collective_takes_a_split_and_sizes_buffers_by_the_group(captured):
-    opts = _resolve(captured, "collective", "--workers", "4", "--group-size", "2",
+def test_collective_takes_a_split_and_sizes_buffers_by_the_group(tmp_path):
+    opts = resolved(tmp_path, "collective", "--workers", "4", "--group-size", "2",
                     "--group-stride", "2", "--op", "all_gather")
     assert (opts.group_size, opts.group_stride, opts.group_of(4)) == (2, 2, 2)
     assert opts.buffer_multiple(4) == 3  # all_gather's input and its output of 2 blocks
-    whole = _resolve(captured, "collective", "--workers", "4", "--op", "all_gather")
+    whole = resolved(tmp_path, "collective", "--workers", "4", "--op", "all_gather")
     assert (whole.group_size, whole.group_of(4), whole.buffer_multiple(4)) == (None, 4, 5)
 
 
