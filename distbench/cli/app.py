@@ -234,10 +234,12 @@ def main(argv: list[str] | None = None) -> None:
         code = _run_app(args, argv)
     finally:  # whatever broke (the store the launcher held, say), a lost launcher is the cause
         lifeline.leave_if_orphaned()
-    if argv is None and "torch" in sys.modules:
+    if argv is None and "torch" in sys.modules and not env.under_launcher():
         # Nothing is left to do: every file is written and closed. The interpreter's teardown of
         # torch's modules would take another half CPU-second (1.5 s against 2.0 s for a
-        # process that only imports torch), paid by every launcher, report and plan.
+        # process that only imports torch), paid by every launcher, report and plan. Not a
+        # rank's: a rank refused at startup that left at once had torchrun stop its node's
+        # local rank 0 before that one said why (the session's ranks leave by os._exit anyway).
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):  # a reader gone, a closed stream
                 stream.flush()
