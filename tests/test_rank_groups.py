@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
-from helpers import assert_one_line_error, resolved
+from helpers import assert_one_line_error, refused, resolved
 
 from distbench.core import rank_groups
 from distbench.core.contracts import COLLECTIVE
@@ -280,3 +280,11 @@ def test_a_baseline_of_other_groups_is_refused_before_any_worker(in_process, tmp
     same = in_process("collective", "--workers", "4", "--baseline", str(base), "--group-size",
                       "2", "--group-stride", "2", "--out", str(tmp_path / "out"))
     assert same.code == 0, same.stderr
+
+
+def test_a_root_outside_a_group_says_the_group_and_outside_the_world_says_the_world(tmp_path):
+    """The group's reminder only where there are groups: a plain run's refusal reads as before."""
+    assert "rank 2 does not exist in a group of 2 (the root is a rank of each group)" in refused(
+        tmp_path, "collective", "--workers", "4", "--group-size", "2", "--root", "2")
+    assert refused(tmp_path, "collective", "--workers", "2", "--root", "5").strip() == (
+        "distbench: error: --root: rank 5 does not exist in a world of 2 (example: --root 0)")

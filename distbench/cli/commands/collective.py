@@ -82,9 +82,9 @@ class CollectiveOptions(SweepOptions):
             rank_groups.check(world, self.group_of(world), self.group_stride)
         n = self.group_of(world)
         if self.root >= n:
-            where = f"a group of {n}" if n < world else f"a world of {world}"
-            raise OptionError("--root", f"rank {self.root} does not exist in {where} (the root "
-                              "is a rank of each group)", "--root 0")
+            where = (f"a group of {n} (the root is a rank of each group)" if n < world
+                     else f"a world of {world}")
+            raise OptionError("--root", f"rank {self.root} does not exist in {where}", "--root 0")
         baseline_world(self.baseline, ("collective.csv",), world)
         baseline_groups(self.baseline, world, n, self.group_stride)
 
