@@ -171,6 +171,7 @@ STEP = Output("step.csv", csv=(
     "bubble_analytic", "bubble_us", "tp_bytes_per_step", "pp_bytes_per_step",
     "dp_bytes_per_step", "state_bytes_per_rank", "peak_mem_bytes", "samples_per_s",
     "max_abs_err", "backend", "status", "note", "recompute", "model_mem_bytes",
+    "virtual_stages",
 ), console=(
     *LAYOUT_COLUMNS,
     Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
