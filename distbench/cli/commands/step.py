@@ -40,7 +40,7 @@ HELP = ("One training step of a transformer stack on a tp x pp x dp mesh: step, 
 EXAMPLES = (
     "distbench step --workers 4       # every tp x pp x dp of 4 ranks",
     "distbench step --workers 4 --tp 2 --pp 2 --zero 0,1",
-    "distbench step --workers 4 --tp 1 --pp 2 --virtual-stages 2   # interleaved 1F1B",
+    "distbench step --workers 4 --pp 2 --virtual-stages 2   # interleaved 1F1B",
     "distbench step --model layers=8,hidden=256,heads=8,seq=64,batch=32",
 )
 
@@ -83,8 +83,8 @@ class StepCommandOptions(RunOptions):
     virtual_stages: int = option(
         1, "Model chunks per pipeline rank: above 1, interleaved 1F1B (torch's "
         "ScheduleInterleaved1F1B; rank r holds stages r, r + pp, ...). Megatron's "
-        "--num-layers-per-virtual-pipeline-stage L is layers / (pp x L). Needs pp > 1, pp x V "
-        "dividing the layers and micro-batches a multiple of pp.",
+        "other form, L layers per virtual pipeline stage, is V = layers / (pp x L). Needs "
+        "pp > 1, pp x V dividing the layers and micro-batches a multiple of pp.",
         check=at_least(1, "--virtual-stages 2"))
     recompute: str = option("none", "Activation recomputation: none, selective (the attention "
                             "core checkpointed) or full (every layer checkpointed).",
