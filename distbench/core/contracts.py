@@ -202,7 +202,7 @@ PLAN = Output("plan.csv", csv=(
     "pp_comm_ms", "bubble_ms", "dp_comm_ms", "dp_exposed_ms", "optimizer_ms",
     "bubble_fraction", "tokens_per_s", "memory_per_rank_bytes", "params_bytes", "grads_bytes",
     "optimizer_bytes", "buffers_bytes", "activations_bytes", "memory_limit_bytes", "fits",
-    "rank", "recompute", "given", "enumerated",
+    "rank", "recompute", "given", "enumerated", "virtual_stages",
 ), console=(
     Column("rank", "rank", "", 5),
     Column("tp", "tp", "", 4),

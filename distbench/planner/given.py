@@ -2,9 +2,10 @@
 run today cost, and what would beat it?". Written as Megatron-LM and DeepSpeed users write
 them: tp, pp, dp, the ZeRO stage, the micro-batch size (Megatron's --micro-batch-size,
 DeepSpeed's train_micro_batch_size_per_gpu) or the micro-batch count (gradient accumulation
-steps), recomputation; the global batch is the model's (`--model ...,batch=`). A named layout
-is checked like any input (OptionError naming the key), predicted even where it does not fit
-memory, and placed against the ranked list. Torch-free."""
+steps), recomputation, the virtual stages of an interleaved pipeline (v: Megatron's
+--virtual-pipeline-model-parallel-size); the global batch is the model's (`--model
+...,batch=`). A named layout is checked like any input (OptionError naming the key), predicted
+even where it does not fit memory, and placed against the ranked list. Torch-free."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from distbench.planner.models import ModelSpec
 OPTION = "--layout"
 EXAMPLE = "--layout tp=8,pp=2,dp=4,zero=1,mbs=2,recompute=full"
 # the keys, in the order a layout is written back; mbs: samples per micro-batch, m: their count
-KEYS = ("tp", "pp", "dp", "zero", "mbs", "m", "recompute")
-WHOLE = ("tp", "pp", "dp", "zero", "mbs", "m")
+KEYS = ("tp", "pp", "dp", "zero", "mbs", "m", "recompute", "v")
+WHOLE = ("tp", "pp", "dp", "zero", "mbs", "m", "v")
 
 
 @dataclass(frozen=True)
@@ -131,9 +132,9 @@ def resolve(given: Given, model: ModelSpec, gpus: int, per_node: int,
                               EXAMPLE)
         m = model.batch // (dp * mbs)
     elif m is None:
-        m = default_micro_batches(model, pp, dp)
+        m = default_micro_batches(model, pp, dp, given.get("v", 1))
     layout = Layout(tp=tp, pp=pp, dp=dp, zero=given.get("zero", 0), micro_batches=m,
-                    recompute=given.get("recompute", "none"))
+                    recompute=given.get("recompute", "none"), virtual_stages=given.get("v", 1))
     wrong = problems(layout, model, per_node)
     if wrong:
         raise OptionError(option, f"{given.text!r} cannot train {model.name}: "
