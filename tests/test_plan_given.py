@@ -327,3 +327,5 @@ def test_a_named_interleaved_layout_keeps_its_virtual_stages_to_the_validation()
                      layouts="pp=2,dp=2,v=2")
     (row,) = [r for r in rows if r["given"]]
     assert layout_of(row) == mine
+    assert row["enumerated"] == 0
+    assert row["outside"] == ["2 virtual stages: the enumeration weighs plain 1F1B"]

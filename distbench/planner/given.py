@@ -156,8 +156,11 @@ def resolve_all(text: str | None, model: ModelSpec, gpus: int, per_node: int,
 def outside(layout: Layout, model: ModelSpec, zero: Sequence[int],
             recompute: Sequence[str]) -> list[str]:
     """Why the enumeration did not produce `layout` (a valid one): the ZeRO stages and
-    recomputations asked for, and the micro-batch ladder (layouts.micro_batch_counts)."""
+    recomputations asked for, the micro-batch ladder (layouts.micro_batch_counts), and an
+    interleaved schedule (the enumeration weighs plain 1F1B only)."""
     why = []
+    if layout.virtual_stages > 1:
+        why.append(f"{layout.virtual_stages} virtual stages: the enumeration weighs plain 1F1B")
     if layout.dp > 1 and layout.zero not in zero:
         why.append(f"ZeRO {layout.zero} is not in --zero {','.join(map(str, zero))}")
     if layout.recompute not in recompute:
