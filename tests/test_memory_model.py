@@ -188,3 +188,36 @@ def test_7b_trains_without_a_pipeline_on_8_gpus_of_80_gb():
     assert z3 in fitting
     assert 40 * 2**30 < mem.memory(model, z3, 2).total < 43 * 2**30
     assert mem.memory(model, z3, 2).grads == model.params * 2
+
+
+@pytest.mark.parametrize("pp, v, m", [(2, 2, 4), (2, 2, 8), (4, 2, 4), (4, 2, 16), (3, 3, 3)])
+def test_interleaved_ranks_hold_the_chunk_forwards_torchs_schedule_warms_up(pp, v, m):
+    """in_flight against torch's own count of ScheduleInterleaved1F1B's warmup forwards (each
+    a chunk's), plus the first steady forward; rank 0 holds Narayanan et al.'s
+    pp (1 + (pp - 1) / (pp v)) micro-batches' worth where rounds allow."""
+    from torch.distributed.pipelining.schedules import _get_warmup_ops
+
+    lay = Layout(tp=1, pp=pp, dp=1, micro_batches=m, virtual_stages=v)
+    for rank in range(pp):
+        warmup = _get_warmup_ops(rank, v, pp, pp, m)
+        assert mem.in_flight(lay, rank) == min(warmup + 1, v * m), rank
+    if m >= pp * v:
+        assert mem.in_flight(lay) / v == pp * (1 + (pp - 1) / (pp * v))
+
+
+def test_an_interleaved_rank_holds_chunk_sized_micro_batches_and_buffers_per_chunk():
+    four = replace(SMALL, layers=4)
+    tokens = 2 * 4  # 8 samples a replica in 4 micro-batches of 2, 4 tokens each
+    chunk = tokens * (PER_TOKEN + OUTPUT)  # one layer a chunk: 4 layers over pp 2 x v 2
+    lay = Layout(tp=1, pp=2, dp=1, micro_batches=4, virtual_stages=2)
+    first = mem.stage_memory(four, lay, 4, stage=0)
+    last = mem.stage_memory(four, lay, 4, stage=1)
+    # rank 0: (2 - 1) x 2 + 2 warmup chunk forwards and the first steady one; rank 1: 2 + 1
+    assert first.activations == 5 * chunk + tokens * AT_WORK
+    assert last.activations == 3 * chunk + tokens * AT_WORK
+    # receive buffers per chunk: rank 0 holds stages 0 and 2 (gradient; input and gradient),
+    # rank 1 stages 1 and 3 (input and gradient; input): 3 per micro-batch each
+    assert first.buffers == last.buffers == 3 * 4 * tokens * 8 * 4
+    # plain 1F1B on the same model: 2 micro-batches of both layers in flight on rank 0
+    plain = mem.stage_memory(four, replace(lay, virtual_stages=1), 4, stage=0)
+    assert plain.activations == 2 * 2 * chunk - 2 * tokens * OUTPUT + tokens * AT_WORK

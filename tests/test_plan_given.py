@@ -307,3 +307,25 @@ def test_a_layout_of_the_wrong_type_in_a_config_file_is_one_line(tmp_path):
     line = helpers.assert_one_line_error(got, None, "--config", ours=True)
     assert "layout = 8" in line and "wrong type for --layout" in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_a_named_interleaved_layout_keeps_its_virtual_stages_to_the_validation():
+    """v= names Megatron's virtual pipeline stages: checked like the step's option, its
+    default micro-batches whole rounds, and the plan row hands them to the validation's step
+    (layout_of), which then runs the interleaved schedule."""
+    from distbench.planner.plan import layout_of
+
+    model = replace(MODEL, layers=8)
+    mine = _resolve("pp=2,dp=2,v=2", model)
+    assert (mine.virtual_stages, mine.micro_batches, mine.schedule) == (2, 8, "interleaved-1f1b")
+    assert given.canonical("--layout", "v=2,pp=2") == "pp=2,v=2"
+    with pytest.raises(OptionError, match="pp x virtual stages"):
+        _resolve("pp=2,v=3", model)
+    with pytest.raises(OptionError, match="interleave a pipeline; pp is 1"):
+        _resolve("dp=4,v=2", model)
+    rows = plan_rows(model, _dp_inputs(), 4, 4, MEMORY, "float32", (0,),
+                     layouts="pp=2,dp=2,v=2")
+    (row,) = [r for r in rows if r["given"]]
+    assert layout_of(row) == mine
+    assert row["enumerated"] == 0
+    assert row["outside"] == ["2 virtual stages: the enumeration weighs plain 1F1B"]

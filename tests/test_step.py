@@ -52,6 +52,20 @@ BAD = [
     ("model-shape-lacks", ["--model", "layers=4,hidden=64"], "--model", "lacks heads"),
     ("tp-zero", ["--tp", "0"], "--tp", "at least 1"),
     ("recompute-unknown", ["--recompute", "some"], "--recompute", "some"),
+    ("virtual-stages-zero", ["--pp", "2", "--virtual-stages", "0"], "--virtual-stages",
+     "at least 1"),
+    ("virtual-stages-without-pipeline", ["--tp", "1", "--pp", "1", "--virtual-stages", "2"],
+     "--tp/--pp/--virtual-stages", "2 virtual stages interleave a pipeline; pp is 1"),
+    ("virtual-stages-split-no-layers", ["--pp", "2", "--virtual-stages", "3"],
+     "--pp/--virtual-stages", "pp x virtual stages (2 x 3) must divide the layers (4)"),
+    ("virtual-stages-micro-batches-not-rounds", ["--pp", "2", "--virtual-stages", "2",
+                                                 "--micro-batches", "3"],
+     "--pp/--virtual-stages", "needs micro-batches (3) a multiple of pp (2)"),
+    ("virtual-stages-ddp-too-few", ["--pp", "2", "--virtual-stages", "2", "--micro-batches",
+                                    "4"], "--pp/--virtual-stages",
+     "needs more micro-batches than pp x virtual stages (2 x 2), got 4"),
+    ("virtual-stages-no-layout", ["--virtual-stages", "4"], "--virtual-stages",
+     "no tp x pp x dp layout of 4 ranks runs toy at 4 virtual stages"),
     ("kv-heads-do-not-divide", ["--model", "layers=2,hidden=64,heads=4,kv_heads=3,seq=8,"
                                 "batch=8"], "--model", "kv_heads=3 do not divide heads=4"),
     ("tp-splits-a-kv-head", ["--tp", "4", "--model", "layers=2,hidden=64,heads=4,kv_heads=2,"
@@ -192,3 +206,49 @@ def test_recompute_reaches_every_layout_and_the_vocabulary_is_left_out(no_launch
     assert layouts and {lay.recompute for lay in layouts} == {"full"}
     opts = _opts(model="7b")
     assert opts.spec().vocab == 0 and opts.spec().params < PRESETS["7b"].params
+
+
+def test_virtual_stages_keep_the_pipelines_and_default_to_whole_rounds(no_launcher):
+    """Interleaved, every layout of the world with a pipeline the split fits: pp 1 has none
+    to interleave; micro-batches default to 2 x pp x v (a multiple of pp, above pp x v)."""
+    opts = _opts(model="layers=8,hidden=64,heads=4,seq=8,batch=16", virtual_stages=2,
+                 zero="0,3")
+    layouts, _ = opts.layouts(4)
+    got = [(x.tp, x.pp, x.dp, x.zero, x.micro_batches, x.virtual_stages) for x in layouts]
+    assert got == [(1, 2, 2, 0, 8, 2), (1, 2, 2, 3, 8, 2), (1, 4, 1, 0, 16, 2),
+                   (2, 2, 1, 0, 8, 2)]
+    assert {x.schedule for x in layouts} == {"interleaved-1f1b"}
+    assert Layout(tp=1, pp=2, dp=2).schedule == "1f1b"
+    assert Layout(tp=1, pp=1, dp=4).schedule is None
+
+
+@pytest.mark.parametrize("layers, pp, v, want", [
+    # rank r holds stages r, r + pp, ...: each layers / (pp v) consecutive layers
+    (8, 2, 2, {0: [(0, [0, 1]), (2, [4, 5])], 1: [(1, [2, 3]), (3, [6, 7])]}),
+    (8, 4, 2, {0: [(0, [0]), (4, [4])], 1: [(1, [1]), (5, [5])], 2: [(2, [2]), (6, [6])],
+               3: [(3, [3]), (7, [7])]}),
+    (12, 2, 3, {0: [(0, [0, 1]), (2, [4, 5]), (4, [8, 9])],
+                1: [(1, [2, 3]), (3, [6, 7]), (5, [10, 11])]}),
+    (8, 2, 1, {0: [(0, [0, 1, 2, 3])], 1: [(1, [4, 5, 6, 7])]}),
+])
+def test_each_rank_holds_the_chunks_of_the_interleaved_placement(layers, pp, v, want):
+    from distbench.planner.layouts import rank_chunks
+    from distbench.planner.models import ModelSpec
+    from distbench.steps.mesh_model import rank_layers
+
+    got = {r: [(s, list(ls)) for s, ls in rank_chunks(layers, r, pp, v)] for r in range(pp)}
+    assert got == want
+    model = ModelSpec(name="m", layers=layers, hidden_size=8, ffn_size=16, heads=2, seq_len=4,
+                      batch=16)
+    lay = Layout(tp=1, pp=pp, dp=1, micro_batches=2 * pp, virtual_stages=v)
+    held = sorted(i for r in range(pp) for i in rank_layers(model, lay, r))
+    assert held == list(range(layers))  # every layer once
+
+
+def test_the_interleaved_bubble_is_pp_minus_one_over_v_slots():
+    plain = Layout(tp=1, pp=4, dp=1, micro_batches=8)
+    inter = Layout(tp=1, pp=4, dp=1, micro_batches=8, virtual_stages=2)
+    assert bubble_time(plain, 800.0) == 3 / 8 * 800
+    assert bubble_time(inter, 800.0) == 3 / 16 * 800
+    assert default_micro_batches(PRESETS["toy"], 2, 2, 2) == 8
+    assert default_micro_batches(PRESETS["toy"], 2, 1, 2) == 8

@@ -173,6 +173,7 @@ STEP = Output("step.csv", csv=(
     "bubble_analytic", "bubble_us", "tp_bytes_per_step", "pp_bytes_per_step",
     "dp_bytes_per_step", "state_bytes_per_rank", "peak_mem_bytes", "samples_per_s",
     "max_abs_err", "backend", "status", "note", "recompute", "model_mem_bytes",
+    "virtual_stages",
 ), console=(
     *LAYOUT_COLUMNS,
     Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
@@ -203,7 +204,7 @@ PLAN = Output("plan.csv", csv=(
     "pp_comm_ms", "bubble_ms", "dp_comm_ms", "dp_exposed_ms", "optimizer_ms",
     "bubble_fraction", "tokens_per_s", "memory_per_rank_bytes", "params_bytes", "grads_bytes",
     "optimizer_bytes", "buffers_bytes", "activations_bytes", "memory_limit_bytes", "fits",
-    "rank", "recompute", "given", "enumerated",
+    "rank", "recompute", "given", "enumerated", "virtual_stages",
 ), console=(
     Column("rank", "rank", "", 5),
     Column("tp", "tp", "", 4),

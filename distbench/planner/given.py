@@ -2,9 +2,10 @@
 run today cost, and what would beat it?". Written as Megatron-LM and DeepSpeed users write
 them: tp, pp, dp, the ZeRO stage, the micro-batch size (Megatron's --micro-batch-size,
 DeepSpeed's train_micro_batch_size_per_gpu) or the micro-batch count (gradient accumulation
-steps), recomputation; the global batch is the model's (`--model ...,batch=`). A named layout
-is checked like any input (OptionError naming the key), predicted even where it does not fit
-memory, and placed against the ranked list. Torch-free."""
+steps), recomputation, the virtual stages of an interleaved pipeline (v: Megatron's
+--virtual-pipeline-model-parallel-size); the global batch is the model's (`--model
+...,batch=`). A named layout is checked like any input (OptionError naming the key), predicted
+even where it does not fit memory, and placed against the ranked list. Torch-free."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from distbench.planner.models import ModelSpec
 OPTION = "--layout"
 EXAMPLE = "--layout tp=8,pp=2,dp=4,zero=1,mbs=2,recompute=full"
 # the keys, in the order a layout is written back; mbs: samples per micro-batch, m: their count
-KEYS = ("tp", "pp", "dp", "zero", "mbs", "m", "recompute")
-WHOLE = ("tp", "pp", "dp", "zero", "mbs", "m")
+KEYS = ("tp", "pp", "dp", "zero", "mbs", "m", "recompute", "v")
+WHOLE = ("tp", "pp", "dp", "zero", "mbs", "m", "v")
 
 
 @dataclass(frozen=True)
@@ -131,9 +132,9 @@ def resolve(given: Given, model: ModelSpec, gpus: int, per_node: int,
                               EXAMPLE)
         m = model.batch // (dp * mbs)
     elif m is None:
-        m = default_micro_batches(model, pp, dp)
+        m = default_micro_batches(model, pp, dp, given.get("v", 1))
     layout = Layout(tp=tp, pp=pp, dp=dp, zero=given.get("zero", 0), micro_batches=m,
-                    recompute=given.get("recompute", "none"))
+                    recompute=given.get("recompute", "none"), virtual_stages=given.get("v", 1))
     wrong = problems(layout, model, per_node)
     if wrong:
         raise OptionError(option, f"{given.text!r} cannot train {model.name}: "
@@ -155,8 +156,11 @@ def resolve_all(text: str | None, model: ModelSpec, gpus: int, per_node: int,
 def outside(layout: Layout, model: ModelSpec, zero: Sequence[int],
             recompute: Sequence[str]) -> list[str]:
     """Why the enumeration did not produce `layout` (a valid one): the ZeRO stages and
-    recomputations asked for, and the micro-batch ladder (layouts.micro_batch_counts)."""
+    recomputations asked for, the micro-batch ladder (layouts.micro_batch_counts), and an
+    interleaved schedule (the enumeration weighs plain 1F1B only)."""
     why = []
+    if layout.virtual_stages > 1:
+        why.append(f"{layout.virtual_stages} virtual stages: the enumeration weighs plain 1F1B")
     if layout.dp > 1 and layout.zero not in zero:
         why.append(f"ZeRO {layout.zero} is not in --zero {','.join(map(str, zero))}")
     if layout.recompute not in recompute:

@@ -19,8 +19,10 @@ from distbench.planner.models import ModelSpec
 ZERO_STAGES = (0, 1, 2, 3)
 # activation recomputation: none, the attention core (selective), each whole layer (full)
 RECOMPUTE = ("none", "selective", "full")
-# torch.distributed.pipelining's schedules the step runs; 1F1B needs micro_batches >= pp
+# torch.distributed.pipelining's schedules the step runs (named as `distbench pp` names them):
+# 1F1B needs micro_batches >= pp; the interleaved one also micro-batches a multiple of pp
 SCHEDULE = "1f1b"
+INTERLEAVED = "interleaved-1f1b"
 
 
 def parse_zero(option_name: str, text, example: str) -> list[int]:
@@ -39,8 +41,16 @@ class Layout:
     recompute: str = "none"  # planner.memory.RECOMPUTE
     # Megatron's interleaved 1F1B: each rank holds `virtual_stages` chunks of its layers, a
     # micro-batch passing every rank v times (--num-layers-per-virtual-pipeline-stage). Only a
-    # layout the user names carries v > 1: `step` and the enumeration run plain 1F1B
+    # layout the user names carries v > 1 (`plan --layout`, `step --virtual-stages`): the
+    # enumeration weighs plain 1F1B
     virtual_stages: int = 1
+
+    @property
+    def schedule(self) -> str | None:
+        """The pipeline schedule this layout runs; None without a pipeline."""
+        if self.pp == 1:
+            return None
+        return INTERLEAVED if self.virtual_stages > 1 else SCHEDULE
 
     @property
     def world(self) -> int:
@@ -97,14 +107,28 @@ def problems(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None)
         out.append(f"dp x micro-batches ({d} x {m}) must divide the batch ({model.batch})")
     if p > 1 and m < p:
         out.append(f"the 1F1B schedule needs at least pp ({p}) micro-batches, got {m}")
-    elif p > 1 and d > 1 and z <= 1 and m == p:
+    elif p > 1 and d > 1 and z <= 1 and m <= p * v:
         # torch's DDP fails an internal assert in the second step of such a pipeline (seen at
-        # pp 2, dp 2, m 2 with torch 2.13); a rank that fails leaves its stage's peers waiting
-        out.append(f"DDP (ZeRO {z}) in a 1F1B pipeline needs more micro-batches than pp ({p}), "
+        # pp 2, dp 2, m 2, and interleaved at pp 2, v 2, m 4, with torch 2.13: "rebuilt
+        # parameter indices size is not same as original model parameters size"); a rank that
+        # fails leaves its stage's peers waiting
+        what = f"pp x virtual stages ({p} x {v})" if v > 1 else f"pp ({p})"
+        out.append(f"DDP (ZeRO {z}) in a 1F1B pipeline needs more micro-batches than {what}, "
                    f"got {m}")
     if gpus_per_node is not None and t > gpus_per_node:
         out.append(f"tp {t} spans nodes of {gpus_per_node} GPUs; TP stays inside a node")
     return out
+
+
+def rank_chunks(layers: int, pp_rank: int, pp: int, virtual_stages: int = 1
+                ) -> list[tuple[int, range]]:
+    """The model chunks rank `pp_rank` holds, as (stage index, its layers): pp x v stages of
+    layers / (pp x v) consecutive layers each, stage s on rank s % pp (Megatron's and torch's
+    interleaved placement: rank r holds stages r, r + pp, ...). One chunk without interleaving.
+    pp x v divides the layers (problems())."""
+    n = pp * virtual_stages
+    per = layers // n
+    return [(s, range(s * per, (s + 1) * per)) for s in range(pp_rank, n, pp)]
 
 
 def divisors(n: int) -> list[int]:
@@ -114,22 +138,29 @@ def divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
-def default_micro_batches(model: ModelSpec, pp: int, dp: int) -> int:
+def default_micro_batches(model: ModelSpec, pp: int, dp: int, virtual_stages: int = 1) -> int:
     """1 without a pipeline; else the fewest micro-batches from 2 x pp up that split a replica's
     share of the batch (bubble (pp-1)/(3pp-1): a third of pp's minimum's), else from pp up, else
-    2 x pp (which problems() then refuses)."""
+    2 x pp (which problems() then refuses). Interleaved, a multiple of pp (its rounds) from
+2 x pp x v up (bubble (pp-1)/(2 pp v^2 + pp - 1)), else above pp x v, else from pp up."""
     if pp == 1:
         return 1
-    return fewest_micro_batches(model, dp, 2 * pp) or fewest_micro_batches(model, dp, pp) \
-        or 2 * pp
+    if virtual_stages == 1:
+        return fewest_micro_batches(model, dp, 2 * pp) or fewest_micro_batches(model, dp, pp) \
+            or 2 * pp
+    lows = (2 * pp * virtual_stages, pp * virtual_stages + 1, pp)  # problems()' DDP bound
+    return next((k for low in lows if (k := fewest_micro_batches(model, dp, low, pp))),
+                2 * pp * virtual_stages)
 
 
-def fewest_micro_batches(model: ModelSpec, dp: int, low: int) -> int | None:
-    """The fewest micro-batches from `low` up that split a replica's share of the batch; None
-    when none does (or dp does not split the batch)."""
+def fewest_micro_batches(model: ModelSpec, dp: int, low: int, multiple_of: int = 1
+                         ) -> int | None:
+    """The fewest micro-batches from `low` up, a multiple of `multiple_of`, that split a
+    replica's share of the batch; None when none does (or dp does not split the batch)."""
     if model.batch % dp:
         return None
-    return next((k for k in divisors(model.batch // dp) if k >= low), None)
+    return next((k for k in divisors(model.batch // dp) if k >= low and k % multiple_of == 0),
+                None)
 
 
 def micro_batch_counts(model: ModelSpec, pp: int, dp: int) -> list[int]:

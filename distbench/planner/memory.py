@@ -62,6 +62,12 @@ gradients outside its buckets (no_sync): a second copy. Beside them: the op at w
 MLP-wide output), and torch's pipeline's receive buffers, one per micro-batch for the input
 (but on the first stage) and one for the output's gradient (but on the last). The first
 stage, the second and the last are counted; the peak is the largest.
+
+Interleaved 1F1B (v virtual stages a rank) counts in chunks, each 1/v of the rank's layers:
+torch's ScheduleInterleaved1F1B runs (v - 1) x pp + 2 (pp - 1 - rank) chunk forwards before
+the rank's first backward (at most v x m), so rank 0 holds pp (1 + (pp - 1) / (pp v))
+micro-batches' worth (Narayanan et al.'s figure) where plain 1F1B holds pp; and each chunk
+keeps receive buffers of its own (but the model's first stage's input and last's gradient).
 """
 
 from __future__ import annotations
@@ -142,8 +148,13 @@ def layer_activation_bytes(model: ModelSpec, tp: int, elt_bytes: int,
 
 
 def in_flight(layout: Layout, stage: int = 0) -> int:
-    """Micro-batches whose activations stage `stage` holds at once under 1F1B."""
-    return min(layout.pp - stage, layout.micro_batches)
+    """Chunk forwards (micro-batches, without interleaving) whose activations pipeline rank
+    `stage` holds at once: its warmup forwards and the first steady one (torch's
+    _get_warmup_ops: (v - 1) x pp + 2 (pp - 1 - rank) interleaved, pp - 1 - rank plain)."""
+    p, v, m = layout.pp, layout.virtual_stages, layout.micro_batches
+    if v == 1:
+        return min(p - stage, m)
+    return min((v - 1) * p + 2 * (p - 1 - stage) + 1, v * m)
 
 
 def gathered_bytes(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:
@@ -167,12 +178,14 @@ def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -
     """What stage `stage`'s rank holds at its peak (the module's text)."""
     t, p, d, z = layout.tp, layout.pp, layout.dp, layout.zero
     per_stage = model.layers // p
+    v = layout.virtual_stages
     first, last = stage == 0, stage == p - 1
     params = (per_stage * model.params_per_layer
               + model.vocab * model.hidden_size * (first + last)) / t
     tokens = layout.micro_batch_size(model) * model.seq_len
-    per_micro = per_stage * tokens * layer_activation_bytes(model, t, elt_bytes,
-                                                            layout.recompute)
+    # one chunk's forward of one micro-batch (the whole stage's without interleaving)
+    per_micro = per_stage // v * tokens * layer_activation_bytes(model, t, elt_bytes,
+                                                                 layout.recompute)
     k = in_flight(layout, stage)
     # the stage's output of each micro-batch in flight, kept for its backward (by the
     # pipeline's cache, or the loss), and the op at work: one MLP-wide output
@@ -192,13 +205,13 @@ def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -
     grads = whole / d if fsdp and not unsynced else whole
     fresh = 0.0 if ddp and not unsynced else grads
     after = (k - 1) * per_micro + fresh  # the first backward done
-    if layout.micro_batches > k:
+    if v * layout.micro_batches > k:
         after += per_micro  # a later forward, beside the gradients
     acts, held = max((k * per_micro, 0.0), (after - fresh, fresh), key=sum)
-    # torch's pipeline receives each micro-batch's input (but the first stage's) and output
-    # gradient (but the last's) into buffers of its own, kept between steps
-    received = (p > 1) * layout.micro_batches * tokens * model.hidden_size * elt_bytes \
-        * ((stage > 0) + (stage < p - 1))
+    # torch's pipeline receives each micro-batch's input (but the model's first stage's) and
+    # output gradient (but the last's) into buffers of its own, per chunk, kept between steps
+    ends = (stage > 0) + (stage < p - 1) + 2 * (v - 1)
+    received = (p > 1) * layout.micro_batches * tokens * model.hidden_size * elt_bytes * ends
     return Memory(params=whole / (d if fsdp else 1),
                   grads=held + (whole if ddp else 0.0),
                   optimizer=params * optimizer_bytes_per_param(elt_bytes) / (d if z else 1),

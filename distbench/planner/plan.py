@@ -98,7 +98,7 @@ def _row(model: ModelSpec, lay: Layout, inputs: Inputs, elt: int, dtype: str,
         **{f"{k}_bytes": v for k, v in m.parts().items()},
         "memory_limit_bytes": mem.usable_bytes(memory_per_gpu),
         "fits": mem.fits(m.total, memory_per_gpu), "rank": None,
-        "recompute": lay.recompute,
+        "recompute": lay.recompute, "virtual_stages": lay.virtual_stages,
     }
 
 

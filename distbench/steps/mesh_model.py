@@ -9,8 +9,11 @@ the way torchtitan composes torch's own APIs:
 4. DP on mesh["dp"]: zero 0 DDP, zero 1 DDP with ZeroRedundancyOptimizer, zero 2 / 3 FSDP2
    (fully_shard per layer, then the stage; reshard_after_forward false / true);
 5. PP on mesh["pp"]: a PipelineStage around the DP-wrapped stage and Schedule1F1B with an MSE
-   loss; with pp 1, the micro-batches are accumulated by hand, gradients synchronised on the
-   last one only (DDP no_sync, FSDP set_requires_gradient_sync);
+   loss; interleaved (v virtual stages), one PipelineStage per chunk of the rank's layers
+   (stage index rank + k x pp, planner.layouts.rank_chunks), each chunk DP-wrapped on its own
+   as torchtitan wraps its model parts, and ScheduleInterleaved1F1B; with pp 1, the
+   micro-batches are accumulated by hand, gradients synchronised on the last one only (DDP
+   no_sync, FSDP set_requires_gradient_sync);
 6. AdamW (ZeroRedundancyOptimizer's inner optimizer at zero 1).
 
 Beside it: the single-rank reference the check compares with, and the same per-rank work with no
@@ -31,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from distbench.bench import timing
-from distbench.planner.layouts import Layout
+from distbench.planner.layouts import Layout, rank_chunks
 from distbench.planner.models import ModelSpec
 from distbench.steps.dp_model import (
     CHECK_EPS_SHARE,
@@ -104,12 +107,7 @@ def make_layer(model: ModelSpec, index: int, device, dtype, tp: int = 1,
     return layer.to(device=device, dtype=dtype)
 
 
-def stage_indices(model: ModelSpec, pp_rank: int, pp: int) -> range:
-    per = model.layers // pp  # pp divides the layers: planner.layouts.problems
-    return range(pp_rank * per, (pp_rank + 1) * per)
-
-
-def make_stage(model: ModelSpec, indices: range, device, dtype, tp: int = 1,
+def make_stage(model: ModelSpec, indices, device, dtype, tp: int = 1,
                recompute: str = "none") -> Stage:
     return Stage({str(i): make_layer(model, i, device, dtype, tp, recompute) for i in indices})
 
@@ -149,13 +147,13 @@ class MeshModel:
 
     layout: Layout
     mesh: object  # the DeviceMesh
-    stage: Stage  # this rank's layers (TP-sharded, DP-wrapped in place by FSDP)
-    model: nn.Module  # what forward runs: the DDP wrapper, or the stage
+    stage: Stage  # all this rank's layers (TP-sharded, DP-wrapped in place by FSDP)
+    model: nn.Module  # what forward runs without a pipeline: the DDP wrapper, or the stage
     optimizer: torch.optim.Optimizer
     # this replica's samples (all micro-batches) on the first stage, its targets on the last
     x: torch.Tensor | None
     target: torch.Tensor | None
-    schedule: object | None  # Schedule1F1B when pp > 1
+    schedule: object | None  # Schedule1F1B (ScheduleInterleaved1F1B) when pp > 1
     localized: dict = field(default_factory=dict)  # name -> DTensor spec (TP under DDP)
     loss: torch.Tensor | None = None  # the last step's, on the last stage
 
@@ -167,6 +165,7 @@ class MeshModel:
         self.params = [p for _, p in named]
         self.pp_rank = self.mesh["pp"].get_local_rank()
         self.first = self.pp_rank == 0
+        # the rank that holds the model's last stage (its last chunk, interleaved)
         self.last = self.pp_rank == self.layout.pp - 1
 
     def forward_backward(self) -> None:
@@ -288,11 +287,12 @@ def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: fl
     t, p = layout.tp, layout.pp
     mesh = mesh if mesh is not None else device_mesh(layout, device)
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
-    indices = stage_indices(model, pp_rank, p)
+    chunks = rank_chunks(model.layers, pp_rank, p, layout.virtual_stages)
     shard = _fsdp(layout, mesh, dtype)
     built = torch.float32 if shard is not None and needs_master(dtype) else dtype
     layers = {}
-    for i in indices:  # whole one layer at a time: the stage whole would not fit where it runs
+    for i in rank_layers(model, layout, pp_rank):
+        # whole one layer at a time: the stage whole would not fit where it runs
         layer = make_layer(model, i, device, built, recompute=layout.recompute)
         if t > 1:
             from torch.distributed.tensor.parallel import parallelize_module
@@ -302,16 +302,40 @@ def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: fl
             shard(layer)
         layers[str(i)] = layer
     stage = Stage(layers)
-    wrapped, localized = _data_parallel(stage, layout, mesh, device, shard)
+    # each chunk a Stage of the same layer modules: the rank's Stage names every parameter as
+    # the whole model does, the chunks are what the pipeline runs and DP wraps
+    parts = [Stage({str(i): layers[str(i)] for i in r}) for _, r in chunks] \
+        if len(chunks) > 1 else [stage]
+    localized: dict = {}
+    wrapped = []
+    for part in parts:
+        w, loc = _data_parallel(part, layout, mesh, device, shard)
+        wrapped.append(w)
+        localized.update(loc)
     opt = _optimizer(stage, layout, mesh, device, dtype, eps)
     schedule = None
     if p > 1:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleInterleaved1F1B,
+        )
 
-        pipe = PipelineStage(wrapped, pp_rank, p, device, group=mesh["pp"].get_group())
-        schedule = Schedule1F1B(pipe, layout.micro_batches, loss_fn=F.mse_loss)
+        n = p * layout.virtual_stages
+        pipes = [PipelineStage(w, index, n, device, group=mesh["pp"].get_group())
+                 for w, (index, _) in zip(wrapped, chunks, strict=True)]
+        if layout.virtual_stages > 1:
+            schedule = ScheduleInterleaved1F1B(pipes, layout.micro_batches, loss_fn=F.mse_loss)
+        else:
+            schedule = Schedule1F1B(pipes[0], layout.micro_batches, loss_fn=F.mse_loss)
     x, target = replica_inputs(model, layout, pp_rank, dp_rank, device, dtype)
-    return MeshModel(layout, mesh, stage, wrapped, opt, x, target, schedule, localized)
+    return MeshModel(layout, mesh, stage, wrapped[0], opt, x, target, schedule, localized)
+
+
+def rank_layers(model: ModelSpec, layout: Layout, pp_rank: int) -> list[int]:
+    """The global indices of the layers pipeline rank `pp_rank` holds, in every chunk."""
+    return [i for _, r in rank_chunks(model.layers, pp_rank, layout.pp, layout.virtual_stages)
+            for i in r]
 
 
 def replica_inputs(model: ModelSpec, layout: Layout, pp_rank: int, dp_rank: int, device,
@@ -431,7 +455,7 @@ def build_compute_only(model: ModelSpec, layout: Layout, pp_rank: int, shards: l
                        device: torch.device, dtype) -> ComputeOnly:
     from distbench.steps.dp_model import adamw
 
-    indices = stage_indices(model, pp_rank, layout.pp)
+    indices = rank_layers(model, layout, pp_rank)
     stage = make_stage(model, indices, device, dtype, layout.tp, layout.recompute)
     first, last = pp_rank == 0, pp_rank == layout.pp - 1
     g = torch.Generator().manual_seed(SEED + 1)

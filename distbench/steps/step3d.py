@@ -14,9 +14,10 @@ as every command times (warmup, barrier, timed loop, cross-rank statistics):
 
 The parts: step = compute_only + bubble + exposed communication. The bubble is what the 1F1B
 schedule leaves idle even with free communication, (pp - 1) micro-batches' forward and
-backward; exposed_comm = step - compute_only - bubble. TP's and PP's calls sit on the critical
-path (nothing computes while a layer's all-reduce or a stage's input is awaited), so each is
-taken as exposed in full, up to what is left; DP's exposed share is the rest.
+backward, and (pp - 1) / v of them interleaved (v virtual stages: each slot is a chunk's, 1/v
+of the rank's layers); exposed_comm = step - compute_only - bubble. TP's and PP's calls sit on
+the critical path (nothing computes while a layer's all-reduce or a stage's input is awaited),
+so each is taken as exposed in full, up to what is left; DP's exposed share is the rest.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from distbench.bench import timing
 from distbench.bench.measure import Settings, timed_samples, timing_cells
 from distbench.core.tables import Output, format_table, plural
 from distbench.ops.torch_dtypes import TORCH_DTYPES
-from distbench.planner.layouts import SCHEDULE, Layout
+from distbench.planner.layouts import Layout
 from distbench.planner.memory import held_by_step, memory, step_inputs_bytes
 from distbench.planner.models import ModelSpec, model_text, parse_model
 from distbench.run.comm_trace import ranks_of
@@ -64,9 +65,10 @@ def run(s: Session, output: Output) -> int:
                   f"{rt.backend}")
     for note in notes:
         s.console.log(note)
-    details: dict = {"seed": mesh_model.SEED, "model": model.to_json(), "schedule": SCHEDULE,
-                     "layouts": {}, "check": {"enabled": opts.check,
-                                              "rtol": RTOL["step"][opts.dtype]}}
+    schedules = sorted({lay.schedule for lay in layouts if lay.schedule})
+    details: dict = {"seed": mesh_model.SEED, "model": model.to_json(),
+                     "schedule": ",".join(schedules), "layouts": {},
+                     "check": {"enabled": opts.check, "rtol": RTOL["step"][opts.dtype]}}
     s.console.lines(format_table(output.console, [], title=(
         f"step  {opts.dtype}  ranks {rt.world}  nodes {rt.nnodes}  backend {rt.backend}  "
         f"{model.describe()}")))
@@ -206,11 +208,13 @@ def _base_row(s: Session, model: ModelSpec, layout: Layout, dtype_name: str) -> 
             "model_mem_bytes": int(memory(model, layout, elt).total
                                    + step_inputs_bytes(model, layout, elt)),
             "micro_batch_size": layout.micro_batch_size(model),
-            "schedule": SCHEDULE if p > 1 else None, "dtype": dtype_name,
+            "schedule": layout.schedule, "virtual_stages": layout.virtual_stages,
+            "dtype": dtype_name,
             "world_size": rt.world, "nnodes": rt.nnodes, "layers": model.layers,
             "hidden_size": model.hidden_size, "ffn_size": model.ffn_size, "heads": model.heads,
             "seq_len": model.seq_len, "batch": model.batch, "params": model.params,
-            "bubble_analytic": (p - 1) / (m + p - 1), "backend": rt.backend}
+            "bubble_analytic": (p - 1) / (layout.virtual_stages * m + p - 1),
+            "backend": rt.backend}
 
 
 def _skipped(row: dict, reason: str) -> tuple[dict, dict]:
@@ -344,8 +348,10 @@ def _alone(s: Session, dim: str, calls: list[CommCall], mesh, layout: Layout, la
 
 def bubble_time(layout: Layout, forward_backward_us: float) -> float:
     """What 1F1B leaves idle with free communication: a rank computes its m micro-batches in
-    (m + pp - 1) slots, so (pp - 1) / m of its forward and backward time."""
-    return (layout.pp - 1) / layout.micro_batches * forward_backward_us
+    (m + pp - 1) slots, so (pp - 1) / m of its forward and backward time; interleaved, its v x m
+    chunk passes in (v m + pp - 1) slots, (pp - 1) / (v m)."""
+    return (layout.pp - 1) / (layout.virtual_stages * layout.micro_batches) \
+        * forward_backward_us
 
 
 def attribute_exposed(exposed: float, alone: dict[str, float], layout: Layout

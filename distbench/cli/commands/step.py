@@ -1,5 +1,6 @@
 """`distbench step`: one training step of a transformer stack laid out on a tp x pp x dp device
-mesh (TP through parallelize_module, PP through torch.distributed.pipelining's 1F1B, DP through
+mesh (TP through parallelize_module, PP through torch.distributed.pipelining's 1F1B or
+interleaved 1F1B (--virtual-stages), DP through
 DDP, ZeroRedundancyOptimizer or FSDP2), one row per layout: step time, compute-only time, each
 dimension's communication alone and exposed, the bubble, the state per rank and a check against
 a single-rank reference."""
@@ -39,6 +40,7 @@ HELP = ("One training step of a transformer stack on a tp x pp x dp mesh: step, 
 EXAMPLES = (
     "distbench step --workers 4       # every tp x pp x dp of 4 ranks",
     "distbench step --workers 4 --tp 2 --pp 2 --zero 0,1",
+    "distbench step --workers 4 --pp 2 --virtual-stages 2   # interleaved 1F1B",
     "distbench step --model layers=8,hidden=256,heads=8,seq=64,batch=32",
 )
 
@@ -65,7 +67,7 @@ class StepCommandOptions(RunOptions):
     tp: int | None = option(None, "Tensor-parallel ranks. With none of --tp, --pp, --dp: every "
                             "layout of the world the model fits.",
                             check=at_least(1, "--tp 2", optional=True), show_default=False)
-    pp: int | None = option(None, "Pipeline stages (1F1B).",
+    pp: int | None = option(None, "Pipeline stages (1F1B; interleaved with --virtual-stages).",
                             check=at_least(1, "--pp 2", optional=True), show_default=False)
     dp: int | None = option(None, "Data-parallel replicas. Default: the ranks --tp and --pp "
                             "leave.", check=at_least(1, "--dp 2", optional=True),
@@ -78,6 +80,12 @@ class StepCommandOptions(RunOptions):
         "2 x pp up that split a replica's batch.", check=at_least(1, "--micro-batches 4",
                                                                   optional=True),
         show_default=False)
+    virtual_stages: int = option(
+        1, "Model chunks per pipeline rank: above 1, interleaved 1F1B (torch's "
+        "ScheduleInterleaved1F1B; rank r holds stages r, r + pp, ...). Megatron's "
+        "other form, L layers per virtual pipeline stage, is V = layers / (pp x L). Needs "
+        "pp > 1, pp x V dividing the layers and micro-batches a multiple of pp.",
+        check=at_least(1, "--virtual-stages 2"))
     recompute: str = option("none", "Activation recomputation: none, selective (the attention "
                             "core checkpointed) or full (every layer checkpointed).",
                             check=one_of(RECOMPUTE, "--recompute full"))
@@ -102,8 +110,10 @@ class StepCommandOptions(RunOptions):
             for t in divisors(world):
                 for p in divisors(world // t):
                     d = world // (t * p)
-                    m = self.micro_batches or default_micro_batches(model, p, d)
-                    if not problems(Layout(tp=t, pp=p, dp=d, micro_batches=m), model):
+                    v = self.virtual_stages
+                    m = self.micro_batches or default_micro_batches(model, p, d, v)
+                    if not problems(Layout(tp=t, pp=p, dp=d, micro_batches=m,
+                                           virtual_stages=v), model):
                         out.append((t, p, d))
             return out
         fill = next(k for k in ("dp", "tp", "pp") if given[k] is None) \
@@ -124,19 +134,25 @@ class StepCommandOptions(RunOptions):
         out: list[Layout] = []
         notes: list[str] = []
         for t, p, d in self.shapes(world):
-            m = self.micro_batches or default_micro_batches(model, p, d)
+            v = self.virtual_stages
+            m = self.micro_batches or default_micro_batches(model, p, d, v)
             stages = [z for z in self.zero if d > 1 or z == 0]
             dropped = [z for z in self.zero if z not in stages]
             if dropped:
                 notes.append(f"tp {t} pp {p} dp {d}: ZeRO {', '.join(map(str, dropped))} "
                              "left out (it shards over replicas; dp is 1)")
-            out += [Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m, recompute=self.recompute)
-                    for z in stages]
+            out += [Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m, recompute=self.recompute,
+                           virtual_stages=v) for z in stages]
         return out, notes
 
     def check_world(self, world: int) -> None:
         shapes = self.shapes(world)
         if not shapes:
+            if self.virtual_stages > 1:
+                raise OptionError("--virtual-stages", f"no tp x pp x dp layout of {world} "
+                                  f"ranks runs {self.model} at {self.virtual_stages} virtual "
+                                  "stages (pp > 1, pp x V dividing the layers)",
+                                  "--pp 2 --virtual-stages 2")
             raise OptionError("--model", f"no tp x pp x dp layout of {world} ranks fits "
                               f"{self.model}", "--model toy")
         for t, p, d in shapes:
@@ -156,11 +172,14 @@ class StepCommandOptions(RunOptions):
         for layout in layouts:
             why = problems(layout, model)
             if why:
-                raise OptionError(self._named(), f"{layout.label()}: {why[0]}",
-                                  "--tp 2 --pp 2 --dp 1 --micro-batches 4")
+                example = "--tp 1 --pp 2 --virtual-stages 2 --micro-batches 4" \
+                    if self.virtual_stages > 1 else "--tp 2 --pp 2 --dp 1 --micro-batches 4"
+                raise OptionError(self._named(), f"{layout.label()}: {why[0]}", example)
 
     def _named(self) -> str:
         named = [f"--{k}" for k in ("tp", "pp", "dp") if getattr(self, k) is not None]
+        if self.virtual_stages > 1:
+            named.append("--virtual-stages")
         return "/".join(named) or "--model"
 
     def host_bytes(self, backend: str, world: int) -> int:
