@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 from helpers import cli
-from runs import rewrite_csv
+from runs import read_csv, rewrite_csv, write_csv
 from test_report import _sensible
 
 from distbench.cli.commands import COMMANDS
+from distbench.core.errors import ReadError
 from distbench.core.tables import plural
 from distbench.planner.plan import validation_md
 from distbench.results import compare, plots, reader, report
@@ -217,3 +218,22 @@ def test_a_plans_validation_reads_the_same_in_plan_md_and_in_its_report(tmp_path
     # and the recorded run's own plan.md, written by the plan command, reads the same
     recorded = (RUNS / "plan" / "plan.md").read_text().splitlines()
     assert in_report[:2 + len(rows)] == _table_after(recorded, "## Validation")
+
+
+@pytest.mark.parametrize("column,base_value,new_value", [("recompute", "none", "full"),
+                                                        ("virtual_stages", "1", "2")])
+def test_a_recomputed_or_interleaved_layout_is_not_compared_with_the_plain_one(
+        tmp_path, column, base_value, new_value):
+    """step.csv's rows matched on tp, pp, dp, ZeRO and m alone: a run recomputing every layer
+    (or interleaving its pipeline) was compared with the plain one, row for row."""
+    runs = {}
+    for name, value in (("base", base_value), ("new", new_value)):
+        runs[name] = tmp_path / name
+        shutil.copytree(RUNS / "step", runs[name])
+        rows = read_csv(runs[name] / "step.csv")
+        write_csv(runs[name] / "step.csv", [*rows[0], *([column] * (column not in rows[0]))],
+                  [{**row, column: value} for row in rows])
+    with pytest.raises(ReadError, match="no row in common"):
+        compare.compare(reader.load(runs["base"]), reader.load(runs["new"]))
+    same = compare.compare(reader.load(runs["new"]), reader.load(runs["new"]))
+    assert same.rows and all(r.mark == "~" for r in same.rows if r.ratio is not None)

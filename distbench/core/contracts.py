@@ -187,9 +187,12 @@ STEP = Output("step.csv", csv=(
     Column("peak_mem_bytes", "peak", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
     Column("model_mem_bytes", "model", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
     Column("max_abs_err", "max_err", "", 10, ".3g"),
-), identity=("model", "tp", "pp", "dp", "zero", "micro_batches", "dtype", "world_size"),
+), identity=("model", "tp", "pp", "dp", "zero", "micro_batches", "dtype", "world_size",
+             "recompute", "virtual_stages"),
     read=("tp", "pp", "dp", "zero", "micro_batches", "step_us", "compute_only_us",
-          "exposed_comm_us", "status"))
+          "exposed_comm_us", "status"),
+    # a layout recomputed or interleaved is another layout; older runs lack the columns
+    identity_since=("recompute", "virtual_stages"))
 
 
 
