@@ -146,6 +146,11 @@ def format_matrix(title: str, names: list[str], grid: dict[tuple[int, int], floa
     return lines
 
 
+def missing(v) -> bool:
+    """A cell with no figure: None, or NaN (pandas' empty cell)."""
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
 def number(v, digits: int = 4) -> str:
     """`digits` significant digits, always written out in full (1080 beside 966, never 1.08e+03
     beside 966), trailing zeros dropped; "-" for none."""

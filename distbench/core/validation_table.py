@@ -4,17 +4,12 @@ records, report validation.csv's rows."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 
 from distbench.core.layout_label import row_label
-from distbench.core.tables import markdown_table
+from distbench.core.tables import markdown_table, missing
 
 HEADER = ["layout", "predicted (ms)", "measured (ms)", "error", "in sample", "status"]
-
-
-def _missing(v) -> bool:
-    return v is None or v == "" or (isinstance(v, float) and math.isnan(v))
 
 
 def validation_table(records: Iterable[Mapping]) -> list[str]:
@@ -23,11 +18,11 @@ def validation_table(records: Iterable[Mapping]) -> list[str]:
     in_sample and status, as validation.csv holds them. The whole layout label: two layouts
     that differ only in recomputation must not read alike."""
     def ms(v) -> str:
-        return "-" if _missing(v) else f"{float(v):.2f}"
+        return "-" if missing(v) else f"{float(v):.2f}"
 
     rows = [[row_label(r), ms(r["predicted_step_ms"]), ms(r.get("measured_step_ms")),
-             "-" if _missing(r.get("error_pct")) else f"{float(r['error_pct']):+.1f}%",
-             "no" if _missing(r.get("in_sample")) or not int(r["in_sample"]) else "yes",
+             "-" if missing(r.get("error_pct")) else f"{float(r['error_pct']):+.1f}%",
+             "no" if missing(r.get("in_sample")) or not int(r["in_sample"]) else "yes",
              str(r.get("status"))]
             for r in records]
     return markdown_table(HEADER, rows, align="lrrrll")

@@ -14,7 +14,7 @@ import pandas as pd
 from distbench.core.contracts import NUMBERS
 from distbench.core.layout_label import row_label
 from distbench.core.sizes import format_size
-from distbench.core.tables import markdown_table, number, plural
+from distbench.core.tables import markdown_table, missing, number, plural
 from distbench.core.validation_table import validation_table
 from distbench.results import alphabeta, reader
 from distbench.results.reader import NCCL_TESTS, Run, measured
@@ -44,13 +44,9 @@ def _peaks(frame: pd.DataFrame, group: list[str], rate: str) -> list[dict]:
     return out
 
 
-def _missing(v) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
 def _fmt(v, spec: str) -> str:
     """A figure in a fixed format (".1f"); "-" for none."""
-    return "-" if _missing(v) else format(v, spec)
+    return "-" if missing(v) else format(v, spec)
 
 
 def _size(v) -> str:
@@ -72,7 +68,7 @@ def _groups(run: Run) -> str:
     if frame is None or "group_size" not in frame.columns or not len(frame):
         return ""
     row = frame.iloc[0]
-    if _missing(row.get("groups")) or int(row["groups"]) <= 1:
+    if missing(row.get("groups")) or int(row["groups"]) <= 1:
         return ""
     return (f", in {int(row['groups'])} groups of {int(row['group_size'])} at stride "
             f"{int(row['group_stride'])} ({int(row['per_node'])} a node) all at once")
@@ -209,13 +205,13 @@ def _layout_text(row: pd.Series) -> str:
 
 def _ms(row: pd.Series, column: str) -> str:
     value = row.get(column)
-    return "-" if _missing(value) else number(float(value) / 1e3)
+    return "-" if missing(value) else number(float(value) / 1e3)
 
 
 def _memory_cells(row: pd.Series) -> list[str]:
     """The measured peak beside the model's figure, and how far the model is."""
     peak, model = row.get("peak_mem_bytes"), row.get("model_mem_bytes")
-    known = not _missing(peak) and not _missing(model) and float(peak) > 0
+    known = not missing(peak) and not missing(model) and float(peak) > 0
     error = f"{(float(model) - float(peak)) / float(peak):+.1%}" if known else "-"
     return [_size(peak), _size(model), error]
 
