@@ -165,12 +165,15 @@ class Listener(TorchDispatchMode):
     def posted(self, call: CommCall) -> None:
         raise NotImplementedError
 
-    def __enter__(self):
-        # The first op dispatched through a mode imports torch._dynamo (torch._compile's
-        # guard): about 2 s, 3.5 on a busy machine, which inside a rank's first collective
-        # looked like a stalled peer to a 3 s --timeout. Paid here, before any step is timed.
-        import torch._dynamo  # noqa: F401
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Otherwise torch wraps __torch_dispatch__ in torch._dynamo.disable, whose first call
+        # imports torch._dynamo: 2.3 CPU-s a rank (the cost of torch itself again), and inside
+        # a rank's first collective, where on a busy machine it looked like a stalled peer to a
+        # 3 s --timeout. Nothing compiles under a listener, so there is nothing to disable.
+        return False
 
+    def __enter__(self):
         self._batches.__enter__()
         return super().__enter__()
 
