@@ -44,23 +44,21 @@ LONG_LOOP = ["collective", "--sizes", "4K,8M", "--iters", "2000", "--warmup", "1
 LOOP_STEP = "all_reduce 8 MiB float32 sum in-place"
 
 
-def _rank_of(pid: int) -> int | None:
+def _started_at(pid: int) -> tuple[int, int]:
+    """When `pid` started (clock ticks since boot), then the pid: the order it was started in."""
     try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return None
-    found = [int(e[5:]) for e in env if e.startswith(b"RANK=")]
-    return found[0] if found else None
+        return (0, pid)
+    return (int(stat.rpartition(")")[2].split()[19]), pid)
 
 
 def _workers(launcher: int, n: int) -> dict[int, int]:
-    """rank -> pid, once the launcher has started all n workers (their RANK is in /proc)."""
-    ranks = {}
-    for pid in children(launcher):
-        rank = _rank_of(pid)
-        if rank is not None:
-            ranks[rank] = pid
-    return ranks if len(ranks) == n else {}
+    """rank -> pid, once the launcher has started all n workers. torch's agent starts them in
+    local rank order; forked from the launcher (run/forked_workers.py), their environment in
+    /proc is the launcher's, which names no rank."""
+    found = sorted(children(launcher), key=_started_at)
+    return dict(enumerate(found)) if len(found) == n else {}
 
 
 def _wait_for(what, seconds: float, proc: subprocess.Popen):

@@ -89,7 +89,8 @@ def start_local(command: str, opts) -> int:
         budget = limits.rank_budget(nproc) if backend != "nccl" else None
         if budget is not None:  # what each may hold, as checked above (plan sizes itself by it)
             os.environ[env.RANK_MEMORY_ENV] = str(budget)
-        run_local_workers(nproc, ["-m", "distbench", command, *to_argv(opts)])
+        run_local_workers(nproc, ["-m", "distbench", command, *to_argv(opts)],
+                          fork=backend != "nccl")
         return EXIT_OK
     except OSError as e:
         print(f"distbench: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
@@ -169,11 +170,16 @@ def _stopped(record, signum: int) -> int:
     return code
 
 
-def run_local_workers(nproc: int, python_args: list[str]) -> None:
-    """`python <python_args>` in nproc local workers, as torchrun --standalone starts them.
+def run_local_workers(nproc: int, python_args: list[str], fork: bool = False) -> None:
+    """`python -u <python_args>` in nproc local workers, as torchrun --standalone starts them;
+    `fork`: forked from this process instead (run/forked_workers.py: no GPU in play).
     Raises torch's ChildFailedError when a worker fails."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    if fork:
+        from distbench.run import forked_workers
+
+        forked_workers.install()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, minus its warning
     # The agent's own log lines (closing signals sent to workers) repeat what we report. torch
     # gives some of its elastic loggers their own level, so the parent's is not enough.

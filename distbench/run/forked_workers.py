@@ -1,0 +1,200 @@
+"""Self-launched CPU workers forked from the launcher, which has imported torch already, rather
+than started as fresh interpreters that each import it again: about 2 CPU-seconds and 2 s of
+wall time saved per worker, before the first row (benchmarks/launch_cost.py).
+
+torch's elastic agent still does everything else as it does for `python -u -m distbench ...`:
+rendezvous, each worker's environment, watching them, stopping them with a signal to their
+process group, reading their exit codes. Only the one call that starts a worker process is
+replaced (SubprocessHandler._popen); the child is made to look like what exec would have made
+(its own session, default signal handlers, no inherited descriptors, unbuffered output, the
+environment given) and then runs the same entry point a fresh interpreter would.
+
+Only where no GPU is in play: a process that has touched CUDA cannot be forked safely. And
+only from a launcher that has run no torch op yet, whose thread pools do not exist (OpenMP's
+do not survive a fork)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import logging
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+# What a fresh `python -u -m distbench` would be started as: the only command line forked.
+_ENTRY = ("-u", "-m", "distbench")
+_POLL_S = 0.01
+
+
+def install() -> None:
+    """From now on, in this (launcher) process, torch's agent forks each `python -u -m distbench`
+    worker instead of executing one. The levels of the loggers as they are now are what each
+    worker starts with (the launcher quiets torch's own afterwards)."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+        subprocess_handler as handler,
+    )
+
+    popen = handler.SubprocessHandler._popen
+    if getattr(popen, "distbench_forks", False):
+        return
+    levels = {name: logging.getLogger(name).level for name in logging.root.manager.loggerDict}
+
+    def forking(self, args, env):
+        if tuple(args[:1 + len(_ENTRY)]) != (sys.executable, *_ENTRY):
+            return popen(self, args, env)  # not ours (a numactl wrapper, say): as torch would
+        return ForkedWorker(list(args[1 + len(_ENTRY):]), env, self._stdout, self._stderr,
+                            levels)
+
+    forking.distbench_forks = True
+    handler.SubprocessHandler._popen = forking
+
+
+class ForkedWorker:
+    """The part of subprocess.Popen that torch's agent uses (pid, poll, wait, send_signal), for
+    a worker forked from this process."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], stdout, stderr,
+                 levels: dict[str, int]):
+        for stream in (sys.stdout, sys.stderr):  # or the child writes it a second time
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            _become_worker(argv, env, stdout, stderr, levels, ready_w)  # never returns
+        os.close(ready_w)
+        # as Popen(start_new_session=True) returns: the child leads its own process group, so
+        # that the agent's killpg reaches it and only it
+        with contextlib.suppress(OSError):
+            os.read(ready_r, 1)
+        os.close(ready_r)
+        self.pid = pid
+        self.args = argv
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is lost
+                self.returncode = 1
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(_POLL_S)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+
+def _become_worker(argv, env, stdout, stderr, levels, ready_w) -> None:
+    """In the forked child: what exec would have given, then distbench's entry point, then
+    gone. Nothing here may return into the agent's code that forked it."""
+    code = 1
+    try:
+        os.setsid()
+        os.write(ready_w, b"x")
+        # The launcher's objects are never collected here: one holding a descriptor closed
+        # below would otherwise close whatever the worker opened under the same number.
+        gc.freeze()
+        _default_signals()
+        for fd, stream in ((1, stdout), (2, stderr)):
+            if stream is not None:  # the agent's redirect file, as Popen would have used it
+                os.dup2(stream.fileno(), fd)
+        os.closerange(3, _max_fd())  # the agent's store, its sockets: not the worker's
+        os.environ.clear()
+        os.environ.update(env)
+        _unbuffered()
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        _threads_from_env()
+        sys.argv = [sys.argv[0], *argv]
+        # what `python -m distbench` runs, as it runs it (argv[0] becomes its path)
+        runpy.run_module("distbench", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:  # as an interpreter dies of an uncaught one: by SIGINT
+        _flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    finally:
+        _flush()
+        os._exit(code)
+
+
+def _default_signals() -> None:
+    """The launcher's handlers (torch's agent turns SIGTERM into an exception) are not the
+    worker's: as a fresh interpreter starts, SIGINT raises KeyboardInterrupt and what Python
+    handled is back to its default; ignored signals stay ignored, as exec keeps them."""
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _unbuffered() -> None:
+    """`python -u`: every write reaches the descriptor at once (a worker killed mid-run has
+    already said what it said)."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False),
+                                  encoding=getattr(old, "encoding", None) or "utf-8",
+                                  errors=getattr(old, "errors", None) or "strict",
+                                  write_through=True)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _threads_from_env() -> None:
+    """OpenMP read OMP_NUM_THREADS when the launcher loaded torch, before the launcher set it
+    for its workers: what a fresh worker would have read, applied now."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (OSError, ValueError):
+        return 65536
+
+
+def _exit_code(code) -> int:
+    """What the interpreter makes of sys.exit(code)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    with contextlib.suppress(Exception):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()

@@ -1,0 +1,140 @@
+"""run/forked_workers.py: a worker forked from the launcher starts as exec would have started it
+(its own session, default signal handlers, an empty signal mask, no inherited descriptor, only
+the environment it was given, unbuffered output), ends with the code or signal a fresh
+interpreter would have ended with, and is what torch's agent starts for distbench's command
+line only. What the child runs is replaced here by a probe (runpy.run_module, which the child
+calls as `python -m distbench` would); every self-launched multi-process test runs the real one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+    subprocess_handler as handler,
+)
+
+from distbench.run import forked_workers
+from distbench.run.forked_workers import ForkedWorker
+
+ARGV = ["collective", "--sizes", "4K"]
+
+
+def _probe(seen, then=None):
+    """In place of `python -m distbench`, in the child: what it started with, written to
+    `seen`; then `then()`."""
+
+    def run_module(name, run_name=None, alter_sys=False):
+        opened = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                opened[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                pass  # the listing's own descriptor, closed by now
+        seen.write_text(json.dumps({
+            "module": [name, run_name, alter_sys], "argv": sys.argv[1:],
+            "session": [os.getsid(0), os.getpgid(0), os.getpid()], "env": dict(os.environ),
+            "opened": opened,
+            "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+            "sigint_raises": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+            "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            "write_through": [sys.stdout.write_through, sys.stderr.write_through]}))
+        if then is not None:
+            then()
+
+    return run_module
+
+
+@pytest.mark.procs(1)
+def test_a_forked_worker_starts_as_exec_would_have_started_it(tmp_path, monkeypatch):
+    seen, marker = tmp_path / "seen.json", tmp_path / "launcher-only"
+    monkeypatch.setattr(forked_workers.runpy, "run_module", _probe(seen))
+    # what the launcher holds as it forks: torch's agent's handlers, a blocked signal, a
+    # descriptor of its own
+    previous = signal.signal(signal.SIGTERM, lambda *a: None)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    held = os.open(marker, os.O_WRONLY | os.O_CREAT)
+    try:
+        worker = ForkedWorker(ARGV, {"RANK": "1", "ONLY": "this"}, None, None, {})
+        assert worker.wait(timeout=60) == 0
+    finally:
+        os.close(held)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        signal.signal(signal.SIGTERM, previous)
+    got = json.loads(seen.read_text())
+    assert got["module"] == ["distbench", "__main__", True]
+    assert got["argv"] == ARGV
+    sid, pgid, pid = got["session"]
+    assert sid == pgid == pid == worker.pid  # torch's agent stops it with killpg
+    assert got["env"] == {"RANK": "1", "ONLY": "this"}
+    assert set(got["opened"]) <= {"0", "1", "2"}, got["opened"]
+    assert str(marker) not in got["opened"].values()
+    assert got["sigterm_default"] and got["sigint_raises"]
+    assert got["blocked"] == []
+    assert got["write_through"] == [True, True]
+
+
+@pytest.mark.procs(1)
+@pytest.mark.parametrize("raised,code", [(SystemExit(0), 0), (SystemExit(None), 0),
+                                         (SystemExit(3), 3), (SystemExit("why"), 1),
+                                         (RuntimeError("boom"), 1), (None, 0)])
+def test_a_forked_worker_ends_with_the_code_an_interpreter_would(tmp_path, monkeypatch, capfd,
+                                                                 raised, code):
+    def then():
+        if raised is not None:
+            raise raised
+
+    monkeypatch.setattr(forked_workers.runpy, "run_module", _probe(tmp_path / "seen", then))
+    worker = ForkedWorker(ARGV, {}, None, None, {})
+    assert worker.wait(timeout=60) == code == worker.poll()
+    err = capfd.readouterr().err
+    if isinstance(raised, RuntimeError):
+        assert "RuntimeError: boom" in err  # the traceback, as an interpreter prints it
+    if raised is not None and raised.args == ("why",):
+        assert "why" in err
+
+
+@pytest.mark.procs(1)
+def test_a_forked_worker_dies_of_the_signals_a_fresh_one_would(tmp_path, monkeypatch):
+    """SIGTERM to its process group (how torch's agent stops workers) kills it: the launcher's
+    handler is gone. An uncaught KeyboardInterrupt ends it by SIGINT, as in an interpreter."""
+    import time
+
+    monkeypatch.setattr(forked_workers.runpy, "run_module",
+                        _probe(tmp_path / "seen", lambda: time.sleep(60)))
+    worker = ForkedWorker(ARGV, {}, None, None, {})
+    with pytest.raises(subprocess.TimeoutExpired):
+        worker.wait(timeout=0.3)
+    assert worker.poll() is None
+    os.killpg(worker.pid, signal.SIGTERM)
+    assert worker.wait(timeout=30) == -signal.SIGTERM
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(forked_workers.runpy, "run_module",
+                        _probe(tmp_path / "seen", interrupted))
+    assert ForkedWorker(ARGV, {}, None, None, {}).wait(timeout=30) == -signal.SIGINT
+
+
+@pytest.mark.procs(1)
+def test_only_distbench_workers_are_forked(tmp_path, monkeypatch):
+    """install(): torch's agent forks `python -u -m distbench ...`, and starts any other
+    command line (a numactl wrapper, say) as it always did."""
+    monkeypatch.setattr(handler.SubprocessHandler, "_popen", handler.SubprocessHandler._popen)
+    monkeypatch.setattr(forked_workers.runpy, "run_module", _probe(tmp_path / "seen"))
+    forked_workers.install()
+    installed = handler.SubprocessHandler._popen
+    forked_workers.install()
+    assert handler.SubprocessHandler._popen is installed  # not wrapped twice
+    ours = handler.SubprocessHandler(sys.executable, ("-u", "-m", "distbench", *ARGV), {},
+                                     None, None, 0, None)
+    other = handler.SubprocessHandler(sys.executable, ("-c", "pass"), {}, None, None, 0, None)
+    assert isinstance(ours.proc, ForkedWorker)
+    assert isinstance(other.proc, subprocess.Popen)
+    assert ours.proc.wait(timeout=60) == 0 and other.proc.wait(timeout=60) == 0
+    assert json.loads((tmp_path / "seen").read_text())["argv"] == ARGV
