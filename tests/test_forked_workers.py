@@ -138,3 +138,11 @@ def test_only_distbench_workers_are_forked(tmp_path, monkeypatch):
     assert isinstance(other.proc, subprocess.Popen)
     assert ours.proc.wait(timeout=60) == 0 and other.proc.wait(timeout=60) == 0
     assert json.loads((tmp_path / "seen").read_text())["argv"] == ARGV
+
+
+def test_install_imports_what_the_workers_would_each_import(monkeypatch):
+    """Command.preload: imported once by the launcher, before any worker is forked."""
+    monkeypatch.setattr(handler.SubprocessHandler, "_popen", handler.SubprocessHandler._popen)
+    monkeypatch.delitem(sys.modules, "xml.dom.minidom", raising=False)
+    forked_workers.install(("xml.dom.minidom",))
+    assert "xml.dom.minidom" in sys.modules

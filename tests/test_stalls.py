@@ -429,7 +429,7 @@ dist.destroy_process_group()
 def test_the_first_collective_a_listener_hears_imports_nothing():
     """A dispatch mode's first op imported torch._dynamo inside it: 2 s here, 3.5 s on a busy
     machine, inside each rank's first collective, so a 3 s --timeout named a healthy peer as
-    stalled (CI failed so twice). The listener imports nothing, then or ever (2.3 CPU-s a rank
+    stalled (CI failed so twice). The listener imports nothing, then or ever (1.2 CPU-s a rank
     of every step run, and of every run the suite traces)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

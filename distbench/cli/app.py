@@ -66,7 +66,7 @@ def dispatch(name: str, opts) -> int:
         return entry.run_local(opts)
     from distbench.run import launch
 
-    code = launch.start_local(name, opts)
+    code = launch.start_local(name, opts, entry.preload)
     return entry.exit_code(opts, code) if entry.exit_code is not None else code
 
 

@@ -168,7 +168,7 @@ class Listener(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # Otherwise torch wraps __torch_dispatch__ in torch._dynamo.disable, whose first call
-        # imports torch._dynamo: 2.3 CPU-s a rank (the cost of torch itself again), and inside
+        # imports torch._dynamo: 1.2 CPU-s a rank (half the cost of torch itself), and inside
         # a rank's first collective, where on a busy machine it looked like a stalled peer to a
         # 3 s --timeout. Nothing compiles under a listener, so there is nothing to disable.
         return False

@@ -41,7 +41,9 @@ def check_machine(opts, world: int | None) -> None:
     limits.check_workers(nproc, opts.host_bytes("gloo", nproc), opts.SIZED_BY)
 
 
-def start_local(command: str, opts) -> int:
+def start_local(command: str, opts, preload: tuple[str, ...] = ()) -> int:
+    """The run on local workers that this process starts: `preload`, modules they would each
+    import at a cost (Command.preload), imported here once where they are forked."""
     import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -90,7 +92,7 @@ def start_local(command: str, opts) -> int:
         if budget is not None:  # what each may hold, as checked above (plan sizes itself by it)
             os.environ[env.RANK_MEMORY_ENV] = str(budget)
         run_local_workers(nproc, ["-m", "distbench", command, *to_argv(opts)],
-                          fork=backend != "nccl")
+                          fork=backend != "nccl", preload=preload)
         return EXIT_OK
     except OSError as e:
         print(f"distbench: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
@@ -170,16 +172,17 @@ def _stopped(record, signum: int) -> int:
     return code
 
 
-def run_local_workers(nproc: int, python_args: list[str], fork: bool = False) -> None:
+def run_local_workers(nproc: int, python_args: list[str], fork: bool = False,
+                      preload: tuple[str, ...] = ()) -> None:
     """`python -u <python_args>` in nproc local workers, as torchrun --standalone starts them;
-    `fork`: forked from this process instead (run/forked_workers.py: no GPU in play).
-    Raises torch's ChildFailedError when a worker fails."""
+    `fork`: forked from this process instead (run/forked_workers.py: no GPU in play), with
+    `preload` imported first. Raises torch's ChildFailedError when a worker fails."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if fork:
         from distbench.run import forked_workers
 
-        forked_workers.install()
+        forked_workers.install(preload)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, minus its warning
     # The agent's own log lines (closing signals sent to workers) repeat what we report. torch
     # gives some of its elastic loggers their own level, so the parent's is not enough.

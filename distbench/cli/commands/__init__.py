@@ -24,6 +24,7 @@ from distbench.cli.commands import (
     watch,
 )
 from distbench.core.options import RunOptions
+from distbench.run.forked_workers import TRAINING
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class Command:
     exit_code: Callable[[RunOptions, int], int] | None = None
     # command lines shown under --help, each whole on one line at 80 columns
     examples: tuple[str, ...] = ()
+    # modules each worker imports at a cost: imported once by a launcher that forks its
+    # workers (run/forked_workers.py), not once per worker
+    preload: tuple[str, ...] = ()
 
 
 COMMANDS: dict[str, Command] = {
@@ -46,14 +50,15 @@ COMMANDS: dict[str, Command] = {
     "p2p": Command(p2p.HELP, p2p.P2POptions, p2p.run, examples=p2p.EXAMPLES),
     "topo": Command(topo.HELP, topo.TopoOptions, topo.run, topo.run_local,
                     examples=topo.EXAMPLES),
-    "tp": Command(tp.HELP, tp.TPOptions, tp.run, examples=tp.EXAMPLES),
+    "tp": Command(tp.HELP, tp.TPOptions, tp.run, examples=tp.EXAMPLES, preload=TRAINING),
     "pp": Command(pp.HELP, pp.PPOptions, pp.run, examples=pp.EXAMPLES),
-    "dp": Command(dp.HELP, dp.DPOptions, dp.run, examples=dp.EXAMPLES),
-    "step": Command(step.HELP, step.StepCommandOptions, step.run, examples=step.EXAMPLES),
+    "dp": Command(dp.HELP, dp.DPOptions, dp.run, examples=dp.EXAMPLES, preload=TRAINING),
+    "step": Command(step.HELP, step.StepCommandOptions, step.run, examples=step.EXAMPLES,
+                    preload=TRAINING),
     "accept": Command(accept.HELP, accept.AcceptOptions, accept.run, dry_run=accept.dry_run,
                       examples=accept.EXAMPLES),
     "plan": Command(plan.HELP, plan.PlanOptions, plan.run, plan.run_local,
-                    examples=plan.EXAMPLES),
+                    examples=plan.EXAMPLES, preload=plan.PRELOAD),
     "watch": Command(watch.HELP, watch.WatchOptions, watch.run, exit_code=watch.exit_code,
                      examples=watch.EXAMPLES),
 }

@@ -32,6 +32,7 @@ from distbench.core.sizes import SizeError, format_size, parse_size
 from distbench.planner.gpus import DEFAULT_MFU, GPUS
 from distbench.planner.layouts import RECOMPUTE, parse_zero
 from distbench.planner.models import PRESETS, SHAPE_HELP, model_text, parse_model
+from distbench.run.forked_workers import TRAINING
 
 if TYPE_CHECKING:
     from distbench.planner.inputs import Inputs
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 HELP = ("Plan a model's layouts (TP, PP, DP, ZeRO, micro-batches) on a cluster: memory per rank "
         "judged, step time predicted from measured collectives, compute and overlap.")
+# the workers validate layouts with training steps (Command.preload)
+PRELOAD = TRAINING
 EXAMPLES = (
     "distbench plan --from results/<run> --gpus 1024 --gpus-per-node 8 --model 7b",
     "distbench plan --fabric dgx-a100 --gpus 1024 --model 7b --dtype bfloat16",
@@ -334,7 +337,7 @@ def run_local(opts: PlanOptions) -> int:
     if not opts.pure:
         from distbench.run import launch
 
-        return launch.start_local("plan", opts)
+        return launch.start_local("plan", opts, PRELOAD)
     return plan_from_runs(opts)
 
 
