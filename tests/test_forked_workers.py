@@ -146,3 +146,20 @@ def test_install_imports_what_the_workers_would_each_import(monkeypatch):
     monkeypatch.delitem(sys.modules, "xml.dom.minidom", raising=False)
     forked_workers.install(("xml.dom.minidom",))
     assert "xml.dom.minidom" in sys.modules
+
+
+@pytest.mark.procs(3)
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "fresh-interpreters"])
+def test_both_ways_of_starting_cpu_workers_measure_the_same_rows(tmp_path, fork):
+    """DISTBENCH_FORK_WORKERS=0 starts fresh interpreters, the path every GPU run takes, which
+    the suite's self-launched runs otherwise never do: both measure right, and say so alike."""
+    from helpers import distbench
+
+    res = distbench(tmp_path, "collective", "--op", "all_reduce,all_gather", "--sizes", "4K",
+                    "--iters", "3", "--warmup", "1", "--workers", "2",
+                    DISTBENCH_FORK_WORKERS=fork)
+    assert res.code == 0, res.stderr
+    rows = res.rows()
+    assert [(r["op"], r["size_bytes"], r["wrong"]) for r in rows] == [
+        ("all_reduce", "4096", "0"), ("all_gather", "4096", "0")]
+    assert res.meta()["status"] == "ok"

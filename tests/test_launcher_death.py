@@ -86,35 +86,41 @@ class Phase:
         return now - self.workers_seen > 1
 
 
-def _start(out: Path, phase: Phase, torchrun: bool) -> subprocess.Popen:
+def _start(out: Path, phase: Phase, how: str) -> subprocess.Popen:
+    """how: torchrun (its agent), self (our launcher, forked workers) or exec (our launcher,
+    fresh interpreters: the GPU path)."""
     args = [*ARGS, "--sizes", "1K:1M:x2", "--iters", "400"] if phase.name.endswith(" s") \
         else ARGS  # still running at 6 s
-    if torchrun:
+    env = {**Phase.ENV.get(phase.name, {}), **({"DISTBENCH_FORK_WORKERS": "0"}
+                                                 if how == "exec" else {})}
+    if how == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "3", "-m", "distbench", *args, "--out", str(out)]
     else:
         cmd = [sys.executable, "-m", "distbench", *args, "--workers", "3", "--out", str(out)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            cwd=out.parent, env=clean_env(**Phase.ENV.get(phase.name, {})),
+                            cwd=out.parent, env=clean_env(**env),
                             start_new_session=True)
 
 
-CASES = [(phase, signal.SIGKILL, False) for phase in ("2 s", "6 s")] + [
-    (phase, signum, False) for phase in ("startup", "rendezvous", "running")
+CASES = [(phase, signal.SIGKILL, "self") for phase in ("2 s", "6 s")] + [
+    (phase, signum, "self") for phase in ("startup", "rendezvous", "running")
     for signum in (signal.SIGKILL, signal.SIGTERM)] + [
-    (phase, signal.SIGKILL, True) for phase in ("startup", "rendezvous", "running")]
+    (phase, signal.SIGKILL, "exec") for phase in ("rendezvous", "running")] + [
+    (phase, signal.SIGKILL, "torchrun") for phase in ("startup", "rendezvous", "running")]
+NAMES = {"self": "self-launched", "exec": "self-launched-exec", "torchrun": "torchrun-agent"}
 
 
-@pytest.mark.parametrize("phase,signum,torchrun", [
+@pytest.mark.parametrize("phase,signum,how", [
     # killed at a time: another test's load beside it would move how far the start-up got
-    pytest.param(p, s, t, marks=[pytest.mark.alone] if p.endswith(" s") else [],
-                 id=f"{'torchrun-agent' if t else 'self-launched'}-{s.name}-at-"
-                    f"{p.replace(' ', '')}")
-    for p, s, t in CASES])
-def test_no_worker_outlives_its_launcher(tmp_path, phase, signum, torchrun):
+    pytest.param(p, s, h, marks=[pytest.mark.alone] if p.endswith(" s") else [],
+                 id=f"{NAMES[h]}-{s.name}-at-{p.replace(' ', '')}")
+    for p, s, h in CASES])
+def test_no_worker_outlives_its_launcher(tmp_path, phase, signum, how):
+    torchrun = how == "torchrun"
     out = tmp_path / "out"
     when = Phase(phase)
-    launcher = _start(out, when, torchrun)
+    launcher = _start(out, when, how)
     try:
         deadline = time.monotonic() + 90
         while not when.reached(launcher.pid, out):

@@ -17,10 +17,18 @@ ARGV_ENV = "DISTBENCH_ARGV"  # the command line as the user typed it, as JSON
 LAUNCHER_PID_ENV = "DISTBENCH_LAUNCHER_PID"  # its pid: workers end with it
 # the host memory each worker may hold beyond a bare worker's (limits.rank_budget), in bytes
 RANK_MEMORY_ENV = "DISTBENCH_RANK_MEMORY"
+# Read by the local launcher: 0 starts CPU workers as fresh interpreters, as torchrun and GPU
+# runs do, instead of forking them (run/forked_workers.py)
+FORK_ENV = "DISTBENCH_FORK_WORKERS"
 
 
 def under_launcher() -> bool:
     return all(k in os.environ for k in TORCH_VARS)
+
+
+def fork_workers() -> bool:
+    """Whether a local launcher with no GPU in play may fork its workers (the default)."""
+    return os.environ.get(FORK_ENV, "1").strip() != "0"
 
 
 def started_by_us() -> bool:

@@ -92,7 +92,7 @@ def start_local(command: str, opts, preload: tuple[str, ...] = ()) -> int:
         if budget is not None:  # what each may hold, as checked above (plan sizes itself by it)
             os.environ[env.RANK_MEMORY_ENV] = str(budget)
         run_local_workers(nproc, ["-m", "distbench", command, *to_argv(opts)],
-                          fork=backend != "nccl", preload=preload)
+                          fork=backend != "nccl" and env.fork_workers(), preload=preload)
         return EXIT_OK
     except OSError as e:
         print(f"distbench: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
