@@ -279,7 +279,6 @@ def test_a_dry_run_makes_no_target_of_a_pair_check(monkeypatch, quick):
                f"{1 if quick else 399} round" in line for line in pairs), pairs
 
 
-@pytest.mark.alone  # the bound is the behaviour: not another test's load on the 2 cores
 @pytest.mark.parametrize("nodes", [3000, 100_000])
 def test_a_dry_run_of_thousands_of_nodes_answers_in_seconds(tmp_path, nodes):
     """Issue 30: 3000 nodes took 69 s and 100000 more than a minute; each must answer within

@@ -213,18 +213,23 @@ def test_no_torch_import(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.multiproc
-@pytest.mark.alone  # the bound is the behaviour: not another test's load on the 2 cores
 @pytest.mark.parametrize("args,needle", [(["--help"], "collective"),
                                          (["collective", "--help"], "--sizes")],
                          ids=["help", "collective-help"])
 def test_help_is_fast(tmp_path, args, needle):
+    """In CPU-seconds of the process itself, whatever else the machine runs: 0.3 here, and
+    about 2 with torch imported."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = helpers.distbench(None, *args, cwd=tmp_path)
-    secs = res.secs
-    print(f"distbench {' '.join(args)}: {secs:.3f} s")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    print(f"distbench {' '.join(args)}: {cpu:.3f} CPU-s, {res.secs:.3f} s")
     assert res.code == 0, res.stderr
     assert needle in res.stdout
     assert res.stderr == ""
-    assert secs < 1.5, f"distbench {' '.join(args)} took {secs:.2f} s"
+    assert cpu < 1.0, f"distbench {' '.join(args)} took {cpu:.2f} CPU-s"
 
 
 # --------------------------------------------------------------------------------------------

@@ -144,18 +144,18 @@ def test_memory_nothing_can_read_is_none(tmp_path):
 # On the command line: refused within a second, torch never loaded, nothing created
 
 @pytest.mark.multiproc  # a fresh interpreter each: what it imports, from nothing
-@pytest.mark.alone  # "within a second" is the behaviour: not another test's load on the 2 cores
 def test_workers_past_the_machine_are_refused_at_once(tmp_path):
+    """Within a CPU-second of the process's own work, whatever else the machine runs."""
     for command in ("accept", "collective", "dp", "p2p", "tp", "pp"):
         out = tmp_path / "results"
         code = textwrap.dedent(f"""
             import sys, time
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             import distbench.cli.app
             try:
                 distbench.cli.app.main([{command!r}, "--workers", "99999", "--out", {str(out)!r}])
             except SystemExit as e:
-                print("exit", e.code, "after", round(time.perf_counter() - t0, 3))
+                print("exit", e.code, "after", round(time.process_time() - t0, 3))
             print("torch-imported", "torch" in sys.modules)
         """)
         proc = python_c(code, tmp_path)
