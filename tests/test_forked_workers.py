@@ -7,6 +7,7 @@ calls as `python -m distbench` would); every self-launched multi-process test ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -119,6 +120,39 @@ def test_a_forked_worker_dies_of_the_signals_a_fresh_one_would(tmp_path, monkeyp
     monkeypatch.setattr(forked_workers.runpy, "run_module",
                         _probe(tmp_path / "seen", interrupted))
     assert ForkedWorker(ARGV, {}, None, None, {}).wait(timeout=30) == -signal.SIGINT
+
+
+@pytest.mark.procs(1)
+def test_a_worker_stopped_as_it_is_born_does_not_hang_the_launcher(tmp_path, monkeypatch):
+    """A SIGSTOP that lands before the child could lead its own session: the launcher goes on
+    at once with the child leading a group of its own (the agent's killpg reaches it), and the
+    child, continued, runs as any other. The launcher waited on it forever before (CI, in
+    test_stalls' rank that never starts)."""
+    import time
+
+    setsid = os.setsid
+
+    def stopped_first():
+        os.kill(os.getpid(), signal.SIGSTOP)
+        setsid()
+
+    seen = tmp_path / "seen.json"
+    monkeypatch.setattr(forked_workers.runpy, "run_module", _probe(seen))
+    monkeypatch.setattr(os, "setsid", stopped_first)
+    began = time.monotonic()
+    worker = ForkedWorker(ARGV, {}, None, None, {})
+    try:
+        assert time.monotonic() - began < 10
+        assert worker.poll() is None and not seen.exists()  # still stopped
+        assert os.getpgid(worker.pid) == worker.pid
+        os.killpg(worker.pid, signal.SIGCONT)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signal.SIGKILL)
+        worker.poll()
+    _, pgid, pid = json.loads(seen.read_text())["session"]
+    assert pgid == pid == worker.pid
 
 
 @pytest.mark.procs(1)

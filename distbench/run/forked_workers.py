@@ -22,6 +22,7 @@ import io
 import logging
 import os
 import runpy
+import select
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ TRAINING = ("torch._dynamo",)
 # What a fresh `python -u -m distbench` would be started as: the only command line forked.
 _ENTRY = ("-u", "-m", "distbench")
 _POLL_S = 0.01
+_HANDSHAKE_POLL_S = 0.05
 
 
 def install(preload: tuple[str, ...] = ()) -> None:
@@ -76,14 +78,13 @@ class ForkedWorker:
         if pid == 0:
             _become_worker(argv, env, stdout, stderr, levels, ready_w)  # never returns
         os.close(ready_w)
-        # as Popen(start_new_session=True) returns: the child leads its own process group, so
-        # that the agent's killpg reaches it and only it
-        with contextlib.suppress(OSError):
-            os.read(ready_r, 1)
-        os.close(ready_r)
+        try:
+            ended = _await_own_group(pid, ready_r)
+        finally:
+            os.close(ready_r)
         self.pid = pid
         self.args = argv
-        self.returncode: int | None = None
+        self.returncode: int | None = ended
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -109,13 +110,35 @@ class ForkedWorker:
             os.kill(self.pid, signum)
 
 
+def _await_own_group(pid: int, ready_r: int) -> int | None:
+    """Returns once the child leads its own process group, as Popen(start_new_session=True)
+    returns, so that the agent's killpg reaches it and only it; or its exit code, if it ended
+    first. A child stopped before it could say so (SIGSTOP as it was born) is made to lead a
+    group from here: the launcher goes on, and its timeout and killpg still reach it."""
+    while True:
+        readable, _, _ = select.select([ready_r], [], [], _HANDSHAKE_POLL_S)
+        if readable:  # it said so, or it ended (the pipe's end closed)
+            return None
+        got, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+        if not got:
+            continue
+        if os.WIFSTOPPED(status):
+            with contextlib.suppress(OSError):  # it had its own session: a group already
+                os.setpgid(pid, pid)
+            return None
+        return os.waitstatus_to_exitcode(status)  # ended between the two looks
+
+
 def _become_worker(argv, env, stdout, stderr, levels, ready_w) -> None:
     """In the forked child: what exec would have given, then distbench's entry point, then
     gone. Nothing here may return into the agent's code that forked it."""
     code = 1
     try:
-        os.setsid()
-        os.write(ready_w, b"x")
+        # the launcher made it lead a group already if it was stopped before it got here
+        with contextlib.suppress(PermissionError):
+            os.setsid()
+        with contextlib.suppress(OSError):  # the launcher stopped listening
+            os.write(ready_w, b"x")
         # The launcher's objects are never collected here: one holding a descriptor closed
         # below would otherwise close whatever the worker opened under the same number.
         gc.freeze()
