@@ -26,7 +26,6 @@ from runs import (
     write_run,
     write_table,
 )
-from scipy.stats import mannwhitneyu
 
 from distbench.core import noise
 from distbench.core.contracts import COLLECTIVE, P2P_MATRIX
@@ -68,12 +67,16 @@ PINNED = [
 
 @pytest.mark.parametrize("a,b,p", PINNED)
 def test_mann_whitney_matches_scipy_pinned(a, b, p):
+    from scipy.stats import mannwhitneyu  # here: a second of import for every pytest process
+
     assert compare.rank_test(a, b)[0] == pytest.approx(p, abs=1e-6)
     ref = mannwhitneyu(a, b, alternative="two-sided", method="asymptotic").pvalue
     assert ref == pytest.approx(p, abs=1e-6)
 
 
 def test_mann_whitney_matches_scipy_on_random_inputs_with_ties():
+    from scipy.stats import mannwhitneyu
+
     rng = random.Random(11)
     for _ in range(200):
         a = [float(rng.randint(0, 12)) for _ in range(rng.randint(2, 30))]

@@ -34,20 +34,6 @@ def test_every_command_that_writes_a_run_has_a_fixture_and_a_report_kind():
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_report_writes_a_section_of_each_run_kinds_figures(command, tmp_path):
-    run = reader.load(RUNS / command)
-    assert run.command == command
-    lines, files = report.write([run], tmp_path)
-    text = "\n".join(lines)
-    sections = [line for line in lines if line.startswith("### ")]
-    assert sections, f"report on a {command} run shows no section:\n{text}"
-    assert "None" not in text.split("### ")[0], text  # the header says nothing it lacks
-    kinds = [k for k in report.KINDS if command in k.commands]
-    if kinds[0].plots and run.tables:
-        assert [f for f in files if f.suffix == ".png"], f"no plot of a {command} run"
-
-
-@pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_compare_reads_each_run_kind_or_refuses_in_one_line(command, tmp_path):
     run = RUNS / command
     res = cli(tmp_path, "compare", str(run), str(run))
@@ -85,18 +71,25 @@ def _figure_rows(lines: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_each_kinds_section_shows_its_figures_and_links_each_plot(command, tmp_path):
+def test_report_writes_a_section_of_each_run_kinds_figures_and_links_each_plot(command,
+                                                                                tmp_path):
     """A section is its figures in a table, not a title alone (topo's was one line naming the
-    CPU, and said its run wrote no result); each plot is drawn and linked."""
-    run = report.plausible(reader.load(RUNS / command))
+    CPU, and said its run wrote no result; step's and plan's were a header and nothing else);
+    each plot is drawn and linked."""
+    run = reader.load(RUNS / command)
+    assert run.command == command
     (kind,) = [k for k in report.KINDS if command in k.commands]
-    section = kind.section(run, report.models(run))
+    section = kind.section(report.plausible(run), report.models(run))
     assert _figure_rows(section), "\n".join(section)
     lines, files = report.write([run], tmp_path)
     text = "\n".join(lines)
+    assert [line for line in lines if line.startswith("### ")], text
+    assert "None" not in text.split("### ")[0], text  # the header says nothing it lacks
     assert "\n".join(section) in text and "No result rows" not in text, text
     drawn = [f for f in files if f.suffix == ".png"]
     assert bool(drawn) == bool(kind.plots), drawn
+    if kind.plots:
+        assert run.tables, f"a {command} run with a plot but no table"
     for png in drawn:
         _sensible(png)
         assert f"![{png.stem}]({png.name})" in text
