@@ -347,9 +347,18 @@ def python_c(code: str, cwd: Path | None = None, timeout: float = 60,
                               cwd=cwd, env=clean_env(**env), timeout=timeout)
 
 
+class NodeRun(subprocess.CompletedProcess):
+    """A torchrun agent's run, and when it ended (time.monotonic()): which node ended first,
+    and how long after, does not depend on how long the machine took to start them."""
+
+    def __init__(self, args, returncode: int, stdout: str, stderr: str, ended: float):
+        super().__init__(args, returncode, stdout, stderr)
+        self.ended = ended
+
+
 def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[str]],
                    timeout: float = 180, script: tuple[str, ...] = ("-m", "distbench"),
-                   **env: str) -> list[subprocess.CompletedProcess]:
+                   **env: str) -> list[NodeRun]:
     """`nnodes` torchrun agents on 127.0.0.1, as a multi-node job would start them, each
     running `script` (distbench, or a test's own entry point) on its node's arguments."""
     port = free_port()
@@ -367,15 +376,30 @@ def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[
             )
             for i in range(nnodes)
         ]
+        said: list[tuple[str, str]] = [("", "")] * nnodes
+        ended = [0.0] * nnodes
+
+        def drain(i: int) -> None:
+            said[i] = procs[i].communicate()
+            ended[i] = time.monotonic()
+
+        drains = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(nnodes)]
+        for t in drains:
+            t.start()
         try:
-            said = [p.communicate(timeout=timeout) for p in procs]
-            return [subprocess.CompletedProcess(p.args, p.returncode, *out)
-                    for p, out in zip(procs, said, strict=True)]
+            deadline = time.monotonic() + timeout
+            for t in drains:
+                t.join(max(0.0, deadline - time.monotonic()))
+            if any(t.is_alive() for t in drains):
+                raise subprocess.TimeoutExpired(procs[0].args, timeout)
+            return [NodeRun(p.args, p.returncode, *said[i], ended=ended[i])
+                    for i, p in enumerate(procs)]
         finally:
             for p in procs:  # past the timeout: none is left to run on outside the budget
                 if p.poll() is None:
                     power_off(p.pid)
-                    p.communicate()
+            for t in drains:
+                t.join(30)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess | Run, secs: float | None,

@@ -9,7 +9,6 @@ import csv
 import json
 import re
 import socket
-import time
 
 import pytest
 from helpers import distbench, distbench_lines, torchrun_nodes
@@ -94,17 +93,16 @@ def test_rank_0_killed_under_torchrun_the_lowest_rank_left_finishes_run_json(tmp
 
 
 @pytest.mark.procs(6)  # two agents of two workers, their slots held before the clock starts
-@pytest.mark.alone  # how soon they end is the behaviour: not another test's load
 def test_a_node_that_refuses_its_options_ends_every_node_at_once(tmp_path):
     """Node 1 was given a misspelt dtype: its ranks refuse before any process group exists.
-    Node 0's ranks, already waiting for them, are told, and every node ends well inside the
-    timeout with one line each."""
+    Node 0's ranks, already waiting for them, are told, and node 0 ends soon after node 1,
+    well inside the timeout, with one line each. (Counted from node 1's end, not from the
+    start: how long four interpreters take to load torch is the machine's load, not this.)"""
     args = ["collective", "--sizes", "4K", "--iters", "2", "--timeout", "20"]
-    start = time.monotonic()
     node0, node1 = torchrun_nodes(tmp_path, nnodes=2, nproc=2,
                                   per_node_args=[args, [*args, "--dtype", "flaot32"]])
-    took = time.monotonic() - start
-    assert took < 15, f"the nodes took {took:.1f} s to end, with --timeout 20"
+    late = node0.ended - node1.ended
+    assert late < 8, f"node 0 ended {late:.1f} s after node 1, with --timeout 20"
     assert node0.returncode != 0 and node1.returncode != 0
     refusal = "--dtype: unknown value 'flaot32'"
     (own,) = distbench_lines(node1.stderr)  # one line per node, though two ranks refused

@@ -98,7 +98,8 @@ def _started(tmp_path: Path, args: list[str], workers: int):
 
 
 @pytest.mark.procs(4)
-@pytest.mark.alone  # how soon it ends is the behaviour: not another test's load
+# how soon it ends is the behaviour, and a timer sets it: with both cores taken by busy loops the
+# run ended as soon after the stop as on a quiet machine (11.8 to 12.9 s), so it needs no quiet one
 @pytest.mark.parametrize("workers,stopped", [(2, 1), (3, 0)], ids=["rank1-of-2", "rank0-of-3"])
 def test_a_rank_stopped_mid_loop_ends_the_run_at_the_timeout_plus_the_margin(tmp_path, workers,
                                                                               stopped):
