@@ -8,7 +8,8 @@ import pytest
 from helpers import Run, distbench
 from test_docs_contracts import documented_columns
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.procs(5)]  # 4 workers and their launcher
+# each run takes the slots it needs (helpers.distbench): a 2-rank run leaves the other three free
+pytestmark = pytest.mark.multiproc
 
 FAST = ["--iters", "2", "--warmup", "1"]
 LAYOUTS = [(1, 1, 4), (2, 1, 2), (1, 2, 2), (2, 2, 1), (4, 1, 1), (1, 4, 1)]

@@ -19,7 +19,8 @@ import pytest
 from helpers import children, clean_env, distbench, processes_naming
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.procs(5)]  # a launcher, up to 4 workers
+# each run takes the slots it needs (helpers.distbench); a test that starts watch itself reserves
+pytestmark = pytest.mark.multiproc
 
 FAST = ("--sizes", "64K", "--iters", "10", "--timeout", "20")
 
@@ -157,6 +158,7 @@ def _healthy(textfile: Path) -> bool:
         return False
 
 
+@pytest.mark.procs(4)  # a launcher and 3 workers
 @pytest.mark.parametrize("victim", ["a rank", "the launcher"])
 def test_the_textfile_stops_reading_healthy_when_a_rank_or_the_launcher_dies(tmp_path, victim):
     out, textfile = tmp_path / "out", tmp_path / "distbench.prom"
