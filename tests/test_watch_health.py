@@ -33,6 +33,9 @@ def test_npd_a_named_straggler_is_a_problem_even_when_probes_read_ok():
     assert (code, msg) == (1, "distbench: straggler rank 1 gpu7")
     code, msg = npd_result(judged("unknown", **{AR: "unknown"}), ["rank 1 gpu7"])
     assert code == 1
+    # as the judge gives it: warn for the straggler alone, no probe at warn (an IndexError)
+    assert npd_result(judged("warn", **{AR: "ok"}), ["rank 1 gpu7"]) == \
+        (1, "distbench: straggler rank 1 gpu7")
 
 
 @pytest.mark.parametrize("n", [1, 5, 50, 500])

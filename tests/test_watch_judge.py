@@ -242,6 +242,18 @@ def test_a_straggler_stops_being_one_after_k_cycles_not_late():
     assert all(j.stragglers == () for j in got) and got[-1].late_counts == {0: 2}
 
 
+def test_a_named_straggler_makes_the_verdict_warn_while_every_probe_reads_ok():
+    """The others wait for rank 0 in every cycle, and the probe's time stays at its baseline
+    (under load, a noisy warm-up can make a real slowdown read as noise): the verdict was ok
+    beside the straggler it named. It is warn while the straggler is named, ok once cleared."""
+    t = Tracker([AR], 2, baseline={AR.key: (1000.0, 0.0)})
+    late, fine = [500.0, 1000.0], [1000.0, 1000.0]
+    got = [t.observe(cycle(i, result(AR, r))) for i, r in enumerate([late] * 3 + [fine] * 3)]
+    assert [j.probes[AR.key].state for j in got] == ["ok"] * 6
+    assert [j.stragglers for j in got] == [(), (), (0,), (0,), (0,), ()]
+    assert [j.verdict for j in got] == ["ok", "ok", "warn", "warn", "warn", "ok"]
+
+
 # -- statuses, baselines, the verdict on nothing -----------------------------------------------
 
 def test_the_verdict_is_unknown_while_nothing_is_judged():

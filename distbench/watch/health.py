@@ -52,7 +52,7 @@ def npd_result(judgement: Judgement | None, stragglers_named: list[str]) -> tupl
         return NPD_UNKNOWN, "distbench: nothing judged yet (no baseline)"
     worst = [key for key, s in judgement.probes.items() if s.state == judgement.verdict]
     parts = []
-    if judgement.verdict in ("warn", "fail"):
+    if worst and judgement.verdict in ("warn", "fail"):  # none: a straggler's warn alone
         more = f" +{len(worst) - 1}" if len(worst) > 1 else ""
         parts.append(f"{judgement.verdict} {_probe(worst[0])}{more}")
     if stragglers_named:

@@ -20,7 +20,10 @@ The rules:
   bad at that level or worse; it steps down only after k consecutive cycles below its level
   (fail -> warn after k cycles none fail-bad, -> ok after k clean ones). One cycle, or k-1 of n,
   moves nothing: a noisy machine flaps otherwise (soperator issue 1840).
-- **Verdict**: the worst judged state (fail > warn > ok); "unknown" only when none is judged.
+- **Verdict**: the worst judged state (fail > warn > ok), and at least warn while a straggler
+  is named (a rank late in k of n cycles is a fault though every probe's time stays within its
+  noise: with a noisy warm-up, a 10 ms straggler on a 2 ms probe can); "unknown" only when
+  nothing is judged and no straggler named.
 - **Stragglers.** In a cycle, a measured probe's late_rank counts as late only when the others
   waited for it more than (noise.limit(tolerance, skew) - 1) x its time, where skew is the
   largest such wait over the time in the probe's cycles before its baseline (0 with a given
@@ -249,6 +252,8 @@ class Tracker:
         states = {key: self._stats(h) for key, h in self._hist.items()}
         judged = [s.state for s in states.values() if s.state != "unknown"]
         verdict = max(judged, key=LEVELS.index) if judged else "unknown"
+        if self._stragglers and verdict in ("ok", "unknown"):
+            verdict = "warn"  # a rank the others waited for, cycle after cycle, is not ok
         counts = {rank: sum(seen) for rank, seen in enumerate(self._late) if any(seen)}
         return Judgement(states, verdict, tuple(sorted(self._stragglers)), counts,
                          tuple(changes))
