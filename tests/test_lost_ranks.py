@@ -92,7 +92,6 @@ def test_rank_0_killed_under_torchrun_the_lowest_rank_left_finishes_run_json(tmp
     _only_row_before_the_death(list(csv.DictReader(open(run_dir / "collective.csv"))))
 
 
-@pytest.mark.procs(6)  # two agents of two workers, their slots held before the clock starts
 def test_a_node_that_refuses_its_options_ends_every_node_at_once(tmp_path):
     """Node 1 was given a misspelt dtype: its ranks refuse before any process group exists.
     Node 0's ranks, already waiting for them, are told, and node 0 ends soon after node 1,
