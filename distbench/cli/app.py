@@ -5,6 +5,7 @@ option errors stay fast; the heavy modules load only once the options are known 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import keyword
 import os
@@ -247,11 +248,20 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code or 0)
 
 
+@functools.cache
+def _command():
+    """The click command typer makes of `app`, made once: typer inspects every command's
+    signature to make it (about 15 ms), and the test suite runs the command line in one process
+    more than a thousand times. As `app(...)` runs it, less typer's exception hook, which
+    `pretty_exceptions_enable=False` leaves to Python's anyway."""
+    return typer.main.get_command(app)
+
+
 def _run_app(args: list[str], argv: list[str] | None) -> int | None:
     """The command line parsed and run, and what it raised turned into an exit code (dispatch
     decides where a parsed command runs)."""
     try:
-        return app(args=argv, prog_name="distbench", standalone_mode=False)
+        return _command().main(args=argv, prog_name="distbench", standalone_mode=False)
     except OptionError as e:
         return _refuse(str(e))
     except ReadError as e:  # report or compare given something that holds no result
