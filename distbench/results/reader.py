@@ -102,6 +102,11 @@ def _numbers(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
     for column in NUMBERS:
         if column not in frame.columns:
             continue
+        if pd.api.types.is_bool_dtype(frame[column]):
+            frame[column] = frame[column].astype("int64")
+            continue
+        if pd.api.types.is_numeric_dtype(frame[column]):
+            continue  # read as numbers already: the checks below cost a millisecond a column
         values = frame[column].map(_bool_as_int)
         numbers = pd.to_numeric(values, errors="coerce")
         bad = numbers.isna() & values.notna() & ~values.astype(str).str.strip().str.lower().isin(
