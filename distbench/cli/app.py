@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
 @functools.cache
 def _command():
     """The click command typer makes of `app`, made once: typer inspects every command's
-    signature to make it (about 15 ms), and the test suite runs the command line in one process
+    signature to make it (about 19 ms), and the test suite runs the command line in one process
     more than a thousand times. As `app(...)` runs it, less typer's exception hook, which
     `pretty_exceptions_enable=False` leaves to Python's anyway."""
     return typer.main.get_command(app)
