@@ -6,6 +6,10 @@
 #   OUT=/tmp/fc bash benchmarks/gpu_first_contact.sh            # every item
 #   ONLY="4 6" OUT=/tmp/fc bash benchmarks/gpu_first_contact.sh # rerun items 4 and 6
 #
+# Items 10 and 11 came after the first H100: `watch` on the GPU, and gloo workers forked from
+# their launcher on a host that has a GPU (the fork must never touch CUDA). Item 9 runs the
+# whole suite there, the multi-process tests included.
+#
 # Each item runs under its own timeout, capped by what is left of BUDGET_S, so a slow item costs
 # its own row and never the table. One GPU means world size 1: NCCL refuses two ranks on one
 # GPU, so pp (which needs two) is expected to be refused, and busbw at one rank is 0 by
@@ -13,7 +17,7 @@
 # launch-bound flag, memory and compute.
 set -u
 OUT=${OUT:-results/gpu-first-contact}
-ONLY=${ONLY:-"1 2 3 4 5 6 7 8 9"}
+ONLY=${ONLY:-"1 2 3 4 5 6 7 8 9 10 11"}
 BUDGET_S=${BUDGET_S:-480}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -70,6 +74,26 @@ torch.cuda.device_count(), torch.cuda.get_device_name(0), 'python', sys.version.
     step nvidia-smi 1 20 nvidia-smi
     step topo 1 60 "$PY" -m distbench topo --out "$W/runs/topo"
 fi
+if wanted 10; then
+    mkdir -p "$W/prom"
+    step watch 10 60 "$PY" -m distbench watch --workers 1 --op all_reduce,all_gather \
+        --sizes 1M,64M --count 8 --interval 0.5 --warm 4 --textfile "$W/prom/node.prom" \
+        --out "$W/runs/watch"
+    base=$(dirname "$(ls "$W"/runs/watch/*/run.json 2>/dev/null | tail -1)")
+    step watch-once 10 60 "$PY" -m distbench watch --workers 1 --op all_reduce,all_gather \
+        --sizes 1M,64M --once --baseline "$base" --out "$W/runs/watch-once"
+fi
+if wanted 11; then
+    step gloo-collective 11 60 "$PY" -m distbench collective --workers 4 --backend gloo \
+        --op all_reduce,all_gather --sizes 4K,1M --out "$W/runs/gloo-collective"
+    step gloo-dp 11 90 "$PY" -m distbench dp --workers 2 --backend gloo --out "$W/runs/gloo-dp"
+    step gloo-step 11 90 "$PY" -m distbench step --workers 2 --backend gloo \
+        --out "$W/runs/gloo-step"
+    step gloo-watch 11 60 "$PY" -m distbench watch --workers 2 --backend gloo --count 4 \
+        --interval 0.5 --warm 2 --out "$W/runs/gloo-watch"
+    step launch-cost 11 120 "$PY" benchmarks/launch_cost.py --runs 3 --workers 2 \
+        --backend gloo --against-exec
+fi
 if wanted 2; then
     step gpu-tests 2 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
         --junitxml "$W/gpu-tests.xml"
@@ -104,11 +128,16 @@ if wanted 7; then
         --sizes 64K,1M,16M,256M
 fi
 if wanted 9; then
-    # the CPU suite on a GPU machine (checklist item 1): tests that pass only where no GPU is
-    step cpu-suite 9 240 "$PY" -m pytest -q -p no:cacheprovider -m "not multiproc" -n 8 \
-        --junitxml "$W/cpu-suite.xml" tests
+    # the suite on a GPU machine (checklist item 1): tests that pass only where no GPU is. The
+    # multi-process tests take what is left of the budget, and an interrupt, not a kill, ends
+    # them at its limit: pytest still writes its report of what ran
+    step cpu-suite 9 120 "$PY" -m pytest -q -p no:cacheprovider -m "not multiproc" -n 8 \
+        -rfE --junitxml "$W/cpu-suite.xml" tests
+    left=$(( BUDGET_S - ($(date +%s) - T0) - 45 ))
+    (( left > 30 )) && step multiproc-suite 9 $(( left + 40 )) timeout -s INT -k 30 "$left" \
+        "$PY" -m pytest -q -p no:cacheprovider -m multiproc -n 8 -rfE \
+        --junitxml "$W/multiproc-suite.xml" tests
 fi
-
 kill "$SMI" 2>/dev/null
 wait "$SMI" 2>/dev/null
 "$PY" benchmarks/gpu_first_contact_table.py "$W" "$LOG" > "$OUT/table.md" 2>> "$LOG"

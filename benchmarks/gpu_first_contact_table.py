@@ -110,7 +110,10 @@ else:
 
 # 2: the GPU-only tests
 for name, label, file in (("gpu-tests", "2 GPU-only tests", "gpu-tests.xml"),
-                          ("cpu-suite", "9 CPU suite on the GPU machine", "cpu-suite.xml")):
+                          ("cpu-suite", "9 the one-process tests on the GPU machine",
+                           "cpu-suite.xml"),
+                          ("multiproc-suite", "9 the multi-process tests on the GPU machine",
+                           "multiproc-suite.xml")):
     counts = junit(W / file)
     if counts:
         t, f, e, s = counts
@@ -265,6 +268,53 @@ if aj:
         want is not None and code == want)
 else:
     add("8 accept", ran("accept"), "accept.json with a verdict", False)
+
+
+def run_json(name: str) -> dict:
+    d = run_dir(name)
+    return json.loads((d / "run.json").read_text()) if d else {}
+
+
+# 10: watch on the GPU
+for name in ("watch", "watch-once"):
+    rj, rs = run_json(name), csv_rows(name, "watch.csv")
+    if not rj:
+        add(f"10 {name}", ran(name), "run.json", False)
+        continue
+    uuid = str((rj.get("ranks") or [{}])[0].get("gpu_uuid"))
+    ok = [r for r in rs if r["status"] == "ok"]
+    times = sorted(num(r["time_us"]) for r in ok)
+    verdicts = sorted({r["verdict"] for r in rs})
+    fig = (f"{ran(name)}; status {rj.get('status')}; rank 0 on {uuid}; {len(ok)}/{len(rs)} "
+           f"probe rows ok, {times[0] if times else float('nan'):.1f}-"
+           f"{times[-1] if times else float('nan'):.1f} us; verdicts {', '.join(verdicts)}")
+    expected = "exit 0, every probe measured on the GPU, its UUID in run.json"
+    good = RC.get(name, (None,))[0] == 0 and uuid.startswith("GPU-") and bool(rs) \
+        and len(ok) == len(rs)
+    if name == "watch":
+        prom = W / "prom" / "node.prom"
+        text = prom.read_text() if prom.exists() else ""
+        fig += f"; textfile {'written' if 'distbench_up' in text else 'missing'}"
+        expected += "; the textfile written"
+        good = good and "distbench_up" in text
+    else:
+        expected += "; judged against the first run: verdict ok"
+        good = good and verdicts == ["ok"]
+    add(f"10 {name}", fig, expected, good)
+
+# 11: gloo workers forked from their launcher on a host with a GPU
+for name, file in (("gloo-collective", "collective.csv"), ("gloo-dp", "dp.csv"),
+                   ("gloo-step", "step.csv"), ("gloo-watch", "watch.csv")):
+    rs = csv_rows(name, file)
+    ok = [r for r in rs if r["status"] == "ok"]
+    add(f"11 {name}", f"{ran(name)}; {len(ok)}/{len(rs)} rows ok",
+        "forked gloo workers beside a GPU: exit 0, every row ok",
+        RC.get(name, (None,))[0] == 0 and bool(rs) and len(ok) == len(rs))
+cost = re.search(r"^fork/exec\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", log_section("launch-cost"), re.M)
+add("11 launch_cost fork vs exec", f"{ran('launch-cost')}; fork/exec: first row "
+    f"{cost.group(1)}, wall {cost.group(2)}, CPU {cost.group(3)}" if cost else ran("launch-cost"),
+    "forked workers reach their first row sooner than exec'd ones", bool(cost)
+    and float(cost.group(1)) < 1)
 
 print("| item | figure | expected | result |")
 print("|---|---|---|---|")
