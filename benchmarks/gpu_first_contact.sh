@@ -6,9 +6,10 @@
 #   OUT=/tmp/fc bash benchmarks/gpu_first_contact.sh            # every item
 #   ONLY="4 6" OUT=/tmp/fc bash benchmarks/gpu_first_contact.sh # rerun items 4 and 6
 #
-# Items 10 and 11 came after the first H100: `watch` on the GPU, and gloo workers forked from
-# their launcher on a host that has a GPU (the fork must never touch CUDA). Item 9 runs the
-# whole suite there, the multi-process tests included.
+# Items 10 and 11 came after the first H100: `watch` on the GPU, and gloo runs on a host that
+# has a GPU (their workers were forked from a launcher that had initialized CUDA, and dp's and
+# step's failed there; they are exec'd on a GPU host now). Item 9 runs the whole suite there,
+# the multi-process tests included.
 #
 # Each item runs under its own timeout, capped by what is left of BUDGET_S, so a slow item costs
 # its own row and never the table. One GPU means world size 1: NCCL refuses two ranks on one
@@ -21,6 +22,9 @@ ONLY=${ONLY:-"1 2 3 4 5 6 7 8 9 10 11"}
 BUDGET_S=${BUDGET_S:-480}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
+# distbench from this checkout wherever a process starts (the tests start some elsewhere, and
+# benchmarks/ is on a script's path, not the repository): the GPU machine has it uninstalled
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # 1b's shape at 8 samples a step: the preset's 512 at one micro-batch (pp = 1) does not fit one
 # GPU by the planner's memory model (2.84 TiB, issue 31), so plan and step would measure nothing
 SHAPE_1B="layers=24,hidden=2048,ffn=8192,heads=16,seq=2048,batch=8"
@@ -91,8 +95,6 @@ if wanted 11; then
         --out "$W/runs/gloo-step"
     step gloo-watch 11 60 "$PY" -m distbench watch --workers 2 --backend gloo --count 4 \
         --interval 0.5 --warm 2 --out "$W/runs/gloo-watch"
-    step launch-cost 11 120 "$PY" benchmarks/launch_cost.py --runs 3 --workers 2 \
-        --backend gloo --against-exec
 fi
 if wanted 2; then
     step gpu-tests 2 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py \

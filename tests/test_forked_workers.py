@@ -182,6 +182,24 @@ def test_install_imports_what_the_workers_would_each_import(monkeypatch):
     assert "xml.dom.minidom" in sys.modules
 
 
+def test_workers_are_forked_only_on_a_machine_without_a_gpu(monkeypatch):
+    """On a GPU host the launcher has initialized CUDA (resolve_backend asks torch), and a gloo
+    worker forked from it failed on the first H100 that ran dp and step: "CUDA error:
+    initialization error". There every worker is a fresh interpreter, gloo's too."""
+    from distbench.platform import env, limits
+    from distbench.run import launch
+
+    monkeypatch.delenv(env.FORK_ENV, raising=False)
+    monkeypatch.setattr(limits, "nvidia_devices", lambda: False)
+    assert launch.forks_workers("gloo")
+    assert not launch.forks_workers("nccl")
+    monkeypatch.setenv(env.FORK_ENV, "0")
+    assert not launch.forks_workers("gloo")
+    monkeypatch.delenv(env.FORK_ENV)
+    monkeypatch.setattr(limits, "nvidia_devices", lambda: True)
+    assert not launch.forks_workers("gloo")
+
+
 @pytest.mark.procs(3)
 @pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "fresh-interpreters"])
 def test_both_ways_of_starting_cpu_workers_measure_the_same_rows(tmp_path, fork):

@@ -9,9 +9,10 @@ replaced (SubprocessHandler._popen); the child is made to look like what exec wo
 (its own session, default signal handlers, no inherited descriptors, unbuffered output, the
 environment given) and then runs the same entry point a fresh interpreter would.
 
-Only where no GPU is in play: a process that has touched CUDA cannot be forked safely. And
-only from a launcher that has run no torch op yet, whose thread pools do not exist (OpenMP's
-do not survive a fork)."""
+Only on a machine with no GPU (launch.forks_workers): a process that has touched CUDA cannot be
+forked safely, and on a GPU host the launcher has, even for a gloo run. And only from a
+launcher that has run no torch op yet, whose thread pools do not exist (OpenMP's do not survive
+a fork)."""
 
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ def start_local(command: str, opts, preload: tuple[str, ...] = ()) -> int:
         if budget is not None:  # what each may hold, as checked above (plan sizes itself by it)
             os.environ[env.RANK_MEMORY_ENV] = str(budget)
         run_local_workers(nproc, ["-m", "distbench", command, *to_argv(opts)],
-                          fork=backend != "nccl" and env.fork_workers(), preload=preload)
+                          fork=forks_workers(backend), preload=preload)
         return EXIT_OK
     except OSError as e:
         print(f"distbench: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
@@ -170,6 +170,16 @@ def _stopped(record, signum: int) -> int:
         with contextlib.suppress(OSError):
             record.finish(status, code, error)
     return code
+
+
+def forks_workers(backend: str) -> bool:
+    """Whether the workers are forked from this launcher (run/forked_workers.py): only where
+    the machine has no GPU at all, not merely where the run uses none. On a GPU host this
+    process has initialized the CUDA driver already (resolve_backend asks torch whether CUDA is
+    there), and a gloo worker forked from it fails with "CUDA error: initialization error" as
+    soon as torch touches CUDA on its behalf, as dp's and step's did on the first H100 that
+    ran them."""
+    return backend != "nccl" and env.fork_workers() and not limits.nvidia_devices()
 
 
 def run_local_workers(nproc: int, python_args: list[str], fork: bool = False,
