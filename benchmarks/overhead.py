@@ -56,6 +56,7 @@ def worker(args) -> None:
     from distbench.core.options import build
     from distbench.run import runtime
     from distbench.run.session import Session
+    from distbench.run.split import split
 
     sizes = parse_sizes(args.sizes)
     opts = build(CollectiveOptions, {"op": "all_reduce", "sizes": args.sizes, "iters": 1,
@@ -65,7 +66,8 @@ def worker(args) -> None:
     s = Session("collective", opts, rt)
     n, rank, device = rt.world, rt.rank, rt.device
     (combo,) = combinations(opts.ops, opts.dtypes, opts.redops, opts.root, opts.placement)
-    ser = series.collective(s, combo, OUTPUT)  # what the engine measures, minus sink and console
+    with split(rt, n, 1, opts.timeout) as world:  # the world as one group: nothing is made
+        ser = series.collective(s, combo, OUTPUT, world)  # the engine's, minus sink and console
     lays = {size: buffer_of(combo.op.accounting, size, 4, n) for size in sizes}
     bufs = ser.alloc(max(lay.per_rank_count for lay in lays.values()))
 

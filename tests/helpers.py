@@ -157,9 +157,13 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT
 
 
 def clean_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a test starts. Its GPUs are hidden unless the test says
+    otherwise: the suite's runs are CPU runs, and on a GPU machine `--backend auto` would be
+    NCCL, one GPU a worker (on the first H100, the world-of-3 runs were refused: "3 workers
+    need a GPU each; 1 visible")."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and
            not k.startswith("DISTBENCH_")}
-    env.update(NO_COLOR="1", PYTHONUNBUFFERED="1", **extra)
+    env.update(NO_COLOR="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", **extra)
     return env
 
 
