@@ -34,7 +34,7 @@ from distbench.run.launch import run_local_workers
 def args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="64K,1M,4M,16M")
-    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=30, help="at least 2: each ratio's quartiles")
     p.add_argument("--workers", type=int, default=None,
                    help="local workers outside torchrun (default: one per GPU under nccl, else 2)")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
@@ -176,7 +176,10 @@ def instrumentation_cost(device, repeats: int = 7) -> float:
 
 
 def main() -> int:
-    args = args_parser().parse_args()
+    parser = args_parser()
+    args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds: at least 2 (each ratio's quartiles need two rounds)")
     from distbench.run.runtime import RunFailure, resolve_backend
 
     try:
