@@ -11,7 +11,7 @@ With --tree, each round runs the other checkout's distbench (a directory holding
 `distbench/` package, e.g. a `git worktree add` of an older commit) and then this one's, so the
 two are compared under the same load; the ratios are the figure to quote. With --against-exec,
 the other side is this checkout with its workers started as fresh interpreters
-(DISTBENCH_FORK_WORKERS=0), which is what a GPU host's NCCL runs always do. Runs go to a
+(DISTBENCH_FORK_WORKERS=0), as every run on a machine with a GPU starts them. Runs go to a
 temporary directory that is removed at the end.
 """
 

@@ -177,8 +177,8 @@ def forks_workers(backend: str) -> bool:
     the machine has no GPU at all, not merely where the run uses none. On a GPU host this
     process has initialized the CUDA driver already (resolve_backend asks torch whether CUDA is
     there), and a gloo worker forked from it fails with "CUDA error: initialization error" as
-    soon as torch touches CUDA on its behalf, as dp's and step's did on the first H100 that
-    ran them."""
+    soon as torch touches CUDA on its behalf, as dp's and step's did on an H100 (2026-11-27,
+    docs/gpu-checklist.md)."""
     return backend != "nccl" and env.fork_workers() and not limits.nvidia_devices()
 
 
