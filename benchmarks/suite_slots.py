@@ -12,16 +12,16 @@ locked (flock): /proc/locks says which.
 from __future__ import annotations
 
 import collections
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from helpers import MAX_PROCESSES as SLOTS  # noqa: E402  (the pool the suite's tests share)
+from helpers import SLOTS_DIR  # noqa: E402
+
 INTERVAL_S = 0.5
-SLOTS = 8  # tests/helpers.py's MAX_PROCESSES
-SLOTS_DIR = Path(tempfile.gettempdir()) / f"distbench-test-slots-{os.getuid()}"
 
 
 def held(inodes: dict[int, int]) -> int:
