@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import forkserver
 import json_schemas
 
 # The most processes the tests may have started at once on the shared test machine (launchers,
@@ -179,7 +180,7 @@ class Run:
     stdout: str
     stderr: str
     out: Path
-    secs: float = 0.0  # from start to exit, the interpreter's start-up included
+    secs: float = 0.0  # from start to exit (a fresh run's: the interpreter's start-up included)
     # in-process (cli): the (command, options) dispatch was handed, where workers would start
     dispatched: list = field(default_factory=list)
 
@@ -263,23 +264,35 @@ def _outs(args) -> list[Path]:
         Path(a.partition("=")[2]) for a in args if a.startswith("--out=")]
 
 
+# Set, every run starts a fresh interpreter, as a user's does (forkserver.py says what else
+# differs): to check that the suite does not depend on the fork server.
+FRESH_ENV = "DISTBENCH_TEST_FRESH"
+
+
 def distbench(out: Path | None, *args: str, timeout: float = 180, cwd: Path | None = None,
-              stdin: str | None = None, procs: int | None = None, **env: str) -> Run:
+              stdin: str | None = None, procs: int | None = None, fresh: bool = False,
+              **env: str) -> Run:
     """`distbench *args` as a user runs it, outside torchrun (a command that needs workers
     starts its own), with `--out out` unless out is None; in `cwd` (else out). `procs`: the
     most processes it can start at once, when processes_of cannot tell from the arguments
-    (workers set in a --config file). The TRACED commands' posts are held to NCCL's rules."""
+    (workers set in a --config file). The TRACED commands' posts are held to NCCL's rules.
+    Forked by the suite's fork server (forkserver.py), unless `fresh`: a fresh interpreter,
+    for what depends on its start."""
     procs = procs or processes_of(args)
     assert procs <= MAX_PROCESSES, f"distbench {' '.join(args)}: {procs} processes, too many"
     where = cwd or out
     assert where is not None, "a run needs a directory to start in"
+    argv = [*args, *(["--out", str(out)] if out else [])]
+    fresh = fresh or bool(os.environ.get(FRESH_ENV)) or not forkserver.available()
     with processes(procs), nccl_rules_held(args[0] if args else None, env), \
             json_schemas.held(out, where, *(where / p for p in _outs(args))):
         start = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-m", "distbench", *args, *(["--out", str(out)] if out else [])],
-            capture_output=True, text=True, timeout=timeout, env=clean_env(**env), cwd=where,
-            input=stdin)
+        if fresh:
+            proc = subprocess.run([sys.executable, "-m", "distbench", *argv],
+                                  capture_output=True, text=True, timeout=timeout,
+                                  env=clean_env(**env), cwd=where, input=stdin)
+        else:
+            proc = forkserver.run(argv, clean_env(**env), where, stdin, timeout, clean_env())
         secs = time.monotonic() - start
     return Run(proc.returncode, proc.stdout, proc.stderr, out or where, secs)
 
@@ -476,15 +489,17 @@ def power_off(pid: int) -> None:
 
 
 def processes_naming(path: Path) -> list[int]:
-    """Processes (other than this one) whose command line names `path`: a run's launcher and
-    workers carry its --out there."""
+    """Processes (other than this one) whose command line names `path`, or that run in it: a
+    run's launcher and workers carry its --out on theirs, or, forked by the fork server, run
+    in the directory the run started in (their command line is the server's)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
                 cmdline = (entry / "cmdline").read_bytes()
+                cwd = os.readlink(entry / "cwd")
             except OSError:
                 continue
-            if str(path).encode() in cmdline:
+            if str(path).encode() in cmdline or Path(cwd).is_relative_to(path):
                 found.append(int(entry.name))
     return found

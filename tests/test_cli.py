@@ -88,7 +88,7 @@ SMOKE = [(["collective", "--sizes", "1Q"], "--sizes", True),
 @pytest.mark.parametrize("args,option,ours", SMOKE, ids=["sizes", "click", "config", "p2p"])
 def test_the_process_itself_refuses_bad_input_in_one_line(tmp_path, args, option, ours):
     out = tmp_path / "results"
-    res = helpers.distbench(out, *args, cwd=tmp_path)
+    res = helpers.distbench(out, *args, cwd=tmp_path, fresh=True)
     assert_one_line_error(res, res.secs, option, ours)
     _assert_no_run_dir(tmp_path, out)
 
@@ -222,7 +222,7 @@ def test_help_is_fast(tmp_path, args, needle):
     import resource
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    res = helpers.distbench(None, *args, cwd=tmp_path)
+    res = helpers.distbench(None, *args, cwd=tmp_path, fresh=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     print(f"distbench {' '.join(args)}: {cpu:.3f} CPU-s, {res.secs:.3f} s")

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 import traceback
+from typing import NoReturn
 
 # What the commands that train import in each worker, about 1.2 CPU-s: torch.optim's and
 # DTensor's first calls import torch._dynamo (torch._disable_dynamo).
@@ -131,29 +132,47 @@ def _await_own_group(pid: int, ready_r: int) -> int | None:
 
 
 def _become_worker(argv, env, stdout, stderr, levels, ready_w) -> None:
-    """In the forked child: what exec would have given, then distbench's entry point, then
-    gone. Nothing here may return into the agent's code that forked it."""
-    code = 1
+    """In the forked child: a session of its own, as Popen(start_new_session=True) gives, said
+    to the launcher; then as_if_exec. Nothing here may return into the agent's code that
+    forked it."""
     try:
         # the launcher made it lead a group already if it was stopped before it got here
         with contextlib.suppress(PermissionError):
             os.setsid()
         with contextlib.suppress(OSError):  # the launcher stopped listening
             os.write(ready_w, b"x")
-        # The launcher's objects are never collected here: one holding a descriptor closed
-        # below would otherwise close whatever the worker opened under the same number.
+        # the agent's redirect files, as Popen would have used them
+        stdio = (None, *(s.fileno() if s is not None else None for s in (stdout, stderr)))
+    except BaseException:
+        os._exit(1)
+    as_if_exec(argv, env, stdio, levels, threads_from_env=True)
+
+
+def as_if_exec(argv: list[str], env: dict[str, str], stdio: tuple[int | None, ...],
+               levels: dict[str, int] | None = None, threads_from_env: bool = False) -> NoReturn:
+    """In a child just forked from a process that has imported distbench: what exec of
+    `python -u -m distbench *argv` would have given it, then distbench's entry point, then
+    gone (os._exit). `stdio`: the descriptors that become 0, 1 and 2 (None: the parent's
+    stays); every other descriptor is closed. `levels`: the loggers' levels to start with.
+    `threads_from_env`: apply OMP_NUM_THREADS, for a worker (a launcher must not: its thread
+    pools would not survive the fork of its own workers)."""
+    code = 1
+    try:
+        # The parent's objects are never collected here: one holding a descriptor closed
+        # below would otherwise close whatever the child opened under the same number.
         gc.freeze()
         _default_signals()
-        for fd, stream in ((1, stdout), (2, stderr)):
-            if stream is not None:  # the agent's redirect file, as Popen would have used it
-                os.dup2(stream.fileno(), fd)
-        os.closerange(3, _max_fd())  # the agent's store, its sockets: not the worker's
+        for fd, given in enumerate(stdio):
+            if given is not None:
+                os.dup2(given, fd)
+        os.closerange(3, _max_fd())  # the parent's store, its sockets: not the child's
         os.environ.clear()
         os.environ.update(env)
         _unbuffered()
-        for name, level in levels.items():
+        for name, level in (levels or {}).items():
             logging.getLogger(name).setLevel(level)
-        _threads_from_env()
+        if threads_from_env:
+            _threads_from_env()
         sys.argv = [sys.argv[0], *argv]
         # what `python -m distbench` runs, as it runs it (argv[0] becomes its path)
         runpy.run_module("distbench", run_name="__main__", alter_sys=True)

@@ -1,0 +1,252 @@
+"""The suite's fork server: `distbench ...` run as a child of a process that has imported torch
+and distbench once, not as a fresh interpreter that imports them again. A fresh one costs about
+2 CPU-seconds and 2 s of wall time before it parses its first option, and the suite starts
+distbench about 300 times (helpers.distbench).
+
+The child is what exec would have made (distbench.run.forked_workers.as_if_exec, as a forked
+worker is: default signal handlers, no inherited descriptors but its stdin, stdout and stderr,
+the environment given, unbuffered output), in the directory given, and runs the entry point
+`python -m distbench` runs. It is a real process: it starts, forks or execs its own workers, is
+signalled, times out and exits as one. What it does not show is the interpreter's own start:
+the tests of that (start-up cost, bad input refused before torch loads) start a fresh one
+(helpers.distbench(fresh=True)), as do the launchers the tests signal or kill themselves.
+
+One server per pytest process, started on its first run; it ends with that process. It starts
+nothing on its own, and its children are counted in the suite's process budget as the runs
+they are. Only on a machine with no GPU device (the server would otherwise have to stay clear of
+CUDA for its children's sake, as forked workers do: launch.forks_workers)."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import json
+import locale
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# What a launcher imports before it starts its workers, and what the training commands preload
+# for theirs (Command.preload): imported once, here.
+PRELOAD = ("torch", "torch.distributed.run", "torch._dynamo", "distbench.cli.app",
+           "distbench.cli.commands", "distbench.run.launch", "distbench.run.session")
+_MAX_MESSAGE = 1 << 20
+_POLL_S = 0.02
+_START_TIMEOUT_S = 120
+
+
+# --- the server ------------------------------------------------------------------------------
+
+def serve(path: str) -> None:
+    """Listen at `path` until the process that started this one is gone. Each connection is one
+    run: a JSON request ({argv, env, cwd}) with three descriptors (stdin, stdout, stderr); the
+    reply is {"pid"} once the child is started, then {"exit"} (Popen.returncode's form) once it
+    has ended."""
+    parent = os.getppid()
+    for name in PRELOAD:
+        importlib.import_module(name)
+    from distbench.run.forked_workers import as_if_exec
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    print("ready", flush=True)
+    running: dict[int, socket.socket] = {}
+    while os.getppid() == parent:
+        readable, _, _ = select.select([listener], [], [], _POLL_S)
+        if readable:
+            conn, _ = listener.accept()
+            _start(conn, [listener, *running.values()], running, as_if_exec)
+        _reap(running)
+
+
+def _start(conn: socket.socket, others: list[socket.socket], running: dict, as_if_exec) -> None:
+    try:
+        message, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 3)
+        request = json.loads(message)
+        assert len(fds) == 3, f"{len(fds)} descriptors, not stdin, stdout and stderr"
+    except (OSError, ValueError, AssertionError) as e:
+        with contextlib.suppress(OSError):
+            conn.send(json.dumps({"error": str(e)}).encode())
+        conn.close()
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for sock in (conn, *others):
+                sock.detach()  # closed with every other descriptor; never again by its object
+            os.chdir(request["cwd"])
+            sys.path[0] = request["cwd"]  # as `python -m` puts it
+        except BaseException as e:
+            os.write(fds[2], f"forkserver: {e}\n".encode())
+            os._exit(1)
+        as_if_exec(request["argv"], request["env"], tuple(fds))
+    for fd in fds:
+        os.close(fd)
+    conn.send(json.dumps({"pid": pid}).encode())
+    running[pid] = conn
+
+
+def _reap(running: dict[int, socket.socket]) -> None:
+    while running:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+        conn = running.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):  # the client gave up on it (its timeout)
+                conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
+            conn.close()
+
+
+# --- the client (in a pytest process) ---------------------------------------------------------
+
+class _Server:
+    lock = threading.Lock()
+    proc: subprocess.Popen | None = None
+    path: str | None = None
+
+
+def available() -> bool:
+    """Whether runs can be forked here: not where a GPU device exists (see the module's note)."""
+    from distbench.platform.limits import nvidia_devices
+
+    return not nvidia_devices()
+
+
+def _ensure(env: dict[str, str]) -> str:
+    with _Server.lock:
+        if _Server.proc is not None and _Server.proc.poll() is None:
+            return _Server.path
+        where = tempfile.mkdtemp(prefix="distbench-forkserver-")
+        path = os.path.join(where, "socket")
+        proc = subprocess.Popen([sys.executable, __file__, path], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, env=env, cwd=where, text=True)
+        ready, _, _ = select.select([proc.stdout], [], [], _START_TIMEOUT_S)
+        line = proc.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"the fork server did not start (exit {proc.returncode})")
+        _Server.proc, _Server.path = proc, path
+        atexit.register(_stop, proc, where)
+        return path
+
+
+def _stop(proc: subprocess.Popen, where: str) -> None:
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(where, "socket"))
+        os.rmdir(where)
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path, stdin: str | None, timeout: float,
+        server_env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`python -m distbench *argv`, forked by this pytest process's server (started with
+    `server_env` if it is not yet), as subprocess.run(capture_output=True, text=True, ...)
+    would run it: the same result, and the same TimeoutExpired after killing it."""
+    path = _ensure(server_env)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.connect(path)
+    ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr: (read, write)
+    theirs = [ends[0][0], ends[1][1], ends[2][1]]
+    try:
+        request = {"argv": list(argv), "env": env, "cwd": str(cwd)}
+        socket.send_fds(conn, [json.dumps(request).encode()], theirs)
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    deadline = time.monotonic() + timeout
+    with conn:
+        started = json.loads(conn.recv(_MAX_MESSAGE) or b"{}")
+        if "pid" not in started:
+            for fd in (ends[0][1], ends[1][0], ends[2][0]):
+                os.close(fd)
+            raise RuntimeError(f"the fork server refused the run: {started}")
+        pid = started["pid"]
+        out, err = _Reader(ends[1][0]), _Reader(ends[2][0])
+        _Writer(ends[0][1], stdin or "")
+        code = _await_exit(conn, deadline)
+        if code is None:  # as subprocess.run does on its timeout: killed, then waited for
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _await_exit(conn, None)
+            raise subprocess.TimeoutExpired(["distbench", *argv], timeout,
+                                            output=out.text(0), stderr=err.text(0))
+    # like communicate(): everything its processes wrote, until the last of them closed it
+    left = max(0.0, deadline - time.monotonic())
+    stdout, stderr = out.text(left), err.text(left)
+    if out.open or err.open:
+        raise subprocess.TimeoutExpired(["distbench", *argv], timeout, output=stdout,
+                                        stderr=stderr)
+    return subprocess.CompletedProcess(["distbench", *argv], code, stdout, stderr)
+
+
+def _await_exit(conn: socket.socket, deadline: float | None) -> int | None:
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return None
+        readable, _, _ = select.select([conn], [], [], left)
+        if not readable:
+            return None
+        message = conn.recv(_MAX_MESSAGE)
+        if not message:
+            raise RuntimeError("the fork server ended while a run was running")
+        return json.loads(message)["exit"]
+
+
+def _decode(data: bytes) -> str:
+    """As text=True decodes: the locale's encoding, universal newlines."""
+    text = data.decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+class _Reader:
+    """One end of a pipe read to its end from a thread, as communicate() reads it."""
+
+    def __init__(self, fd: int):
+        self.chunks: list[bytes] = []
+        self.thread = threading.Thread(target=self._read, args=(fd,), daemon=True)
+        self.thread.start()
+
+    def _read(self, fd: int) -> None:
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            while chunk := f.read(1 << 16):
+                self.chunks.append(chunk)
+
+    @property
+    def open(self) -> bool:
+        return self.thread.is_alive()
+
+    def text(self, wait_s: float) -> str:
+        self.thread.join(wait_s)
+        return _decode(b"".join(self.chunks))
+
+
+class _Writer:
+    def __init__(self, fd: int, text: str):
+        def write():
+            with contextlib.suppress(BrokenPipeError), os.fdopen(fd, "wb") as f:
+                f.write(text.encode(locale.getpreferredencoding(False)))
+        threading.Thread(target=write, daemon=True).start()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

@@ -1,0 +1,78 @@
+"""tests/forkserver.py, the suite's way of starting `distbench`: a run it forks ends as a fresh
+interpreter's run of the same command line ends (exit code, what it printed, what it wrote),
+is killed at its timeout as subprocess.run kills one, and is seen by the orphan check while it
+runs. Its stdin is held by test_collective_multiproc's `--config /dev/stdin` run."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import helpers
+import pytest
+from helpers import processes_naming
+
+
+def _both(tmp_path, *args):
+    return [helpers.distbench(tmp_path / how / "out", *args, cwd=tmp_path, fresh=fresh)
+            for how, fresh in (("forked", False), ("fresh", True))]
+
+
+@pytest.mark.multiproc
+def test_a_refused_command_line_ends_forked_as_it_ends_fresh(tmp_path):
+    forked, fresh = _both(tmp_path, "collective", "--sizes", "1Q")
+    assert forked.code == fresh.code == 2
+    assert forked.stderr == fresh.stderr and forked.stdout == fresh.stdout
+    assert not (tmp_path / "forked").exists() and not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.multiproc
+def test_a_run_forked_writes_what_a_fresh_one_writes(tmp_path):
+    args = ("collective", "--op", "all_reduce,broadcast", "--sizes", "1K,4K", "--iters", "2",
+            "--warmup", "1", "--workers", "2")
+    forked, fresh = _both(tmp_path, *args)
+    assert forked.code == fresh.code == 0, forked.stderr + fresh.stderr
+    for run in (forked, fresh):
+        assert run.meta()["status"] == "ok"
+    def rows(run):
+        return [(r["op"], r["size_bytes"], r["status"], r["wrong"]) for r in run.rows()]
+
+    assert rows(forked) == rows(fresh) == [(op, size, "ok", "0") for op in ("all_reduce",
+                                           "broadcast") for size in ("1024", "4096")]
+    assert forked.meta()["argv"] == fresh.meta()["argv"][:-1] + [str(forked.out)]
+    # the table's header and the lines that do not carry a time
+    assert forked.stdout.splitlines()[:2] == fresh.stdout.splitlines()[:2]
+
+
+@pytest.mark.multiproc
+def test_a_forked_run_past_its_timeout_is_killed_and_seen_by_the_orphan_check(tmp_path):
+    """As subprocess.run does: the launcher killed, TimeoutExpired raised with what it printed.
+    Its workers then follow their launcher (platform/lifeline.py). While it runs, the orphan
+    check (conftest's no_orphans) finds it in the directory it runs in, though its command line
+    is the server's."""
+    seen: list[list[int]] = []
+    raised: list[BaseException] = []
+
+    def watch():
+        try:
+            helpers.distbench(tmp_path / "out", "watch", "--interval", "0.5", "--sizes", "1K",
+                              "--iters", "2", "--workers", "2", cwd=tmp_path, timeout=8)
+        except BaseException as e:  # noqa: BLE001 - what the run raised is the test's subject
+            raised.append(e)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    while thread.is_alive() and not seen:
+        if found := processes_naming(tmp_path):
+            seen.append(found)
+        time.sleep(0.1)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert seen, "no process of the run was found running in its directory"
+    assert len(raised) == 1 and isinstance(raised[0], subprocess.TimeoutExpired), raised
+    assert "distbench" in (raised[0].stderr or ""), raised[0].stderr
+    deadline = time.monotonic() + 15
+    while processes_naming(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_naming(tmp_path) == []
