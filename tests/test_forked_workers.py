@@ -200,18 +200,26 @@ def test_workers_are_forked_only_on_a_machine_without_a_gpu(monkeypatch):
     assert not launch.forks_workers("gloo")
 
 
-@pytest.mark.procs(3)
-@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "fresh-interpreters"])
-def test_both_ways_of_starting_cpu_workers_measure_the_same_rows(tmp_path, fork):
-    """DISTBENCH_FORK_WORKERS=0 starts fresh interpreters, the path every GPU run takes, which
-    the suite's self-launched runs otherwise never do: both measure right, and say so alike."""
+@pytest.mark.multiproc
+def test_a_run_forked_throughout_measures_and_says_what_a_fresh_one_does(tmp_path):
+    """The suite's usual run (its launcher forked by the fork server, tests/forkserver.py, its
+    workers forked from the launcher) against the path every GPU run takes and the suite's
+    self-launched runs otherwise never do: a fresh launcher, fresh worker interpreters
+    (DISTBENCH_FORK_WORKERS=0). Both measure right, and say so alike."""
     from helpers import distbench
 
-    res = distbench(tmp_path, "collective", "--op", "all_reduce,all_gather", "--sizes", "4K",
-                    "--iters", "3", "--warmup", "1", "--workers", "2",
-                    DISTBENCH_FORK_WORKERS=fork)
-    assert res.code == 0, res.stderr
-    rows = res.rows()
-    assert [(r["op"], r["size_bytes"], r["wrong"]) for r in rows] == [
-        ("all_reduce", "4096", "0"), ("all_gather", "4096", "0")]
-    assert res.meta()["status"] == "ok"
+    args = ("collective", "--op", "all_reduce,all_gather", "--sizes", "4K", "--iters", "3",
+            "--warmup", "1", "--workers", "2")
+    forked = distbench(tmp_path / "forked", *args, cwd=tmp_path)
+    fresh = distbench(tmp_path / "fresh", *args, cwd=tmp_path, fresh=True,
+                      DISTBENCH_FORK_WORKERS="0")
+    for res in (forked, fresh):
+        assert res.code == 0, res.stderr
+        assert [(r["op"], r["size_bytes"], r["wrong"]) for r in res.rows()] == [
+            ("all_reduce", "4096", "0"), ("all_gather", "4096", "0")]
+        assert res.meta()["status"] == "ok"
+    assert forked.meta()["argv"][:-1] == fresh.meta()["argv"][:-1]
+    # the table's header, and what it said on stderr but where it wrote
+    assert forked.stdout.splitlines()[:2] == fresh.stdout.splitlines()[:2]
+    assert forked.stderr.replace(str(forked.out), "OUT").splitlines()[0] == \
+        fresh.stderr.replace(str(fresh.out), "OUT").splitlines()[0]
