@@ -233,8 +233,13 @@ def main(argv: list[str] | None = None) -> None:
         faults.stall_before_join(rank)
     try:
         code = _run_app(args, argv)
-    finally:  # whatever broke (the store the launcher held, say), a lost launcher is the cause
-        lifeline.leave_if_orphaned()
+    except BaseException:
+        # Whatever broke, a lost launcher is the cause. A SIGKILLed one resets the connection
+        # to the store it held before its ranks are re-parented: look a moment longer, or the
+        # rank leaves with a traceback and run.json still says "running" (seen under load).
+        lifeline.leave_if_orphaned(lifeline.WATCH_INTERVAL_S)
+        raise
+    lifeline.leave_if_orphaned()
     if argv is None and "torch" in sys.modules and not env.under_launcher():
         # Nothing is left to do: every file is written and closed. The interpreter's teardown of
         # torch's modules would take another half CPU-second (1.5 s against 2.0 s for a

@@ -86,10 +86,12 @@ def _born_orphan() -> bool:
     return not any(name in init for name in LAUNCHERS)
 
 
-def leave_if_orphaned() -> None:
+def leave_if_orphaned(settle_s: float = 0.0) -> None:
     """From a rank's own failure path: when the launcher is gone, that is the cause to report
-    (the thread would find it within WATCH_INTERVAL_S, after a misleading error)."""
-    if orphaned():
+    (the thread would find it within WATCH_INTERVAL_S, after a misleading error). `settle_s`:
+    see orphaned; a failure that may be the launcher's death itself (its store's connection
+    reset) is seen before this process is re-parented."""
+    if orphaned(settle_s):
         _leave()
 
 

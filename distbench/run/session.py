@@ -334,8 +334,9 @@ def _startup_timed_out(what: str, seconds: float) -> None:
 
 def _mark_run_json(error: str, code: int, status: str) -> None:
     """Before rank 0 has opened the run directory, only our own launcher's exists. A lost
-    launcher is the cause of whatever failed (its store went with it): the lifeline says so."""
-    lifeline.leave_if_orphaned()
+    launcher is the cause of whatever failed (its store went with it): the lifeline says so,
+    given the moment a SIGKILLed launcher's ranks take to be re-parented."""
+    lifeline.leave_if_orphaned(lifeline.WATCH_INTERVAL_S)
     given = env.given_run_dir()
     if given:
         writer.mark_unfinished(Path(given), error, code, status)
