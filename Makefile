@@ -27,15 +27,16 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# Two pytest processes (pytest-xdist), each given whole test modules (loadfile: a module's
-# fixtures run once): many multi-process tests wait (timeouts, stalls, killed launchers) more
-# than they compute, and the other process runs meanwhile. Not three: with no test `alone`
-# the suite already keeps 1.4 of the 2 cores busy, and a third made every run slower (the same
-# tree, quiet machine: 511 s with two, 552 s with three). However many run at once, the
-# processes the tests start stay within 8 (tests/helpers.py), and a test marked `alone` runs
-# with nothing beside it. --durations=15: CI's output says which tests cost the time. pytest
-# exits 5 when it collected nothing: that is a broken suite, not a pass.
-PYTEST_JOBS ?= 2
+# Three pytest processes (pytest-xdist), each given whole test modules (loadfile: a module's
+# fixtures run once): most multi-process tests wait (timeouts, stalls, killed launchers, slots)
+# more than they compute, and the others run meanwhile. Since the suite's runs are forked from
+# a server that loaded torch once (tests/forkserver.py), three were as fast as two or faster
+# (the same tree, side by side, 2026-11-27: 427 and 434 s with three, 428 and 486 s with two).
+# However many run at once, the processes the tests start stay within 8 (tests/helpers.py),
+# and a test marked `alone` runs with nothing beside it. --durations=15: CI's output says which
+# tests cost the time. pytest exits 5 when it collected nothing: that is a broken suite, not a
+# pass.
+PYTEST_JOBS ?= 3
 FAST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -q --dist loadfile
 

@@ -187,14 +187,15 @@ def run(argv: list[str], env: dict[str, str], cwd: Path, stdin: str | None, time
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             _await_exit(conn, None)
+            # undecoded, as subprocess.run leaves what it had read when it timed out
             raise subprocess.TimeoutExpired(["distbench", *argv], timeout,
-                                            output=out.text(0), stderr=err.text(0))
+                                            output=out.data(0), stderr=err.data(0))
     # like communicate(): everything its processes wrote, until the last of them closed it
     left = max(0.0, deadline - time.monotonic())
     stdout, stderr = out.text(left), err.text(left)
     if out.open or err.open:
-        raise subprocess.TimeoutExpired(["distbench", *argv], timeout, output=stdout,
-                                        stderr=stderr)
+        raise subprocess.TimeoutExpired(["distbench", *argv], timeout, output=out.data(0),
+                                        stderr=err.data(0))
     return subprocess.CompletedProcess(["distbench", *argv], code, stdout, stderr)
 
 
@@ -235,9 +236,12 @@ class _Reader:
     def open(self) -> bool:
         return self.thread.is_alive()
 
-    def text(self, wait_s: float) -> str:
+    def data(self, wait_s: float) -> bytes:
         self.thread.join(wait_s)
-        return _decode(b"".join(self.chunks))
+        return b"".join(self.chunks)
+
+    def text(self, wait_s: float) -> str:
+        return _decode(self.data(wait_s))
 
 
 class _Writer:

@@ -53,7 +53,7 @@ def test_a_forked_run_past_its_timeout_is_killed_and_seen_by_the_orphan_check(tm
     assert not thread.is_alive()
     assert seen, "no process of the run was found running in its directory"
     assert len(raised) == 1 and isinstance(raised[0], subprocess.TimeoutExpired), raised
-    assert "distbench" in (raised[0].stderr or ""), raised[0].stderr
+    assert b"distbench" in (raised[0].stderr or b""), raised[0].stderr  # undecoded, as run's
     deadline = time.monotonic() + 15
     while processes_naming(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.1)
