@@ -496,10 +496,10 @@ def processes_naming(path: Path) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
-                cmdline = (entry / "cmdline").read_bytes()
-                cwd = os.readlink(entry / "cwd")
+                named = str(path).encode() in (entry / "cmdline").read_bytes()
+                named = named or Path(os.readlink(entry / "cwd")).is_relative_to(path)
             except OSError:
                 continue
-            if str(path).encode() in cmdline or Path(cwd).is_relative_to(path):
+            if named:
                 found.append(int(entry.name))
     return found
