@@ -1,7 +1,7 @@
 """The suite's fork server: `distbench ...` run as a child of a process that has imported torch
 and distbench once, not as a fresh interpreter that imports them again. A fresh one costs about
-2 CPU-seconds and 2 s of wall time before it parses its first option, and the suite starts
-distbench about 300 times (helpers.distbench).
+2 CPU-seconds and 2 s of wall time before it parses its first option, and the multi-process
+tests start about 130 runs through helpers.distbench (2026-11-27).
 
 The child is what exec would have made (distbench.run.forked_workers.as_if_exec, as a forked
 worker is: default signal handlers, no inherited descriptors but its stdin, stdout and stderr,
