@@ -31,7 +31,8 @@ lint: $(STAMP)
 # fixtures run once): most multi-process tests wait (timeouts, stalls, killed launchers, slots)
 # more than they compute, and the others run meanwhile. Since the suite's runs are forked from
 # a server that loaded torch once (tests/forkserver.py), three were as fast as two or faster
-# (the same tree, side by side, 2026-11-27: 427 and 434 s with three, 428 and 486 s with two).
+# (the same tree, side by side, 2026-11-27: 427 and 434 s with three, 428 and 486 s with two);
+# four waited longer for process slots (443 s).
 # However many run at once, the processes the tests start stay within 8 (tests/helpers.py),
 # and a test marked `alone` runs with nothing beside it. --durations=15: CI's output says which
 # tests cost the time. pytest exits 5 when it collected nothing: that is a broken suite, not a
