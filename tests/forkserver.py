@@ -34,10 +34,10 @@ import threading
 import time
 from pathlib import Path
 
-# What a launcher imports before it starts its workers, and what the training commands preload
-# for theirs (Command.preload): imported once, here.
-PRELOAD = ("torch", "torch.distributed.run", "torch._dynamo", "distbench.cli.app",
-           "distbench.cli.commands", "distbench.run.launch", "distbench.run.session")
+# What a launcher imports before it starts its workers: imported once, here, and then what any
+# command preloads for its workers (Command.preload).
+PRELOAD = ("torch", "torch.distributed.run", "distbench.cli.app", "distbench.cli.commands",
+           "distbench.run.launch", "distbench.run.session")
 _MAX_MESSAGE = 1 << 20
 _POLL_S = 0.02
 _START_TIMEOUT_S = 120
@@ -53,7 +53,11 @@ def serve(path: str) -> None:
     parent = os.getppid()
     for name in PRELOAD:
         importlib.import_module(name)
+    from distbench.cli.commands import COMMANDS
     from distbench.run.forked_workers import as_if_exec
+
+    for name in {name for command in COMMANDS.values() for name in command.preload}:
+        importlib.import_module(name)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
