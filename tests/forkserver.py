@@ -1,15 +1,16 @@
 """The suite's fork server: `distbench ...` run as a child of a process that has imported torch
 and distbench once, not as a fresh interpreter that imports them again. A fresh one costs about
 2 CPU-seconds and 2 s of wall time before it parses its first option, and the multi-process
-tests start about 130 runs through helpers.distbench (2026-11-27).
+tests start about 130 runs through helpers.distbench and about 45 through helpers.start, the
+launchers and hand-started ranks a test signals or runs side by side (Popen, below).
 
 The child is what exec would have made (distbench.run.forked_workers.as_if_exec, as a forked
 worker is: default signal handlers, no inherited descriptors but its stdin, stdout and stderr,
 the environment given, unbuffered output), in the directory given, and runs the entry point
 `python -m distbench` runs. It is a real process: it starts, forks or execs its own workers, is
 signalled, times out and exits as one. What it does not show is the interpreter's own start:
-the tests of that (start-up cost, bad input refused before torch loads) start a fresh one
-(helpers.distbench(fresh=True)), as do the launchers the tests signal or kill themselves.
+the tests of that (start-up cost, bad input refused before torch loads, a launcher killed
+while its workers load torch) start a fresh one (fresh=True).
 
 One server per pytest process, started on its first run; it ends with that process. It starts
 nothing on its own, and its children are counted in the suite's process budget as the runs
@@ -47,9 +48,9 @@ _START_TIMEOUT_S = 120
 
 def serve(path: str) -> None:
     """Listen at `path` until the process that started this one is gone. Each connection is one
-    run: a JSON request ({argv, env, cwd}) with three descriptors (stdin, stdout, stderr); the
-    reply is {"pid"} once the child is started, then {"exit"} (Popen.returncode's form) once it
-    has ended."""
+    run: a JSON request ({argv, env, cwd, new_session}) with three descriptors (stdin, stdout,
+    stderr); the reply is {"pid"} once the child is started (in a session of its own if asked),
+    then {"exit"} (Popen.returncode's form) once it has ended."""
     parent = os.getppid()
     for name in PRELOAD:
         importlib.import_module(name)
@@ -82,19 +83,29 @@ def _start(conn: socket.socket, others: list[socket.socket], running: dict, as_i
             conn.send(json.dumps({"error": str(e)}).encode())
         conn.close()
         return
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             for sock in (conn, *others):
                 sock.detach()  # closed with every other descriptor; never again by its object
+            os.close(ready_r)
+            if request.get("new_session"):
+                os.setsid()
             os.chdir(request["cwd"])
             sys.path[0] = request["cwd"]  # as `python -m` puts it
         except BaseException as e:
             os.write(fds[2], f"forkserver: {e}\n".encode())
             os._exit(1)
+        finally:
+            os.close(ready_w)
         as_if_exec(request["argv"], request["env"], tuple(fds))
-    for fd in fds:
+    for fd in (*fds, ready_w):
         os.close(fd)
+    # its pid is given once it is in its own session, as Popen returns once its child has
+    # exec'd: a test may signal its process group at once
+    os.read(ready_r, 1)
+    os.close(ready_r)
     conn.send(json.dumps({"pid": pid}).encode())
     running[pid] = conn
 
@@ -160,30 +171,42 @@ def _stop(proc: subprocess.Popen, where: str) -> None:
         os.rmdir(where)
 
 
-def run(argv: list[str], env: dict[str, str], cwd: Path, stdin: str | None, timeout: float,
-        server_env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`python -m distbench *argv`, forked by this pytest process's server (started with
-    `server_env` if it is not yet), as subprocess.run(capture_output=True, text=True, ...)
-    would run it: the same result, and the same TimeoutExpired after killing it."""
+def _request(argv: list[str], env: dict[str, str], cwd: Path, stdio: list[int],
+             server_env: dict[str, str], new_session: bool = False
+             ) -> tuple[socket.socket, int]:
+    """Ask this pytest process's server (started with `server_env` if it is not yet) to fork
+    `python -m distbench *argv` with `stdio` as its descriptors 0, 1 and 2 (closed here once
+    sent): the connection its exit code will come on, and its pid."""
     path = _ensure(server_env)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    conn.connect(path)
-    ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr: (read, write)
-    theirs = [ends[0][0], ends[1][1], ends[2][1]]
     try:
-        request = {"argv": list(argv), "env": env, "cwd": str(cwd)}
-        socket.send_fds(conn, [json.dumps(request).encode()], theirs)
+        conn.connect(path)
+        request = {"argv": list(argv), "env": env, "cwd": str(cwd), "new_session": new_session}
+        socket.send_fds(conn, [json.dumps(request).encode()], stdio)
     finally:
-        for fd in theirs:
+        for fd in stdio:
             os.close(fd)
+    started = json.loads(conn.recv(_MAX_MESSAGE) or b"{}")
+    if "pid" not in started:
+        conn.close()
+        raise RuntimeError(f"the fork server refused the run: {started}")
+    return conn, started["pid"]
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path, stdin: str | None, timeout: float,
+        server_env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`python -m distbench *argv`, forked by this pytest process's server, as
+    subprocess.run(capture_output=True, text=True, ...) would run it: the same result, and the
+    same TimeoutExpired after killing it."""
+    ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr: (read, write)
+    try:
+        conn, pid = _request(argv, env, cwd, [ends[0][0], ends[1][1], ends[2][1]], server_env)
+    except BaseException:
+        for fd in (ends[0][1], ends[1][0], ends[2][0]):
+            os.close(fd)
+        raise
     deadline = time.monotonic() + timeout
     with conn:
-        started = json.loads(conn.recv(_MAX_MESSAGE) or b"{}")
-        if "pid" not in started:
-            for fd in (ends[0][1], ends[1][0], ends[2][0]):
-                os.close(fd)
-            raise RuntimeError(f"the fork server refused the run: {started}")
-        pid = started["pid"]
         out, err = _Reader(ends[1][0]), _Reader(ends[2][0])
         _Writer(ends[0][1], stdin or "")
         code = _await_exit(conn, deadline)
@@ -203,18 +226,94 @@ def run(argv: list[str], env: dict[str, str], cwd: Path, stdin: str | None, time
     return subprocess.CompletedProcess(["distbench", *argv], code, stdout, stderr)
 
 
+class Popen:
+    """subprocess.Popen([python, "-m", "distbench", *argv], stdin=DEVNULL, text=True, ...)
+    forked by this pytest process's server: what the tests use of one. `pid` is the run's own
+    process, to signal and to find the children of; `stdout` and `stderr` are PIPE or DEVNULL;
+    `new_session` is start_new_session. Its exit comes from the server, which is its parent."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path,
+                 server_env: dict[str, str], stdout: int = subprocess.PIPE,
+                 stderr: int = subprocess.PIPE, new_session: bool = False):
+        self.args = ["distbench", *argv]
+        self.returncode: int | None = None
+        self._readers: dict[int, _Reader] = {}
+        stdio, mine = [os.open(os.devnull, os.O_RDWR)], []
+        for how in (stdout, stderr):
+            assert how in (subprocess.PIPE, subprocess.DEVNULL), how
+            if how == subprocess.PIPE:
+                r, w = os.pipe()
+                stdio.append(w)
+                mine.append(r)
+            else:
+                stdio.append(os.open(os.devnull, os.O_WRONLY))
+                mine.append(None)
+        try:
+            self._conn, self.pid = _request(argv, env, cwd, stdio, server_env, new_session)
+        except BaseException:
+            for fd in mine:
+                if fd is not None:
+                    os.close(fd)
+            raise
+        self._out, self._err = mine
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = _await_exit(self._conn, time.monotonic())
+            if self.returncode is not None:
+                self._conn.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            code = _await_exit(self._conn, deadline)
+            if code is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = code
+            self._conn.close()
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """As Popen.communicate: everything it wrote, once its ends of the pipes are closed and
+        it has exited; TimeoutExpired, with it left running, to be called again."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        texts = []
+        for fd in (self._out, self._err):
+            if fd is None:
+                texts.append(None)
+                continue
+            if fd not in self._readers:
+                self._readers[fd] = _Reader(fd)
+            reader = self._readers[fd]
+            reader.data(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.open:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            texts.append(reader.text(0))
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return texts[0], texts[1]
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 def _await_exit(conn: socket.socket, deadline: float | None) -> int | None:
-    while True:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            return None
-        readable, _, _ = select.select([conn], [], [], left)
-        if not readable:
-            return None
-        message = conn.recv(_MAX_MESSAGE)
-        if not message:
-            raise RuntimeError("the fork server ended while a run was running")
-        return json.loads(message)["exit"]
+    """The run's exit code, or None if it has not come by the deadline (None: no deadline)."""
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    readable, _, _ = select.select([conn], [], [], left)
+    if not readable:
+        return None
+    message = conn.recv(_MAX_MESSAGE)
+    if not message:
+        raise RuntimeError("the fork server ended while a run was running")
+    return json.loads(message)["exit"]
 
 
 def _decode(data: bytes) -> str:

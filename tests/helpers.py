@@ -297,6 +297,22 @@ def distbench(out: Path | None, *args: str, timeout: float = 180, cwd: Path | No
     return Run(proc.returncode, proc.stdout, proc.stderr, out or where, secs)
 
 
+def start(args: list[str], cwd: Path, env: dict[str, str], *, stdout: int = subprocess.PIPE,
+          stderr: int = subprocess.PIPE, new_session: bool = False, fresh: bool = False):
+    """`python -m distbench *args` started, not waited for, as subprocess.Popen(...,
+    stdin=DEVNULL, text=True, start_new_session=new_session) starts it, for a test that signals
+    it or runs several side by side: forked by the suite's fork server (a forkserver.Popen)
+    unless `fresh`, as helpers.distbench decides. `env` is the whole environment (clean_env).
+    Within the slots the test reserved (its procs(n) mark)."""
+    fresh = fresh or bool(os.environ.get(FRESH_ENV)) or not forkserver.available()
+    if fresh:
+        return subprocess.Popen([sys.executable, "-m", "distbench", *args],
+                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                text=True, cwd=cwd, env=env, start_new_session=new_session)
+    check_may_start(f"distbench {' '.join(args)}"[:120])
+    return forkserver.Popen(list(args), env, cwd, clean_env(), stdout, stderr, new_session)
+
+
 def cli(cwd: Path, *argv: str, dispatch: bool = False, env: dict[str, str] | None = None
         ) -> Run:
     """`distbench *argv` in this process, in `cwd`, outside any launcher (unless `env` sets a

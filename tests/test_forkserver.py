@@ -5,6 +5,8 @@ test_forked_workers; its stdin: test_collective_multiproc's `--config /dev/stdin
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -58,3 +60,40 @@ def test_a_forked_run_past_its_timeout_is_killed_and_seen_by_the_orphan_check(tm
     while processes_naming(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_naming(tmp_path) == []
+
+
+@pytest.mark.multiproc
+@pytest.mark.procs(3)
+def test_a_started_run_is_signalled_and_waited_for_as_a_fresh_one_is(tmp_path):
+    """helpers.start, forked (forkserver.Popen) and fresh (subprocess.Popen), for the tests that
+    signal a launcher: in a session of its own from the moment its pid is known, running until
+    signalled, then ending with the same code, what it printed read by communicate, and no
+    process of it left."""
+    ended = {}
+    for how, fresh in (("forked", False), ("fresh", True)):
+        where = tmp_path / how
+        where.mkdir()
+        proc = helpers.start(["watch", "--interval", "0.5", "--sizes", "1K", "--iters", "2",
+                              "--workers", "2", "--out", str(where / "out")], where,
+                             helpers.clean_env(), new_session=True, fresh=fresh)
+        assert os.getpgid(proc.pid) == proc.pid, how
+        deadline = time.monotonic() + 60
+        while not [f for f in (where / "out").glob("*/watch.csv")
+                   if len(f.read_text().splitlines()) >= 2]:  # a cycle measured: running
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"{how}: no cycle was measured"
+            time.sleep(0.05)
+        assert len(helpers.children(proc.pid)) == 2, how
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.poll() == proc.returncode is not None
+        ended[how] = (proc.returncode, [x.split(":")[1] for x in helpers.distbench_lines(stderr)
+                                        if x.startswith("distbench: error:")])
+        assert stdout is not None and "distbench" in stderr, (how, stderr)
+        deadline = time.monotonic() + 15
+        while processes_naming(where) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_naming(where) == [], how
+    assert ended["forked"] == ended["fresh"] and ended["forked"][0] == 130, ended

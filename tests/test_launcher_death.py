@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import children, clean_env, processes_naming
+from helpers import children, clean_env, processes_naming, start
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.procs(4)]  # a launcher, 3 workers
 
@@ -96,11 +96,13 @@ def _start(out: Path, phase: Phase, how: str) -> subprocess.Popen:
     if how == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "3", "-m", "distbench", *args, "--out", str(out)]
-    else:
-        cmd = [sys.executable, "-m", "distbench", *args, "--workers", "3", "--out", str(out)]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            cwd=out.parent, env=clean_env(**env),
-                            start_new_session=True)
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, cwd=out.parent, env=clean_env(**env),
+                                start_new_session=True)
+    # killed before or while its workers load torch: a fresh interpreter, whose start that is
+    return start([*args, "--workers", "3", "--out", str(out)], out.parent, clean_env(**env),
+                 stdout=subprocess.DEVNULL, new_session=True,
+                 fresh=phase.name in ("startup", "2 s"))
 
 
 CASES = [(phase, signal.SIGKILL, "self") for phase in ("2 s", "6 s")] + [
@@ -132,17 +134,17 @@ def test_no_worker_outlives_its_launcher(tmp_path, phase, signum, how):
         killed_at = time.monotonic()
         launcher.wait(timeout=60)
         # a worker still exiting has already given up its command line: wait for it too
-        while (processes_naming(out) or any(_alive(w) for w in workers)) \
+        while (processes_naming(out.parent) or any(_alive(w) for w in workers)) \
                 and time.monotonic() - killed_at < 30:
             time.sleep(0.2)
         took = time.monotonic() - killed_at
-        left = processes_naming(out)
+        left = processes_naming(out.parent)
         assert left == [], f"{left} still alive 30 s after the launcher's {signum.name}"
         assert took < GONE_WITHIN_S, f"its workers took {took:.1f} s to go"
         assert workers or phase.endswith(" s")  # at 2 s, torch may still be loading
         assert [w for w in workers if _alive(w)] == []
     finally:
-        for pid in processes_naming(out):  # never leave one behind, whatever failed
+        for pid in processes_naming(out.parent):  # never leave one behind, whatever failed
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     meta = _run_json(out)

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, distbench_lines, free_port
+from helpers import clean_env, distbench_lines, free_port, start
 
 from distbench.core.options import OptionError
 from distbench.platform.slurm_mpi import adopt, expand_nodelist, expand_tasks_per_node
@@ -97,11 +95,9 @@ def _fake_mpirun(rank: int, port: int) -> dict[str, str]:
 @pytest.mark.parametrize("fake", [_fake_slurm, _fake_mpirun], ids=["srun", "mpirun"])
 def test_two_ranks_started_by_hand_agree_on_the_world(tmp_path, fake):
     port = free_port()
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "distbench", "collective", "--sizes", "4K", "--iters", "2",
-         "--warmup", "1", "--timeout", "60", "--out", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=clean_env(**fake(rank, port))) for rank in (0, 1)]
+    procs = [start(["collective", "--sizes", "4K", "--iters", "2", "--warmup", "1",
+                    "--timeout", "60", "--out", str(tmp_path)], tmp_path,
+                   clean_env(**fake(rank, port))) for rank in (0, 1)]
     done = [p.communicate(timeout=120) for p in procs]
     for p, (_, err) in zip(procs, done, strict=True):
         assert p.returncode == 0, err
@@ -131,12 +127,10 @@ def test_a_rank_refusing_its_options_where_rank_0_holds_the_store(tmp_path):
     dtype: every rank ends with exit 2 and no traceback, rank 0 last (the others must read
     why before its store goes)."""
     port, fake = free_port(), _fake_mpirun_of(3)
-    base = [sys.executable, "-m", "distbench", "collective", "--sizes", "4K", "--iters", "2",
-            "--timeout", "30", "--out", str(tmp_path)]
-    procs = [subprocess.Popen(base + (["--dtype", "flaot32"] if rank == 2 else []),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=tmp_path, env=clean_env(**fake(rank, port)))
-             for rank in range(3)]
+    base = ["collective", "--sizes", "4K", "--iters", "2", "--timeout", "30", "--out",
+            str(tmp_path)]
+    procs = [start(base + (["--dtype", "flaot32"] if rank == 2 else []), tmp_path,
+                   clean_env(**fake(rank, port))) for rank in range(3)]
     done = [p.communicate(timeout=120) for p in procs]
     for p, (_, err) in zip(procs, done, strict=True):
         assert p.returncode == 2, err

@@ -16,12 +16,11 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, distbench_lines, free_port
+from helpers import clean_env, distbench_lines, free_port, start
 
 from distbench.run.faults import fake_host
 
@@ -60,11 +59,8 @@ def _accept(tmp_path: Path, fake, *args: str, timeout: float = 90) -> tuple[list
     """`distbench accept` in 4 processes started with the launcher's variables, as it starts
     them: each process's CompletedProcess, and the run directory."""
     port = free_port()
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "distbench", "accept", "--timeout", "30", *args,
-         "--out", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=clean_env(**fake(rank, port))) for rank in range(WORLD)]
+    procs = [start(["accept", "--timeout", "30", *args, "--out", str(tmp_path)], tmp_path,
+                   clean_env(**fake(rank, port))) for rank in range(WORLD)]
     done = []
     try:
         for p in procs:

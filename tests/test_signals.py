@@ -10,28 +10,27 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, processes_naming
+from helpers import clean_env, processes_naming, start
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.procs(3)]  # a launcher, 2 workers
 
 
 def _workers_of(out: Path) -> list[int]:
-    return processes_naming(out)
+    """The run's processes: a fresh launcher names `out` on its command line, and its forked
+    workers carry it; a forked launcher and its workers run in out's parent (helpers.start)."""
+    return processes_naming(out.parent)
 
 
 def _start_and_wait_for_first_row(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     """Rank 1 stalls at 4 KiB, so the run sits, deterministically, after its 1 KiB row."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distbench", "collective", "--sizes", "1K,4K", "--iters", "3",
-         "--warmup", "1", "--workers", "2", "--timeout", "120", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=clean_env(DISTBENCH_TEST_STALL="1:4096"), start_new_session=True)
+    proc = start(["collective", "--sizes", "1K,4K", "--iters", "3", "--warmup", "1",
+                  "--workers", "2", "--timeout", "120", "--out", str(out)], tmp_path,
+                 clean_env(DISTBENCH_TEST_STALL="1:4096"), new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         rows = list(out.glob("*/collective.csv"))
@@ -78,11 +77,8 @@ def test_a_signal_during_startup_still_leaves_a_truthful_run_json(tmp_path, sign
     """The launcher is signalled as soon as the run directory exists, before any worker has a
     process group: the directory already holds a run.json, and it says how the run ended."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distbench", "collective", "--sizes", "1K", "--iters", "3",
-         "--workers", "2", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=clean_env(), start_new_session=True)
+    proc = start(["collective", "--sizes", "1K", "--iters", "3", "--workers", "2", "--out",
+                  str(out)], tmp_path, clean_env(), new_session=True)
     deadline = time.monotonic() + 30
     while not list(out.glob("*/run.json")) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -122,11 +118,9 @@ def test_a_stopped_worker_does_not_outlive_the_timeout_by_much(tmp_path):
     """kill -STOP of a worker: the others time out at --timeout and the launcher SIGKILLs the
     stopped one after a short grace, instead of torch's 30 s."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distbench", "collective", "--sizes", "1K:1M:x2", "--iters", "50",
-         "--warmup", "1", "--workers", "2", "--timeout", "5", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=clean_env(), start_new_session=True)
+    proc = start(["collective", "--sizes", "1K:1M:x2", "--iters", "50", "--warmup", "1",
+                  "--workers", "2", "--timeout", "5", "--out", str(out)], tmp_path, clean_env(),
+                 new_session=True)
     deadline = time.monotonic() + 60
     workers: list[int] = []
     while time.monotonic() < deadline:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import children, clean_env, distbench_lines
+from helpers import children, clean_env, distbench_lines, start
 
 from distbench.bench import timing
 from distbench.cli.commands.collective import CollectiveOptions
@@ -78,13 +78,12 @@ def _rows_written(out: Path) -> int:
 
 
 @contextlib.contextmanager
-def _started(tmp_path: Path, args: list[str], workers: int):
+def _started(tmp_path: Path, args: list[str], workers: int, fresh: bool = False):
     """The command, self-launched; every worker it started is killed at the end, stopped or
     not (by pid)."""
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "distbench", *args, "--workers", str(workers),
-                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=tmp_path, env=clean_env(), start_new_session=True)
+    proc = start([*args, "--workers", str(workers), "--out", str(out)], tmp_path, clean_env(),
+                 new_session=True, fresh=fresh)
     pids: list[int] = []
     try:
         yield proc, out, pids
@@ -140,7 +139,8 @@ def test_a_rank_that_never_starts_ends_the_run_at_the_timeout(tmp_path):
     waits --timeout for it, then run.json says `timeout` and names it (not "worker rank 0
     exited with code 3")."""
     args = ["collective", "--sizes", "4K", "--iters", "2", "--timeout", str(TIMEOUT_S)]
-    with _started(tmp_path, args, 2) as (proc, out, pids):
+    # fresh: a launcher forked with everything loaded starts its workers too fast to be caught
+    with _started(tmp_path, args, 2, fresh=True) as (proc, out, pids):
         ranks = _wait_for(lambda: _workers(proc.pid, 2), 60, proc)
         os.kill(ranks[1], signal.SIGSTOP)
         pids += ranks.values()

@@ -10,13 +10,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import children, clean_env, distbench, processes_naming
+from helpers import children, clean_env, distbench, processes_naming, start
 from prometheus_client.parser import text_string_to_metric_families
 
 # each run takes the slots it needs (helpers.distbench); a test that starts watch itself reserves
@@ -134,11 +133,10 @@ def test_once_judges_one_cycle_against_a_baseline_within_30_s(tmp_path):
 
 
 def _start(out: Path, textfile: Path, world: int = 3) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "distbench", "watch", *FAST, "--interval", "0.5",
-           "--textfile", str(textfile), "--workers", str(world), "--out", str(out)]
     out.mkdir()
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            cwd=out, env=clean_env(), start_new_session=True)
+    return start(["watch", *FAST, "--interval", "0.5", "--textfile", str(textfile),
+                  "--workers", str(world), "--out", str(out)], out, clean_env(),
+                 stdout=subprocess.DEVNULL, new_session=True)
 
 
 def _until(what, seconds: float, why: str):
