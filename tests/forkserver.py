@@ -1,8 +1,10 @@
 """The suite's fork server: `distbench ...` run as a child of a process that has imported torch
 and distbench once, not as a fresh interpreter that imports them again. A fresh one costs about
 2 CPU-seconds and 2 s of wall time before it parses its first option, and the multi-process
-tests start about 130 runs through helpers.distbench and about 45 through helpers.start, the
-launchers and hand-started ranks a test signals or runs side by side (Popen, below).
+tests start about 130 runs through helpers.distbench, about 45 through helpers.start (the
+launchers and hand-started ranks a test signals or runs side by side: Popen, below) and about
+15 torchrun agents through helpers.torchrun_nodes (`torch.distributed.run`, whose workers the
+agent execs, fresh, as torchrun always does).
 
 The child is what exec would have made (distbench.run.forked_workers.as_if_exec, as a forked
 worker is: default signal handlers, no inherited descriptors but its stdin, stdout and stderr,
@@ -39,6 +41,9 @@ from pathlib import Path
 # command preloads for its workers (Command.preload).
 PRELOAD = ("torch", "torch.distributed.run", "distbench.cli.app", "distbench.cli.commands",
            "distbench.run.launch", "distbench.run.session")
+# What the server runs: distbench, and torchrun's agent (whose workers it execs, as torchrun
+# always does).
+MODULES = ("distbench", "torch.distributed.run")
 _MAX_MESSAGE = 1 << 20
 _POLL_S = 0.02
 _START_TIMEOUT_S = 120
@@ -48,9 +53,9 @@ _START_TIMEOUT_S = 120
 
 def serve(path: str) -> None:
     """Listen at `path` until the process that started this one is gone. Each connection is one
-    run: a JSON request ({argv, env, cwd, new_session}) with three descriptors (stdin, stdout,
-    stderr); the reply is {"pid"} once the child is started (in a session of its own if asked),
-    then {"exit"} (Popen.returncode's form) once it has ended."""
+    run: a JSON request ({argv, env, cwd, new_session, module}) with three descriptors (stdin,
+    stdout, stderr); the reply is {"pid"} once the child is started (in a session of its own if
+    asked), then {"exit"} (Popen.returncode's form) once it has ended."""
     parent = os.getppid()
     for name in PRELOAD:
         importlib.import_module(name)
@@ -99,7 +104,10 @@ def _start(conn: socket.socket, others: list[socket.socket], running: dict, as_i
             os._exit(1)
         finally:
             os.close(ready_w)
-        as_if_exec(request["argv"], request["env"], tuple(fds))
+        if request["module"] != "distbench":  # a package runs its __main__, never imported here
+            # run as `python -m` runs a module it has not imported (runpy warns of one it has)
+            sys.modules.pop(request["module"], None)
+        as_if_exec(request["argv"], request["env"], tuple(fds), module=request["module"])
     for fd in (*fds, ready_w):
         os.close(fd)
     # its pid is given once it is in its own session, as Popen returns once its child has
@@ -172,16 +180,18 @@ def _stop(proc: subprocess.Popen, where: str) -> None:
 
 
 def _request(argv: list[str], env: dict[str, str], cwd: Path, stdio: list[int],
-             server_env: dict[str, str], new_session: bool = False
+             server_env: dict[str, str], new_session: bool = False, module: str = "distbench"
              ) -> tuple[socket.socket, int]:
     """Ask this pytest process's server (started with `server_env` if it is not yet) to fork
-    `python -m distbench *argv` with `stdio` as its descriptors 0, 1 and 2 (closed here once
+    `python -m <module> *argv` with `stdio` as its descriptors 0, 1 and 2 (closed here once
     sent): the connection its exit code will come on, and its pid."""
+    assert module in MODULES, module
     path = _ensure(server_env)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         conn.connect(path)
-        request = {"argv": list(argv), "env": env, "cwd": str(cwd), "new_session": new_session}
+        request = {"argv": list(argv), "env": env, "cwd": str(cwd), "new_session": new_session,
+                   "module": module}
         socket.send_fds(conn, [json.dumps(request).encode()], stdio)
     finally:
         for fd in stdio:
@@ -234,8 +244,9 @@ class Popen:
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path,
                  server_env: dict[str, str], stdout: int = subprocess.PIPE,
-                 stderr: int = subprocess.PIPE, new_session: bool = False):
-        self.args = ["distbench", *argv]
+                 stderr: int = subprocess.PIPE, new_session: bool = False,
+                 module: str = "distbench"):
+        self.args = [{"distbench": "distbench"}.get(module, "torchrun"), *argv]
         self.returncode: int | None = None
         self._readers: dict[int, _Reader] = {}
         stdio, mine = [os.open(os.devnull, os.O_RDWR)], []
@@ -249,7 +260,8 @@ class Popen:
                 stdio.append(os.open(os.devnull, os.O_WRONLY))
                 mine.append(None)
         try:
-            self._conn, self.pid = _request(argv, env, cwd, stdio, server_env, new_session)
+            self._conn, self.pid = _request(argv, env, cwd, stdio, server_env, new_session,
+                                            module)
         except BaseException:
             for fd in mine:
                 if fd is not None:

@@ -389,6 +389,17 @@ class NodeRun(subprocess.CompletedProcess):
         self.ended = ended
 
 
+def _agent(args: list[str], env: dict[str, str], cwd: Path):
+    """`torchrun *args`: forked by the fork server as helpers.start forks a launcher (the agent
+    then execs its workers, fresh, as torchrun does everywhere), unless runs are fresh."""
+    if os.environ.get(FRESH_ENV) or not forkserver.available():
+        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    check_may_start(f"torchrun {' '.join(args)}"[:120])
+    return forkserver.Popen(args, env, cwd, clean_env(), module="torch.distributed.run")
+
+
 def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[str]],
                    timeout: float = 180, script: tuple[str, ...] = ("-m", "distbench"),
                    **env: str) -> list[NodeRun]:
@@ -398,17 +409,11 @@ def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[
     command = per_node_args[0][0] if script == ("-m", "distbench") and per_node_args[0] else None
     with processes(nnodes * (nproc + 1)), nccl_rules_held(command, env), \
             json_schemas.held(out):
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
-                 "--nproc-per-node", str(nproc), "--node-rank", str(i), "--master-addr",
-                 "127.0.0.1", "--master-port", str(port), *script, *per_node_args[i],
-                 "--out", str(out)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(**env),
-                cwd=out,
-            )
-            for i in range(nnodes)
-        ]
+        procs = [_agent(["--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+                         "--node-rank", str(i), "--master-addr", "127.0.0.1", "--master-port",
+                         str(port), *script, *per_node_args[i], "--out", str(out)],
+                        clean_env(**env), out)
+                 for i in range(nnodes)]
         said: list[tuple[str, str]] = [("", "")] * nnodes
         ended = [0.0] * nnodes
 

@@ -149,13 +149,15 @@ def _become_worker(argv, env, stdout, stderr, levels, ready_w) -> None:
 
 
 def as_if_exec(argv: list[str], env: dict[str, str], stdio: tuple[int | None, ...],
-               levels: dict[str, int] | None = None, threads_from_env: bool = False) -> NoReturn:
+               levels: dict[str, int] | None = None, threads_from_env: bool = False,
+               module: str = "distbench") -> NoReturn:
     """In a child just forked from a process that has imported distbench: what exec of
     `python -u -m distbench *argv` would have given it, then distbench's entry point, then
-    gone (os._exit). `stdio`: the descriptors that become 0, 1 and 2 (None: the parent's
-    stays); every other descriptor is closed. `levels`: the loggers' levels to start with.
-    `threads_from_env`: apply OMP_NUM_THREADS, for a worker (a launcher must not: its thread
-    pools would not survive the fork of its own workers)."""
+    gone (os._exit). `module`: another module run so (the test suite's fork server runs
+    torchrun's agent, `torch.distributed.run`, too). `stdio`: the descriptors that become 0,
+    1 and 2 (None: the parent's stays); every other descriptor is closed. `levels`: the
+    loggers' levels to start with. `threads_from_env`: apply OMP_NUM_THREADS, for a worker (a
+    launcher must not: its thread pools would not survive the fork of its own workers)."""
     code = 1
     try:
         # The parent's objects are never collected here: one holding a descriptor closed
@@ -175,7 +177,7 @@ def as_if_exec(argv: list[str], env: dict[str, str], stdio: tuple[int | None, ..
             _threads_from_env()
         sys.argv = [sys.argv[0], *argv]
         # what `python -m distbench` runs, as it runs it (argv[0] becomes its path)
-        runpy.run_module("distbench", run_name="__main__", alter_sys=True)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
         code = _exit_code(e.code)
@@ -183,9 +185,10 @@ def as_if_exec(argv: list[str], env: dict[str, str], stdio: tuple[int | None, ..
         _flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(Exception):
-            traceback.print_exc()
+            # from the module's frames on, as the interpreter prints it: not this function's
+            traceback.print_exception(type(e), e, e.__traceback__.tb_next)
     finally:
         _flush()
         os._exit(code)
