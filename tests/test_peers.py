@@ -220,7 +220,10 @@ def test_runs_keep_to_their_own_keys(store):
     for p, nonce in ((first, "a"), (second, "b")):
         for rank in p:
             rank.begin_run(nonce)
-    first[0].end()  # the first run ended well
+    for rank in first:  # every rank listens, as in a run (session.py)
+        rank.listen()
+        assert rank.listening.wait(15)
+    first[0].end()  # the first run ended well: its listeners stop, counted at once
     second[1].listen()
     assert second[1].listening.wait(15)
     assert second[0].roll_call(grace_s=2.0) == ([0, 1], [])  # not "over", and answered
