@@ -3,7 +3,7 @@ and distbench once, not as a fresh interpreter that imports them again. A fresh 
 2 CPU-seconds and 2 s of wall time before it parses its first option, and the multi-process
 tests start about 130 runs through helpers.distbench, about 45 through helpers.start (the
 launchers and hand-started ranks a test signals or runs side by side: Popen, below) and about
-15 torchrun agents through helpers.torchrun_nodes (`torch.distributed.run`, whose workers the
+20 torchrun agents through helpers.torchrun_agent (`torch.distributed.run`, whose workers the
 agent execs, fresh, as torchrun always does).
 
 The child is what exec would have made (distbench.run.forked_workers.as_if_exec, as a forked

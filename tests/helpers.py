@@ -389,15 +389,19 @@ class NodeRun(subprocess.CompletedProcess):
         self.ended = ended
 
 
-def _agent(args: list[str], env: dict[str, str], cwd: Path):
-    """`torchrun *args`: forked by the fork server as helpers.start forks a launcher (the agent
-    then execs its workers, fresh, as torchrun does everywhere), unless runs are fresh."""
+def torchrun_agent(args: list[str], env: dict[str, str], cwd: Path, *,
+                   stdout: int = subprocess.PIPE, new_session: bool = False):
+    """`torchrun *args` started, not waited for: forked by the fork server as `start` forks a
+    launcher (the agent then execs its workers, fresh, as torchrun does everywhere), unless
+    runs are fresh. Within the slots the test holds."""
     if os.environ.get(FRESH_ENV) or not forkserver.available():
         return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+                                stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                                start_new_session=new_session)
     check_may_start(f"torchrun {' '.join(args)}"[:120])
-    return forkserver.Popen(args, env, cwd, clean_env(), module="torch.distributed.run")
+    return forkserver.Popen(args, env, cwd, clean_env(), stdout, new_session=new_session,
+                            module="torch.distributed.run")
 
 
 def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[str]],
@@ -409,10 +413,10 @@ def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[
     command = per_node_args[0][0] if script == ("-m", "distbench") and per_node_args[0] else None
     with processes(nnodes * (nproc + 1)), nccl_rules_held(command, env), \
             json_schemas.held(out):
-        procs = [_agent(["--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
-                         "--node-rank", str(i), "--master-addr", "127.0.0.1", "--master-port",
-                         str(port), *script, *per_node_args[i], "--out", str(out)],
-                        clean_env(**env), out)
+        procs = [torchrun_agent(["--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+                                 "--node-rank", str(i), "--master-addr", "127.0.0.1",
+                                 "--master-port", str(port), *script, *per_node_args[i],
+                                 "--out", str(out)], clean_env(**env), out)
                  for i in range(nnodes)]
         said: list[tuple[str, str]] = [("", "")] * nnodes
         ended = [0.0] * nnodes

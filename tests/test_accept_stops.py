@@ -11,14 +11,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, free_port, power_off, processes_naming, start
+from helpers import clean_env, free_port, power_off, processes_naming, start, torchrun_agent
 from runs import accept_in_progress
 
 from distbench.accept import files, verdicts
@@ -209,12 +208,10 @@ def test_a_killed_node_keeps_the_checks_done(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     port = free_port()
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-         "--node-rank", str(i), "--master-addr", "127.0.0.1", "--master-port", str(port),
-         "-m", "distbench", "accept", "--timeout", "60", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out,
-        env=clean_env(DISTBENCH_TEST_STALL="3:262144")) for i in range(2)]
+    agents = [torchrun_agent(
+        ["--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(i), "--master-addr",
+         "127.0.0.1", "--master-port", str(port), "-m", "distbench", "accept", "--timeout", "60",
+         "--out", str(out)], clean_env(DISTBENCH_TEST_STALL="3:262144"), out) for i in range(2)]
     run_dir = _wait_for_check(out, CHECKS[AT_256K], agents)
     time.sleep(1)
     power_off(agents[1].pid)

@@ -9,12 +9,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import children, clean_env, processes_naming, start
+from helpers import children, clean_env, processes_naming, start, torchrun_agent
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.procs(4)]  # a launcher, 3 workers
 
@@ -94,11 +93,9 @@ def _start(out: Path, phase: Phase, how: str) -> subprocess.Popen:
     env = {**Phase.ENV.get(phase.name, {}), **({"DISTBENCH_FORK_WORKERS": "0"}
                                                  if how == "exec" else {})}
     if how == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "3", "-m", "distbench", *args, "--out", str(out)]
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, cwd=out.parent, env=clean_env(**env),
-                                start_new_session=True)
+        return torchrun_agent(["--standalone", "--nproc-per-node", "3", "-m", "distbench",
+                               *args, "--out", str(out)], clean_env(**env), out.parent,
+                              stdout=subprocess.DEVNULL, new_session=True)
     # killed before or while its workers load torch: a fresh interpreter, whose start that is
     return start([*args, "--workers", "3", "--out", str(out)], out.parent, clean_env(**env),
                  stdout=subprocess.DEVNULL, new_session=True,
