@@ -246,7 +246,7 @@ class Popen:
                  server_env: dict[str, str], stdout: int = subprocess.PIPE,
                  stderr: int = subprocess.PIPE, new_session: bool = False,
                  module: str = "distbench"):
-        self.args = [{"distbench": "distbench"}.get(module, "torchrun"), *argv]
+        self.args = ["distbench" if module == "distbench" else "torchrun", *argv]
         self.returncode: int | None = None
         self._readers: dict[int, _Reader] = {}
         stdio, mine = [os.open(os.devnull, os.O_RDWR)], []

@@ -269,6 +269,12 @@ def _outs(args) -> list[Path]:
 FRESH_ENV = "DISTBENCH_TEST_FRESH"
 
 
+def _fresh(asked: bool = False) -> bool:
+    """Whether a run starts as a fresh interpreter: asked, set for every run, or no fork server
+    here (forkserver.available)."""
+    return asked or bool(os.environ.get(FRESH_ENV)) or not forkserver.available()
+
+
 def distbench(out: Path | None, *args: str, timeout: float = 180, cwd: Path | None = None,
               stdin: str | None = None, procs: int | None = None, fresh: bool = False,
               **env: str) -> Run:
@@ -283,7 +289,7 @@ def distbench(out: Path | None, *args: str, timeout: float = 180, cwd: Path | No
     where = cwd or out
     assert where is not None, "a run needs a directory to start in"
     argv = [*args, *(["--out", str(out)] if out else [])]
-    fresh = fresh or bool(os.environ.get(FRESH_ENV)) or not forkserver.available()
+    fresh = _fresh(fresh)
     with processes(procs), nccl_rules_held(args[0] if args else None, env), \
             json_schemas.held(out, where, *(where / p for p in _outs(args))):
         start = time.monotonic()
@@ -304,8 +310,7 @@ def start(args: list[str], cwd: Path, env: dict[str, str], *, stdout: int = subp
     it or runs several side by side: forked by the suite's fork server (a forkserver.Popen)
     unless `fresh`, as helpers.distbench decides. `env` is the whole environment (clean_env).
     Within the slots the test reserved (its procs(n) mark)."""
-    fresh = fresh or bool(os.environ.get(FRESH_ENV)) or not forkserver.available()
-    if fresh:
+    if _fresh(fresh):
         return subprocess.Popen([sys.executable, "-m", "distbench", *args],
                                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                                 text=True, cwd=cwd, env=env, start_new_session=new_session)
@@ -394,7 +399,7 @@ def torchrun_agent(args: list[str], env: dict[str, str], cwd: Path, *,
     """`torchrun *args` started, not waited for: forked by the fork server as `start` forks a
     launcher (the agent then execs its workers, fresh, as torchrun does everywhere), unless
     runs are fresh. Within the slots the test holds."""
-    if os.environ.get(FRESH_ENV) or not forkserver.available():
+    if _fresh():
         return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args],
                                 stdin=subprocess.DEVNULL, stdout=stdout,
                                 stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
