@@ -310,12 +310,19 @@ def start(args: list[str], cwd: Path, env: dict[str, str], *, stdout: int = subp
     it or runs several side by side: forked by the suite's fork server (a forkserver.Popen)
     unless `fresh`, as helpers.distbench decides. `env` is the whole environment (clean_env).
     Within the slots the test reserved (its procs(n) mark)."""
+    return _popen("distbench", args, cwd, env, stdout, stderr, new_session, fresh)
+
+
+def _popen(module: str, args: list[str], cwd: Path, env: dict[str, str], stdout: int,
+           stderr: int, new_session: bool, fresh: bool):
+    """`python -m <module> *args`, forked by the fork server unless it starts fresh."""
     if _fresh(fresh):
-        return subprocess.Popen([sys.executable, "-m", "distbench", *args],
+        return subprocess.Popen([sys.executable, "-m", module, *args],
                                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                                 text=True, cwd=cwd, env=env, start_new_session=new_session)
-    check_may_start(f"distbench {' '.join(args)}"[:120])
-    return forkserver.Popen(list(args), env, cwd, clean_env(), stdout, stderr, new_session)
+    check_may_start(f"{module} {' '.join(args)}"[:120])
+    return forkserver.Popen(list(args), env, cwd, clean_env(), stdout, stderr, new_session,
+                            module)
 
 
 def cli(cwd: Path, *argv: str, dispatch: bool = False, env: dict[str, str] | None = None
@@ -399,14 +406,8 @@ def torchrun_agent(args: list[str], env: dict[str, str], cwd: Path, *,
     """`torchrun *args` started, not waited for: forked by the fork server as `start` forks a
     launcher (the agent then execs its workers, fresh, as torchrun does everywhere), unless
     runs are fresh. Within the slots the test holds."""
-    if _fresh():
-        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args],
-                                stdin=subprocess.DEVNULL, stdout=stdout,
-                                stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                                start_new_session=new_session)
-    check_may_start(f"torchrun {' '.join(args)}"[:120])
-    return forkserver.Popen(args, env, cwd, clean_env(), stdout, new_session=new_session,
-                            module="torch.distributed.run")
+    return _popen("torch.distributed.run", args, cwd, env, stdout, subprocess.PIPE, new_session,
+                  False)
 
 
 def torchrun_nodes(out: Path, nnodes: int, nproc: int, per_node_args: list[list[str]],
