@@ -9,7 +9,8 @@ SLURM_NODEID says the node; Open MPI gives no node index (every rank is on "this
 the test hook DISTBENCH_TEST_HOST says which node each rank believes it runs on. The profile is
 tests/fixtures/profiles/two-node-floors.toml: on two nodes cpu-gloo's pair checks have no
 healthy peers to be judged against (INCONCLUSIVE, exit 5), the fixture's absolute floors are
-passed by any measurement that moved data."""
+passed by any measurement that moved data. One test runs cpu-gloo's own pair checks, and is
+inconclusive."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from helpers import clean_env, distbench_lines, free_port, start
 from distbench.run.faults import fake_host
 
 FLOORS = Path(__file__).parent / "fixtures" / "profiles" / "two-node-floors.toml"
+CPU_GLOO = Path(__file__).parent.parent / "configs" / "profiles" / "cpu-gloo.toml"
 PAIR_CHECKS = {"pair all_reduce busbw", "pair p2p ring busbw"}
 WORLD = 4
 
@@ -114,22 +116,42 @@ def test_accept_measures_pairs_under_every_placement(tmp_path, placement):
     assert took < 60, f"accept took {took:.0f} s"
 
 
+def _without_node_peer_checks(where: Path) -> Path:
+    """cpu-gloo as it is but for its node checks judged against the other nodes. On two nodes
+    each node is judged against the one other, and this 2-core machine, shared with the rest of
+    the suite, starves one node's 4 KiB pingpong now and then to 25 times the other's median:
+    past the fail line, its retest too once in a full suite (benchmarks/accept_false_alarms.py
+    counts how often). Those verdicts are test_accept.py's subject; the pair checks are this
+    test's, and they stay the profile's own."""
+    text = CPU_GLOO.read_text()
+    head, *checks = text.split("[[check]]")
+    kept = [c for c in checks if not ('scope = "node"' in c and 'vs = "peers"' in c)]
+    assert len(checks) - len(kept) == 3, "cpu-gloo's node checks against the peers changed"
+    path = where / "cpu-gloo-pairs.toml"
+    path.write_text(head.replace('name = "cpu-gloo"', 'name = "cpu-gloo-pairs"') +
+                    "[[check]]".join(["", *kept]))
+    return path
+
+
 @pytest.mark.procs(4)
 def test_cyclic_placement_under_cpu_gloo_measures_its_pairs(tmp_path):
-    """The built-in profile on two nodes: its pair checks have no peers to be judged against,
-    so the verdict may be inconclusive, but both pairs are measured, with numbers and no
-    error."""
-    done, run_dir = _accept(tmp_path, CYCLIC, "--profile", "cpu-gloo", timeout=120)
+    """The built-in profile's pair checks on two nodes: they have no peers to be judged
+    against, so the run is inconclusive (exit 5), but both pairs are measured, with numbers
+    and no error."""
+    profile = _without_node_peer_checks(tmp_path)
+    done, run_dir = _accept(tmp_path, CYCLIC, "--profile", str(profile), timeout=120)
     for p in done:
-        assert p.returncode in (0, 5), p.stderr  # PASS, or INCONCLUSIVE: nothing to judge by
+        assert p.returncode == 5, p.stderr  # INCONCLUSIVE: the pairs have nothing to judge by
         assert "Traceback" not in p.stderr, p.stderr
     assert not [x for x in distbench_lines(done[0].stderr) if "error" in x
                 and "inconclusive" not in x.lower()], done[0].stderr
     meta = json.loads((run_dir / "run.json").read_text())
     assert [r["node"] for r in meta["ranks"]] == [0, 1, 0, 1]
-    assert meta["status"] in ("ok", "inconclusive"), meta
-    pairs = [r for r in _rows(run_dir) if r["check"] in PAIR_CHECKS]
+    assert meta["status"] == "inconclusive", meta
+    rows = _rows(run_dir)
+    assert {r["verdict"] for r in rows if r["check"] not in PAIR_CHECKS} == {"PASS"}, rows
+    pairs = [r for r in rows if r["check"] in PAIR_CHECKS]
     assert {r["check"] for r in pairs} == PAIR_CHECKS
     for r in pairs:
-        assert (r["ranks"], r["wrong"]) == ("4", "0") and r["verdict"] != "FAIL", r
+        assert (r["ranks"], r["wrong"], r["verdict"]) == ("4", "0", "SKIP"), r
         assert float(r["busbw_gbps"]) > 0 and float(r["measured"]) > 0, r
