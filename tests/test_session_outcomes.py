@@ -277,6 +277,39 @@ def test_a_stop_during_startup_ends_with_its_code_not_a_traceback(monkeypatch, t
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
 
 
+def test_the_launchers_sigterm_while_a_refusal_is_marked_ends_with_the_refusal(monkeypatch,
+                                                                              tmp_path):
+    """Node 1 refused its options; rank 0 of node 0, told so at startup, marks run.json while
+    waiting to see whether its launcher is gone, and its agent's SIGTERM lands then (the
+    node's other rank ended first). Seen in CI as a traceback: the refusal's exit code and a
+    truthful run.json, not the signal's."""
+    refusal = "node vm (node rank 1) refused the options: --dtype: unknown value 'flaot32'"
+
+    def start(*args):
+        raise RunFailure(refusal, status="bad_input", exit_code=2)
+
+    def settling(settle_s):
+        os.kill(os.getpid(), signal.SIGTERM)  # the agent stops this rank now
+        time.sleep(0.2)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    writer.RunRecord(run_dir, "collective", {}, []).update()
+    monkeypatch.setattr(session, "start", start)
+    monkeypatch.setattr(session.lifeline, "leave_if_orphaned", settling)
+    monkeypatch.setenv("DISTBENCH_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    try:
+        opts = build(CollectiveOptions, {"out": str(tmp_path)}, argv=[])
+        assert session.run("collective", opts, lambda s: 0) == 2
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert (meta["status"], meta["exit_code"], meta["error"]) == ("bad_input", 2, refusal)
+
+
 def test_our_launcher_blames_a_death_seen_first_not_one_it_caused(tmp_path, capsys):
     """Rank 1 fails (exit 3); rank 0, stuck in a device wait, is SIGKILLed by the agent at the
     end of its grace, seconds later: rank 1's failure is the one to report."""

@@ -342,6 +342,14 @@ def _mark_run_json(error: str, code: int, status: str) -> None:
         writer.mark_unfinished(Path(given), error, code, status)
 
 
+def _ignore_stop_signals() -> None:
+    """The rank is ending with its own code: writing run.json and leaving must not be cut short
+    by the launcher's SIGTERM. Ignored, not blocked: a mask would cover this thread only, and
+    Python runs handlers here anyway."""
+    for signum in TERMINATING_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def run(command: str, opts, body: Callable[[Session], int]) -> int:
     for signum in TERMINATING_SIGNALS:
         signal.signal(signum, _on_stop_signal)
@@ -353,6 +361,9 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         except OptionError as e:
             raise RunFailure(str(e), status="bad_input", exit_code=EXIT_BAD_INPUT) from None
     except RunFailure as e:
+        # the launcher's SIGTERM comes while this runs (the node's other rank refused first and
+        # ended, and the agent stops the rest; seen in CI): this rank ends with its own code
+        _ignore_stop_signals()
         watchdog.disarm()
         # every rank ends alike: one line per node, so each node's log says why
         if env.local_rank() == 0:
@@ -396,10 +407,7 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
         status, code = "terminated", for_signal(e.signum)
         error = f"stopped by {signal.Signals(e.signum).name} in {session.current}{cause}"
     finally:
-        # Writing run.json must not be cut short by the launcher's SIGTERM. Ignored, not
-        # blocked: a mask would cover this thread only, and Python runs handlers here anyway.
-        for signum in TERMINATING_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
+        _ignore_stop_signals()
         session.watchdog.disarm()
         if trace is not None:  # the test suite's record: never a reason to lose run.json
             try:
