@@ -17,7 +17,7 @@ Prints, for each check judged against the peers, its fail and warn lines, the lo
 A/A run's node reached (its figure over the other node's) and the highest a slowed node reached:
 the margins the lines keep on both sides. Exits 1 unless there is no false alarm and every
 slowed run is caught. About 9 s a plain run and 30 s a slowed one on the 2-core VM under load:
-the default takes about 3 minutes. At most 7 processes: 4 ranks and 3 loads.
+the default takes about 3 minutes. At most 8 processes: this one, 4 ranks and 3 loads.
 
 Measured on that VM (2026-11-27), with 3 busy processes beside the run, after `make test` had
 failed test_placement's cyclic cpu-gloo run on "node pingpong latency" (node 0 at 0.0399 of
