@@ -20,6 +20,11 @@ SWEEP = ["collective", "--sizes", "4K,64K,1M", "--iters", "2", "--warmup", "1", 
          "60"]
 
 
+# The step the surviving ranks were in when one died at 64 KiB: that size, or the 4 KiB size's
+# statistics, when the dead rank left that all-reduce before the survivors returned from it
+DEATHS_STEP = re.compile(r"all_reduce (64 KiB float32|4 KiB float32 .*\(statistics\))")
+
+
 def _only_row_before_the_death(rows: list[dict]) -> None:
     assert [r["size_bytes"] for r in rows] == ["4096"]
     assert (rows[0]["status"], rows[0]["wrong"]) == ("ok", "0")
@@ -42,10 +47,7 @@ def test_a_killed_worker_is_named_with_its_signal_and_step(tmp_path, n):
     assert meta["error"].startswith(said + meta["failed_step"]), meta["error"]
     assert meta["lost_ranks"] == [{"rank": 1, "host": HOST, "local_rank": 1, "state": "dead",
                                    "name": f"{HOST}:1"}]
-    # the step rank 0 was in: the 64 KiB size rank 1 died at, or the statistics of the 4 KiB
-    # size before it, when rank 1 left that all-reduce before rank 0 returned from it
-    assert re.match(r"all_reduce (64 KiB float32|4 KiB float32 .*\(statistics\))",
-                    meta["failed_step"]), meta["failed_step"]
+    assert DEATHS_STEP.match(meta["failed_step"]), meta["failed_step"]
     _only_row_before_the_death(res.rows())
     assert "Traceback" not in res.stderr
 
@@ -80,9 +82,10 @@ def test_rank_0_killed_under_torchrun_the_lowest_rank_left_finishes_run_json(tmp
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     meta = json.loads((run_dir / "run.json").read_text())
     where = f"{HOST}#0:0" if nnodes == 2 else f"{HOST}:0"  # two agents: two nodes, one host
-    said = f"rank 0 ({where}) died during all_reduce 64 KiB float32"
     assert (meta["status"], meta["exit_code"]) == ("failed", 3), meta
-    assert meta["error"].startswith(said), meta["error"]
+    assert DEATHS_STEP.match(meta["failed_step"]), meta["failed_step"]
+    assert meta["error"].startswith(f"rank 0 ({where}) died during {meta['failed_step']}"), \
+        meta["error"]
     assert meta["lost_ranks"] == [{"rank": 0, "host": HOST, "local_rank": 0, "state": "dead",
                                    "name": where}]
     assert meta["end_utc"]
