@@ -362,7 +362,7 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
             raise RunFailure(str(e), status="bad_input", exit_code=EXIT_BAD_INPUT) from None
     except RunFailure as e:
         # the launcher's SIGTERM comes while this runs (the node's other rank refused first and
-        # ended, and the agent stops the rest; seen in CI): this rank ends with its own code
+        # ended, and the agent stops the rest; seen in make test): this rank ends with its own code
         _ignore_stop_signals()
         watchdog.disarm()
         # every rank ends alike: one line per node, so each node's log says why
