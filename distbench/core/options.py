@@ -417,6 +417,13 @@ def option_fields(cls: type) -> list[tuple[Field, Spec]]:
     return [item for k in order for item in by_owner.get(k, [])]
 
 
+def path_options(cls: type) -> frozenset[str]:
+    """The options of `cls` declared as a Path (or Path | None): they name a file."""
+    hints = typing.get_type_hints(cls)
+    return frozenset(f.name for f, _ in option_fields(cls)
+                     if hints[f.name] is Path or Path in typing.get_args(hints[f.name]))
+
+
 def cli_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: spec.cli_type or hints[f.name] for f, spec in option_fields(cls)}
@@ -491,11 +498,14 @@ def _repeatable(kind) -> bool:
     return any(typing.get_origin(t) is list for t in (kind, *typing.get_args(kind)))
 
 
-def load_config(path: Path, command: str, known: dict[str, Any], commands: set[str]) -> dict:
+def load_config(path: Path, command: str, known: dict[str, Any], commands: set[str],
+                paths: frozenset[str] = frozenset()) -> dict:
     """Options from a TOML file: top-level keys, then the [command] table over them (tables of
     other commands are skipped: one file may serve several). Keys as on the command line
     (`min-time` or `min_time`), `known` maps each to its type; list values are joined with
-    commas, but for an option the command line repeats (list[str]) each is one value."""
+    commas, but for an option the command line repeats (list[str]) each is one value. `paths`:
+    the options that name a file or directory (declared Path), which take text alone: `baseline
+    = 5` is a mistake, not a directory named "5"."""
     example = "--config configs/smoke-gloo.toml"
     try:
         data = tomllib.loads(Path(path).read_text())
@@ -524,7 +534,8 @@ def load_config(path: Path, command: str, known: dict[str, Any], commands: set[s
             valid = ", ".join(sorted(k.replace("_", "-") for k in known))
             raise OptionError("--config", f"unknown key {key!r} in {path} (valid: {valid})",
                               example)
-        if not _toml_type_ok(value, known[name]):
+        if not _toml_type_ok(value, known[name]) or (name in paths
+                                                      and not isinstance(value, str)):
             raise OptionError("--config", f"{key} = {json.dumps(value)} in {path} is the wrong "
                               f"type for {flag(name)}", example)
         if _repeatable(known[name]):  # one value per entry, as the option repeated

@@ -6,6 +6,7 @@ watch.csv). The loop is distbench/watch/loop.py; this module holds the options."
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,9 +24,14 @@ from distbench.core.options import (
     pick,
     require,
     sizes,
+    with_example,
 )
+from distbench.core.sizes import format_size
 from distbench.ops.collectives import names
+from distbench.platform import env
+from distbench.watch.health import NPD_CHARS
 from distbench.watch.judge import WARM
+from distbench.watch.records import Probe
 
 if TYPE_CHECKING:
     from distbench.run.session import Session
@@ -36,11 +42,22 @@ EXAMPLES = (
     "distbench watch --textfile /var/lib/node_exporter/textfile/distbench.prom",
     "distbench watch --interval 2 --count 30 --workers 2   # then a verdict",
     "distbench watch --once --baseline results/<run>      # a node health check",
+    "distbench watch --profile cpu-gloo --baseline results/<an accept run>",
 )
 
 # what fits one Slurm HealthCheckProgram run (killed after 60 s) with room for the start
 ONCE_CYCLES = 1
 MAX_SIZE = 1 << 30  # a probe is a health check, not a sweep: it must stay cheap every cycle
+# the probes without --profile, --op, --sizes or --dtype (those default to None, so that one
+# given beside --profile is told from one left out)
+DEFAULT_OPS, DEFAULT_SIZES, DEFAULT_DTYPE = ("all_reduce",), (1 << 20,), "float32"
+MAX_TOLERANCE = 10.0
+
+
+def _optional(check):
+    """`check`, letting None (left out) through."""
+    return with_example(lambda option, value: None if value is None else check(option, value),
+                        getattr(check, "example", ""))
 
 
 def _positive_seconds(example: str, optional: bool = False):
@@ -50,12 +67,22 @@ def _positive_seconds(example: str, optional: bool = False):
 
 @dataclass(kw_only=True)
 class WatchOptions(RunOptions):
-    ops: list[str] = option(
-        "all_reduce", lambda: f"Probe collectives, comma-separated: {', '.join(names())}.",
-        flag="op", check=pick(names, "--op all_reduce,all_gather"), cli_type=str)
-    sizes: list[int] = option("1M", "Probe sizes per rank (a list: 64K,16M). Binary suffixes.",
-                              check=sizes("--sizes 1M,64M"), cli_type=str)
-    dtype: str = option("float32", "The probes' dtype.", check=one_of(DTYPES, "--dtype float32"))
+    ops: list[str] | None = option(
+        None, lambda: f"Probe collectives, comma-separated: {', '.join(names())}. Default: "
+        "all_reduce.", flag="op", check=_optional(pick(names, "--op all_reduce,all_gather")),
+        cli_type=str, show_default=False)
+    sizes: list[int] | None = option(
+        None, "Probe sizes (a list: 64K,16M; binary suffixes), as collective --sizes counts "
+        "them: each rank's buffer, the larger of send and receive, so all_gather's is its whole "
+        "output and reduce_scatter's its whole input, one block of it per rank. Default: 1M.",
+        check=_optional(sizes("--sizes 1M,64M")), cli_type=str, show_default=False)
+    dtype: str | None = option(None, "The probes' dtype. Default: float32.",
+                               check=_optional(one_of(DTYPES, "--dtype float32")),
+                               show_default=False)
+    profile: str | None = option(
+        None, "An accept profile, a built-in's name or a TOML file (docs/accept.md): its "
+        "cluster-scope collective checks are the probes, each at its op, size and dtype. Not "
+        "with --op, --sizes or --dtype.", cli_type=str, show_default=False)
     iters: int = option(20, "Timed ops of each probe per cycle.",
                         check=iterations("--iters 20"))
     interval: float = option(10.0, "Seconds from one cycle's start to the next's.",
@@ -80,11 +107,16 @@ class WatchOptions(RunOptions):
                        "many).", check=at_least(1, "--warm 20"))
     tolerance: float = option(0.15, "Worse than the baseline by more than this (and beyond "
                               "the noise) warns; by twice this fails.",
-                              check=require(lambda v: 0 < v < 10, "must be above 0, got "
-                                            "{value}", "--tolerance 0.15", float))
-    baseline: str | None = option(None, "A previous watch run directory: each probe's median "
-                                  "there is its baseline.", cli_type=str, show_default=False)
-    textfile: str | None = option(
+                              check=require(lambda v: 0 < v < MAX_TOLERANCE,
+                                            f"must be above 0 and below {MAX_TOLERANCE:g} (a "
+                                            f"fraction: 0.15 is 15% slower), got {{value}}",
+                                            "--tolerance 0.15", float))
+    baseline: Path | None = option(
+        None, "An earlier watch run's directory (each probe's median time there) or an accept "
+        "run's (the time of its check of the same op, size and dtype on every rank): the "
+        "baseline. One measured on another number of ranks or dtype is refused.", cli_type=str,
+        show_default=False)
+    textfile: Path | None = option(
         None, "Prometheus textfile to keep current (node_exporter's textfile collector reads "
         "*.prom in its directory); each node's first rank writes its own.", cli_type=str,
         show_default=False)
@@ -95,42 +127,152 @@ class WatchOptions(RunOptions):
                        "of at most 80 characters; exit 0 OK, 1 problem, 2 unknown.")
 
     def validate(self) -> None:
+        self._refusing(self._validate)
+
+    def _validate(self) -> None:
+        if self.profile is not None:
+            given = [f for f, v in (("--op", self.ops), ("--sizes", self.sizes),
+                                    ("--dtype", self.dtype)) if v is not None]
+            if given:
+                raise OptionError("--profile", f"takes the probes from the profile's checks "
+                                  f"(op, size, dtype): not with {given[0]}",
+                                  "--profile cpu-gloo")
+        else:
+            # what run.json records, and the workers are handed, as if typed
+            self.ops = list(DEFAULT_OPS) if self.ops is None else self.ops
+            self.sizes = list(DEFAULT_SIZES) if self.sizes is None else self.sizes
+            self.dtype = DEFAULT_DTYPE if self.dtype is None else self.dtype
         if self.agree > self.last:
             raise OptionError("--agree", f"must be at most --last ({self.last}), got "
                               f"{self.agree}", "--agree 3 --last 5")
-        too_big = [s for s in self.sizes if s > MAX_SIZE]
+        probes = self.probes()
+        too_big = [s for s in self.sizes or () if s > MAX_SIZE]
         if too_big:
             raise OptionError("--sizes", f"a probe runs every cycle: at most 1G, got "
                               f"{too_big[0]} bytes", "--sizes 1M,64M")
-        if self.interval >= self.timeout:
-            raise OptionError("--interval", f"the ranks wait for the next cycle in a collective, "
-                              f"which --timeout ({self.timeout:g} s) ends: --interval must be "
-                              f"shorter, got {self.interval:g}", "--interval 10 --timeout 300")
         if self.once and (self.count is not None or self.duration is not None):
             raise OptionError("--once", "is one cycle: not with --count or --duration",
                               "--once --baseline results/<run>")
         if self.textfile is not None:
-            path = Path(self.textfile)
-            if path.suffix != ".prom":
-                raise OptionError("--textfile", f"node_exporter reads only *.prom files, got "
-                                  f"{self.textfile!r}", "--textfile /var/lib/node_exporter/"
-                                  "distbench.prom")
-            if not path.parent.is_dir():
-                raise OptionError("--textfile", f"no directory {str(path.parent)!r}",
-                                  "--textfile /var/lib/node_exporter/distbench.prom")
-            check_writable_dir("--textfile", path.parent, "--textfile /tmp/distbench.prom")
+            _check_textfile(self.textfile)
         if self.baseline is not None:
-            from distbench.watch.probe_baseline import read_baseline
+            from distbench.watch import probe_baseline
 
-            read_baseline(self.baseline)  # refused now, one line, when unreadable
+            # what needs no world size; check_world does the rest once it is known
+            probe_baseline.check(self.baseline, probes, None, self.once)
+
+    def check_world(self, world: int) -> None:
+        """A baseline measured on another number of ranks: refused before any worker starts
+        where the world is known then (--workers, the local launcher's count, a launcher's
+        WORLD_SIZE), else by each rank before it measures anything."""
+        if self.baseline is None:
+            return
+        from distbench.watch import probe_baseline
+
+        self._refusing(lambda: _warn(probe_baseline.check(self.baseline, self.probes(), world,
+                                                          self.once)))
+
+    def _refusing(self, check) -> None:
+        """`check()`, and with --npd the one stdout line node-problem-detector shows when it
+        refuses: its exit code, 2, is the plugin's "unknown" (exit_code)."""
+        try:
+            check()
+        except OptionError as e:
+            if self.npd and _speaks():
+                print(npd_refusal(str(e)), flush=True)
+            raise
 
     def host_bytes(self, backend: str, world: int) -> int:
-        return 0 if backend == "nccl" else 3 * max(self.sizes) * max(world, 1)
+        if backend == "nccl":
+            return 0
+        return 3 * max(p.size_bytes for p in self.probes()) * max(world, 1)
 
     SIZED_BY = ("--sizes", "--sizes 1M")
 
+    def probes(self) -> list[Probe]:
+        """What every cycle measures, in order: --profile's checks, else --op x --sizes."""
+        if self.profile is not None:
+            return profile_probes(self.profile)
+        dtype = self.dtype or DEFAULT_DTYPE
+        return [Probe(op, size, "cluster", dtype) for op in self.ops or DEFAULT_OPS
+                for size in self.sizes or DEFAULT_SIZES]
+
     def cycles(self) -> int | None:
         return ONCE_CYCLES if self.once else self.count
+
+
+def profile_probes(spec: str) -> list[Probe]:
+    """An accept profile's cluster-scope collective checks as probes: one per op, size and
+    dtype (two metrics of one measurement are one probe). A cycle measures one collective on
+    every rank, which is what a cluster check measures; node and pair checks run on parts of
+    the world, and p2p ones are no collective. Raises OptionError."""
+    from distbench.accept import profiles
+
+    example = "--profile cpu-gloo"
+    if str(spec).strip().lower() == profiles.AUTO:
+        raise OptionError("--profile", f"auto picks a profile by the GPUs the workers find, "
+                          f"and watch takes its probes before any starts: name one "
+                          f"({', '.join(profiles.available())}) or a file", example)
+    profile = profiles.resolve(spec)
+    assert profile is not None  # only auto resolves to None
+    found: dict[str, Probe] = {}
+    for c in profile.checks:
+        if c.command != "collective" or c.scope != "cluster":
+            continue
+        if c.size > MAX_SIZE:
+            raise OptionError("--profile", f"{profile.name}'s check {c.name!r} measures "
+                              f"{format_size(c.size)}, and a probe runs every cycle: at most "
+                              f"1G (watch that check's op with --op and --sizes)", example)
+        probe = Probe(c.op, c.size, "cluster", c.dtype)
+        first = found.setdefault(probe.key, probe)
+        if first.dtype != probe.dtype:
+            raise OptionError("--profile", f"{profile.name} checks {c.op} "
+                              f"{format_size(c.size)} in {first.dtype} and in {c.dtype}: a "
+                              f"watch probe is one op at one size, in one dtype", example)
+    if not found:
+        raise OptionError("--profile", f"{profile.name} has no cluster-scope collective check "
+                          f"to probe (a cycle measures one collective on every rank; node, pair "
+                          f"and p2p checks are accept's alone)", example)
+    return list(found.values())
+
+
+def _check_textfile(text: str) -> None:
+    example = "--textfile /var/lib/node_exporter/distbench.prom"
+    path = Path(text)
+    if path.suffix != ".prom":
+        raise OptionError("--textfile", f"node_exporter reads only *.prom files, got {text!r}",
+                          example)
+    if path.is_dir():
+        raise OptionError("--textfile", f"{text!r} is a directory: name the file to write in "
+                          f"it ({str(path / 'distbench.prom')!r})", example)
+    if path.exists() and not path.is_file():
+        raise OptionError("--textfile", f"{text!r} is not a regular file", example)
+    if not path.parent.is_dir():
+        raise OptionError("--textfile", f"no directory {str(path.parent)!r}", example)
+    check_writable_dir("--textfile", path.parent, "--textfile /tmp/distbench.prom")
+
+
+def _speaks() -> bool:
+    """Whether this process says what the options' checks find: the one the user started, not
+    a worker our launcher started (it checked them first), and under another launcher rank 0."""
+    return not env.started_by_us() and env.reads_files()
+
+
+_WARNED: set[str] = set()  # each said once: the options' world is checked up to three times
+
+
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        if line not in _WARNED and _speaks():
+            _WARNED.add(line)
+            print(f"distbench: warning: {line}", file=sys.stderr, flush=True)
+
+
+def npd_refusal(message: str) -> str:
+    """A refusal as node-problem-detector shows it: one line of at most NPD_CHARS, without
+    the example (stderr has the whole line)."""
+    text = " ".join(("distbench: bad input: " + message.rsplit(" (example:", 1)[0]).split())
+    return text if len(text) <= NPD_CHARS else text[: NPD_CHARS - 3].rstrip() + "..."
 
 
 # node-problem-detector's custom plugin codes for distbench's: OK, a problem, unknown
