@@ -584,31 +584,110 @@ def plan(runs: list[Run], out: Path) -> list[Path]:
     return paths
 
 
+STATE_COLOURS = {"ok": "tab:green", "warn": "tab:orange", "fail": "tab:red",
+                 "unknown": "tab:gray"}
+OTHER_STATE = "tab:purple"  # a state a later watch adds
+STRAGGLER = "darkred"
+MAX_NOTES = 20  # change notes a panel writes; past that its lines alone (a flapping probe)
+DOTS = 200
+
+
 def watch(runs: list[Run], out: Path) -> list[Path]:
-    """Each probe's time per cycle, the cycles with a rank named late marked."""
+    """Per watch run: each probe's busbw per cycle, its states and the stragglers marked."""
     return [_save(fig, out / f"watch_{_slug(run.name)}.png") for run in runs
             if (fig := watch_figure(run)) is not None]
 
 
 def watch_figure(run: Run):
-    """The figure behind a watch run's plot, or None when it has no probe."""
-    frame = run.table("watch.csv")
-    if frame is None or not len(frame):
+    """The figure behind a watch run's plot, or None when it has no probe: a panel per probe,
+    its busbw per cycle over bands of its state's colour, each state change a line in the new
+    state's colour, the cycles the judge counted a rank late in a red x on the busbw, and each
+    straggler named (dashed) or no longer named (dotted) a line across every panel. Artists
+    carry gids (busbw, late, state:CYCLE, named:RANK, cleared:RANK) for what reads it back."""
+    history = reader.watch_history(run)
+    if history is None or not len(history.probes):
         return None
-    fig, ax = plt.subplots(figsize=(7.0, 3.8))
-    for (op, size), g in frame.groupby(["op", "size_bytes"], sort=False):
-        ok = g[g["status"].astype(str) == "ok"]
-        ax.plot(ok["cycle"], ok["time_us"], marker=".", label=f"{op} {binary(size)}")
-        late = ok[ok["late_rank"].notna() & (ok["late_rank"].astype(str) != "")]
-        if len(late):
-            ax.scatter(late["cycle"], late["time_us"], marker="x", c="tab:red", zorder=3,
-                       label=f"{op} {binary(size)}: a rank late")
-    ax.set_xlabel("cycle")
+    rows, changes = history.probes, history.changes
+    names = list(dict.fromkeys(rows["probe"]))
+    fig, axes = plt.subplots(len(names), 1, figsize=(8.0, 2.3 * len(names) + 1.0),
+                             sharex=True, squeeze=False)
+    axes = axes[:, 0].tolist()
+    late = history.cycles[history.cycles["late"].map(bool)]
+    ranks = sorted({r for t in late["late"] for r in t})
+    late_label = (f"rank {ranks[0]} late" if len(ranks) == 1 else "a rank late") + \
+        " (the judge's late counts)"
+    ranks_named = changes[changes["what"].str.startswith("rank ")]
+    for i, (ax, name) in enumerate(zip(axes, names, strict=True)):
+        mine = rows[rows["probe"] == name].sort_values("cycle", kind="stable")
+        _state_bands(ax, mine)
+        ok = mine[(mine["status"] == "ok") & mine["busbw_gbps"].notna()]
+        # a dot per cycle while they are apart: a week of cycles would be a bar of dots
+        ax.plot(ok["cycle"], ok["busbw_gbps"], marker="." if len(ok) <= DOTS else None,
+                color="tab:blue", label="busbw", gid="busbw")
+        failed = mine[(mine["status"] == "failed") & mine["busbw_gbps"].notna()]
+        if len(failed):
+            ax.scatter(failed["cycle"], failed["busbw_gbps"], marker="X", c="black", zorder=4,
+                       label="failed (wrong data)", gid="failed")
+        hit = ok[ok["cycle"].isin(late["cycle"])]
+        if len(hit):
+            ax.scatter(hit["cycle"], hit["busbw_gbps"], marker="x", s=50, c="tab:red",
+                       zorder=5, label=late_label, gid="late")
+        notes = ax.get_xaxis_transform()  # x in cycles, y in axes fractions
+        shifts = changes[changes["what"] == name]
+        for c in shifts.itertuples():
+            new = c.change.rpartition(" -> ")[2]
+            ax.axvline(c.cycle, color=STATE_COLOURS.get(new, OTHER_STATE), linewidth=1.5,
+                       gid=f"state:{c.cycle}")
+            if len(shifts) <= MAX_NOTES:
+                ax.text(c.cycle, 0.97, f" {c.change.replace(' -> ', ' → ')}", transform=notes,
+                        rotation=90, va="top", ha="right", fontsize=7)
+        for c in ranks_named.itertuples():
+            rank, on = c.what.split()[1], c.change == "named a straggler"
+            ax.axvline(c.cycle, color=STRAGGLER, linestyle="--" if on else ":", linewidth=1.2,
+                       gid=f"{'named' if on else 'cleared'}:{rank}")
+            if i == 0 and len(ranks_named) <= MAX_NOTES:
+                ax.text(c.cycle, 0.03, f" rank {rank} {'named' if on else 'cleared'}",
+                        transform=notes, rotation=90, va="bottom", ha="left", fontsize=7,
+                        color=STRAGGLER)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(name, fontsize=9)
+        ax.grid(True, alpha=0.3)
+    first = history.cycles.iloc[0]
+    every = f", every {history.interval_s:g} s" if history.interval_s else ""
+    axes[-1].set_xlabel(f"cycle (cycle {first['cycle']} started {first['started'] or '-'}"
+                        f"{every})")
     # cycles are whole: a run of one cycle is not drawn on an axis of -0.04 to 0.04
-    ax.set_xlim(float(frame["cycle"].min()) - 0.5, float(frame["cycle"].max()) + 0.5)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-    ax.set_ylabel("time (us)")
-    ax.set_title(f"watch: {run.name}")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    axes[-1].set_xlim(float(rows["cycle"].min()) - 0.5, float(rows["cycle"].max()) + 0.5)
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    handles = _watch_legend(axes, rows, ranks_named)
+    axes[0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                   borderaxespad=0.0)
+    _widen_for_legends(fig, 1, [h.get_label() for h in handles])
+    fig.suptitle(f"watch: {run.name}", fontsize=11)
     return fig
+
+
+def _state_bands(ax, rows: pd.DataFrame) -> None:
+    """Behind a probe's line, each stretch of cycles in one state in that state's colour."""
+    stretch = (rows["state"] != rows["state"].shift()).cumsum()
+    for _, g in rows.groupby(stretch, sort=False):
+        state = g["state"].iloc[0]
+        ax.axvspan(g["cycle"].min() - 0.5, g["cycle"].max() + 0.5, linewidth=0, alpha=0.12,
+                   color=STATE_COLOURS.get(state, OTHER_STATE), gid=f"band:{state}")
+
+
+def _watch_legend(axes, rows: pd.DataFrame, ranks_named: pd.DataFrame) -> list:
+    """Every panel's series once, then the states drawn and the straggler lines."""
+    seen: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, handle)
+    handles = list(seen.values())
+    states = set(rows["state"])
+    handles += [Patch(color=STATE_COLOURS.get(s, OTHER_STATE), alpha=0.3, label=f"state {s}")
+                for s in [*STATE_COLOURS, *sorted(states - set(STATE_COLOURS))] if s in states]
+    for change, style in (("named a straggler", "--"), ("no longer a straggler", ":")):
+        if (ranks_named["change"] == change).any():
+            handles.append(Line2D([], [], color=STRAGGLER, linestyle=style, label=change))
+    return handles

@@ -17,7 +17,7 @@ from distbench.core.sizes import format_size
 from distbench.core.tables import markdown_table, missing, number, plural
 from distbench.core.validation_table import validation_table
 from distbench.results import alphabeta, reader
-from distbench.results.reader import NCCL_TESTS, Run, measured
+from distbench.results.reader import BEYOND, NCCL_TESTS, Run, measured
 
 
 def models(run: Run) -> list[dict]:
@@ -286,22 +286,88 @@ def _topo_section(run: Run) -> list[str]:
         ["host", "GPUs", "GPU model", "GPU links", "CPU", "cores", "network up"], rows) + [""]
 
 
+WATCH_SHOWN = 30  # the changes report.md lists; watch.jsonl keeps every one
+RUNS_SHOWN = 12  # stretches of cycles a line lists: a weeks-long watch can hold thousands
+
+
+def _cycle_runs(cycles) -> str:
+    """Cycles as stretches of consecutive ones: "3-7, 9"."""
+    s = pd.Series(sorted({int(c) for c in cycles}), dtype="int64")
+    runs = s.groupby((s.diff() != 1).cumsum()).agg(["first", "last"])
+    shown = [str(a) if a == b else f"{a}-{b}"
+             for a, b in runs.head(RUNS_SHOWN).itertuples(index=False)]
+    more = len(runs) - RUNS_SHOWN
+    return ", ".join(shown) + (f" and {plural(more, 'more stretch', 'more stretches')}"
+                               if more > 0 else "")
+
+
+def _ranks_by_cycle(cycles: pd.DataFrame, column: str) -> dict[int, list[int]]:
+    """rank -> the cycles whose `column` (a tuple of ranks) holds it."""
+    pairs = cycles[["cycle", column]].explode(column).dropna()
+    return {int(r): sorted(int(c) for c in g["cycle"])
+            for r, g in pairs.groupby(column, sort=True)}
+
+
+def _watch_late(history: reader.WatchHistory) -> list[str]:
+    """Which ranks came late, in which cycles, and which were named stragglers: from the
+    judge's late counts and straggler lists, never from late_rank alone (some rank always
+    arrives last, by a hair on a healthy machine)."""
+    late = _ranks_by_cycle(history.cycles, "late")
+    named = _ranks_by_cycle(history.cycles, "stragglers")
+    if not late and not named:
+        return ["No rank late: no cycle's late counts say a rank came late, and no straggler "
+                "was named.", ""]
+    lines = []
+    if history.source != reader.WATCH_LINES:
+        lines.append(f"{history.source} records no late counts: a rank counts late where it "
+                     "was named a straggler.")
+    if late:
+        over = (f"late_counts over the last {plural(history.window, 'cycle')}"
+                if history.window else "a rise in late_counts")
+        lines.append(f"Ranks late, as the judge counted them ({over}): " + "; ".join(
+            f"rank {r} in {plural(len(c), 'cycle')} ({_cycle_runs(c)})"
+            for r, c in late.items()) + ".")
+    lines.append("Stragglers named: " + ("; ".join(
+        f"rank {r} first in cycle {c[0]} (named in {_cycle_runs(c)})" for r, c in named.items())
+        if named else "none") + ".")
+    return [" ".join(lines), ""]
+
+
 def _watch_section(run: Run) -> list[str]:
-    frame = run.table("watch.csv")
-    if frame is None or not len(frame):
+    history = reader.watch_history(run)
+    if history is None:
         return []
-    cycles = int(frame["cycle"].max()) + 1 if "cycle" in frame else len(frame)
-    lines = ["### Watch", "", f"{plural(cycles, 'cycle')}.", ""]
+    cycles, probes, changes = history.cycles, history.probes, history.changes
+    lines = ["### Watch", "", f"{plural(len(cycles), 'cycle')}.", ""]
+    if history.unreadable:
+        lines += [f"Left out {plural(history.unreadable, 'line')} of {history.source} that "
+                  "hold no cycle (cut short by a crash, or not JSON).", ""]
+    if not len(cycles):
+        return lines
+    first, last = cycles.iloc[0], cycles.iloc[-1]
+    every = f", every {history.interval_s:g} s" if history.interval_s else ""
+    lines += [f"Cycle {first['cycle']} started {first['started'] or '-'}, cycle {last['cycle']} "
+              f"{last['started'] or '-'}{every}; the last verdict **{last['verdict']}**.", ""]
+    lines += _watch_late(history)
     rows = []
-    for (op, size, scope), g in frame.groupby(["op", "size_bytes", "scope"], sort=False):
-        ok = g[g["status"].astype(str) == "ok"]
-        late = sorted({str(s) for s in g["stragglers"].dropna() if str(s)})
-        rows.append([str(op), _size(size), str(scope), str(len(ok)),
-                     number(ok["time_us"].median()) if len(ok) else "-",
-                     number(ok["busbw_gbps"].median()) if len(ok) else "-",
-                     str(g["verdict"].iloc[-1]), ", ".join(late) or "none"])
+    for (probe, op, size, scope), g in probes.groupby(["probe", "op", "size_bytes", "scope"],
+                                                      sort=False, dropna=False):
+        ok = g[(g["status"] == "ok") & g["time_us"].notna()]
+        rows.append([op or "-", _size(size), scope, str(len(ok)),
+                     number(ok["time_us"].median()), number(ok["busbw_gbps"].median()),
+                     str(g["state"].iloc[-1]), str(int((changes["what"] == probe).sum()))])
     lines += markdown_table(["op", "size", "scope", "cycles measured", "median time (us)",
-                             "median busbw (GB/s)", "last verdict", "stragglers named"], rows)
+                             "median busbw (GB/s)", "last state", "state changes"], rows)
+    lines += ["", "#### Changes", ""]
+    if not len(changes):
+        return lines + ["No probe's state changed and no straggler was named.", ""]
+    lines += markdown_table(["cycle", "started", "probe or rank", "change", "why (the judge's "
+                             "words)"],
+                            [[str(c.cycle), c.started or "-", c.what, c.change, c.why or "-"]
+                             for c in changes.head(WATCH_SHOWN).itertuples()])
+    if len(changes) > WATCH_SHOWN:
+        lines += ["", f"... and {len(changes) - WATCH_SHOWN} more; {history.source} holds "
+                  "every one."]
     return lines + [""]
 
 
@@ -315,7 +381,7 @@ def _skipped(frame: pd.DataFrame) -> list[str]:
 
 def _no_results(run: Run) -> list[str]:
     """What a run without a table report reads holds instead (topo writes none)."""
-    if run.tables:
+    if run.tables or (run.path / reader.WATCH_LINES).is_file():  # watch's cycles, without CSV
         return []
     others = sorted(p.name for p in run.path.glob("*.csv")) if run.path.is_dir() else []
     if others:
@@ -324,11 +390,6 @@ def _no_results(run: Run) -> list[str]:
     if run.command == "topo" and reader.topo_nodes(run):  # topo.json is what it writes
         return []
     return [f"No result rows: `distbench {run.command}` wrote none.", ""]
-
-
-# Beyond any time (us), bandwidth (GB/s), size or ratio a run can record: such a cell is a
-# broken write, and drawn it would squash every real figure into one pixel.
-BEYOND = 1e18
 
 
 def plausible(run: Run) -> Run:
