@@ -2,6 +2,7 @@
 
     python benchmarks/watch_health.py false-alarms [--runs 3] [--cycles 30] [--workers 2]
     python benchmarks/watch_health.py memory [--cycles 300] [--interval 0.05] [--workers 2]
+    python benchmarks/watch_health.py once [--runs 30] [--slowed 5] [--workers 2]
 
 false-alarms: an unchanged machine watched --runs times for --cycles cycles each; a false alarm
 is a cycle whose verdict is warn or fail or that names a straggler, and a state change is any
@@ -12,6 +13,13 @@ memory: one watch of --cycles cycles at the shortest interval; the resident memo
 the launcher and every worker sampled every second from the 30th cycle on (once torch and the
 buffers are settled), and each process's last sample against its first: the issue's bar is
 within +-10%.
+
+once (issue 45): the Slurm and node-problem-detector mode. A healthy 20-cycle watch is made the
+baseline; then --runs healthy `watch --once --baseline` runs, each judged alone (k = n = 1),
+and --slowed more with a rank 10 ms late before every op. Prints each run's verdict, the late
+rank's share of the op (how long the others waited for it over the op's time: judge.LATE_FLOOR
+is the line a given baseline holds it to) and the stragglers named: the issue's bar is 0 of 30
+healthy runs naming anyone, and every slowed run naming the slowed rank.
 """
 
 from __future__ import annotations
@@ -100,6 +108,40 @@ def memory(cycles: int, interval: float, workers: int) -> int:
         return 0 if first and worst <= 0.10 else 1
 
 
+def _once(out: Path, baseline: Path, workers: int, env: dict[str, str]) -> tuple[dict, int]:
+    out.mkdir()
+    done = subprocess.run([sys.executable, "-m", "distbench", *ARGS, "--once", "--baseline",
+                           str(baseline), "--workers", str(workers), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    (line,) = [json.loads(x) for x in (_run_dir(out) / "watch.jsonl").read_text().splitlines()]
+    return line, done.returncode
+
+
+def once(runs: int, slowed: int, workers: int) -> int:
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "baseline"
+        base.mkdir()
+        subprocess.run([sys.executable, "-m", "distbench", *ARGS, "--interval", "0.2", "--count",
+                        "20", "--workers", str(workers), "--out", str(base)], check=True,
+                       capture_output=True, timeout=600)
+        for kind, n, env in (("healthy", runs, os.environ.copy()),
+                             ("slowed", slowed, {**os.environ, "DISTBENCH_TEST_SLOW_RANK":
+                                                 f"{workers - 1}:0.01"})):
+            named = 0
+            for i in range(n):
+                line, code = _once(Path(tmp) / f"{kind}{i}", _run_dir(base), workers, env)
+                p = line["probes"][0]
+                share = p["lateness_us"] / p["time_us"] if p["time_us"] else float("nan")
+                named += bool(line["stragglers"])
+                print(f"{kind} {i + 1}: exit {code}, verdict {line['verdict']}, late rank "
+                      f"{p['late_rank']} kept the others {share:.3f} of the op, stragglers "
+                      f"{line['stragglers']}", flush=True)
+            print(f"{kind}: {named} of {n} runs named a straggler", flush=True)
+            bad += named if kind == "healthy" else n - named
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -111,7 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     mem.add_argument("--cycles", type=int, default=300)
     mem.add_argument("--interval", type=float, default=0.05)
     mem.add_argument("--workers", type=int, default=2)
+    one = sub.add_parser("once")
+    one.add_argument("--runs", type=int, default=30)
+    one.add_argument("--slowed", type=int, default=5)
+    one.add_argument("--workers", type=int, default=2)
     a = ap.parse_args(argv)
+    if a.what == "once":
+        return once(a.runs, a.slowed, a.workers)
     if a.what == "false-alarms":
         return false_alarms(a.runs, a.cycles, a.workers)
     return memory(a.cycles, a.interval, a.workers)

@@ -227,7 +227,7 @@ def processes_of(args: tuple[str, ...] | list[str]) -> int:
 # The commands whose runs the suite holds to NCCL's rules (nccl_rules.py), whatever the test
 # asserts itself: every rank's posts are recorded (distbench.run.comm_trace) and checked once the
 # run has ended, and a run that ended well must hold no process group but the default one.
-TRACED = ("step", "plan", "pp", "p2p", "accept", "dp", "tp", "collective")
+TRACED = ("step", "plan", "pp", "p2p", "accept", "dp", "tp", "collective", "watch")
 # The last traced run's posts, by rank (nccl_rules.read), for a test that asserts on them.
 LAST_TRACES: dict = {}
 

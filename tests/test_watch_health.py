@@ -1,5 +1,6 @@
 """watch's health-check forms: node-problem-detector's exit codes and 80-character message,
-Slurm's drain line, and distbench's exit codes for a verdict."""
+Slurm's drain (the argv, the line printed, the reason), and distbench's exit codes for a
+verdict."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import shlex
 import pytest
 
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
-from distbench.watch.health import drain_command, drain_line, npd_result, slurm_exit_code
+from distbench.watch.health import drain_command, drain_reason, exit_code, npd_result
 from distbench.watch.records import Judgement, ProbeState
 
 AR, AG = "all_reduce/1048576/cluster", "all_gather/65536/cluster"
@@ -48,23 +49,34 @@ def test_npd_message_never_passes_80_characters(n):
     assert "\n" not in msg
 
 
-def test_drain_command_is_an_argv_a_shell_line_gives_back():
-    argv = drain_command("gpu7", "all_reduce 1 MiB fail (3 of the last 5 cycles)")
-    assert argv == ["scontrol", "update", "NodeName=gpu7", "State=drain",
-                    "Reason=distbench: all_reduce 1 MiB fail (3 of the last 5 cycles)"]
-    line = drain_line("gpu7", "all_reduce 1 MiB fail (3 of the last 5 cycles)")
-    assert line == ('scontrol update NodeName=gpu7 State=drain '
-                    'Reason="distbench: all_reduce 1 MiB fail (3 of the last 5 cycles)"')
-    assert shlex.split(line) == argv
+def test_drain_command_is_an_argv_and_the_shell_line_that_gives_it_back():
+    drain = drain_command("gpu7", "all_reduce 1 MiB fail (3 of the last 5 cycles)")
+    assert drain.argv == ["scontrol", "update", "NodeName=gpu7", "State=drain",
+                          "Reason=distbench: all_reduce 1 MiB fail (3 of the last 5 cycles)"]
+    assert drain.line == ("scontrol update NodeName=gpu7 State=drain "
+                          "'Reason=distbench: all_reduce 1 MiB fail (3 of the last 5 cycles)'")
+    assert shlex.split(drain.line) == drain.argv  # pasted into a shell, it runs the same
 
 
 def test_drain_reason_is_sanitized_and_bounded():
     evil = 'slow"; rm -rf / `x` $(y) \\ \'q\'\nnext line\r' + "z" * 500
-    argv = drain_command("gpu7", evil)
-    reason = argv[-1]
+    drain = drain_command("gpu7", evil)
+    reason = drain.argv[-1]
     assert not set(reason) & set("\"'`$\\\n\r")
     assert len(reason) <= len("Reason=") + 120 and reason.endswith("...")
-    assert shlex.split(drain_line("gpu7", evil)) == argv  # the shell line means the same
+    assert shlex.split(drain.line) == drain.argv  # the shell line means the same
+
+
+def test_drain_reason_names_the_failing_probe_its_ratio_and_the_straggler():
+    j = Judgement({AR: ProbeState("fail", 9810.0, baseline_us=1000.0),
+                   AG: ProbeState("warn", 1200.0, baseline_us=1000.0)}, "fail", (1,))
+    assert drain_reason(j, ["rank 1 (gpu7)"]) == \
+        "all_reduce 1 MiB fail 9.81x baseline; straggler rank 1 (gpu7)"
+    # a straggler alone makes the verdict warn: the reason names it, and no probe
+    j = Judgement({AR: ProbeState("ok", 1000.0, baseline_us=1000.0)}, "warn", (1,))
+    assert drain_reason(j, ["rank 1 (gpu7)"]) == "straggler rank 1 (gpu7)"
+    assert drain_command("gpu7", drain_reason(j, ["rank 1 (gpu7)"])).argv[-1] == \
+        "Reason=distbench: straggler rank 1 (gpu7)"
 
 
 @pytest.mark.parametrize("node", ["", "gpu7 State=resume", "a=b", "-x", "gpu7\n"])
@@ -73,10 +85,9 @@ def test_drain_refuses_what_is_not_a_node_name(node):
         drain_command(node, "slow")
 
 
-def test_slurm_exit_codes_are_accepts():
-    assert [slurm_exit_code(v) for v in ("ok", "warn", "fail", "unknown")] == \
-        [EXIT_OK, EXIT_OK, EXIT_BELOW, EXIT_INCONCLUSIVE]
-    assert slurm_exit_code("warn", strict=True) == EXIT_BELOW
-    assert slurm_exit_code("ok", strict=True) == EXIT_OK
+def test_exit_codes_of_a_verdict_are_the_loops():
+    """warn exits 4, as the loop ends a warn (the docstring said 0)."""
+    assert [exit_code(v) for v in ("ok", "warn", "fail", "unknown")] == \
+        [EXIT_OK, EXIT_BELOW, EXIT_BELOW, EXIT_INCONCLUSIVE]
     with pytest.raises(ValueError):
-        slurm_exit_code("PASS")
+        exit_code("PASS")

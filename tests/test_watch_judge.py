@@ -18,7 +18,7 @@ import statistics
 
 import pytest
 
-from distbench.watch.judge import WARM, Tracker
+from distbench.watch.judge import LATE_CAP, LATE_FLOOR, WARM, Tracker
 from distbench.watch.records import Cycle, Probe, ProbeResult
 
 AR = Probe("all_reduce", 1 << 20)
@@ -183,6 +183,64 @@ def test_late_only_beyond_the_tolerance_and_the_noise():
     assert j.late_counts == {} and j.stragglers == ()
     j = skewed.observe(cycle(13, result(AR, [680.0, 1000.0])))  # 32% late
     assert j.late_counts == {0: 1}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_rank_late_from_the_first_cycle_is_named_within_k_cycles(world):
+    """10 ms late on a 1 ms op from cycle 0: the warm-up learns no skew from it (its share is
+    past LATE_CAP), and it counts late against the others in the same cycle, baseline or not."""
+    for seed in range(10):
+        stream, t = Noisy(seed, 0.10, world, hiccup=0), Tracker(PROBES, world)
+        stream.late = (world - 1, 0.9)
+        got = run(t, stream, WARM + 5)
+        assert [j.stragglers for j in got[:K]] == [(), (), (world - 1,)]
+        assert all(j.stragglers == (world - 1,) for j in got[K:])
+        assert all(j.verdict == "warn" for j in got[K:])
+
+
+def test_a_noisy_warm_up_cannot_lift_the_threshold_past_the_cap():
+    """A warm-up cycle whose last rank kept the others waiting 38% of the op: the skew is 0.38,
+    and its limit (1.38 ** 1.5 - 1 = 62%) would have hidden a rank 60% late for good. (The
+    cycle that sets the baseline is judged, not learnt from.)"""
+    t = Tracker([AR], 2, warm=3)
+    for i, late in enumerate([0.05, 0.38, 0.1]):
+        j = t.observe(cycle(i, result(AR, [1000.0 * (1 - late), 1000.0])))
+        assert j.late_counts == {}
+    assert t._hist[AR.key].skew == pytest.approx(0.38)
+    assert t.late_threshold(0.38) == LATE_CAP
+    got = [t.observe(cycle(3 + i, result(AR, [400.0, 1000.0]))) for i in range(K)]
+    assert [j.stragglers for j in got] == [(), (), (0,)]
+
+
+def test_the_threshold_is_the_noisiest_warm_up_cycles_not_the_calmest():
+    """Warm-up shares 0.05 and 0.24: the skew is 0.24 (threshold 1.24 ** 1.5 - 1 = 38%), so a
+    rank 35% late is within what this machine showed; from the calmest cycle (0.05) the floor
+    (30%) would stand and it would be named."""
+    t = Tracker([AR], 2, warm=3)
+    for i, late in enumerate([0.05, 0.24, 0.1]):
+        t.observe(cycle(i, result(AR, [1000.0 * (1 - late), 1000.0])))
+    got = [t.observe(cycle(3 + i, result(AR, [650.0, 1000.0]))) for i in range(10)]
+    assert all(j.late_counts == {} and j.stragglers == () for j in got)
+    assert LATE_FLOOR < 0.35 < t.late_threshold(0.24) < LATE_CAP
+    j = t.observe(cycle(13, result(AR, [600.0, 1000.0])))  # 40% late: past it
+    assert j.late_counts == {0: 1}
+
+
+def test_once_against_a_given_baseline_names_no_healthy_rank():
+    """--once: k = n = 1 against a given baseline (no warm-up, so no skew learnt): each healthy
+    cycle, its ranks up to 20% apart, is judged alone, and none may name a rank. A rank 10 ms
+    late on a 1 ms op is named in its one cycle."""
+    named = []
+    for seed in range(300):
+        stream = Noisy(3000 + seed, 0.10, skew=0.2, hiccup=0)
+        given = {p.key: (stream.base, 0.2) for p in PROBES}
+        t = Tracker(PROBES, 2, k=1, n=1, baseline=given)
+        named += list(t.observe(stream.next()).stragglers)
+    assert named == []
+    stream = Noisy(1, 0.10, hiccup=0)
+    stream.late = (1, 0.9)
+    t = Tracker(PROBES, 2, k=1, n=1, baseline={p.key: (stream.base, 0.2) for p in PROBES})
+    assert t.observe(stream.next()).stragglers == (1,)
 
 
 # -- hysteresis, both ways, exactly k of n -----------------------------------------------------

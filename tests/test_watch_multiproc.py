@@ -180,3 +180,102 @@ def test_the_textfile_stops_reading_healthy_when_a_rank_or_the_launcher_dies(tmp
         with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
             launcher.kill()
             launcher.wait(timeout=10)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_rank_slowed_from_the_first_cycle_is_named_within_k_cycles(tmp_path, world):
+    """10 ms late before every op from cycle 0, through the warm-up: the skew the warm-up
+    learns cannot hide it (judge.LATE_CAP), so it is named at the k-th cycle (--agree 3)."""
+    slow = world - 1
+    res = distbench(out_dir(tmp_path), "watch", *FAST, "--interval", "0.3", "--count", "5",
+                    "--warm", "3", "--workers", str(world), timeout=240,
+                    DISTBENCH_TEST_SLOW_RANK=f"{slow}:0.01")
+    got = lines(res.run_dir)
+    assert [x["cycle"] for x in got] == list(range(5)), res.stderr
+    named = [x["stragglers"] for x in got]
+    assert named[:2] == [[], []] and named[2:] == [[slow]] * 3, named
+    assert all(x["probes"][0]["late_rank"] == slow for x in got)
+    assert got[-1]["verdict"] in ("warn", "fail")
+    assert res.code == 4, res.stderr
+    assert f"stragglers: rank {slow} (" in res.stderr
+
+
+def _ranks(run_dir: Path) -> list[dict] | None:
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("ranks")
+    except (OSError, ValueError):  # not written yet, or being replaced
+        return None
+
+
+def _pids_by_rank(run_dir: Path, world: int) -> list[int]:
+    ranks = _until(lambda: _ranks(run_dir), 60, "run.json never named its ranks")
+    assert len(ranks) == world
+    return [r["pid"] for r in sorted(ranks, key=lambda r: r["rank"])]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.procs(4)  # a launcher and 3 workers
+@pytest.mark.parametrize("when", ["between cycles", "during a cycle"])
+def test_sigterm_to_ranks_1_to_n_ends_every_rank_at_the_same_collective(tmp_path, when):
+    """Ranks 1 and 2 are sent SIGTERM, rank 0 is not (as when a launcher stops its workers).
+    Between cycles (a 30 s interval) every rank wakes and all leave within 2 s; during a cycle
+    (cycles back to back, rank 0 slowed so each takes ~1 s) the cycle finishes first. Either way
+    every rank posted the same collectives (tests/nccl_rules.py: on NCCL a rank that left
+    alone would hang the others), run.json says the signal and the cycles measured, and the
+    textfile says the watch ended as asked, its last verdict kept."""
+    import nccl_rules
+
+    from distbench.run.comm_trace import TRACE_ENV
+
+    out, textfile, trace = tmp_path / "out", tmp_path / "distbench.prom", tmp_path / "trace"
+    out.mkdir()
+    trace.mkdir()
+    interval, slow = (("30", {}) if when == "between cycles" else
+                      ("0.1", {"DISTBENCH_TEST_SLOW_RANK": "0:0.05"}))
+    launcher = start(["watch", *FAST, "--timeout", "60", "--warm", "1", "--interval", interval,
+                      "--textfile",
+                      str(textfile), "--workers", "3", "--out", str(out)], out,
+                     clean_env(**{TRACE_ENV: str(trace)}, **slow), new_session=True)
+    try:
+        run_dir = _until(lambda: [p for p in out.iterdir() if p.is_dir()], 60, "no run dir")[0]
+        pids = _pids_by_rank(run_dir, 3)
+        _until(lambda: (run_dir / "watch.jsonl").is_file()
+               and (run_dir / "watch.jsonl").read_text().count("\n") >= 1, 90, "no cycle")
+        if when == "during a cycle":
+            time.sleep(0.3)  # well inside the next cycle (each takes ~1 s)
+        sent = time.monotonic()
+        for pid in pids[1:]:
+            os.kill(pid, signal.SIGTERM)
+        _until(lambda: not any(_alive(p) for p in pids), 30, "ranks still ran")
+        took = time.monotonic() - sent
+        launcher.wait(timeout=30)
+    finally:
+        for pid in processes_naming(out):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+            launcher.kill()
+            launcher.wait(timeout=10)
+    measured = lines(run_dir)
+    if when == "between cycles":
+        assert took < 2.0, took
+        assert len(measured) == 1
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert (meta["status"], meta["exit_code"]) == ("terminated", 143), meta
+    cycles = f"{len(measured)} cycle" + ("s" if len(measured) > 1 else "")
+    assert meta["error"].startswith(f"stopped by SIGTERM after {cycles}; watch verdict "), meta
+    assert launcher.returncode == 143, launcher.stderr.read()
+    traces = nccl_rules.read(trace)
+    assert sorted(traces) == [0, 1, 2] and all(t.complete for t in traces.values())
+    assert nccl_rules.check(trace) == []
+    samples = prom(textfile)
+    assert value(samples, "distbench_up") == 0 and value(samples, "distbench_ended") == 1
+    last = measured[-1]["verdict"]
+    assert value(samples, "distbench_last_verdict", state=last) == 1
+    assert "stopped by SIGTERM after" in textfile.read_text()

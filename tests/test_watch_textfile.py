@@ -104,6 +104,31 @@ def test_down_after_write_leaves_nothing_that_reads_healthy(tmp_path):
     assert "(down: rank 1 lost: timed out after 60 s)" in path.read_text()
 
 
+def test_a_running_watch_is_not_ended_and_its_last_verdict_is_the_verdict(tmp_path):
+    got = samples(written(tmp_path))
+    assert value(got, metrics.ENDED.name, Hostname="gpu7") == 0
+    assert {s: value(got, metrics.LAST_VERDICT.name, state=s) for s in STATES} == \
+        {"ok": 0, "warn": 0, "fail": 1, "unknown": 0}
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_the_down_file_tells_a_deliberate_end_from_a_lost_watch(tmp_path, ended):
+    """--count reached (or the operator's SIGTERM) against a lost rank: the alert rules fire for
+    the second alone; the last verdict (a FAIL the run exited 4 on) stays readable."""
+    path = written(tmp_path)
+    textfile.write_down(path, hostname="gpu7", why="ended as asked after 8 cycles",
+                        ended=ended, last_verdict="fail")
+    got = samples(path)
+    assert value(got, metrics.UP.name, Hostname="gpu7") == 0
+    assert value(got, metrics.ENDED.name, Hostname="gpu7") == int(ended)
+    assert {s: value(got, metrics.LAST_VERDICT.name, state=s) for s in STATES} == \
+        {"ok": 0, "warn": 0, "fail": 1, "unknown": 0}
+    assert value(got, metrics.VERDICT.name, state="unknown") == 1
+    assert metrics.LAST_CYCLE.name not in got  # nothing for the staleness rule to age
+    textfile.write_down(path, hostname="gpu7", why="starting")
+    assert metrics.LAST_VERDICT.name not in samples(path)  # no verdict reached yet
+
+
 def test_the_write_is_a_rename_of_a_file_beside_it(tmp_path, monkeypatch):
     """No partial file is ever visible at the path: the bytes go to a temporary file in the
     same directory (same filesystem, so the rename is atomic) and are renamed over it."""

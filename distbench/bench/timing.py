@@ -192,6 +192,46 @@ def _loop(fn: Callable[[], object], iters: int, device: torch.device, made: list
 
 
 @dataclass(frozen=True)
+class InCall:
+    """One rank's back-to-back loop, timed whole and inside each call (watch's probes)."""
+
+    loop_s: float  # from the first op's start to the last op's end: the rate, as _loop times it
+    calls_s: list[float]  # each op's time inside the call: a rank the others waited for
+    # spends the least there (watch.records.ProbeResult)
+
+
+def in_call_loop(fn: Callable[[], object], iters: int, device: torch.device,
+                 before: Callable[[], object] | None = None, made: list | None = None
+                 ) -> InCall:
+    """`iters` back-to-back calls of fn with a stamp before and after each (CUDA events on the
+    stream, made beforehand (2 * iters, `made`), and one sync at the end; perf_counter on CPU).
+    `before`: a test's planted delay, outside the stamps. Nothing else sits between the
+    stamps and the op."""
+    with _no_gc():
+        if device.type == "cuda":
+            marks = made or events(2 * iters, device)
+            for i in range(iters):
+                if before is not None:
+                    before()
+                marks[2 * i].record()
+                fn()
+                marks[2 * i + 1].record()
+            marks[2 * iters - 1].synchronize()
+            calls = [marks[2 * i].elapsed_time(marks[2 * i + 1]) / 1e3 for i in range(iters)]
+            return InCall(marks[0].elapsed_time(marks[2 * iters - 1]) / 1e3, calls)
+        clock = time.perf_counter
+        stamps = [0.0] * (2 * iters)
+        for i in range(iters):
+            if before is not None:
+                before()
+            stamps[2 * i] = clock()
+            fn()
+            stamps[2 * i + 1] = clock()
+    return InCall(stamps[-1] - stamps[0],
+                  [stamps[2 * i + 1] - stamps[2 * i] for i in range(iters)])
+
+
+@dataclass(frozen=True)
 class Captured:
     replay: Callable[[], None]
     ops: int  # calls of the op in one replay

@@ -314,6 +314,19 @@ class Peers:
         except dist.DistError:
             return False
 
+    def post_stop(self, signum: int) -> None:
+        """A stop signal this rank was sent, for the ranks that were not sent one: they wake
+        from their wait between cycles and leave at the same collective (watch)."""
+        self._own.set(self._run + "stop", str(signum))
+
+    def stop_posted(self) -> int:
+        """The stop signal some rank posted (post_stop), or 0."""
+        key = self._run + "stop"
+        try:
+            return int(self._own.get(key)) if self._own.check([key]) else 0
+        except dist.DistError:
+            return 0
+
     def publish_run_dir(self, path: str) -> None:
         """Where run.json is, so a surviving rank can finish it if rank 0 dies."""
         self._own.set(self._run + "run_dir", os.path.abspath(path))

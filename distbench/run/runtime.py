@@ -54,10 +54,14 @@ NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 class RunFailure(Exception):
     """A failure with a known cause: one line for the user, a status for run.json."""
 
-    def __init__(self, message: str, status: str = "failed", exit_code: int = EXIT_FAILED):
+    def __init__(self, message: str, status: str = "failed", exit_code: int = EXIT_FAILED,
+                 agreed: bool = False):
         super().__init__(message)
         self.status = status
         self.exit_code = exit_code
+        # every rank raised it at the same point, alive (watch's stop, agreed by a collective):
+        # no roll call, and the ranks leave together as after an agreed verdict
+        self.agreed = agreed
 
 
 def resolve_backend(choice: str) -> str:

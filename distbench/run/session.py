@@ -191,11 +191,13 @@ class Session:
     def _orphan_message(self, parent: int) -> str:
         return lifeline.describe_loss(parent, self.current, self.rt.rank)
 
-    def _end(self, status: str, code: int, error: str | None, roll_call: bool = True
-             ) -> tuple[str, int]:
+    def _end(self, status: str, code: int, error: str | None, roll_call: bool = True,
+             agreed: bool = False) -> tuple[str, int]:
         """Say how the run ended, once: the roll call may change it (a lost rank is the cause
         of what this one saw), and so may a rank that timed out first; the status and exit code
-        it settled on."""
+        it settled on. `agreed`: every rank reached this end together, alive (an AGREED status,
+        or a RunFailure raised as agreed)."""
+        agreed = agreed or status in AGREED
         self._ending.acquire()  # never released: whoever ends the run, ends the process
         self.watchdog.disarm()
         for hook in self.on_stop:
@@ -207,14 +209,14 @@ class Session:
         for sink in self._sinks.values():
             sink.close()
         parent = lifeline.orphaned()
-        if parent is not None and status not in (*AGREED, "bad_input"):
+        if parent is not None and not agreed and status != "bad_input":
             # whatever this rank saw (a peer that left as it noticed first, and closed its
             # connections), the lost launcher is the cause; no roll call: it held the store
             status, code, error = "terminated", EXIT_TERMINATED, self._orphan_message(parent)
             roll_call = False
         answered, lost, first = [self.rt.rank], [], None
         peers = self.rt.peers
-        if roll_call and status not in (*AGREED, "bad_input") and peers is not None:
+        if roll_call and not agreed and status != "bad_input" and peers is not None:
             answered, lost, first = _within(ENDING_S, lambda: self._ask_the_others(
                 status, code, error), (answered, lost, first))
             parent = lifeline.orphaned(settle_s=lifeline.WATCH_INTERVAL_S)
@@ -225,18 +227,19 @@ class Session:
         step = self.current
         if first is not None:  # it said so already, or its voice is the one below
             status, code, error, step = "timeout", EXIT_FAILED, first["error"], first["step"]
-        self._say(status, code, error, answered, lost, step, told=first is not None)
+        self._say(status, code, error, answered, lost, step, told=first is not None,
+                  agreed=agreed)
         return status, code
 
     def _say(self, status: str, code: int, error: str | None, answered: list[int],
-             lost: list[Lost], step: str, told: bool) -> None:
+             lost: list[Lost], step: str, told: bool, agreed: bool = False) -> None:
         """How the run ended, on stderr by one voice and in run.json. `told`: the rank that
         timed out first said it already."""
         fields = {"lost_ranks": lost_to_json(lost), "failed_step": step} if lost else {}
         if lost:  # one voice: the lowest rank left, or our own launcher, which knows the signals
             speaks = self.rt.rank == answered[0] and not env.started_by_us()
         else:  # other failures are local, and the rank that saw one may be the only one to tell
-            speaks = not told and (self.rt.rank == 0 or status not in (*AGREED, "bad_input"))
+            speaks = not told and (self.rt.rank == 0 or not (agreed or status == "bad_input"))
         if error and speaks:
             print(f"distbench: rank {self.rt.rank}: error: {error}", file=sys.stderr, flush=True)
         if self.record is not None:
@@ -380,7 +383,7 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     watchdog.disarm()
     session = Session(command, opts, rt, watchdog)
     status, code, error = "ok", EXIT_OK, None
-    trace = None
+    trace, agreed = None, False
     try:
         try:
             session.open_run_dir()
@@ -388,7 +391,7 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
                 code = body(session)
             status = "ok" if code == EXIT_OK else "wrong"
         except RunFailure as e:
-            status, code, error = e.status, e.exit_code, str(e)
+            status, code, error, agreed = e.status, e.exit_code, str(e), e.agreed
         except KeyboardInterrupt:
             status, code = "interrupted", EXIT_INTERRUPTED
             error = f"interrupted in {session.current}"
@@ -409,14 +412,15 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
     finally:
         _ignore_stop_signals()
         session.watchdog.disarm()
+        agreed = agreed or status in AGREED
         if trace is not None:  # the test suite's record: never a reason to lose run.json
             try:
-                trace.dump(complete=status in AGREED)
+                trace.dump(complete=agreed)
             except OSError as e:
                 print(f"distbench: rank {rt.rank}: cannot write the trace: {e}",
                       file=sys.stderr, flush=True)
-        status, code = session._end(status, code, error)
-    if status in AGREED:
+        status, code = session._end(status, code, error, agreed=agreed)
+    if agreed:
         # Every rank is alive: leave together, so none closes its connections while a peer's
         # background threads still use them (seen: std::terminate in a rank's teardown), and
         # none exits non-zero (slow links) while rank 0 still writes run.json: the launcher

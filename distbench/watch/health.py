@@ -3,13 +3,13 @@ here: the command decides whether to run what drain_command gives.
 
 - Kubernetes node-problem-detector custom plugins (npd_result): exit 0 OK, 1 a problem, 2
   unknown, and a message of at most 80 characters (NPD's limit).
-- Slurm's HealthCheckProgram (slurm_exit_code, drain_command): Slurm ignores the program's exit
+- Slurm's HealthCheckProgram (drain_command, drain_reason): Slurm ignores the program's exit
   code, the program drains the node itself with `scontrol update ... State=drain Reason=...`.
-  The exit code is distbench's own (core/exitcodes.py), with accept's meanings, so a script
-  reads watch --once as it reads accept:
+- The exit code (exit_code) is distbench's own (core/exitcodes.py), whatever the verdict came
+  from (--once, --count, --duration):
     ok      -> 0 EXIT_OK
-    warn    -> 0 EXIT_OK (a warning is allowed, as in accept), or 4 EXIT_BELOW with strict
-    fail    -> 4 EXIT_BELOW (measured fine but below expectation)
+    warn    -> 4 EXIT_BELOW (a probe worse than its baseline, or a straggler named)
+    fail    -> 4 EXIT_BELOW
     unknown -> 5 EXIT_INCONCLUSIVE (nothing judged: never a pass)
   A watch that could not run at all exits as any command does (2 bad input, 3 a failed rank),
   before there is a verdict to map.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
 from distbench.core.sizes import format_size
@@ -28,7 +29,9 @@ NPD_OK, NPD_PROBLEM, NPD_UNKNOWN = 0, 1, 2
 NPD_CHARS = 80
 REASON_CHARS = 120  # a drain reason that fits `sinfo -R` and a terminal line
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a Slurm node name (a hostname)
-_UNSAFE = re.compile(r"[\"'`$\\]")  # what a shell would read inside the line's double quotes
+# not needed by scontrol (no shell runs the argv), but a reason with them reads badly in
+# `sinfo -R` and in the printed line
+_UNSAFE = re.compile(r"[\"'`$\\]")
 
 
 def _short(text: str, limit: int) -> str:
@@ -62,31 +65,43 @@ def npd_result(judgement: Judgement | None, stragglers_named: list[str]) -> tupl
     return NPD_PROBLEM, _short("distbench: " + "; ".join(parts), NPD_CHARS)
 
 
-def drain_command(node: str, reason: str) -> list[str]:
-    """The argv that drains `node` with "distbench: <reason>" (one line, no quotes, bounded).
-    No shell runs it, so the reason needs no quotes of its own; drain_line shows it as a shell
-    line. A node name that is not a hostname is refused (ValueError): it would update another
-    field."""
+@dataclass(frozen=True)
+class Drain:
+    """What drains a node: the argv that runs (no shell) and the same as a line a person can
+    paste into a shell."""
+
+    argv: list[str]
+    line: str
+
+
+def drain_command(node: str, reason: str) -> Drain:
+    """What drains `node` with "distbench: <reason>" (one line, bounded). A node name that is
+    not a Slurm node name is refused (ValueError): it would update another field."""
     if not _NODE.fullmatch(node):
         raise ValueError(f"not a Slurm node name: {node!r}")
     text = _short(_UNSAFE.sub("", reason), REASON_CHARS - len("distbench: "))
-    return ["scontrol", "update", f"NodeName={node}", "State=drain",
+    argv = ["scontrol", "update", f"NodeName={node}", "State=drain",
             f"Reason=distbench: {text}"]
+    return Drain(argv, shlex.join(argv))
 
 
-def drain_line(node: str, reason: str) -> str:
-    """drain_command as a person types it: `... Reason="distbench: <reason>"`."""
-    *head, last = drain_command(node, reason)
-    key, _, value = last.partition("=")
-    return shlex.join(head) + f' {key}="{value}"'
+def drain_reason(judgement: Judgement, stragglers_named: list[str]) -> str:
+    """What failed, as `sinfo -R` shows it: each probe at the verdict's state with its time
+    against the baseline, then the stragglers named ("rank 1 (gpu7)")."""
+    parts = []
+    for key, s in judgement.probes.items():
+        if s.state != judgement.verdict or s.state not in ("warn", "fail"):
+            continue
+        against = (f" {s.median_us / s.baseline_us:.2f}x baseline"
+                   if s.median_us and s.baseline_us else "")
+        parts.append(f"{_probe(key)} {s.state}{against}")
+    if stragglers_named:
+        parts.append("straggler " + ", ".join(stragglers_named))
+    return "; ".join(parts) or f"verdict {judgement.verdict}"
 
 
-def slurm_exit_code(verdict: str, *, strict: bool = False) -> int:
-    """distbench's exit code for a verdict (the module docstring's table)."""
+def exit_code(verdict: str) -> int:
+    """distbench's exit code for a watch's verdict (the module docstring's table)."""
     if verdict not in STATES:
         raise ValueError(f"verdict {verdict!r} is not one of {STATES}")
-    if verdict == "unknown":
-        return EXIT_INCONCLUSIVE
-    if verdict == "fail" or (verdict == "warn" and strict):
-        return EXIT_BELOW
-    return EXIT_OK
+    return {"ok": EXIT_OK, "unknown": EXIT_INCONCLUSIVE}.get(verdict, EXIT_BELOW)

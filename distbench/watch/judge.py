@@ -24,15 +24,19 @@ The rules:
   is named (a rank late in k of n cycles is a fault though every probe's time stays within its
   noise: with a noisy warm-up, a 10 ms straggler on a 2 ms probe can); "unknown" only when
   nothing is judged and no straggler named.
-- **Stragglers.** In a cycle, a measured probe's late_rank counts as late only when the others
-  waited for it more than (noise.limit(tolerance, skew) - 1) x its time, where skew is the
-  largest such wait over the time in the probe's cycles before its baseline (0 with a given
-  baseline; in those cycles nobody counts late): on a healthy machine some rank is always last
-  by a hair, and naming it would be a false alarm. Not the time's noise from cycle to cycle: a
+- **Stragglers.** In a cycle, a measured probe's late_rank counts as late when the others
+  waited for it (records.arrivals: the median over the cycle's ops) more than a share of its
+  time: noise.limit(tolerance, skew) - 1, kept within [LATE_FLOOR, LATE_CAP]. skew is the
+  largest such share in the probe's cycles before its baseline (the skew this machine shows
+  when healthy: some rank is always last by a hair, and naming it would be a false alarm); 0
+  with a given baseline, where LATE_FLOOR stands. Not the time's noise from cycle to cycle: a
   gloo cycle that swings 3x between cycles still has its ranks arrive within microseconds of
-  each other. A
-  rank late (in any probe) in at least k of the last n cycles is a straggler; it stops being one
-  after k consecutive cycles not late. Cycles that measured nothing do not count either way.
+  each other. LATE_CAP bounds it from above, so no warm-up, however noisy, switches naming
+  off: a rank late by more than LATE_CAP counts as late in the cycles before the baseline too
+  (against the others in the same cycle), and such a cycle's share is no part of the skew. So
+  a rank slow from the first cycle is named. A rank late (in any probe) in at least k of the
+  last n cycles is a straggler; it stops being one after k consecutive cycles not late. Cycles
+  that measured nothing do not count either way.
 """
 
 from __future__ import annotations
@@ -53,6 +57,14 @@ LEVELS = ("ok", "warn", "fail")  # a judged probe's states, by level 0, 1, 2
 # of 300 streams with 3 cycles, 13 of 300 with 5, 2 of 2000 with 10; at +-15%, in 97 of 300
 # with 3, 5 of 2000 with 10, none of 2000 with 20.
 WARM = 20
+# The share of a probe's time the others must wait for a rank, at the least and at the most,
+# for it to count as late in a cycle (the module docstring's rule). On this project's 2-core VM
+# (gloo, 64 KiB all-reduce, --iters 10, 2026-11-28, other work beside it), healthy cycles'
+# shares were at most 0.13 (30 cycles at 2 ranks) and 0.03 (30 at 4 ranks); a rank slowed 10
+# ms an op kept the others waiting 0.87-0.94 of the op at 2 ranks, 0.73-0.83 at 3, and
+# 0.35-0.69 at 4 (where the op itself takes longer). benchmarks/watch_health.py measures both.
+LATE_FLOOR = 0.3
+LATE_CAP = 0.4
 
 
 def label(probe: Probe) -> str:
@@ -210,16 +222,25 @@ class Tracker:
             told = True
             h = self._hist[r.probe.key]
             ratio = by / float(r.time_us)
-            if h.baseline is None:  # still learning the skew: nobody is late yet
-                h.skew_warm.append(ratio)
-                continue
-            if h.skew_warm:
-                h.skew, h.skew_warm = max(h.skew_warm), []
+            if h.baseline is None:  # still learning the skew: late only past the cap
+                if ratio <= LATE_CAP:
+                    h.skew_warm.append(ratio)
+                    continue
+                threshold = LATE_CAP
+            else:
+                if h.skew_warm:
+                    h.skew, h.skew_warm = max(h.skew_warm), []
+                threshold = self.late_threshold(h.skew)
             # against the skew, not the time's noise from cycle to cycle: how late a rank comes
             # within a cycle does not grow when the whole cycle swings
-            if ratio > noise.limit(self.tolerance, h.skew) - 1 and rank not in late:
+            if ratio > threshold and rank not in late:
                 late[rank] = f"{by:.4g} us late in {label(r.probe)}"
         return late if told else None
+
+    def late_threshold(self, skew: float) -> float:
+        """The share of a probe's time the others must wait for a rank, once the probe has a
+        baseline, for it to count as late."""
+        return min(LATE_CAP, max(LATE_FLOOR, noise.limit(self.tolerance, skew) - 1))
 
     def _ranks(self, cycle: Cycle) -> list[str]:
         late = self._late_ranks(cycle)

@@ -1,14 +1,21 @@
-"""watch's cycles, on every rank: each probe's buffers are made once, then every --interval each
-probe runs --iters ops, every rank timing only its time inside the call (records.ProbeResult says
-why), the ranks' means gathered to all, so every rank judges alike (judge.Tracker) and each
-node's first rank can write its node's textfile. Rank 0 decides whether another cycle runs and
-tells the others, so no rank leaves while its peers wait in a collective; it also writes
-watch.jsonl and watch.csv, a line and rows per cycle, flushed as the cycle ends."""
+"""watch's cycles, on every rank: each probe's buffers and timing events are made once, then
+every --interval each probe runs --iters ops back to back, timed as `collective` times them,
+each rank also timing each op inside the call (records.ProbeResult says why); what every rank
+measured is gathered to all, so every rank judges alike (judge.Tracker) and each node's first
+rank can write its node's textfile. Between cycles every rank sleeps on the host: at each cycle
+boundary one small collective (MAX) carries rank 0's decision (another cycle or not) and the
+wait until the next, and any rank's stop signal, so all ranks leave at the same collective.
+Rank 0 also writes watch.jsonl and watch.csv, a line and rows per cycle, flushed as the cycle
+ends."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import socket
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -21,7 +28,13 @@ from distbench.bench.series import allocate
 from distbench.core import contracts
 from distbench.core.accounting import bandwidth, buffer_of
 from distbench.core.dtypes import element_bytes
-from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
+from distbench.core.exitcodes import (
+    EXIT_BELOW,
+    EXIT_INCONCLUSIVE,
+    EXIT_OK,
+    STOP_SIGNALS,
+    for_signal,
+)
 from distbench.core.sizes import format_size
 from distbench.ops.collectives import OPS, Ctx
 from distbench.ops.torch_dtypes import TORCH_DTYPES
@@ -38,16 +51,21 @@ from distbench.watch.records import (
     Probe,
     ProbeResult,
     RankInfo,
+    arrivals,
 )
 
 WARMUP = 2  # untimed ops of each probe per cycle: the first after a pause is slow
+# Between cycles a rank sleeps in slices this long (a stop signal cuts the wait short) and
+# looks this often for a stop another rank was sent (a store read: cheap, but not every slice)
+SLICE_S = 0.1
+STOP_POLL_S = 0.5
 
 
 class _Probe:
     """A probe's case on this rank, built once: a watch that runs for weeks allocates nothing
-    per cycle."""
+    per cycle (its timing events included)."""
 
-    def __init__(self, s: Session, probe: Probe):
+    def __init__(self, s: Session, probe: Probe, iters: int):
         rt = s.rt
         self.probe = probe
         self.op = OPS[probe.op]
@@ -59,11 +77,17 @@ class _Probe:
             inp, out = allocate(self.op, self.ctx, self.lay.per_rank_count,
                                 TORCH_DTYPES[probe.dtype], rt.device)
             self.case = self.op.build(self.ctx, inp, out, self.lay.per_rank_count)
-            # this rank's (mean in-call time, wrong elements), and every rank's, gathered
-            self.mine = torch.zeros(2, dtype=torch.float64, device=rt.device)
+            self.marks = (timing.events(2 * iters, rt.device) if rt.device.type == "cuda"
+                          else None)
+            # this rank's (loop time per op, wrong elements, each op's in-call time), and
+            # every rank's, gathered in one collective
+            self.mine = torch.zeros(2 + iters, dtype=torch.float64, device=rt.device)
             self.every = [torch.zeros_like(self.mine) for _ in range(rt.world)]
 
     def measure(self, s: Session, iters: int, delay) -> ProbeResult:
+        """As `collective` times an op (docs/methodology.md): untimed ops, a sync and a
+        barrier, then a back-to-back loop (timing.in_call_loop); its rate gives the time and
+        busbw, each op's in-call time names the rank the others waited for."""
         rt = s.rt
         if self.case is None:
             return ProbeResult(self.probe, "skipped", note=f"too small for {rt.world} ranks")
@@ -72,106 +96,222 @@ class _Probe:
         for _ in range(WARMUP):
             run()
         timing.sync(device)
-        total = 0.0
-        for _ in range(iters):
-            if delay is not None:
-                delay()
-            t0 = time.perf_counter()
-            run()
-            timing.sync(device)
-            total += time.perf_counter() - t0
+        dist.barrier()
+        timed = timing.in_call_loop(run, iters, device, before=delay, made=self.marks)
         wrong = 0
         if s.opts.check:  # as every command checks: fresh inputs, one op, its output
             self.case.prepare()
             run()
             timing.sync(device)
             wrong = self.case.check()
-        self.mine[0], self.mine[1] = total / iters * 1e6, float(wrong)
+        self.mine.copy_(torch.tensor([timed.loop_s / iters * 1e6, float(wrong),
+                                      *(t * 1e6 for t in timed.calls_s)], dtype=torch.float64))
         dist.all_gather(self.every, self.mine)
-        rank_us = tuple(float(t[0]) for t in self.every)
-        wrong_total = int(sum(float(t[1]) for t in self.every))
-        time_us = max(rank_us)
-        _, busbw = bandwidth(self.op.accounting, self.lay.size_bytes, time_us / 1e6, rt.world)
-        if wrong_total:
-            return ProbeResult(self.probe, "failed", time_us, busbw, rank_us,
-                               note=f"{wrong_total} wrong elements")
-        return ProbeResult(self.probe, "ok", time_us, busbw, rank_us)
+        every = [t.tolist() for t in self.every]
+        return result_of(self.probe, self.op.accounting, self.lay.size_bytes, rt.world, every)
 
 
-def rank_infos(s: Session) -> list[RankInfo]:
-    """Every rank as the DCGM exporter names its GPU: Hostname, the GPU's index, its UUID."""
+def result_of(probe: Probe, accounting, size_bytes: int, world: int,
+              every: list[list[float]]) -> ProbeResult:
+    """A probe's result from every rank's (loop time per op, wrong elements, each op's in-call
+    time): the time is the slowest rank's, each rank's in-call mean is kept, and the late rank
+    is found op by op (records.arrivals)."""
+    time_us = max(r[0] for r in every)
+    calls = [r[2:] for r in every]
+    wrong_total = int(sum(r[1] for r in every))
+    _, busbw = bandwidth(accounting, size_bytes, time_us / 1e6, world)
+    late = arrivals(calls) if world >= 2 else (None, None)
+    kept = dict(rank_time_us=tuple(statistics.fmean(c) for c in calls), late_rank=late[0],
+                lateness_us=late[1])
+    if wrong_total:
+        return ProbeResult(probe, "failed", time_us, busbw, note=f"{wrong_total} wrong elements",
+                           **kept)
+    return ProbeResult(probe, "ok", time_us, busbw, **kept)
+
+
+def rank_infos(ranks: list[dict], snapshots: list[dict], world: int) -> list[RankInfo]:
+    """Every rank as the DCGM exporter names its GPU: Hostname, the GPU's NVML index (found by
+    its UUID in its node's topology snapshot: the device index a rank sees is another under
+    CUDA_VISIBLE_DEVICES or a scheduler's binding; "" where NVML did not list it), its UUID."""
     out = []
-    for i in range(s.rt.world):
-        r = s.rt.ranks[i] if i < len(s.rt.ranks) else {}
-        on_gpu = r.get("device", "cpu") != "cpu"
-        out.append(RankInfo(i, str(r.get("host", "")), str(r.get("local_rank", "")) if on_gpu
-                            else "", str(r.get("gpu_uuid") or "")))
+    for i in range(world):
+        r = ranks[i] if i < len(ranks) else {}
+        uuid = str(r.get("gpu_uuid") or "")
+        out.append(RankInfo(i, str(r.get("host", "")), nvml_index(uuid, snapshots), uuid))
     return out
+
+
+def nvml_index(uuid: str, snapshots: list[dict]) -> str:
+    """The NVML index of the GPU with this UUID, as text, from the nodes' topology snapshots
+    (platform/topo lists each node's GPUs by NVML index); "" when not found."""
+    if not uuid:
+        return ""
+    for snap in snapshots:
+        for gpu in snap.get("gpus") or ():
+            if str(gpu.get("uuid") or "").lower() == uuid.lower() and "index" in gpu:
+                return str(gpu["index"])
+    return ""
+
+
+def node_name() -> str:
+    """The node as Slurm names it: SLURMD_NODENAME (slurmd sets it for a HealthCheckProgram
+    and for srun's tasks), else the short host name. scontrol refuses a name it does not know,
+    as a fully qualified host name often is."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def _node_of(s: Session, rank: int):
     return s.rt.ranks[rank]["node"] if s.rt.ranks else 0  # as Runtime.nnodes groups them
 
 
+class _Stop:
+    """A stop signal (SIGTERM, SIGINT, ...) during the watch: noted, not raised, so that every
+    rank finishes the collective it is in and all leave at the same cycle boundary (NCCL would
+    hang the others otherwise). A rank waiting between cycles wakes at once; the others learn
+    of it at the boundary (MAX), or through the launcher's store while they wait."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._before: dict = {}
+
+    def __enter__(self) -> _Stop:
+        for signum in STOP_SIGNALS:
+            self._before[signum] = signal.signal(signum, self._note)
+        return self
+
+    def _note(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._before.items():
+            signal.signal(signum, handler)
+
+
+def _wait(s: Session, stop: _Stop, seconds: float) -> None:
+    """Sleep on the host until the next cycle (no collective is pending: on a GPU, no kernel
+    spins meanwhile), waking for a stop signal sent to this rank or posted by another."""
+    deadline = time.monotonic() + seconds
+    peers, posted, next_poll = s.rt.peers, False, 0.0
+    while not stop.signum:
+        now = time.monotonic()
+        if now >= deadline:
+            return
+        if peers is not None and now >= next_poll:
+            stop.signum = peers.stop_posted()
+            posted = bool(stop.signum)  # another rank's: no need to post it again
+            next_poll = now + STOP_POLL_S
+        time.sleep(min(SLICE_S, max(0.0, deadline - now)))
+    if peers is not None and not posted:
+        peers.post_stop(stop.signum)
+
+
+class _End:
+    """How this node's textfile reads once the watch stops: a deliberate end (ended) or a lost
+    watch, and the last verdict reached."""
+
+    def __init__(self) -> None:
+        self.ended = False
+        self.why = "lost: the watch failed"
+        self.verdict: str | None = None
+
+
 def run(s: Session) -> int:
     opts, rt = s.opts, s.rt
-    probes = [Probe(op, size, "cluster", opts.dtype) for op in opts.ops for size in opts.sizes]
-    ranks = rank_infos(s)
+    probes = opts.probes()
+    infos = [rank_infos(rt.ranks, rt.snapshots, rt.world) if rt.rank == 0 else None]
+    dist.broadcast_object_list(infos, src=0)  # rank 0 alone holds the nodes' snapshots
+    ranks = infos[0]
     mine = [x for x in ranks if _node_of(s, x.rank) == _node_of(s, rt.rank)]
     hostname = ranks[rt.rank].hostname
     k, n = (1, 1) if opts.once else (opts.agree, opts.last)
     tracker = Tracker(probes, rt.world, window=opts.window, k=k, n=n, tolerance=opts.tolerance,
-                      warm=opts.warm, baseline=read_baseline(opts.baseline)
+                      warm=opts.warm, baseline=read_baseline(opts.baseline, probes, rt.world)
                       if opts.baseline else None)
     prom = Path(opts.textfile) if opts.textfile else None
     writes_prom = prom is not None and rt.local_rank == 0
+    end = _End()
     if prom is not None:
         # every rank of the node, whichever ends first: a dead writer's peers still clear it
-        s.on_stop.append(lambda: textfile.write_down(prom, hostname=hostname, why="ended"))
+        s.on_stop.append(lambda: textfile.write_down(
+            prom, hostname=hostname, why=end.why if end.ended else f"{end.why} in {s.current}",
+            ended=end.ended, last_verdict=end.verdict))
     if writes_prom:
-        textfile.write_down(prom, hostname=hostname, why="starting")
+        _textfile(s, textfile.write_down, prom, hostname=hostname, why="starting")
     lines = Appender(s.run_dir / "watch.jsonl") if s.run_dir is not None else None
     sink = s.sink(contracts.WATCH)
     s.step("watch: building the probes", opts.timeout)
-    built = [_Probe(s, p) for p in probes]
+    built = [_Probe(s, p, opts.iters) for p in probes]
     s.console.log(f"watch: {', '.join(f'{p.op} {format_size(p.size_bytes)}' for p in probes)} "
                   f"every {opts.interval:g} s on {rt.world} ranks, {rt.nnodes} node(s), backend "
                   f"{rt.backend}; results in {s.run_dir}/")
     started = time.monotonic()
-    late_total, judgement, index = 0, None, 0
-    go = torch.zeros(1, dtype=torch.int64, device=rt.device)
-    while True:
-        s.step("watch: waiting for the next cycle", opts.timeout + opts.interval)
-        if rt.rank == 0:
-            go.fill_(int(_more(opts, index, time.monotonic() - started)))
-        dist.broadcast(go, 0)
-        if not int(go.item()):
-            break
-        t0 = time.time()
-        s.step(f"watch cycle {index}", opts.timeout)
-        delay = s.faults.before_collective() if index >= s.faults.slow_from else None
-        results = tuple(b.measure(s, opts.iters, delay) for b in built)
-        duration = time.time() - t0
-        late = duration > opts.interval
-        late_total += late
-        cycle = Cycle(index, t0, duration, late, results)
-        judgement = tracker.observe(cycle)
-        line = cycle_line(cycle, judgement, opts.interval)
-        if lines is not None:
-            lines.write(json.dumps(line) + "\n")
-        for row in csv_rows(line, cycle, rt.world, rt.nnodes):
-            sink.append(row)
-        if writes_prom:
-            textfile.write(prom, judgement, cycle, mine, hostname=hostname,
-                           interval_s=opts.interval, cycles_total=index + 1,
-                           late_total=late_total)
-        s.console.log(_summary(cycle, judgement, opts.interval))
-        index += 1
-        if rt.rank == 0 and not opts.once:
-            # the last cycle too: its file stands for an interval, as every cycle's does,
-            # before the run's end takes it down
-            time.sleep(max(0.0, t0 + opts.interval - time.time()))
-    return _ending(s, judgement, ranks)
+    late_total, judgement, index, t0 = 0, None, 0, None
+    # the boundary's agreement, MAX over ranks: a stop signal any rank was sent; rank 0's
+    # "no more cycles" and the seconds until the next cycle starts (the others give 0)
+    said = torch.zeros(3, dtype=torch.float64, device=rt.device)
+    with _Stop() as stop:
+        while True:
+            s.step(f"watch: the boundary after cycle {index - 1}" if index else
+                   "watch: the boundary before cycle 0", opts.timeout)
+            now = time.monotonic()
+            said.zero_()
+            said[0] = stop.signum
+            if rt.rank == 0:
+                said[1] = float(not _more(opts, index, now - started))
+                said[2] = 0.0 if t0 is None or opts.once else max(0.0, t0 + opts.interval - now)
+            dist.all_reduce(said, op=dist.ReduceOp.MAX)
+            signum, done, wait_s = (int(said[0].item()), bool(said[1].item()),
+                                    float(said[2].item()))
+            if signum or done:
+                break
+            if wait_s > 0:
+                # then back to the boundary, whoever woke first and why: every rank decides
+                # there, alike, whether the cycle runs
+                s.step(f"watch: waiting for cycle {index}", wait_s + opts.timeout)
+                _wait(s, stop, wait_s)
+                continue
+            t0, wall0 = time.monotonic(), time.time()
+            s.step(f"watch cycle {index}", opts.timeout)
+            delay = s.faults.before_collective() if index >= s.faults.slow_from else None
+            results = tuple(b.measure(s, opts.iters, delay) for b in built)
+            duration = time.monotonic() - t0
+            late = duration > opts.interval
+            late_total += late
+            cycle = Cycle(index, wall0, duration, late, results)
+            judgement = tracker.observe(cycle)
+            end.verdict = judgement.verdict
+            line = cycle_line(cycle, judgement, opts.interval)
+            if lines is not None:
+                lines.write(json.dumps(line) + "\n")
+            for row in csv_rows(line, cycle, rt.world, rt.nnodes):
+                sink.append(row)
+            if writes_prom:
+                _textfile(s, textfile.write, prom, judgement, cycle, mine, hostname=hostname,
+                          interval_s=opts.interval, cycles_total=index + 1,
+                          late_total=late_total)
+            s.console.log(_summary(cycle, judgement, opts.interval))
+            index += 1
+    end.ended = True
+    if signum:
+        end.why = f"stopped by {signal.Signals(signum).name} after {_cycles(index)}"
+    else:
+        end.why = f"ended as asked after {_cycles(index)}"
+    return _ending(s, judgement, ranks, signum, end.why)
+
+
+def _cycles(n: int) -> str:
+    return "1 cycle" if n == 1 else f"{n} cycles"
+
+
+def _textfile(s: Session, write, path: Path, *args, **kwargs) -> None:
+    """A textfile write (write(path, ...)) that failed (a full disk, its directory removed) is
+    said, and the watch goes on: the next cycle writes it again, and its own files keep every
+    cycle."""
+    try:
+        write(path, *args, **kwargs)
+    except OSError as e:
+        s.console.log(f"watch: cannot write the textfile {path}: {e.strerror or e}; the watch "
+                      "goes on")
 
 
 def _more(opts, index: int, elapsed_s: float) -> bool:
@@ -181,9 +321,12 @@ def _more(opts, index: int, elapsed_s: float) -> bool:
     return opts.duration is None or elapsed_s < opts.duration
 
 
-def _ending(s: Session, j: Judgement | None, ranks: list[RankInfo]) -> int:
+def _ending(s: Session, j: Judgement | None, ranks: list[RankInfo], signum: int = 0,
+            why: str = "") -> int:
     """The exit: 0 with an ok verdict, EXIT_BELOW with warn or fail, EXIT_INCONCLUSIVE with
-    nothing judged; with --npd, node-problem-detector's 0, 1, 2 and its one short line."""
+    nothing judged; with --npd, node-problem-detector's 0, 1, 2 and its one short line. A stop
+    signal, agreed by every rank at a cycle boundary, ends as that signal does (130, 143), with
+    the verdict reached said beside it."""
     opts = s.opts
     named = [f"rank {r} ({ranks[r].hostname})" for r in (j.stragglers if j else ())]
     verdict = j.verdict if j is not None else "unknown"
@@ -196,31 +339,35 @@ def _ending(s: Session, j: Judgement | None, ranks: list[RankInfo]) -> int:
         raise RunFailure(message, status="below_expectation" if code == 1 else "inconclusive",
                          exit_code=EXIT_BELOW if code == 1 else EXIT_INCONCLUSIVE)
     if opts.drain and verdict == "fail":
-        _drain(s, j, ranks)
+        _drain(s, j, ranks, named)
     line = f"watch verdict {verdict}" + (f"; stragglers: {', '.join(named)}" if named else "")
-    if verdict == "ok":
+    if signum:
+        raise RunFailure(f"{why}; {line}", status="interrupted" if signum == signal.SIGINT
+                         else "terminated", exit_code=for_signal(signum), agreed=True)
+    code = health.exit_code(verdict)
+    if code == EXIT_OK:
         s.console.log(line)
         return EXIT_OK
-    if verdict == "unknown":
+    if code == EXIT_INCONCLUSIVE:
         raise RunFailure(f"{line}: nothing judged (no baseline yet: --baseline, or more "
-                         f"cycles than --warm)", status="inconclusive",
-                         exit_code=EXIT_INCONCLUSIVE)
-    raise RunFailure(line, status="below_expectation", exit_code=EXIT_BELOW)
+                         f"cycles than --warm)", status="inconclusive", exit_code=code)
+    raise RunFailure(line, status="below_expectation", exit_code=code)
 
 
-def _drain(s: Session, j: Judgement, ranks: list[RankInfo]) -> None:
-    """The scontrol line for each node named (its stragglers' nodes, else every node); run
-    where scontrol exists, printed everywhere."""
+def _drain(s: Session, j: Judgement, ranks: list[RankInfo], named: list[str]) -> None:
+    """Drain the nodes named (the stragglers' nodes, else every node of the watch) with a
+    reason that says what failed; the line is printed everywhere, run where scontrol exists.
+    Each rank gives its own node's Slurm name (node_name), gathered in one collective."""
+    nodes = [None] * s.rt.world
+    dist.all_gather_object(nodes, node_name())
     if s.rt.rank != 0:
         return
-    bad = [x for x in j.probes.values() if x.state == "fail"]
-    reason = bad[0].why if bad else "fabric check failed"
-    nodes = sorted({ranks[r].hostname for r in j.stragglers} or {r.hostname for r in ranks})
-    for node in nodes:
-        argv = health.drain_command(node, reason)
-        print(" ".join(argv), flush=True)
-        if shutil.which(argv[0]):
-            subprocess.run(argv, check=False, timeout=30)
+    reason = health.drain_reason(j, named)
+    for node in sorted({nodes[r] for r in j.stragglers} or set(nodes)):
+        drain = health.drain_command(node, reason)
+        print(drain.line, flush=True)
+        if shutil.which(drain.argv[0]):
+            subprocess.run(drain.argv, check=False, timeout=30)
 
 
 def cycle_line(c: Cycle, j: Judgement, interval: float) -> dict:

@@ -23,6 +23,15 @@ class PromMetric:
 UP = PromMetric("distbench_up", "gauge",
                 "1 while watch runs and its last cycle is fresh; 0 once it ended, lost a rank, "
                 "or stopped measuring", ("Hostname",))
+# A deliberate end (--count, --duration, --once, or a SIGTERM or SIGINT: an operator's stop,
+# scancel) told apart from a lost watch, so an alert fires for the second only.
+ENDED = PromMetric("distbench_ended", "gauge",
+                   "1 once the watch ended as asked (--count, --duration, --once, SIGTERM or "
+                   "SIGINT); 0 while it runs and when it went down otherwise (a rank lost, a "
+                   "failure, a timeout)", ("Hostname",))
+LAST_VERDICT = PromMetric("distbench_last_verdict", "gauge",
+                          "1 for the last verdict the watch reached (ok, warn, fail, unknown), "
+                          "kept after it ends; else 0", ("state",))
 BUSBW = PromMetric("distbench_busbw_bytes_per_second", "gauge",
                    "Bus bandwidth of the probe in the last cycle (nccl-tests' busbw)", PROBE_LABELS)
 TIME = PromMetric("distbench_time_seconds", "gauge",
@@ -52,5 +61,5 @@ CYCLES = PromMetric("distbench_cycles_total", "counter", "Cycles measured")
 LATE = PromMetric("distbench_late_cycles_total", "counter",
                   "Cycles that took longer than the interval")
 
-ALL = (UP, BUSBW, TIME, SPREAD, PROBE_STATE, VERDICT, STRAGGLER, LATE_CYCLES, LAST_CYCLE,
-       CYCLE_DURATION, INTERVAL, CYCLES, LATE)
+ALL = (UP, ENDED, LAST_VERDICT, BUSBW, TIME, SPREAD, PROBE_STATE, VERDICT, STRAGGLER,
+       LATE_CYCLES, LAST_CYCLE, CYCLE_DURATION, INTERVAL, CYCLES, LATE)

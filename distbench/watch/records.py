@@ -4,6 +4,7 @@ watch.jsonl, watch.csv and the textfile are written from them."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 SCHEMA_VERSION = 1  # of watch.jsonl's lines (distbench/schemas/watch-line.schema.json)
@@ -43,18 +44,29 @@ class RankInfo:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """A probe measured in one cycle. Each rank times only the time inside the collective call
-    (on a GPU between CUDA events around it): a rank that arrives late waits for nobody, while
-    every other rank waits inside the call for it. So the rank the others wait for, a straggler,
-    is the one whose in-call time is shortest, by about how late it came; a slow link instead
-    slows every rank alike, and shows in busbw, not here."""
+    """A probe measured in one cycle. Its time is the back-to-back loop's (the slowest rank's,
+    timed as `collective` times it), and busbw comes from it. Apart from that, each rank times
+    each op inside the call (on a GPU between CUDA events around it): a rank that arrives late
+    waits for nobody, while every other rank waits inside the call for it. So the rank the
+    others wait for, a straggler, is the one whose in-call time is shortest, by about how late
+    it came; a slow link instead slows every rank alike, and shows in busbw, not here."""
 
     probe: Probe
     status: str  # "ok" (measured), "skipped" (cannot run here) or "failed"
-    time_us: float | None = None  # the cycle's time of one op: the slowest rank's mean
+    time_us: float | None = None  # one op in the back-to-back loop: the slowest rank's mean
     busbw_gbps: float | None = None  # from time_us, as `collective` computes it
     rank_time_us: tuple[float, ...] = ()  # each rank's mean in-call time, indexed by rank
     note: str = ""
+    # the rank the others waited for, and for how long (the loop gives them from each op's
+    # in-call times, arrivals(); without them, from the means)
+    late_rank: int | None = None
+    lateness_us: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.late_rank is None and len(self.rank_time_us) >= 2:
+            rank, by = arrivals([[t] for t in self.rank_time_us])
+            object.__setattr__(self, "late_rank", rank)
+            object.__setattr__(self, "lateness_us", by)
 
     @property
     def spread(self) -> float | None:
@@ -62,22 +74,25 @@ class ProbeResult:
         t = [x for x in self.rank_time_us if x > 0]
         return max(t) / min(t) - 1 if len(t) >= 2 else None
 
-    @property
-    def late_rank(self) -> int | None:
-        """The rank the others waited for: the shortest in-call time."""
-        if len(self.rank_time_us) < 2:
-            return None
-        return min(range(len(self.rank_time_us)), key=self.rank_time_us.__getitem__)
 
-    @property
-    def lateness_us(self) -> float | None:
-        """How long the others waited for late_rank: the median of their in-call times less
-        its own."""
-        r = self.late_rank
-        if r is None:
-            return None
-        others = sorted(t for i, t in enumerate(self.rank_time_us) if i != r)
-        return others[len(others) // 2] - self.rank_time_us[r]
+def arrivals(calls_us: list[list[float]]) -> tuple[int, float]:
+    """(the rank the others waited for, how long) from every rank's in-call time of each op
+    (calls_us[rank][op]): each rank's lateness is the median over the ops of how much shorter
+    its call was than the median of the others'; the latest rank is the one with the most. A
+    median over the ops, not their mean: one op that a rank was descheduled in (a hiccup) moves
+    it little, while a straggler is late in every op."""
+    world, ops = len(calls_us), min(len(c) for c in calls_us)
+
+    def late_by(rank: int) -> float:
+        by = []
+        for i in range(ops):
+            others = sorted(calls_us[r][i] for r in range(world) if r != rank)
+            by.append(others[len(others) // 2] - calls_us[rank][i])
+        return statistics.median(by)
+
+    lateness = [late_by(r) for r in range(world)]
+    rank = max(range(world), key=lateness.__getitem__)
+    return rank, lateness[rank]
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ def write(path: str | Path, judgement: Judgement, cycle: Cycle, ranks: list[Rank
     (their straggler state and late cycles); the probes' figures are the cluster's."""
     f = {m.name: _Family(m) for m in metrics.ALL}
     f[metrics.UP.name].add(1, Hostname=hostname)
+    f[metrics.ENDED.name].add(0, Hostname=hostname)
     for r in cycle.results:
         labels = r.probe.labels()
         f[metrics.BUSBW.name].add(None if r.busbw_gbps is None else r.busbw_gbps * 1e9, **labels)
@@ -78,6 +79,7 @@ def write(path: str | Path, judgement: Judgement, cycle: Cycle, ranks: list[Rank
         state = judgement.probes.get(r.probe.key)
         _one_hot(f[metrics.PROBE_STATE.name], state.state if state else "unknown", **labels)
     _one_hot(f[metrics.VERDICT.name], judgement.verdict)
+    _one_hot(f[metrics.LAST_VERDICT.name], judgement.verdict)
     for info in ranks:
         f[metrics.STRAGGLER.name].add(info.rank in judgement.stragglers, **info.labels())
         f[metrics.LATE_CYCLES.name].add(judgement.late_counts.get(info.rank, 0), **info.labels())
@@ -89,13 +91,23 @@ def write(path: str | Path, judgement: Judgement, cycle: Cycle, ranks: list[Rank
     _write(path, list(f.values()))
 
 
-def write_down(path: str | Path, *, hostname: str, why: str = "") -> None:
-    """The file that says this node's watch is not healthy: up 0, the verdict "unknown", no
-    measurement. `why` (one line, bounded) goes into distbench_up's help, the one free text a
+def write_down(path: str | Path, *, hostname: str, why: str = "", ended: bool = False,
+               last_verdict: str | None = None) -> None:
+    """The file that says this node's watch is not measuring: up 0, the verdict "unknown", no
+    measurement. `ended`: it ended as asked (distbench_ended 1), which the shipped alert rules
+    do not alert on; else it was lost. `last_verdict`, where one was reached, stays in its own
+    metric. `why` (one line, bounded) goes into distbench_up's help, the one free text a
     textfile carries."""
     reason = " ".join(why.split())[:WHY_CHARS]
     up = _Family(metrics.UP, f"{metrics.UP.help} (down: {reason})" if reason else None)
     up.add(0, Hostname=hostname)
+    end = _Family(metrics.ENDED)
+    end.add(int(ended), Hostname=hostname)
     verdict = _Family(metrics.VERDICT)
     _one_hot(verdict, "unknown")
-    _write(path, [up, verdict])
+    families = [up, end, verdict]
+    if last_verdict is not None:
+        last = _Family(metrics.LAST_VERDICT)
+        _one_hot(last, last_verdict)
+        families.append(last)
+    _write(path, families)
