@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # CPU-s each): `make test-fast` took 67 s without the caches, 53 s with them.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv run test test-fast lint node-exporter bench bench-plan bench-megatron clean
+.PHONY: venv run test test-fast lint node-exporter promtool bench bench-plan bench-megatron clean
 
 venv: $(STAMP)
 
@@ -65,6 +65,21 @@ node-exporter:
 	mkdir -p .cache/node-exporter && \
 	dpkg-deb -x "$$tmp"/prometheus-node-exporter_*.deb .cache/node-exporter && \
 	$(NODE_EXPORTER) --version 2>&1 | head -1
+
+# promtool, for the test that checks and unit-tests configs/prometheus/distbench-rules.yml
+# (tests/test_watch_rules.py): Debian's prometheus package brings it, unpacked as node-exporter
+# is above, since `apt-get install prometheus` would start the Prometheus server as a service.
+PROMTOOL := .cache/prometheus/usr/bin/promtool
+
+promtool:
+	@if command -v promtool >/dev/null || test -x $(PROMTOOL); then exit 0; fi; \
+	if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then \
+		echo "make promtool: no apt-get/dpkg-deb here" >&2; exit 1; fi; \
+	tmp=$$(mktemp -d) && chmod 755 "$$tmp" && trap 'rm -rf "$$tmp"' EXIT && \
+	(cd "$$tmp" && apt-get download -q prometheus) && \
+	mkdir -p .cache/prometheus && \
+	dpkg-deb -x "$$tmp"/prometheus_*.deb .cache/prometheus && \
+	$(PROMTOOL) --version 2>&1 | head -1
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
