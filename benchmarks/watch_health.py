@@ -108,13 +108,20 @@ def memory(cycles: int, interval: float, workers: int) -> int:
         return 0 if first and worst <= 0.10 else 1
 
 
-def _once(out: Path, baseline: Path, workers: int, env: dict[str, str]) -> tuple[dict, int]:
+def _once(out: Path, baseline: Path, workers: int, env: dict[str, str]
+          ) -> tuple[dict | None, int, str]:
+    """(the one cycle's line, or None where the run measured none; exit code; its last line)"""
     out.mkdir()
     done = subprocess.run([sys.executable, "-m", "distbench", *ARGS, "--once", "--baseline",
                            str(baseline), "--workers", str(workers), "--out", str(out)],
                           capture_output=True, text=True, timeout=300, env=env)
-    (line,) = [json.loads(x) for x in (_run_dir(out) / "watch.jsonl").read_text().splitlines()]
-    return line, done.returncode
+    said = (done.stderr.strip().splitlines() or [""])[-1]
+    try:
+        (line,) = [json.loads(x) for x in
+                   (_run_dir(out) / "watch.jsonl").read_text().splitlines()]
+    except (OSError, ValueError):
+        return None, done.returncode, said
+    return line, done.returncode, said
 
 
 def once(runs: int, slowed: int, workers: int) -> int:
@@ -128,17 +135,22 @@ def once(runs: int, slowed: int, workers: int) -> int:
         for kind, n, env in (("healthy", runs, os.environ.copy()),
                              ("slowed", slowed, {**os.environ, "DISTBENCH_TEST_SLOW_RANK":
                                                  f"{workers - 1}:0.01"})):
-            named = 0
+            named = failed = 0
             for i in range(n):
-                line, code = _once(Path(tmp) / f"{kind}{i}", _run_dir(base), workers, env)
+                line, code, said = _once(Path(tmp) / f"{kind}{i}", _run_dir(base), workers, env)
+                if line is None:
+                    failed += 1
+                    print(f"{kind} {i + 1}: exit {code}, no cycle measured: {said}", flush=True)
+                    continue
                 p = line["probes"][0]
                 share = p["lateness_us"] / p["time_us"] if p["time_us"] else float("nan")
                 named += bool(line["stragglers"])
                 print(f"{kind} {i + 1}: exit {code}, verdict {line['verdict']}, late rank "
                       f"{p['late_rank']} kept the others {share:.3f} of the op, stragglers "
                       f"{line['stragglers']}", flush=True)
-            print(f"{kind}: {named} of {n} runs named a straggler", flush=True)
-            bad += named if kind == "healthy" else n - named
+            print(f"{kind}: {named} of {n - failed} runs that measured named a straggler "
+                  f"({failed} measured nothing)", flush=True)
+            bad += failed + (named if kind == "healthy" else n - failed - named)
     return 1 if bad else 0
 
 

@@ -314,6 +314,17 @@ def test_a_named_straggler_makes_the_verdict_warn_while_every_probe_reads_ok():
 
 # -- statuses, baselines, the verdict on nothing -----------------------------------------------
 
+def test_once_with_no_baseline_judges_nothing_even_with_warm_1():
+    """--once --warm 1 without --baseline judged its one cycle against itself ("1.00x the
+    baseline", ok): a verdict on nothing measured. It stays unknown (exit 5)."""
+    t = Tracker(PROBES, 2, k=1, n=1, warm=1, learn=False)
+    j = t.observe(cycle(0, result(AR, even(1000.0)), result(AG, even(500.0))))
+    assert j.verdict == "unknown" and j.changes == ()
+    assert all(p.state == "unknown" and p.baseline_us is None for p in j.probes.values())
+    learnt = Tracker(PROBES, 2, k=1, n=1, warm=1)  # as it was
+    assert learnt.observe(cycle(0, result(AR, even(1000.0)))).verdict == "ok"
+
+
 def test_the_verdict_is_unknown_while_nothing_is_judged():
     t = Tracker(PROBES, 2, warm=3)
     assert t.observe(cycle(0)).verdict == "unknown"

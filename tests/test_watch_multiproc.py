@@ -124,7 +124,13 @@ def test_once_judges_one_cycle_against_a_baseline_within_30_s(tmp_path):
     assert once.secs < 30, once.secs
     got = lines(once.run_dir)
     assert len(got) == 1 and got[0]["probes"][0]["baseline_us"] is not None
+    assert got[0]["stragglers"] == []  # benchmarks/watch_health.py once: 30 healthy runs
     assert once.code == (0 if got[0]["verdict"] == "ok" else 4), once.stderr
+    # no baseline: its one cycle is no baseline for itself, even with --warm 1
+    alone = distbench(out_dir(tmp_path, "d"), "watch", *FAST, "--once", "--warm", "1",
+                      "--workers", "2", timeout=60)
+    assert alone.code == 5, alone.stderr
+    assert lines(alone.run_dir)[0]["verdict"] == "unknown"
     npd = distbench(out_dir(tmp_path, "c"), "watch", *FAST, "--once", "--npd", "--workers", "2",
                     timeout=60)
     assert npd.code == 2, npd.stderr  # nothing to judge one cycle against: unknown
@@ -279,3 +285,37 @@ def test_sigterm_to_ranks_1_to_n_ends_every_rank_at_the_same_collective(tmp_path
     last = measured[-1]["verdict"]
     assert value(samples, "distbench_last_verdict", state=last) == 1
     assert "stopped by SIGTERM after" in textfile.read_text()
+
+
+def test_wrong_data_on_one_rank_fails_the_probe_within_k_cycles(tmp_path):
+    """DISTBENCH_TEST_CORRUPT_RANK: rank 1's output is wrong in every cycle's check. A wrong
+    probe needs no baseline to fail: fail-bad from its first cycle, fail at the k-th."""
+    res = distbench(out_dir(tmp_path), "watch", *FAST, "--interval", "0.2", "--count", "3",
+                    "--agree", "2", "--last", "3", "--workers", "2", timeout=120,
+                    DISTBENCH_TEST_CORRUPT_RANK="1")
+    got = lines(res.run_dir)
+    assert [x["probes"][0]["status"] for x in got] == ["failed"] * 3
+    assert all(x["probes"][0]["note"].endswith("wrong elements") for x in got)
+    assert [x["verdict"] for x in got] == ["unknown", "fail", "fail"]
+    assert res.code == 4 and "watch verdict fail" in res.stderr, res.stderr
+
+
+def test_a_textfile_directory_removed_mid_run_is_said_and_the_watch_goes_on(tmp_path):
+    where = tmp_path / "textfiles"
+    where.mkdir()
+    textfile = where / "distbench.prom"
+    result = []
+    run = threading.Thread(target=lambda: result.append(distbench(
+        out_dir(tmp_path), "watch", *FAST, "--interval", "0.3", "--count", "8", "--warm", "2",
+        "--workers", "2", "--textfile", str(textfile), timeout=120)))
+    run.start()
+    _until(lambda: _healthy(textfile), 60, "the textfile never read healthy")
+    for p in where.iterdir():
+        p.unlink()
+    where.rmdir()
+    run.join()
+    (res,) = result
+    assert [x["cycle"] for x in lines(res.run_dir)] == list(range(8))
+    assert res.code == 0, res.stderr
+    assert f"cannot write the textfile {textfile}" in res.stderr
+    assert "the watch goes on" in res.stderr

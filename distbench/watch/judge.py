@@ -105,7 +105,8 @@ class Tracker:
 
     def __init__(self, probes: list[Probe], world: int, *, window: int = 20, k: int = 3,
                  n: int = 5, tolerance: float = 0.15, warm: int = WARM,
-                 baseline: dict[str, tuple[float, float | None]] | None = None) -> None:
+                 baseline: dict[str, tuple[float, float | None]] | None = None,
+                 learn: bool = True) -> None:
         keys = [p.key for p in probes]
         if len(set(keys)) != len(keys):
             raise ValueError(f"probes repeat: {keys}")
@@ -117,6 +118,9 @@ class Tracker:
         self.probes = {p.key: p for p in probes}
         self.world, self.window, self.k, self.n = world, window, k, n
         self.tolerance, self.warm = tolerance, warm
+        # False (--once): a probe with no given baseline stays unknown; its own cycle would be
+        # its baseline, and judging a cycle against itself reads "ok" on nothing
+        self.learn = learn
         self._hist = {key: _History(deque(maxlen=window), deque(maxlen=n)) for key in keys}
         for key, (time_us, spread) in (baseline or {}).items():
             if key not in self._hist:
@@ -184,7 +188,8 @@ class Tracker:
             t = float(r.time_us)
             h.times.append(t)
             if h.baseline is None:
-                h.warm.append(t)
+                if self.learn:
+                    h.warm.append(t)
                 if len(h.warm) == self.warm:
                     h.baseline, h.noise = statistics.median(h.warm), noise.spread(h.warm)
                     h.source, h.warm, h.judged = "warm", [], True

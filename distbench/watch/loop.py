@@ -39,6 +39,7 @@ from distbench.core.sizes import format_size
 from distbench.ops.collectives import OPS, Ctx
 from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.results.writer import Appender
+from distbench.run.faults import Faults
 from distbench.run.runtime import RunFailure
 from distbench.run.session import Session
 from distbench.watch import health, textfile
@@ -76,7 +77,10 @@ class _Probe:
         if self.lay is not None:
             inp, out = allocate(self.op, self.ctx, self.lay.per_rank_count,
                                 TORCH_DTYPES[probe.dtype], rt.device)
-            self.case = self.op.build(self.ctx, inp, out, self.lay.per_rank_count)
+            # of the suite's planted faults, wrong data alone: the delay is the loop's (from
+            # DISTBENCH_TEST_SLOW_FROM), and a watch has no size to die or stall at
+            self.case = Faults(corrupt=s.faults.corrupt).apply(
+                self.op.build(self.ctx, inp, out, self.lay.per_rank_count), probe.size_bytes)
             self.marks = (timing.events(2 * iters, rt.device) if rt.device.type == "cuda"
                           else None)
             # this rank's (loop time per op, wrong elements, each op's in-call time), and
@@ -226,7 +230,7 @@ def run(s: Session) -> int:
     k, n = (1, 1) if opts.once else (opts.agree, opts.last)
     tracker = Tracker(probes, rt.world, window=opts.window, k=k, n=n, tolerance=opts.tolerance,
                       warm=opts.warm, baseline=read_baseline(opts.baseline, probes, rt.world)
-                      if opts.baseline else None)
+                      if opts.baseline else None, learn=not opts.once)
     prom = Path(opts.textfile) if opts.textfile else None
     writes_prom = prom is not None and rt.local_rank == 0
     end = _End()
