@@ -185,6 +185,20 @@ def test_under_npd_a_bad_baseline_is_one_stdout_line_and_unknown(tmp_path):
     nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("bad", [["--interval", "0"], ["--sizes", "lots"], ["--no-such-flag"]])
+def test_under_npd_any_refusal_is_one_stdout_line(tmp_path, bad):
+    """Refused by an option's own check or by the parser, before the options object exists:
+    node-problem-detector still gets its one line."""
+    res = cli(tmp_path, "watch", "--once", "--npd", *bad)
+    assert res.code == 2 and res.dispatched == [], res.stderr
+    [message] = res.stdout.splitlines()
+    assert len(message) <= 80 and message.startswith("distbench: bad input:"), message
+    assert len(res.stderr.splitlines()) == 1, res.stderr
+    plain = cli(tmp_path, "watch", "--once", *bad)
+    assert plain.code == 2 and plain.stdout == ""
+    nothing_written(tmp_path)
+
+
 @pytest.mark.multiproc
 def test_a_refused_baseline_starts_no_worker_and_leaves_no_run_directory(tmp_path):
     base = watch_run(tmp_path / "base", [[probe_line(size=64 << 10)]] * 3)

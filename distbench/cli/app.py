@@ -193,14 +193,19 @@ def _usage_error(e: typer.TyperException, argv: list[str]) -> str:
     return f"{one_line(e.format_message(), whole=True)} (see distbench --help)"
 
 
-def _refuse(message: str) -> int:
-    """Bad input: one line and exit 2. Under a launcher the other ranks would wait for this
-    one in process-group setup until their timeout: they are told first, and each node says
-    it once (from its local rank 0)."""
+def _refuse(message: str, args: list[str] | None = None) -> int:
+    """Bad input: one line and exit 2 (with watch --npd, node-problem-detector's line on stdout
+    too). Under a launcher the other ranks would wait for this one in process-group setup until
+    their timeout: they are told first, and each node says it once (from its local rank 0)."""
+    from distbench.cli.commands.watch import npd_asked, npd_refusal
+
+    speaks = not env.under_launcher() or env.local_rank() == 0
+    if speaks and npd_asked(args or []):
+        print(npd_refusal(message), flush=True)
     if not env.under_launcher():
         print(f"distbench: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if env.local_rank() == 0:
+    if speaks:
         print(f"distbench: error: {message}", file=sys.stderr, flush=True)
     from distbench.run.peers import refuse
 
@@ -271,7 +276,7 @@ def _run_app(args: list[str], argv: list[str] | None) -> int | None:
     try:
         return _command().main(args=argv, prog_name="distbench", standalone_mode=False)
     except OptionError as e:
-        return _refuse(str(e))
+        return _refuse(str(e), args)
     except ReadError as e:  # report or compare given something that holds no result
         print(f"distbench: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -281,5 +286,5 @@ def _run_app(args: list[str], argv: list[str] | None) -> int | None:
         return EXIT_INTERRUPTED
     except typer.TyperException as e:  # click's usage errors, vendored by typer
         if one_line(e.format_message(), whole=True):
-            return _refuse(_usage_error(e, args))
+            return _refuse(_usage_error(e, args), args)
         return EXIT_BAD_INPUT  # the help text was shown for a bare `distbench`

@@ -127,7 +127,7 @@ class WatchOptions(RunOptions):
                        "of at most 80 characters; exit 0 OK, 1 problem, 2 unknown.")
 
     def validate(self) -> None:
-        self._refusing(self._validate)
+        self._validate()
 
     def _validate(self) -> None:
         if self.profile is not None:
@@ -169,18 +169,7 @@ class WatchOptions(RunOptions):
             return
         from distbench.watch import probe_baseline
 
-        self._refusing(lambda: _warn(probe_baseline.check(self.baseline, self.probes(), world,
-                                                          self.once)))
-
-    def _refusing(self, check) -> None:
-        """`check()`, and with --npd the one stdout line node-problem-detector shows when it
-        refuses: its exit code, 2, is the plugin's "unknown" (exit_code)."""
-        try:
-            check()
-        except OptionError as e:
-            if self.npd and _speaks():
-                print(npd_refusal(str(e)), flush=True)
-            raise
+        _warn(probe_baseline.check(self.baseline, self.probes(), world, self.once))
 
     def host_bytes(self, backend: str, world: int) -> int:
         if backend == "nccl":
@@ -266,6 +255,12 @@ def _warn(lines: list[str]) -> None:
         if line not in _WARNED and _speaks():
             _WARNED.add(line)
             print(f"distbench: warning: {line}", file=sys.stderr, flush=True)
+
+
+def npd_asked(args: list[str]) -> bool:
+    """Whether a command line is `watch ... --npd`: its refusal owes node-problem-detector a
+    stdout line (npd_refusal) whichever check refused it."""
+    return bool(args) and args[0] == "watch" and any(a in ("--npd", "--npd=true") for a in args)
 
 
 def npd_refusal(message: str) -> str:
