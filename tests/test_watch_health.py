@@ -9,7 +9,13 @@ import shlex
 import pytest
 
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
-from distbench.watch.health import drain_command, drain_reason, exit_code, npd_result
+from distbench.watch.health import (
+    drain_command,
+    drain_reason,
+    exit_code,
+    npd_result,
+    should_drain,
+)
 from distbench.watch.records import Judgement, ProbeState
 
 AR, AG = "all_reduce/1048576/cluster", "all_gather/65536/cluster"
@@ -69,14 +75,21 @@ def test_drain_reason_is_sanitized_and_bounded():
 
 def test_drain_reason_names_the_failing_probe_its_ratio_and_the_straggler():
     j = Judgement({AR: ProbeState("fail", 9810.0, baseline_us=1000.0),
-                   AG: ProbeState("warn", 1200.0, baseline_us=1000.0)}, "fail", (1,))
-    assert drain_reason(j, ["rank 1 (gpu7)"]) == \
-        "all_reduce 1 MiB fail 9.81x baseline; straggler rank 1 (gpu7)"
-    # a straggler alone makes the verdict warn: the reason names it, and no probe
-    j = Judgement({AR: ProbeState("ok", 1000.0, baseline_us=1000.0)}, "warn", (1,))
-    assert drain_reason(j, ["rank 1 (gpu7)"]) == "straggler rank 1 (gpu7)"
-    assert drain_command("gpu7", drain_reason(j, ["rank 1 (gpu7)"])).argv[-1] == \
-        "Reason=distbench: straggler rank 1 (gpu7)"
+                   AG: ProbeState("warn", 1200.0, baseline_us=1000.0)}, "fail", (1,),
+                  late_why={1: "8832 us late in all_reduce 1 MiB cluster"})
+    assert should_drain(j)
+    assert drain_reason(j, {1: "rank 1 (gpu7)"}) == (
+        "all_reduce 1 MiB fail 9.81x baseline; straggler rank 1 (gpu7): 8832 us late in "
+        "all_reduce 1 MiB")
+    # a straggler alone makes the verdict warn, and drains: the reason names where it was late
+    j = Judgement({AR: ProbeState("ok", 1000.0, baseline_us=1000.0)}, "warn", (1,),
+                  late_why={1: "8832 us late in all_reduce 1 MiB cluster"})
+    assert should_drain(j)
+    assert drain_command("gpu7", drain_reason(j, {1: "rank 1 (gpu7)"})).argv[-1] == \
+        "Reason=distbench: straggler rank 1 (gpu7): 8832 us late in all_reduce 1 MiB"
+    # a probe's warn alone does not drain (a slowdown within twice the tolerance)
+    assert not should_drain(Judgement({AR: ProbeState("warn", 1200.0, baseline_us=1000.0)},
+                                      "warn"))
 
 
 @pytest.mark.parametrize("node", ["", "gpu7 State=resume", "a=b", "-x", "gpu7\n"])

@@ -85,9 +85,16 @@ def drain_command(node: str, reason: str) -> Drain:
     return Drain(argv, shlex.join(argv))
 
 
-def drain_reason(judgement: Judgement, stragglers_named: list[str]) -> str:
+def should_drain(judgement: Judgement) -> bool:
+    """A fail verdict, or a straggler named: a node the others wait for, cycle after cycle (or
+    in the one cycle of --once), is unfit for a job however its probes read."""
+    return judgement.verdict == "fail" or bool(judgement.stragglers)
+
+
+def drain_reason(judgement: Judgement, names: dict[int, str]) -> str:
     """What failed, as `sinfo -R` shows it: each probe at the verdict's state with its time
-    against the baseline, then the stragglers named ("rank 1 (gpu7)")."""
+    against the baseline, then each straggler (`names`: rank -> "rank 1 (gpu7)") with where it
+    was late and by how much."""
     parts = []
     for key, s in judgement.probes.items():
         if s.state != judgement.verdict or s.state not in ("warn", "fail"):
@@ -95,8 +102,10 @@ def drain_reason(judgement: Judgement, stragglers_named: list[str]) -> str:
         against = (f" {s.median_us / s.baseline_us:.2f}x baseline"
                    if s.median_us and s.baseline_us else "")
         parts.append(f"{_probe(key)} {s.state}{against}")
-    if stragglers_named:
-        parts.append("straggler " + ", ".join(stragglers_named))
+    for rank in judgement.stragglers:
+        late = judgement.late_why.get(rank)
+        parts.append(f"straggler {names.get(rank, f'rank {rank}')}"
+                     + (f": {late.removesuffix(' cluster')}" if late else ""))
     return "; ".join(parts) or f"verdict {judgement.verdict}"
 
 

@@ -133,6 +133,7 @@ class Tracker:
             h.baseline, h.noise, h.source = float(time_us), spread, "given"
         self._late = [deque(maxlen=n) for _ in range(world)]  # per rank: late in each cycle?
         self._stragglers: set[int] = set()
+        self._late_why: dict[int, str] = {}  # each rank's last lateness: where and by how much
 
     # -- one probe -------------------------------------------------------------------------
     def _bad(self, h: _History, time_us: float) -> int:
@@ -252,6 +253,7 @@ class Tracker:
         if late is None:
             return []
         changes = []
+        self._late_why.update(late)
         for rank, seen in enumerate(self._late):
             seen.append(rank in late)
             count = sum(seen)
@@ -281,8 +283,9 @@ class Tracker:
         if self._stragglers and verdict in ("ok", "unknown"):
             verdict = "warn"  # a rank the others waited for, cycle after cycle, is not ok
         counts = {rank: sum(seen) for rank, seen in enumerate(self._late) if any(seen)}
-        return Judgement(states, verdict, tuple(sorted(self._stragglers)), counts,
-                         tuple(changes))
+        named = tuple(sorted(self._stragglers))
+        return Judgement(states, verdict, named, counts, tuple(changes),
+                         {rank: self._late_why[rank] for rank in named})
 
 
 def _stdev(t: list[float]) -> float:

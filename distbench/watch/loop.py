@@ -332,7 +332,8 @@ def _ending(s: Session, j: Judgement | None, ranks: list[RankInfo], signum: int 
     signal, agreed by every rank at a cycle boundary, ends as that signal does (130, 143), with
     the verdict reached said beside it."""
     opts = s.opts
-    named = [f"rank {r} ({ranks[r].hostname})" for r in (j.stragglers if j else ())]
+    names = {r: f"rank {r} ({ranks[r].hostname})" for r in (j.stragglers if j else ())}
+    named = list(names.values())
     verdict = j.verdict if j is not None else "unknown"
     if opts.npd:  # run.json keeps distbench's codes; the launcher gives the plugin its own
         code, message = health.npd_result(j, named)
@@ -342,8 +343,8 @@ def _ending(s: Session, j: Judgement | None, ranks: list[RankInfo], signum: int 
             return EXIT_OK
         raise RunFailure(message, status="below_expectation" if code == 1 else "inconclusive",
                          exit_code=EXIT_BELOW if code == 1 else EXIT_INCONCLUSIVE)
-    if opts.drain and verdict == "fail":
-        _drain(s, j, ranks, named)
+    if opts.drain and j is not None and health.should_drain(j):
+        _drain(s, j, names)
     line = f"watch verdict {verdict}" + (f"; stragglers: {', '.join(named)}" if named else "")
     if signum:
         raise RunFailure(f"{why}; {line}", status="interrupted" if signum == signal.SIGINT
@@ -358,7 +359,7 @@ def _ending(s: Session, j: Judgement | None, ranks: list[RankInfo], signum: int 
     raise RunFailure(line, status="below_expectation", exit_code=code)
 
 
-def _drain(s: Session, j: Judgement, ranks: list[RankInfo], named: list[str]) -> None:
+def _drain(s: Session, j: Judgement, names: dict[int, str]) -> None:
     """Drain the nodes named (the stragglers' nodes, else every node of the watch) with a
     reason that says what failed; the line is printed everywhere, run where scontrol exists.
     Each rank gives its own node's Slurm name (node_name), gathered in one collective."""
@@ -366,7 +367,7 @@ def _drain(s: Session, j: Judgement, ranks: list[RankInfo], named: list[str]) ->
     dist.all_gather_object(nodes, node_name())
     if s.rt.rank != 0:
         return
-    reason = health.drain_reason(j, named)
+    reason = health.drain_reason(j, names)
     for node in sorted({nodes[r] for r in j.stragglers} or set(nodes)):
         drain = health.drain_command(node, reason)
         print(drain.line, flush=True)

@@ -120,8 +120,8 @@ class WatchOptions(RunOptions):
         None, "Prometheus textfile to keep current (node_exporter's textfile collector reads "
         "*.prom in its directory); each node's first rank writes its own.", cli_type=str,
         show_default=False)
-    drain: bool = option(False, "On a fail verdict, print the scontrol line that drains the "
-                         "nodes named, and run it where scontrol exists.")
+    drain: bool = option(False, "On a fail verdict or a straggler named, print the scontrol "
+                         "line that drains the nodes named, and run it where scontrol exists.")
     check: bool = option(True, "Check each probe's result every cycle (wrong data fails it).")
     npd: bool = option(False, "Kubernetes node-problem-detector plugin mode: one message line "
                        "of at most 80 characters; exit 0 OK, 1 problem, 2 unknown.")
