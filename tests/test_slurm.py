@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shlex
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -252,3 +255,46 @@ def test_slurmd_health_check_program_drains_the_node_and_resume_brings_it_back(
         cluster.wait_state(lambda s: s == "idle", 30, "scontrol's resume")
         assert cluster.node_state() == ("idle", "none")
         _gone(tmp_path)
+
+
+@pytest.mark.procs(8)  # 3 of the cluster's; srun, its shepherd, its slurmstepd and 2 ranks
+def test_a_watch_under_srun_stopped_by_a_sigterm_ends_in_one_line(tmp_path):
+    """The operator's stop of a watch job: scancel has slurmstepd send SIGTERM to every task
+    (SIGKILL follows KillWait later), sent here to the tasks directly, since scancel would be a
+    ninth process (srun's own SIGTERM kills the step at once). Every rank leaves at the same
+    cycle boundary, with the signal's code, and the job's output says so in one line, not a c10d
+    stack trace per rank."""
+    out, textfile = tmp_path / "out", tmp_path / "distbench.prom"
+    out.mkdir()
+    env = {"MASTER_PORT": str(free_port())}
+    with one_node_cluster() as cluster:
+        proc = subprocess.Popen(
+            ["srun", "-n2", "--overcommit", *DISTBENCH, "watch", *PROBE, "--interval", "2",
+             "--textfile", str(textfile), "--out", str(out)], cwd=tmp_path,
+            env=cluster.env(**env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + RUN_S
+            while not (list(out.glob("*/watch.jsonl"))
+                       and next(out.glob("*/watch.jsonl")).read_text().count("\n") >= 1):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.1)
+            for rank in _meta(_run_dir(out))["ranks"]:
+                os.kill(rank["pid"], signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                cluster.command("scancel", "--full", "--signal=KILL", "--state=RUNNING")
+        _gone(tmp_path)
+    said = f"srun exited {proc.returncode}\n{stdout}\n{stderr}"
+    meta = _meta(_run_dir(out))
+    assert (meta["status"], meta["exit_code"]) == ("terminated", 143), said
+    assert meta["error"].startswith("stopped by SIGTERM after "), meta["error"]
+    ours = [x for x in stderr.splitlines() if x.startswith("distbench: rank")]
+    assert ours == [f"distbench: rank 0: error: {meta['error']}"], said
+    assert not any(s in stderr for s in ("Traceback", "frame #", "c10d", "[W ", "[E ")), said
+    assert "distbench_ended{Hostname=" in textfile.read_text() and \
+        "distbench_up{" in textfile.read_text(), textfile.read_text()
+    assert 'distbench_ended{Hostname="' + cluster.node + '"} 1.0' in textfile.read_text()
