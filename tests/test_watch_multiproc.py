@@ -155,6 +155,16 @@ def _until(what, seconds: float, why: str):
     raise AssertionError(f"{why} within {seconds} s")
 
 
+def _kill_all(out: Path, launcher: subprocess.Popen) -> None:
+    """Whatever a failed test left of a run under `out`: its processes and its launcher."""
+    for pid in processes_naming(out):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+        launcher.kill()
+        launcher.wait(timeout=10)
+
+
 def _healthy(textfile: Path) -> bool:
     try:
         return value(prom(textfile), "distbench_up") == 1
@@ -180,12 +190,7 @@ def test_the_textfile_stops_reading_healthy_when_a_rank_or_the_launcher_dies(tmp
         assert not any(n == "distbench_busbw_bytes_per_second" for n, _ in samples)
         _until(lambda: processes_naming(out) == [], 60, "processes were left")
     finally:
-        for pid in processes_naming(out):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
-            launcher.kill()
-            launcher.wait(timeout=10)
+        _kill_all(out, launcher)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -262,12 +267,7 @@ def test_sigterm_to_ranks_1_to_n_ends_every_rank_at_the_same_collective(tmp_path
         took = time.monotonic() - sent
         launcher.wait(timeout=30)
     finally:
-        for pid in processes_naming(out):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
-            launcher.kill()
-            launcher.wait(timeout=10)
+        _kill_all(out, launcher)
     measured = lines(run_dir)
     if when == "between cycles":
         assert took < 2.0, took
