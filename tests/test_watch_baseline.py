@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,37 @@ def test_a_baseline_that_is_not_a_watch_run_is_one_line(tmp_path, content, said)
     (tmp_path / "base" / "watch.jsonl").write_bytes(content)
     line = refused(tmp_path, "watch", "--baseline", str(tmp_path / "base"))
     assert line.startswith("distbench: error: --baseline:") and said in line, line
+    nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("spoil,said", [
+    (lambda d: (d / "run.json").write_text("{"), "run.json: unreadable"),
+    (lambda d: (d / "run.json").write_text("[]"), "run.json: not an object"),
+    (lambda d: (d / "run.json").write_text('{"command": "collective", "world_size": 2}'),
+     "a 'collective' run's"),
+    (lambda d: (d / "run.json").write_text('{"command": "watch", "world_size": 3}'),
+     "2 rank times, where run.json says 3 ranks"),
+    (lambda d: (d / "watch.jsonl").write_text(
+        json.dumps({"schema_version": 99, "probes": [probe_line()]}) + "\n"),
+     "schema_version 99"),
+])
+def test_a_run_directory_that_contradicts_itself_is_refused(tmp_path, spoil, said):
+    """A corrupt run.json, another command's, a world size its own lines contradict, or lines of
+    a schema this distbench does not read: no baseline to trust (each was taken silently)."""
+    base = watch_run(tmp_path / "base")
+    spoil(base)
+    line = refused(tmp_path, "watch", "--baseline", str(base))
+    assert line.startswith("distbench: error: --baseline:") and said in line, line
+    nothing_written(tmp_path)
+
+
+def test_a_fifo_where_watch_jsonl_should_be_is_refused_not_read(tmp_path):
+    """Reading it would wait forever for a writer."""
+    base = tmp_path / "base"
+    base.mkdir()
+    os.mkfifo(base / "watch.jsonl")
+    line = refused(tmp_path, "watch", "--baseline", str(base))
+    assert "watch.jsonl is not a regular file" in line, line
     nothing_written(tmp_path)
 
 

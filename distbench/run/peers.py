@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from distbench.core.tables import plural
-from distbench.platform import env
+from distbench.platform import env, lifeline
 
 
 class StartFailure(Exception):
@@ -319,13 +319,16 @@ class Peers:
         from their wait between cycles and leave at the same collective (watch)."""
         self._own.set(self._run + "stop", str(signum))
 
-    def stop_posted(self) -> int:
-        """The stop signal some rank posted (post_stop), or 0."""
+    def stop_posted(self) -> int | None:
+        """The stop signal some rank posted (post_stop), 0 if none has; None when the store
+        cannot be reached (asking again would print torch's warning every time)."""
         key = self._run + "stop"
+        if lifeline.orphaned() is not None:  # the launcher held the store
+            return None
         try:
             return int(self._own.get(key)) if self._own.check([key]) else 0
         except dist.DistError:
-            return 0
+            return None
 
     def publish_run_dir(self, path: str) -> None:
         """Where run.json is, so a surviving rank can finish it if rank 0 dies."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 from dataclasses import dataclass
 
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
@@ -72,6 +73,11 @@ class Drain:
 
     argv: list[str]
     line: str
+
+
+def npd_stopped(signum: int) -> str:
+    """node-problem-detector's line for a watch stopped by a signal (its code: unknown)."""
+    return f"distbench: stopped by {signal.Signals(signum).name} before a verdict"
 
 
 def drain_command(node: str, reason: str) -> Drain:

@@ -201,7 +201,11 @@ def _wait(s: Session, stop: _Stop, seconds: float) -> None:
         if now >= deadline:
             return
         if peers is not None and now >= next_poll:
-            stop.signum = peers.stop_posted()
+            got = peers.stop_posted()
+            if got is None:  # the store is gone (its host died): the lifeline ends this rank
+                peers = None
+                continue
+            stop.signum = got
             posted = bool(stop.signum)  # another rank's: no need to post it again
             next_poll = now + STOP_POLL_S
         time.sleep(min(SLICE_S, max(0.0, deadline - now)))
@@ -220,6 +224,12 @@ class _End:
 
 
 def run(s: Session) -> int:
+    # from the start: a stop during the startup ends at the first boundary, as a deliberate end
+    with _Stop() as stop:
+        return _watch(s, stop)
+
+
+def _watch(s: Session, stop: _Stop) -> int:
     opts, rt = s.opts, s.rt
     probes = opts.probes()
     infos = [rank_infos(rt.ranks, rt.snapshots, rt.world) if rt.rank == 0 else None]
@@ -253,48 +263,50 @@ def run(s: Session) -> int:
     # the boundary's agreement, MAX over ranks: a stop signal any rank was sent; rank 0's
     # "no more cycles" and the seconds until the next cycle starts (the others give 0)
     said = torch.zeros(3, dtype=torch.float64, device=rt.device)
-    with _Stop() as stop:
-        while True:
-            s.step(f"watch: the boundary after cycle {index - 1}" if index else
-                   "watch: the boundary before cycle 0", opts.timeout)
-            now = time.monotonic()
-            said.zero_()
-            said[0] = stop.signum
-            if rt.rank == 0:
-                said[1] = float(not _more(opts, index, now - started))
-                said[2] = 0.0 if t0 is None or opts.once else max(0.0, t0 + opts.interval - now)
-            dist.all_reduce(said, op=dist.ReduceOp.MAX)
-            signum, done, wait_s = (int(said[0].item()), bool(said[1].item()),
-                                    float(said[2].item()))
-            if signum or done:
-                break
-            if wait_s > 0:
-                # then back to the boundary, whoever woke first and why: every rank decides
-                # there, alike, whether the cycle runs
-                s.step(f"watch: waiting for cycle {index}", wait_s + opts.timeout)
-                _wait(s, stop, wait_s)
-                continue
-            t0, wall0 = time.monotonic(), time.time()
-            s.step(f"watch cycle {index}", opts.timeout)
-            delay = s.faults.before_collective() if index >= s.faults.slow_from else None
-            results = tuple(b.measure(s, opts.iters, delay) for b in built)
-            duration = time.monotonic() - t0
-            late = duration > opts.interval
-            late_total += late
-            cycle = Cycle(index, wall0, duration, late, results)
-            judgement = tracker.observe(cycle)
-            end.verdict = judgement.verdict
-            line = cycle_line(cycle, judgement, opts.interval)
-            if lines is not None:
-                lines.write(json.dumps(line) + "\n")
-            for row in csv_rows(line, cycle, rt.world, rt.nnodes):
-                sink.append(row)
-            if writes_prom:
-                _textfile(s, textfile.write, prom, judgement, cycle, mine, hostname=hostname,
-                          interval_s=opts.interval, cycles_total=index + 1,
-                          late_total=late_total)
-            s.console.log(_summary(cycle, judgement, opts.interval))
-            index += 1
+    while True:
+        s.step(f"watch: the boundary after cycle {index - 1}" if index else
+               "watch: the boundary before cycle 0", opts.timeout)
+        now = time.monotonic()
+        said.zero_()
+        said[0] = stop.signum
+        if rt.rank == 0:
+            wait = 0.0 if t0 is None or opts.once else max(0.0, t0 + opts.interval - now)
+            # judged at the next cycle's start: --duration 1 with --interval 5 ends now,
+            # not after a wait of 5 s
+            said[1] = float(not _more(opts, index, now + wait - started))
+            said[2] = wait
+        dist.all_reduce(said, op=dist.ReduceOp.MAX)
+        signum, done, wait_s = (int(said[0].item()), bool(said[1].item()),
+                                float(said[2].item()))
+        if signum or done:
+            break
+        if wait_s > 0:
+            # then back to the boundary, whoever woke first and why: every rank decides
+            # there, alike, whether the cycle runs
+            s.step(f"watch: waiting for cycle {index}", wait_s + opts.timeout)
+            _wait(s, stop, wait_s)
+            continue
+        t0, wall0 = time.monotonic(), time.time()
+        s.step(f"watch cycle {index}", opts.timeout)
+        delay = s.faults.before_collective() if index >= s.faults.slow_from else None
+        results = tuple(b.measure(s, opts.iters, delay) for b in built)
+        duration = time.monotonic() - t0
+        late = duration > opts.interval
+        late_total += late
+        cycle = Cycle(index, wall0, duration, late, results)
+        judgement = tracker.observe(cycle)
+        end.verdict = judgement.verdict
+        line = cycle_line(cycle, judgement, opts.interval)
+        if lines is not None:
+            lines.write(json.dumps(line) + "\n")
+        for row in csv_rows(line, cycle, rt.world, rt.nnodes):
+            sink.append(row)
+        if writes_prom:
+            _textfile(s, textfile.write, prom, judgement, cycle, mine, hostname=hostname,
+                      interval_s=opts.interval, cycles_total=index + 1,
+                      late_total=late_total)
+        s.console.log(_summary(cycle, judgement, opts.interval))
+        index += 1
     end.ended = True
     if signum:
         end.why = f"stopped by {signal.Signals(signum).name} after {_cycles(index)}"
@@ -332,9 +344,14 @@ def _ending(s: Session, j: Judgement | None, ranks: list[RankInfo], signum: int 
     signal, agreed by every rank at a cycle boundary, ends as that signal does (130, 143), with
     the verdict reached said beside it."""
     opts = s.opts
-    names = {r: f"rank {r} ({ranks[r].hostname})" for r in (j.stragglers if j else ())}
-    named = list(names.values())
+    named = [f"rank {r} ({ranks[r].hostname})" for r in (j.stragglers if j else ())]
     verdict = j.verdict if j is not None else "unknown"
+    line = f"watch verdict {verdict}" + (f"; stragglers: {', '.join(named)}" if named else "")
+    if signum:  # stopped: no verdict to act on (no drain), and for --npd "unknown"
+        if opts.npd and s.rt.rank == 0:
+            print(health.npd_stopped(signum), flush=True)
+        raise RunFailure(f"{why}; {line}", status="interrupted" if signum == signal.SIGINT
+                         else "terminated", exit_code=for_signal(signum), agreed=True)
     if opts.npd:  # run.json keeps distbench's codes; the launcher gives the plugin its own
         code, message = health.npd_result(j, named)
         if s.rt.rank == 0:
@@ -344,11 +361,7 @@ def _ending(s: Session, j: Judgement | None, ranks: list[RankInfo], signum: int 
         raise RunFailure(message, status="below_expectation" if code == 1 else "inconclusive",
                          exit_code=EXIT_BELOW if code == 1 else EXIT_INCONCLUSIVE)
     if opts.drain and j is not None and health.should_drain(j):
-        _drain(s, j, names)
-    line = f"watch verdict {verdict}" + (f"; stragglers: {', '.join(named)}" if named else "")
-    if signum:
-        raise RunFailure(f"{why}; {line}", status="interrupted" if signum == signal.SIGINT
-                         else "terminated", exit_code=for_signal(signum), agreed=True)
+        _drain(s, j)
     code = health.exit_code(verdict)
     if code == EXIT_OK:
         s.console.log(line)
@@ -359,17 +372,22 @@ def _ending(s: Session, j: Judgement | None, ranks: list[RankInfo], signum: int 
     raise RunFailure(line, status="below_expectation", exit_code=code)
 
 
-def _drain(s: Session, j: Judgement, names: dict[int, str]) -> None:
+def _drain(s: Session, j: Judgement) -> None:
     """Drain the nodes named (the stragglers' nodes, else every node of the watch) with a
     reason that says what failed; the line is printed everywhere, run where scontrol exists.
-    Each rank gives its own node's Slurm name (node_name), gathered in one collective."""
+    Each rank gives its own node's Slurm name (node_name), gathered in one collective. A name
+    scontrol would misread is refused in one line; the verdict stands."""
     nodes = [None] * s.rt.world
     dist.all_gather_object(nodes, node_name())
     if s.rt.rank != 0:
         return
-    reason = health.drain_reason(j, names)
+    reason = health.drain_reason(j, {r: f"rank {r} ({nodes[r]})" for r in j.stragglers})
     for node in sorted({nodes[r] for r in j.stragglers} or set(nodes)):
-        drain = health.drain_command(node, reason)
+        try:
+            drain = health.drain_command(node, reason)
+        except ValueError as e:
+            s.console.log(f"watch: cannot drain: {e} (SLURMD_NODENAME, else the host name)")
+            continue
         print(drain.line, flush=True)
         if shutil.which(drain.argv[0]):
             subprocess.run(drain.argv, check=False, timeout=30)

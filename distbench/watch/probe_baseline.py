@@ -25,7 +25,7 @@ from pathlib import Path
 
 from distbench.core.options import OptionError
 from distbench.core.sizes import format_size
-from distbench.watch.records import Probe
+from distbench.watch.records import SCHEMA_VERSION, Probe
 
 JSONL = "watch.jsonl"
 ACCEPT = "accept.json"
@@ -169,6 +169,8 @@ def load(run_dir: str | Path) -> BaselineRun:
         raise OptionError("--baseline", f"no directory {str(run_dir)!r}", EXAMPLE)
     for name in (JSONL, ACCEPT):
         if (path / name).exists():
+            if not (path / name).is_file():  # a FIFO would hang the read, a directory fail it
+                raise OptionError("--baseline", f"{path / name} is not a regular file", EXAMPLE)
             return _load(path, name, _stamp(path / name), _stamp(path / RUN_JSON))
     raise OptionError("--baseline", f"no {JSONL} or {ACCEPT} in {str(run_dir)!r}: neither a "
                       "watch run nor an accept run", EXAMPLE)
@@ -191,13 +193,22 @@ def _load(path: Path, name: str, stamp, run_stamp) -> BaselineRun:
 
 def _run_json(run_dir: Path) -> dict:
     """The run's world size and options, where its run.json says them: a watch line says its
-    world through each probe's rank times, and its dtype itself since schema 1, so an unreadable
-    run.json only leaves less known."""
-    try:
-        data = json.loads((run_dir / RUN_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    world through each probe's rank times, and its dtype itself since schema 1, so a missing
+    run.json only leaves less known. One that is there says what the run was: a corrupt one,
+    or one of another command, makes the directory no watch run to trust."""
+    path = run_dir / RUN_JSON
+    if not path.exists():
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise _bad(path, "unreadable", f"{type(e).__name__}: not the run.json of a watch run") \
+            from None
+    if not isinstance(data, dict):
+        raise _bad(path, "not an object", "not the run.json of a watch run")
+    if data.get("command", "watch") != "watch":
+        raise _bad(path, "command", f"a {data['command']!r} run's, not a watch run's")
+    return data
 
 
 def _bad(path: Path, where: str, message: str) -> OptionError:
@@ -253,6 +264,9 @@ def _cycle(path: Path, number: int, cycle, run_dtype: str | None, world: int | N
     where = f"line {number}"
     if not isinstance(cycle, dict) or not isinstance(cycle.get("probes"), list):
         raise _bad(path, where, "not a watch cycle (an object with a list of probes)")
+    if cycle.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise _bad(path, where, f"schema_version {json.dumps(cycle['schema_version'])}: this "
+                   f"distbench reads watch lines of version {SCHEMA_VERSION}")
     for i, p in enumerate(cycle["probes"]):
         at = f"{where} probe {i}"
         if not isinstance(p, dict):
@@ -271,6 +285,8 @@ def _cycle(path: Path, number: int, cycle, run_dtype: str | None, world: int | N
         dtype = p.get("dtype") if isinstance(p.get("dtype"), str) else run_dtype
         ranks = p.get("rank_time_us")
         ranks = len(ranks) if isinstance(ranks, list) and ranks else world
+        if world is not None and ranks != world:
+            raise _bad(path, at, f"{ranks} rank times, where run.json says {world} ranks")
         yield (p["op"], p["size_bytes"], p["scope"], dtype, ranks), float(p["time_us"])
 
 
