@@ -331,3 +331,12 @@ def test_report_of_a_real_slowed_watch_names_the_straggler_where_watch_did(tmp_p
     (panel,) = drawn.values()
     assert panel["lines"]["named:1"][0] == named[0]
     assert panel["late"] and all(c >= 3 for c in panel["late"])  # none before the slowing
+
+
+def test_a_watch_stopped_before_its_first_cycle_is_reported_in_one_file(tmp_path):
+    """Nothing measured, so no plot: report.md alone, and the count says "1 file"."""
+    run = write_watch(tmp_path / "run", [])
+    res = cli(tmp_path, "report", str(run))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.splitlines()[-1] == \
+        f"distbench: report in {run / 'report'}/ (1 file: report.md)"

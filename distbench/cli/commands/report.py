@@ -41,6 +41,7 @@ def command(
 ) -> None:
     from distbench.core.exitcodes import EXIT_FAILED
     from distbench.core.options import OptionError, check_writable_dir
+    from distbench.core.tables import plural
     from distbench.results import reader, report
     from distbench.results.alphabeta import parse_predict
 
@@ -69,5 +70,5 @@ def command(
               file=sys.stderr)
         raise typer.Exit(EXIT_FAILED) from None
     print("\n".join(lines))
-    print(f"distbench: report in {target}/ ({len(files)} files: "
+    print(f"distbench: report in {target}/ ({plural(len(files), 'file')}: "
           f"{', '.join(f.name for f in files)})", file=sys.stderr)
