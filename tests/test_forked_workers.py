@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from torch.distributed.elastic.multiprocessing.subprocess_handler import (
@@ -223,3 +224,46 @@ def test_a_run_forked_throughout_measures_and_says_what_a_fresh_one_does(tmp_pat
     assert forked.stdout.splitlines()[:2] == fresh.stdout.splitlines()[:2]
     assert forked.stderr.replace(str(forked.out), "OUT").splitlines()[0] == \
         fresh.stderr.replace(str(fresh.out), "OUT").splitlines()[0]
+
+
+class _Stopped(Exception):
+    """What torch's agent raises from its SIGTERM handler (SignalException)."""
+
+
+_SIGNAL_AT_FORK: list[bool] = []
+
+
+def _sigterm_self_at_fork() -> None:
+    if _SIGNAL_AT_FORK:
+        _SIGNAL_AT_FORK.clear()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+os.register_at_fork(before=_sigterm_self_at_fork)  # inert until a test arms it
+
+
+@pytest.mark.procs(1)
+def test_a_stop_signal_as_a_worker_is_forked_is_raised_after_the_fork_not_lost(tmp_path,
+                                                                             monkeypatch):
+    """The launcher's SIGTERM landing while a worker is forked: the agent's handler raised inside
+    the fork's hooks, where Python prints "Exception ignored" and drops it, and the launcher ran
+    on (watch to its --count, or forever). It is raised once the worker is forked."""
+    seen = tmp_path / "seen.json"
+    monkeypatch.setattr(forked_workers.runpy, "run_module", _probe(seen))
+
+    def stopped(signum, frame):
+        raise _Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        _SIGNAL_AT_FORK.append(True)
+        with pytest.raises(_Stopped):
+            ForkedWorker(ARGV, {}, None, None, {})
+    finally:
+        _SIGNAL_AT_FORK.clear()
+        signal.signal(signal.SIGTERM, previous)
+    deadline = time.monotonic() + 60
+    while not seen.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = json.loads(seen.read_text())["session"][2]  # the worker was forked and ran
+    os.waitpid(pid, 0)
