@@ -316,7 +316,7 @@ def test_report_of_a_real_slowed_watch_names_the_straggler_where_watch_did(tmp_p
     out = tmp_path / "out"
     out.mkdir()
     res = distbench(out, "watch", "--sizes", "64K", "--iters", "10", "--timeout", "20",
-                    "--interval", "0.3", "--count", "8", "--warm", "2", "--agree", "2", "--last",
+                    "--interval", "0.2", "--count", "6", "--warm", "2", "--agree", "2", "--last",
                     "3", "--workers", "2", timeout=240, DISTBENCH_TEST_SLOW_RANK="1:0.01",
                     DISTBENCH_TEST_SLOW_FROM="3")
     lines = [json.loads(x) for x in (res.run_dir / "watch.jsonl").read_text().splitlines()]

@@ -130,7 +130,9 @@ def test_the_baselines_are_healthy_watches_read_as_baselines(baseline):
 
 
 @pytest.mark.procs(8)  # 3 of the cluster's; srun, its shepherd, its slurmstepd and 2 ranks
-def test_srun_starts_the_ranks_of_a_collective_run(tmp_path):
+def test_srun_starts_the_ranks_of_a_collective_run_and_of_a_watch_a_sigterm_ends(tmp_path):
+    """One cluster for both (a test holding all 8 slots waits for every other test's to
+    free): a collective's ranks started by srun, then a watch's stopped as scancel stops it."""
     out = tmp_path / "out"
     out.mkdir()
     # the job's port (10000 + job id) would be the same in two clusters: a free one instead
@@ -142,6 +144,7 @@ def test_srun_starts_the_ranks_of_a_collective_run(tmp_path):
         said = f"srun exited {run.returncode}\n{run.stdout}\n{run.stderr}"
         assert run.returncode == 0, said
         _gone(tmp_path)
+        _watch_stopped_as_scancel_stops_it(cluster, tmp_path)
     meta = _meta(_run_dir(out))
     assert (meta["status"], meta["exit_code"], meta["world_size"]) == ("ok", 0, 2), said
     assert meta["options"]["workers"] is None, said  # srun started the ranks, distbench none
@@ -257,37 +260,35 @@ def test_slurmd_health_check_program_drains_the_node_and_resume_brings_it_back(
         _gone(tmp_path)
 
 
-@pytest.mark.procs(8)  # 3 of the cluster's; srun, its shepherd, its slurmstepd and 2 ranks
-def test_a_watch_under_srun_stopped_by_a_sigterm_ends_in_one_line(tmp_path):
+def _watch_stopped_as_scancel_stops_it(cluster, tmp_path: Path) -> None:
     """The operator's stop of a watch job: scancel has slurmstepd send SIGTERM to every task
     (SIGKILL follows KillWait later), sent here to the tasks directly, since scancel would be a
     ninth process (srun's own SIGTERM kills the step at once). Every rank leaves at the same
     cycle boundary, with the signal's code, and the job's output says so in one line, not a c10d
     stack trace per rank."""
-    out, textfile = tmp_path / "out", tmp_path / "distbench.prom"
+    out, textfile = tmp_path / "watch", tmp_path / "distbench.prom"
     out.mkdir()
     env = {"MASTER_PORT": str(free_port())}
-    with one_node_cluster() as cluster:
-        proc = subprocess.Popen(
-            ["srun", "-n2", "--overcommit", *DISTBENCH, "watch", *PROBE, "--interval", "2",
-             "--textfile", str(textfile), "--out", str(out)], cwd=tmp_path,
-            env=cluster.env(**env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            deadline = time.monotonic() + RUN_S
-            while not (list(out.glob("*/watch.jsonl"))
-                       and next(out.glob("*/watch.jsonl")).read_text().count("\n") >= 1):
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-                time.sleep(0.1)
-            for rank in _meta(_run_dir(out))["ranks"]:
-                os.kill(rank["pid"], signal.SIGTERM)
-            stdout, stderr = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-                cluster.command("scancel", "--full", "--signal=KILL", "--state=RUNNING")
-        _gone(tmp_path)
+    proc = subprocess.Popen(
+        ["srun", "-n2", "--overcommit", *DISTBENCH, "watch", *PROBE, "--interval", "2",
+         "--textfile", str(textfile), "--out", str(out)], cwd=tmp_path,
+        env=cluster.env(**env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_S
+        while not (list(out.glob("*/watch.jsonl"))
+                   and next(out.glob("*/watch.jsonl")).read_text().count("\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        for rank in _meta(_run_dir(out))["ranks"]:
+            os.kill(rank["pid"], signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            cluster.command("scancel", "--full", "--signal=KILL", "--state=RUNNING")
+    _gone(tmp_path)
     said = f"srun exited {proc.returncode}\n{stdout}\n{stderr}"
     meta = _meta(_run_dir(out))
     assert (meta["status"], meta["exit_code"]) == ("terminated", 143), said

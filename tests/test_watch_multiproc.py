@@ -61,13 +61,15 @@ def _snapshots(textfile: Path, run) -> list[dict]:
     return seen
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_a_rank_slowed_from_cycle_3_is_named_within_k_cycles(tmp_path, world):
+def test_a_rank_slowed_from_cycle_3_is_named_within_k_cycles(tmp_path):
+    """Slowed once the baseline is set, at 3 ranks (the rank slowed from the first cycle is
+    named at 2, 3 and 4 below), with the textfile as the exporter reads it."""
+    world = 3
     slow = world - 1
     textfile = tmp_path / "distbench.prom"
     result = []
     run = threading.Thread(target=lambda: result.append(distbench(
-        out_dir(tmp_path), "watch", *FAST, "--interval", "0.5", "--count", "8", "--warm", "2",
+        out_dir(tmp_path), "watch", *FAST, "--interval", "0.3", "--count", "8", "--warm", "2",
         "--agree", "2", "--last", "3", "--workers", str(world), "--textfile", str(textfile),
         timeout=240, DISTBENCH_TEST_SLOW_RANK=f"{slow}:0.01", DISTBENCH_TEST_SLOW_FROM="3")))
     run.start()
