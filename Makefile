@@ -76,7 +76,8 @@ promtool:
 	if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then \
 		echo "make promtool: no apt-get/dpkg-deb here" >&2; exit 1; fi; \
 	tmp=$$(mktemp -d) && chmod 755 "$$tmp" && trap 'rm -rf "$$tmp"' EXIT && \
-	(cd "$$tmp" && apt-get download -q prometheus) && \
+	(cd "$$tmp" && { apt-get download -q prometheus || \
+		{ apt-get update -q && apt-get download -q prometheus; }; }) && \
 	mkdir -p .cache/prometheus && \
 	dpkg-deb -x "$$tmp"/prometheus_*.deb .cache/prometheus && \
 	$(PROMTOOL) --version 2>&1 | head -1
