@@ -316,8 +316,12 @@ class Peers:
 
     def post_stop(self, signum: int) -> None:
         """A stop signal this rank was sent, for the ranks that were not sent one: they wake
-        from their wait between cycles and leave at the same collective (watch)."""
-        self._own.set(self._run + "stop", str(signum))
+        from their wait between cycles and leave at the same collective (watch). A store
+        already gone says nothing: the boundary's collective fails them all anyway."""
+        try:
+            self._own.set(self._run + "stop", str(signum))
+        except dist.DistError:
+            pass
 
     def stop_posted(self) -> int | None:
         """The stop signal some rank posted (post_stop), 0 if none has; None when the store
