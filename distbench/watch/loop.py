@@ -271,21 +271,28 @@ def _watch(s: Session, stop: _Stop) -> int:
         said[0] = stop.signum
         if rt.rank == 0:
             wait = 0.0 if t0 is None or opts.once else max(0.0, t0 + opts.interval - now)
-            # judged at the next cycle's start: --duration 1 with --interval 5 ends now,
-            # not after a wait of 5 s
-            said[1] = float(not _more(opts, index, now + wait - started))
-            said[2] = wait
+            # judged at the next cycle's start: --duration 1 with --interval 5 ends at 1 s,
+            # not after the 5 s; the last cycle's file stands for its interval, as every
+            # cycle's does (a scrape reads it), but not past --duration
+            done = not _more(opts, index, now + wait - started)
+            if done and opts.duration is not None:
+                wait = min(wait, max(0.0, started + opts.duration - now))
+            said[1], said[2] = float(done), wait
         dist.all_reduce(said, op=dist.ReduceOp.MAX)
         signum, done, wait_s = (int(said[0].item()), bool(said[1].item()),
                                 float(said[2].item()))
-        if signum or done:
+        if signum:
             break
         if wait_s > 0:
             # then back to the boundary, whoever woke first and why: every rank decides
             # there, alike, whether the cycle runs
-            s.step(f"watch: waiting for cycle {index}", wait_s + opts.timeout)
+            s.step(f"watch: waiting for cycle {index}" if not done else
+                   f"watch: the last cycle's file stands (after cycle {index - 1})",
+                   wait_s + opts.timeout)
             _wait(s, stop, wait_s)
             continue
+        if done:
+            break
         t0, wall0 = time.monotonic(), time.time()
         s.step(f"watch cycle {index}", opts.timeout)
         delay = s.faults.before_collective() if index >= s.faults.slow_from else None
