@@ -8,7 +8,9 @@ Each test with a cluster holds all 8 of the suite's process slots: the cluster i
 srun 3 more with its shepherd and step daemon (slurm_cluster's docstring). So the drain under
 srun runs one rank (8 with its scontrol), the check on two ranks, whose reason names the
 straggler, runs as slurmd runs it (self-launched, no srun), and the baselines are made first,
-by a test of their own that holds 3."""
+by a test of their own that holds 3. A test that holds all 8 waits for every other test's slots
+to free, blocking the queue meanwhile: two such tests share a cluster each (make test's time).
+"""
 
 from __future__ import annotations
 
@@ -159,35 +161,6 @@ def test_srun_starts_the_ranks_of_a_collective_run_and_of_a_watch_a_sigterm_ends
     assert float(rows[0]["time_us"]) > 0 and float(rows[0]["busbw_gbps"]) > 0, rows
 
 
-# 3 of the cluster's; srun, its shepherd, its slurmstepd, the rank and the rank's scontrol
-@pytest.mark.procs(8)
-def test_watch_once_drain_under_srun_drains_the_node_and_resume_brings_it_back(
-        tmp_path, baseline):
-    out = tmp_path / "out"
-    out.mkdir()
-    base = baseline(1)
-    with one_node_cluster(node=NODE) as cluster:
-        assert cluster.node_state() == ("idle", "none")
-        with json_schemas.held(out):
-            run = cluster.srun(1, [*DISTBENCH, "watch", "--once", "--drain", "--baseline",
-                                   str(base), *PROBE, "--out", str(out)], tmp_path, RUN_S,
-                               DISTBENCH_TEST_SLOW_RANK=f"0:{DELAY_S}",
-                               # the store's address: distbench's default under srun is the
-                               # step's first node by its Slurm name, no host name here
-                               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        said = f"srun exited {run.returncode}\n{run.stdout}\n{run.stderr}"
-        _gone(tmp_path)
-        assert run.returncode == 4, said  # the rank's own: fail
-        _assert_failed(_run_dir(out), said, world=1, stragglers=[])
-        # the rank printed the line it ran
-        assert f"scontrol update NodeName={cluster.node} State=drain" in run.stdout, said
-        state, reason = cluster.node_state()
-        _assert_drained(state, reason, said, straggler=None)
-        cluster.resume()
-        cluster.wait_state(lambda s: s == "idle", 30, "scontrol's resume")
-        assert cluster.node_state() == ("idle", "none")
-
-
 def _health_check(armed: Path, ran: Path, out: Path, log: Path, baseline: Path,
                   conf: str) -> str:
     """The HealthCheckProgram. slurmd runs it as root with only PWD and SLURMD_NODENAME in its
@@ -222,7 +195,7 @@ def _finished(out: Path) -> Path | None:
 # 3 of the cluster's; the check's launcher, its 2 workers and rank 0's scontrol; and the next
 # interval's run of the program, which finds the check ran and exits
 @pytest.mark.procs(8)
-def test_slurmd_health_check_program_drains_the_node_and_resume_brings_it_back(
+def test_watch_once_drains_the_node_under_srun_and_as_slurmds_health_check_program(
         tmp_path, baseline):
     script, armed, ran = tmp_path / "distbench-health", tmp_path / "armed", tmp_path / "ran"
     out, log = tmp_path / "health", tmp_path / "health.log"
@@ -233,6 +206,7 @@ def test_slurmd_health_check_program_drains_the_node_and_resume_brings_it_back(
              f"HealthCheckNodeState=IDLE\n")
     base = baseline(2)
     with one_node_cluster(extra, node=NODE) as cluster:
+        _drain_under_srun(cluster, tmp_path, baseline(1))
         # renamed over the placeholder: slurmd may be running it right now
         real = tmp_path / "distbench-health.new"
         real.write_text(_health_check(armed, ran, out, log, base, str(cluster.conf)))
@@ -299,3 +273,31 @@ def _watch_stopped_as_scancel_stops_it(cluster, tmp_path: Path) -> None:
     assert "distbench_ended{Hostname=" in textfile.read_text() and \
         "distbench_up{" in textfile.read_text(), textfile.read_text()
     assert 'distbench_ended{Hostname="' + cluster.node + '"} 1.0' in textfile.read_text()
+
+
+def _drain_under_srun(cluster, tmp_path: Path, base: Path) -> None:
+    """`watch --once --drain` under srun, its one rank slowed (with 3 of the cluster's, srun, its
+    shepherd, its slurmstepd, the rank and the rank's scontrol are 8 processes): the node
+    drained with the probe in its reason, then resumed. While the job runs the node is
+    allocated, so slurmd runs no IDLE health check beside it."""
+    out = tmp_path / "srun"
+    out.mkdir()
+    assert cluster.node_state() == ("idle", "none")
+    with json_schemas.held(out):
+        run = cluster.srun(1, [*DISTBENCH, "watch", "--once", "--drain", "--baseline",
+                               str(base), *PROBE, "--out", str(out)], tmp_path, RUN_S,
+                           DISTBENCH_TEST_SLOW_RANK=f"0:{DELAY_S}",
+                           # the store's address: distbench's default under srun is the
+                           # step's first node by its Slurm name, no host name here
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    said = f"srun exited {run.returncode}\n{run.stdout}\n{run.stderr}"
+    _gone(tmp_path)
+    assert run.returncode == 4, said  # the rank's own: fail
+    _assert_failed(_run_dir(out), said, world=1, stragglers=[])
+    # the rank printed the line it ran
+    assert f"scontrol update NodeName={cluster.node} State=drain" in run.stdout, said
+    state, reason = cluster.node_state()
+    _assert_drained(state, reason, said, straggler=None)
+    cluster.resume()
+    cluster.wait_state(lambda s: s == "idle", 30, "scontrol's resume")
+    assert cluster.node_state() == ("idle", "none")
