@@ -308,8 +308,8 @@ def test_a_textfile_directory_removed_mid_run_is_said_and_the_watch_goes_on(tmp_
     textfile = where / "distbench.prom"
     result = []
     run = threading.Thread(target=lambda: result.append(distbench(
-        out_dir(tmp_path), "watch", *FAST, "--interval", "0.3", "--count", "8", "--warm", "2",
-        "--workers", "2", "--textfile", str(textfile), timeout=120)))
+        out_dir(tmp_path), "watch", *FAST, "--interval", "0.3", "--count", "6", "--workers", "2",
+        "--textfile", str(textfile), timeout=120)))
     run.start()
     _until(lambda: _healthy(textfile), 60, "the textfile never read healthy")
     for p in where.iterdir():
@@ -317,8 +317,8 @@ def test_a_textfile_directory_removed_mid_run_is_said_and_the_watch_goes_on(tmp_
     where.rmdir()
     run.join()
     (res,) = result
-    assert [x["cycle"] for x in lines(res.run_dir)] == list(range(8))
-    assert res.code == 0, res.stderr
+    assert [x["cycle"] for x in lines(res.run_dir)] == list(range(6))
+    assert res.code == 5, res.stderr  # nothing judged in 6 cycles (--warm 20): not a failure
     assert f"cannot write the textfile {textfile}" in res.stderr
     assert "the watch goes on" in res.stderr
 
@@ -347,36 +347,6 @@ def test_a_stop_during_the_startup_is_a_deliberate_end_and_npd_says_unknown(tmp_
     assert stdout.splitlines() == ["distbench: stopped by SIGTERM before a verdict"], stdout
     samples = prom(textfile)
     assert value(samples, "distbench_up") == 0 and value(samples, "distbench_ended") == 1
-
-
-def test_the_drain_names_the_node_as_slurm_does_and_refuses_a_name_scontrol_would_misread(
-        tmp_path):
-    """--once with a rank 10 ms late: the straggler is named, so the node drains. The node and
-    the straggler's place in the reason are SLURMD_NODENAME's; a name that is not a node name
-    is refused in one line, nothing run, and the verdict's exit code stands (it was a
-    traceback, exit 3)."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    calls = tmp_path / "scontrol.calls"
-    (fake / "scontrol").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> {calls}\n')
-    (fake / "scontrol").chmod(0o755)
-    path = f"{fake}:{os.environ['PATH']}"
-    good = distbench(out_dir(tmp_path, "good"), "watch", *FAST, "--once", "--drain",
-                     "--workers", "2", timeout=120, PATH=path, SLURMD_NODENAME="gpu7",
-                     DISTBENCH_TEST_SLOW_RANK="1:0.01")
-    assert good.code == 4, good.stderr
-    argv = calls.read_text().splitlines()
-    assert argv[:3] == ["update", "NodeName=gpu7", "State=drain"], argv
-    assert argv[3].startswith("Reason=distbench: straggler rank 1 (gpu7): "), argv
-    assert argv[3].endswith(" us late in all_reduce 64 KiB"), argv
-    assert f"scontrol update NodeName=gpu7 State=drain '{argv[3]}'" in good.stdout
-    calls.unlink()
-    bad = distbench(out_dir(tmp_path, "bad"), "watch", *FAST, "--once", "--drain",
-                    "--workers", "2", timeout=120, PATH=path, SLURMD_NODENAME="x$(id) y",
-                    DISTBENCH_TEST_SLOW_RANK="1:0.01")
-    assert bad.code == 4, bad.stderr
-    assert "cannot drain: not a Slurm node name: 'x$(id) y'" in bad.stderr
-    assert "Traceback" not in bad.stderr and not calls.exists()
 
 
 def test_a_duration_shorter_than_the_interval_ends_without_waiting_the_interval(tmp_path):
