@@ -198,16 +198,20 @@ def test_the_textfile_stops_reading_healthy_when_a_rank_or_the_launcher_dies(tmp
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_a_rank_slowed_from_the_first_cycle_is_named_within_k_cycles(tmp_path, world):
     """10 ms late before every op from cycle 0, through the warm-up: the skew the warm-up
-    learns cannot hide it (judge.LATE_CAP), so it is named at the k-th cycle (--agree 3)."""
+    learns cannot hide it (judge.LATE_CAP), so it is named within the first n cycles (k = 3 of
+    n = 5; at the k-th on a quiet machine). 4 KiB: the op stays short beside the 10 ms at 4
+    ranks on 2 busy cores, as a GPU's would."""
     slow = world - 1
-    res = distbench(out_dir(tmp_path), "watch", *FAST, "--interval", "0.3", "--count", "5",
-                    "--warm", "3", "--workers", str(world), timeout=240,
-                    DISTBENCH_TEST_SLOW_RANK=f"{slow}:0.01")
+    res = distbench(out_dir(tmp_path), "watch", "--sizes", "4K", "--iters", "10", "--timeout",
+                    "20", "--interval", "0.3", "--count", "6", "--warm", "3", "--workers",
+                    str(world), timeout=240, DISTBENCH_TEST_SLOW_RANK=f"{slow}:0.01")
     got = lines(res.run_dir)
-    assert [x["cycle"] for x in got] == list(range(5)), res.stderr
+    assert [x["cycle"] for x in got] == list(range(6)), res.stderr
     named = [x["stragglers"] for x in got]
-    assert named[:2] == [[], []] and named[2:] == [[slow]] * 3, named
-    assert all(x["probes"][0]["late_rank"] == slow for x in got)
+    first = next((i for i, x in enumerate(named) if x == [slow]), None)
+    assert first is not None and 2 <= first <= 4, named
+    assert named[first:] == [[slow]] * (6 - first) and named[:first] == [[]] * first, named
+    assert sum(x["probes"][0]["late_rank"] == slow for x in got) >= 5, got
     assert got[-1]["verdict"] in ("warn", "fail")
     assert res.code == 4, res.stderr
     assert f"stragglers: rank {slow} (" in res.stderr
