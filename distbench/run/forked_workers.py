@@ -27,12 +27,11 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from typing import NoReturn
 
-from distbench.core.exitcodes import STOP_SIGNALS
+from distbench.run.held_stops import HeldStops
 
 # What the commands that train import in each worker, about 1.2 CPU-s: torch.optim's and
 # DTensor's first calls import torch._dynamo (torch._disable_dynamo).
@@ -79,7 +78,9 @@ class ForkedWorker:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         ready_r, ready_w = os.pipe()
-        with _stops_held() as held:
+        # a stop signal now is raised once the worker is forked and registered: raised inside
+        # the fork's hooks it was lost, and the launcher ran on to --count or hung (watch)
+        with HeldStops() as held:
             pid = os.fork()
             if pid == 0:
                 _become_worker(argv, env, stdout, stderr, levels, ready_w)  # never returns
@@ -115,44 +116,6 @@ class ForkedWorker:
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
             os.kill(self.pid, signum)
-
-
-class _Held:
-    """Stop signals noted while a worker is forked, delivered after it (deliver)."""
-
-    def __init__(self) -> None:
-        self.handlers: dict = {}
-        self.signum = 0
-        self.pid = os.getpid()  # the launcher's: the child must not restore them
-
-    def note(self, signum, frame) -> None:
-        self.signum = self.signum or signum
-
-    def deliver(self) -> None:
-        handler = self.handlers.get(self.signum)
-        if self.signum and callable(handler):
-            handler(self.signum, None)
-
-
-@contextlib.contextmanager
-def _stops_held():
-    """Around os.fork: a stop signal only noted, not raised. The agent's handler raises
-    SignalException; raised inside the fork's own hooks (logging's _releaseLock) it was printed
-    as "Exception ignored" and lost, and the launcher ran on to --count or hung (seen with
-    watch). The handlers are Python's, set in the main thread alone; elsewhere nothing changes.
-    The child resets them anyway (as_if_exec)."""
-    held = _Held()
-    if threading.current_thread() is not threading.main_thread():
-        yield held
-        return
-    for signum in STOP_SIGNALS:
-        held.handlers[signum] = signal.signal(signum, held.note)
-    try:
-        yield held
-    finally:
-        if os.getpid() == held.pid:
-            for signum, handler in held.handlers.items():
-                signal.signal(signum, handler)
 
 
 def _await_own_group(pid: int, ready_r: int) -> int | None:

@@ -32,7 +32,6 @@ from distbench.core.exitcodes import (
     EXIT_BELOW,
     EXIT_INCONCLUSIVE,
     EXIT_OK,
-    STOP_SIGNALS,
     for_signal,
 )
 from distbench.core.sizes import format_size
@@ -40,6 +39,7 @@ from distbench.ops.collectives import OPS, Ctx
 from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.results.writer import Appender
 from distbench.run.faults import Faults
+from distbench.run.held_stops import HeldStops
 from distbench.run.runtime import RunFailure
 from distbench.run.session import Session
 from distbench.watch import health, textfile
@@ -168,30 +168,7 @@ def _node_of(s: Session, rank: int):
     return s.rt.ranks[rank]["node"] if s.rt.ranks else 0  # as Runtime.nnodes groups them
 
 
-class _Stop:
-    """A stop signal (SIGTERM, SIGINT, ...) during the watch: noted, not raised, so that every
-    rank finishes the collective it is in and all leave at the same cycle boundary (NCCL would
-    hang the others otherwise). A rank waiting between cycles wakes at once; the others learn
-    of it at the boundary (MAX), or through the launcher's store while they wait."""
-
-    def __init__(self) -> None:
-        self.signum = 0
-        self._before: dict = {}
-
-    def __enter__(self) -> _Stop:
-        for signum in STOP_SIGNALS:
-            self._before[signum] = signal.signal(signum, self._note)
-        return self
-
-    def _note(self, signum, frame) -> None:
-        self.signum = self.signum or signum
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._before.items():
-            signal.signal(signum, handler)
-
-
-def _wait(s: Session, stop: _Stop, seconds: float) -> None:
+def _wait(s: Session, stop: HeldStops, seconds: float) -> None:
     """Sleep on the host until the next cycle (no collective is pending: on a GPU, no kernel
     spins meanwhile), waking for a stop signal sent to this rank or posted by another."""
     deadline = time.monotonic() + seconds
@@ -224,12 +201,15 @@ class _End:
 
 
 def run(s: Session) -> int:
-    # from the start: a stop during the startup ends at the first boundary, as a deliberate end
-    with _Stop() as stop:
+    # Held from the start: a stop during the startup ends at the first boundary, a deliberate
+    # end. Noted, not raised, so every rank finishes the collective it is in and all leave at
+    # the same boundary (MAX); a rank waiting between cycles wakes at once, and the others
+    # learn of it there or through the launcher's store while they wait.
+    with HeldStops() as stop:
         return _watch(s, stop)
 
 
-def _watch(s: Session, stop: _Stop) -> int:
+def _watch(s: Session, stop: HeldStops) -> int:
     opts, rt = s.opts, s.rt
     probes = opts.probes()
     infos = [rank_infos(rt.ranks, rt.snapshots, rt.world) if rt.rank == 0 else None]
