@@ -75,6 +75,12 @@ class Drain:
     line: str
 
 
+def npd_refusal(message: str) -> str:
+    """A refusal as node-problem-detector shows it: one line of at most NPD_CHARS, without the
+    example (stderr has the whole line)."""
+    return _short("distbench: bad input: " + message.rsplit(" (example:", 1)[0], NPD_CHARS)
+
+
 def npd_stopped(signum: int) -> str:
     """node-problem-detector's line for a watch stopped by a signal (its code: unknown)."""
     return f"distbench: stopped by {signal.Signals(signum).name} before a verdict"

@@ -35,6 +35,7 @@ from distbench.core.exitcodes import (
     for_signal,
 )
 from distbench.core.sizes import format_size
+from distbench.core.tables import plural
 from distbench.ops.collectives import OPS, Ctx
 from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.results.writer import Appender
@@ -296,14 +297,10 @@ def _watch(s: Session, stop: HeldStops) -> int:
         index += 1
     end.ended = True
     if signum:
-        end.why = f"stopped by {signal.Signals(signum).name} after {_cycles(index)}"
+        end.why = f"stopped by {signal.Signals(signum).name} after {plural(index, 'cycle')}"
     else:
-        end.why = f"ended as asked after {_cycles(index)}"
+        end.why = f"ended as asked after {plural(index, 'cycle')}"
     return _ending(s, judgement, ranks, signum, end.why)
-
-
-def _cycles(n: int) -> str:
-    return "1 cycle" if n == 1 else f"{n} cycles"
 
 
 def _textfile(s: Session, write, path: Path, *args, **kwargs) -> None:

@@ -29,7 +29,7 @@ from distbench.core.options import (
 from distbench.core.sizes import format_size
 from distbench.ops.collectives import names
 from distbench.platform import env
-from distbench.watch.health import NPD_CHARS
+from distbench.watch.health import NPD_OK, NPD_PROBLEM, NPD_UNKNOWN
 from distbench.watch.judge import WARM
 from distbench.watch.records import Probe
 
@@ -127,9 +127,6 @@ class WatchOptions(RunOptions):
                        "of at most 80 characters; exit 0 OK, 1 problem, 2 unknown.")
 
     def validate(self) -> None:
-        self._validate()
-
-    def _validate(self) -> None:
         if self.profile is not None:
             given = [f for f, v in (("--op", self.ops), ("--sizes", self.sizes),
                                     ("--dtype", self.dtype)) if v is not None]
@@ -259,20 +256,12 @@ def _warn(lines: list[str]) -> None:
 
 def npd_asked(args: list[str]) -> bool:
     """Whether a command line is `watch ... --npd`: its refusal owes node-problem-detector a
-    stdout line (npd_refusal) whichever check refused it."""
+    stdout line (health.npd_refusal) whichever check refused it."""
     return bool(args) and args[0] == "watch" and any(a in ("--npd", "--npd=true") for a in args)
 
 
-def npd_refusal(message: str) -> str:
-    """A refusal as node-problem-detector shows it: one line of at most NPD_CHARS, without
-    the example (stderr has the whole line)."""
-    text = " ".join(("distbench: bad input: " + message.rsplit(" (example:", 1)[0]).split())
-    return text if len(text) <= NPD_CHARS else text[: NPD_CHARS - 3].rstrip() + "..."
-
-
 # node-problem-detector's custom plugin codes for distbench's: OK, a problem, unknown
-NPD_CODES = {EXIT_OK: 0, EXIT_BELOW: 1}
-NPD_UNKNOWN = 2
+NPD_CODES = {EXIT_OK: NPD_OK, EXIT_BELOW: NPD_PROBLEM}
 
 
 def exit_code(opts: WatchOptions, code: int) -> int:
