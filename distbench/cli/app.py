@@ -103,9 +103,8 @@ def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: Path
         name = ctx.command.name or ""
         known = {spec.flag: cli_types(COMMANDS[name].options)[f.name]
                  for f, spec in option_fields(COMMANDS[name].options)}
-        paths = frozenset(spec.flag for f, spec in option_fields(COMMANDS[name].options)
-                          if f.name in path_options(COMMANDS[name].options))
-        loaded = load_config(value, name, known, set(COMMANDS), paths)
+        loaded = load_config(value, name, known, set(COMMANDS),
+                             path_options(COMMANDS[name].options))
         ctx.default_map = {**(ctx.default_map or {}),
                            **{_py_name(k): v for k, v in loaded.items()}}
     return value

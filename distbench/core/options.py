@@ -418,9 +418,10 @@ def option_fields(cls: type) -> list[tuple[Field, Spec]]:
 
 
 def path_options(cls: type) -> frozenset[str]:
-    """The options of `cls` declared as a Path (or Path | None): they name a file."""
+    """The options of `cls` declared as a Path (or Path | None), they name a file: by their
+    flag's name, as cli_types' callers key them."""
     hints = typing.get_type_hints(cls)
-    return frozenset(f.name for f, _ in option_fields(cls)
+    return frozenset(spec.flag for f, spec in option_fields(cls)
                      if hints[f.name] is Path or Path in typing.get_args(hints[f.name]))
 
 
