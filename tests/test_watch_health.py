@@ -76,14 +76,14 @@ def test_drain_reason_is_sanitized_and_bounded():
 def test_drain_reason_names_the_failing_probe_its_ratio_and_the_straggler():
     j = Judgement({AR: ProbeState("fail", 9810.0, baseline_us=1000.0),
                    AG: ProbeState("warn", 1200.0, baseline_us=1000.0)}, "fail", (1,),
-                  late_why={1: "8832 us late in all_reduce 1 MiB cluster"})
+                  late_why={1: (AR, 8832.0)})
     assert should_drain(j)
     assert drain_reason(j, {1: "rank 1 (gpu7)"}) == (
         "all_reduce 1 MiB fail 9.81x baseline; straggler rank 1 (gpu7): 8832 us late in "
         "all_reduce 1 MiB")
     # a straggler alone makes the verdict warn, and drains: the reason names where it was late
     j = Judgement({AR: ProbeState("ok", 1000.0, baseline_us=1000.0)}, "warn", (1,),
-                  late_why={1: "8832 us late in all_reduce 1 MiB cluster"})
+                  late_why={1: (AR, 8832.0)})
     assert should_drain(j)
     assert drain_command("gpu7", drain_reason(j, {1: "rank 1 (gpu7)"})).argv[-1] == \
         "Reason=distbench: straggler rank 1 (gpu7): 8832 us late in all_reduce 1 MiB"

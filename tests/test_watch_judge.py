@@ -196,7 +196,8 @@ def test_a_rank_late_from_the_first_cycle_is_named_within_k_cycles(world):
         assert [j.stragglers for j in got[:K]] == [(), (), (world - 1,)]
         assert all(j.stragglers == (world - 1,) for j in got[K:])
         assert all(j.verdict == "warn" for j in got[K:])
-        assert got[-1].late_why[world - 1].endswith(" us late in all_reduce 1 MiB cluster")
+        key, by = got[-1].late_why[world - 1]
+        assert key == AR.key and by > 0  # the first probe it was late in, and how long
 
 
 def test_a_noisy_warm_up_cannot_lift_the_threshold_past_the_cap():

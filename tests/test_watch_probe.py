@@ -120,7 +120,7 @@ def test_the_gpu_label_is_the_nvml_index_of_the_ranks_uuid():
 
 def _straggler_judged() -> Judgement:
     return Judgement({AR.key: ProbeState("ok", 1000.0, baseline_us=1000.0)}, "warn", (0,),
-                     late_why={0: "9891 us late in all_reduce 1 MiB cluster"})
+                     late_why={0: (AR.key, 9891.0)})
 
 
 @pytest.mark.procs(1)  # the fake scontrol

@@ -117,7 +117,7 @@ def drain_reason(judgement: Judgement, names: dict[int, str]) -> str:
     for rank in judgement.stragglers:
         late = judgement.late_why.get(rank)
         parts.append(f"straggler {names.get(rank, f'rank {rank}')}"
-                     + (f": {late.removesuffix(' cluster')}" if late else ""))
+                     + (f": {late[1]:.4g} us late in {_probe(late[0])}" if late else ""))
     return "; ".join(parts) or f"verdict {judgement.verdict}"
 
 

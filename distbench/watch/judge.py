@@ -133,7 +133,8 @@ class Tracker:
             h.baseline, h.noise, h.source = float(time_us), spread, "given"
         self._late = [deque(maxlen=n) for _ in range(world)]  # per rank: late in each cycle?
         self._stragglers: set[int] = set()
-        self._late_why: dict[int, str] = {}  # each rank's last lateness: where and by how much
+        # each rank's last lateness: the probe it was late in (its key) and by how many us
+        self._late_why: dict[int, tuple[str, float]] = {}
 
     # -- one probe -------------------------------------------------------------------------
     def _bad(self, h: _History, time_us: float) -> int:
@@ -213,10 +214,10 @@ class Tracker:
         return ProbeState(h.state, statistics.median(t), p95, cv, h.baseline)
 
     # -- ranks -----------------------------------------------------------------------------
-    def _late_ranks(self, cycle: Cycle) -> dict[int, str] | None:
-        """The ranks late in this cycle, each with why; None when the cycle measured nothing
-        that could tell."""
-        late: dict[int, str] = {}
+    def _late_ranks(self, cycle: Cycle) -> dict[int, tuple[str, float]] | None:
+        """The ranks late in this cycle, each with the probe (its key) and by how many us;
+        None when the cycle measured nothing that could tell."""
+        late: dict[int, tuple[str, float]] = {}
         told = False
         for r in cycle.results:
             rank, by = r.late_rank, r.lateness_us
@@ -240,13 +241,17 @@ class Tracker:
             # against the skew, not the time's noise from cycle to cycle: how late a rank comes
             # within a cycle does not grow when the whole cycle swings
             if ratio > threshold and rank not in late:
-                late[rank] = f"{by:.4g} us late in {label(r.probe)}"
+                late[rank] = (r.probe.key, by)
         return late if told else None
 
     def late_threshold(self, skew: float) -> float:
         """The share of a probe's time the others must wait for a rank, once the probe has a
         baseline, for it to count as late."""
         return min(LATE_CAP, max(LATE_FLOOR, noise.limit(self.tolerance, skew) - 1))
+
+    def _late_text(self, late: tuple[str, float]) -> str:
+        key, by = late
+        return f"{by:.4g} us late in {label(self.probes[key])}"
 
     def _ranks(self, cycle: Cycle) -> list[str]:
         late = self._late_ranks(cycle)
@@ -260,7 +265,7 @@ class Tracker:
             if rank not in self._stragglers and count >= self.k:
                 self._stragglers.add(rank)
                 changes.append(f"rank {rank}: named a straggler (late in {count} of the last "
-                               f"{len(seen)} cycles; this one {late[rank]})")
+                               f"{len(seen)} cycles; this one {self._late_text(late[rank])})")
             elif rank in self._stragglers and len(seen) >= self.k \
                     and not any(list(seen)[-self.k:]):
                 self._stragglers.discard(rank)

@@ -121,5 +121,5 @@ class Judgement:
     stragglers: tuple[int, ...] = ()  # ranks late in k of the last n cycles
     late_counts: dict[int, int] = field(default_factory=dict)  # in the last n cycles
     changes: tuple[str, ...] = ()  # one line per state that changed in this cycle
-    # each straggler's last lateness ("9891 us late in all_reduce 64 KiB cluster")
-    late_why: dict[int, str] = field(default_factory=dict)
+    # each straggler's last lateness: the probe it was late in (Probe.key) and by how many us
+    late_why: dict[int, tuple[str, float]] = field(default_factory=dict)
