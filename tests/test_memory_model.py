@@ -107,11 +107,18 @@ def test_the_peak_on_hand_cases():
     # two layers gathered (the one at work, the next fetched ahead) and one's whole gradients
     assert z3.parts() == {"params": 1536, "grads": 0.0, "optimizer": 1536 * 2,
                           "buffers": 3 * 768 * 4, "activations": micro + tokens * AT_WORK}
-    # two micro-batches of one sample: the second's forward beside the first's gradients,
-    # whole until the last micro-batch reduce-scatters them (requires_gradient_sync false)
-    z3m = mem.memory(SMALL, Layout(tp=1, pp=1, dp=4, zero=3, micro_batches=2), 4)
+    # two micro-batches of one sample synced at the last only: the second's forward beside the
+    # first's gradients, whole until the last micro-batch reduce-scatters them
+    # (requires_gradient_sync false)
+    z3m = mem.memory(SMALL, Layout(tp=1, pp=1, dp=4, zero=3, micro_batches=2,
+                                   grad_sync="last"), 4)
     assert (z3m.grads, z3m.activations) == (1536 * 4, (micro + tokens * AT_WORK) / 2)
     assert z3m.buffers == 2 * 768 * 4  # two layers gathered
+    # FSDP2's default reduce-scatters every micro-batch: the shards accumulate (a quarter),
+    # and one layer's whole gradients wait for their reduce-scatter, as with one micro-batch
+    z3s = mem.memory(SMALL, Layout(tp=1, pp=1, dp=4, zero=3, micro_batches=2), 4)
+    assert (z3s.grads, z3s.activations) == (1536, (micro + tokens * AT_WORK) / 2)
+    assert z3s.buffers == 3 * 768 * 4
     # ZeRO 2 keeps the stage gathered from forward to backward, and one layer's gradients
     z2 = mem.memory(SMALL, Layout(tp=1, pp=1, dp=4, zero=2), 4)
     assert (z2.params, z2.buffers) == (1536, 1536 * 4 + 768 * 4)
@@ -178,16 +185,20 @@ def test_full_recomputation_keeps_layer_inputs_and_rebuilds_one_layer():
 def test_7b_trains_without_a_pipeline_on_8_gpus_of_80_gb():
     """Issue 31: 0 of the pp 1 layouts of 7b fit on 8 x 80 GB, with m = 1 the only count and
     the attention scores counted; ZeRO-3 over 8, one sample per micro-batch, is how 7b is
-    trained. As step runs it, FSDP syncs the gradients on the last micro-batch only, so they
-    are whole until then (12.6 GiB in bfloat16): 41.9 GiB a rank."""
+    trained. Synced on the last micro-batch only (grad_sync last), the gradients are whole
+    until then (12.6 GiB in bfloat16): 41.9 GiB a rank; FSDP2's default, a reduce-scatter every
+    micro-batch, holds an eighth of them: 31.3 GiB."""
     model = PRESETS["7b"]
     assert micro_batch_counts(model, 1, 8) == [1, 2, 4, 8, 16, 32, 64, 128]
     flat = [lay for lay in enumerate_layouts(model, 8, 8) if lay.pp == 1]
     fitting = [lay for lay in flat if mem.fits(mem.memory(model, lay, 2).total, 80 * 2**30)]
     z3 = Layout(tp=1, pp=1, dp=8, zero=3, micro_batches=128)
     assert z3 in fitting
-    assert 40 * 2**30 < mem.memory(model, z3, 2).total < 43 * 2**30
-    assert mem.memory(model, z3, 2).grads == model.params * 2
+    assert 31 * 2**30 < mem.memory(model, z3, 2).total < 32 * 2**30
+    assert mem.memory(model, z3, 2).grads == model.params * 2 / 8
+    last = Layout(tp=1, pp=1, dp=8, zero=3, micro_batches=128, grad_sync="last")
+    assert 40 * 2**30 < mem.memory(model, last, 2).total < 43 * 2**30
+    assert mem.memory(model, last, 2).grads == model.params * 2
 
 
 @pytest.mark.parametrize("pp, v, m", [(2, 2, 4), (2, 2, 8), (4, 2, 4), (4, 2, 16), (3, 3, 3)])

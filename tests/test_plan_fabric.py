@@ -4,6 +4,8 @@ worked by hand from the presets' published numbers."""
 
 from __future__ import annotations
 
+import csv
+import math
 from pathlib import Path
 
 import helpers
@@ -55,15 +57,54 @@ def test_figures_replace_a_presets_and_lose_its_source():
 @pytest.mark.parametrize("text,match", [
     ("dgx-z9", "no preset 'dgx-z9'"),
     ("dgx-a100,links=4", "'links=4' is no figure"),
-    ("dgx-a100,nic_gbps=-1", "nic_gbps must be a number above 0"),
-    ("dgx-a100,nics_per_node=2.5", "nics_per_node must be a whole number"),
-    ("dgx-a100,nic_gbps=nan", "nic_gbps must be a number above 0"),
+    ("dgx-a100,nic_gbps=-1", "nic_gbps must be a number from 0.01 to 1,000 GB/s, got '-1'"),
+    ("dgx-a100,nics_per_node=2.5", "nics_per_node must be a whole number from 1 to 1,024, "
+     "got '2.5'"),
+    ("dgx-a100,nic_gbps=nan", "nic_gbps must be a number from 0.01 to 1,000 GB/s, got 'nan'"),
     ("node_gbps=300", "needs nic_gbps, nics_per_node"),
     ("dgx-a100,gpu=tpu", "no such GPU"),
+    # issue 46: every figure bounded as a measured one is (planner/inputs_check.py); 5e-324
+    # ranked a NaN step first, 1.7e308 gave inf steps
+    ("dgx-a100,node_gbps=5e-324", "node_gbps must be a number from 0.01 to 10,000 GB/s, got "
+     "'5e-324'"),
+    ("dgx-a100,node_gbps=10001", "node_gbps must be a number from 0.01 to 10,000 GB/s"),
+    ("dgx-a100,nic_gbps=inf", "nic_gbps must be a number from 0.01 to 1,000 GB/s"),
+    ("dgx-a100,nic_gbps=0.009", "nic_gbps must be a number from 0.01 to 1,000 GB/s"),
+    ("dgx-a100,base_us=1.7e308", "base_us must be a number from 0 to 1,000 us, got '1.7e308'"),
+    ("dgx-a100,node_hop_us=-0.1", "node_hop_us must be a number from 0 to 1,000 us"),
+    ("dgx-a100,net_hop_us=1e400", "net_hop_us must be a number from 0 to 1,000 us"),
+    ("dgx-a100,nics_per_node=1025", "nics_per_node must be a whole number from 1 to 1,024"),
+    ("dgx-a100,gpus_per_node=0", "gpus_per_node must be a whole number from 1 to 1,024"),
+    ("dgx-a100,gpus_per_node=1025", "gpus_per_node must be a whole number from 1 to 1,024"),
+    # taken last-wins, where --layout and --model refuse a key given twice
+    ("dgx-a100,nic_gbps=10,nic_gbps=20", "nic_gbps is given twice in "
+     "'dgx-a100,nic_gbps=10,nic_gbps=20'"),
+    ("node_gbps=300,nic_gbps=25,nics_per_node=8,gpu=a100,gpu=h100", "gpu is given twice"),
+    # int() and float() take any script's digits: a full-width 8 was 8
+    ("dgx-a100,nics_per_node=\uff18", "nics_per_node='\uff18' is not a number: write it in "
+     "ASCII digits"),
+    ("dgx-a100,nic_gbps=\uff12\uff15", "nic_gbps='\uff12\uff15' is not a number"),
+    ("dgx-a100,gpus_per_node=\u0968", "gpus_per_node='\u0968' is not a number"),  # Devanagari 2
 ])
 def test_a_bad_fabric_is_one_line(text, match):
-    with pytest.raises(OptionError, match=match):
+    with pytest.raises(OptionError, match="^--fabric: ") as e:
         fabrics.parse("--fabric", text)
+    assert match in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_fabric_at_its_bounds_is_taken():
+    """The bounds refuse no real fabric: each end is a figure."""
+    fabric = fabrics.parse("--fabric", "node_gbps=10000,nic_gbps=0.01,nics_per_node=1024,"
+                           "gpus_per_node=1024,base_us=0,node_hop_us=1000,net_hop_us=0")
+    assert (fabric.node_gbps, fabric.nic_gbps, fabric.nics_per_node, fabric.gpus_per_node,
+            fabric.base_us, fabric.node_hop_us, fabric.net_hop_us) == (
+        10_000.0, 0.01, 1024, 1024, 0.0, 1000.0, 0.0)
+    assert fabrics.parse("--fabric", "dgx-a100,node_gbps=0.01,nic_gbps=1000").nic_gbps == 1000
+    # the GPUs per node a fabric may declare are those --gpus-per-node may
+    from distbench.cli.commands import plan
+
+    assert plan.MAX_GPUS_PER_NODE == fabrics.MAX_GPUS_PER_NODE == 1024
 
 
 def test_measured_fits_win_and_the_fabric_prices_what_they_do_not_cover():
@@ -103,14 +144,58 @@ def test_plan_from_a_declared_fabric_alone(tmp_path):
     assert "warning" not in got.stderr
 
 
-@pytest.mark.parametrize("args,option", [
-    (("--fabric", "dgx-a100,nic_gbps=0", "--gpus", "64"), "--fabric"),
-    (("--fabric", "dgx-a100", "--workers", "2"), "--fabric"),  # never measured and ignored
-    (("--fabric", "dgx-a100", "--validate", "2"), "--fabric"),
+@pytest.mark.parametrize("args,option,needle", [
+    (("--fabric", "dgx-a100,nic_gbps=0", "--gpus", "64"), "--fabric", "nic_gbps must be"),
+    (("--fabric", "dgx-a100", "--workers", "2"), "--fabric", "drop --workers"),  # not measured
+    (("--fabric", "dgx-a100", "--validate", "2"), "--fabric", "drop --workers"),
+    (("--fabric", "dgx-a100,node_gbps=5e-324", "--gpus", "64"), "--fabric",
+     "node_gbps must be a number from 0.01 to 10,000 GB/s, got '5e-324'"),
+    (("--fabric", "dgx-a100,base_us=1.7e308", "--gpus", "64"), "--fabric",
+     "base_us must be a number from 0 to 1,000 us, got '1.7e308'"),
+    (("--fabric", "dgx-a100,gpus_per_node=2048", "--gpus", "64"), "--fabric",
+     "gpus_per_node must be a whole number from 1 to 1,024"),
+    (("--fabric", "dgx-a100,nic_gbps=10,nic_gbps=20", "--gpus", "64"), "--fabric",
+     "nic_gbps is given twice"),
+    (("--fabric", "dgx-a100,nics_per_node=\uff18", "--gpus", "64"), "--fabric",
+     "write it in ASCII digits"),
+    # no --from: what is missing is the node size, not "the --from runs'" GPUs
     (("--fabric", "nic_gbps=25,node_gbps=300,nics_per_node=8", "--gpus", "64"),
-     "--gpus-per-node"),
+     "--gpus-per-node", "--fabric nic_gbps=25,node_gbps=300,nics_per_node=8 gives no "
+     "gpus_per_node=: say how many GPUs a node has, with --gpus-per-node or the fabric's "
+     "gpus_per_node="),
 ])
-def test_bad_fabric_input_is_one_line_exit_2_and_no_run_dir(tmp_path, args, option):
+def test_bad_fabric_input_is_one_line_exit_2_and_no_run_dir(tmp_path, args, option, needle):
     got = _plan(tmp_path, *args)
-    helpers.assert_one_line_error(got, None, option, ours=True)
+    line = helpers.assert_one_line_error(got, None, option, ours=True)
+    assert needle in line, line
+    assert "--from" not in line, line  # there is none
     assert not (tmp_path / "out").exists()
+
+
+def test_a_fabric_without_gpus_per_node_plans_with_either_one(tmp_path):
+    """What the refusal above asks for is what plans: --gpus-per-node, or the figure."""
+    figures = "nic_gbps=25,node_gbps=300,nics_per_node=8"
+    for i, args in enumerate((("--fabric", figures, "--gpus-per-node", "8"),
+                              ("--fabric", f"{figures},gpus_per_node=8"))):
+        (tmp_path / str(i)).mkdir()
+        got = _plan(tmp_path / str(i), *args, "--gpus", "16", "--gpu", "a100")
+        assert got.returncode == 0, got.stderr
+        assert "16 GPUs, 8 per node" in got.stdout, got.stdout
+
+
+def test_a_plan_on_a_fabric_at_its_slowest_bounds_ranks_finite_steps(tmp_path):
+    """The bounds keep every step finite: the slowest fabric they allow (10 MB/s links, 1 ms a
+    ring step) still gives each layout a finite time, ranked. (A low of 5e-324 GB/s ranked
+    NaN steps first.)"""
+    slowest = {k: (low if k.endswith("_gbps") else high)
+               for k, (low, high, _) in fabrics.BOUNDS.items() if k.endswith(("_gbps", "_us"))}
+    assert slowest == {"node_gbps": 0.01, "nic_gbps": 0.01, "base_us": 1000,
+                       "node_hop_us": 1000, "net_hop_us": 1000}
+    text = ",".join(["dgx-a100", *(f"{k}={v!r}" for k, v in slowest.items())])
+    got = _plan(tmp_path, "--fabric", text, "--gpus", "64", "--model", "7b", "--dtype",
+                "bfloat16")
+    assert got.returncode == 0, got.stderr
+    (run_dir,) = (tmp_path / "out").iterdir()
+    with open(run_dir / "plan.csv", newline="") as fh:
+        steps = [float(r["predicted_step_ms"]) for r in csv.DictReader(fh)]
+    assert steps and all(math.isfinite(x) and x > 0 for x in steps), steps

@@ -85,11 +85,14 @@ def test_a_layout_that_cannot_run_here_is_refused_naming_why(text, needle):
     assert needle in str(e.value)
 
 
-def test_tp_must_divide_the_heads_and_pp_the_layers():
+def test_tp_must_divide_the_heads_and_pp_is_at_most_the_layers():
     with pytest.raises(OptionError, match="tp 8 must divide the heads \\(4\\)"):
         _resolve("tp=8", gpus=8, per_node=8)
-    with pytest.raises(OptionError, match="pp 3 must divide the layers \\(4\\)"):
-        _resolve("pp=3,m=8", gpus=6, per_node=6)
+    # a pp that does not divide the layers is uneven stages (the ends hold fewer); more
+    # stages than layers is no layout
+    assert _resolve("pp=3,m=8", gpus=6, per_node=6).pp == 3
+    with pytest.raises(OptionError, match="pp 5 is more stages than the layers \\(4\\)"):
+        _resolve("pp=5,m=8", gpus=5, per_node=5)
 
 
 # ---------------------------------------------------------------------------------------------

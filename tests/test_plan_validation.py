@@ -1,12 +1,21 @@
 """What `plan --validate K` says of what it ran (issue 31): layouts out of sample first, what
 was capped, and no rank correlation over too few layouts. The real runs:
-test_plan_multiproc.py."""
+test_plan_multiproc.py. And the numbers a plan is asked with, as typed (issue 46): a digit
+of another script (`layers=８`, which int() reads as 8) and `kv_heads=0` (dropped silently)
+refused in one line, as a declared fabric's bad figures are (test_plan_fabric.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import helpers
+import pytest
+
+from distbench.core.options import OptionError
+from distbench.planner import given
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.planner.layouts import Layout
-from distbench.planner.models import ModelSpec
+from distbench.planner.models import ModelSpec, parse_model
 from distbench.planner.plan import (
     MIN_RANKED,
     label,
@@ -97,3 +106,55 @@ def test_validation_table_tells_layouts_apart_by_recomputation():
                                       {**base, "recompute": "selective"}]}, [], [])
     assert "| tp1 pp1 dp1 zero0 m2 |" in text
     assert "| tp1 pp1 dp1 zero0 m2 rc-selective |" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# The numbers a plan is asked with, as typed
+
+SHAPE = "layers=4,hidden=128,heads=4,seq=32,batch=16"
+
+
+@pytest.mark.parametrize("text,needle", [
+    (SHAPE.replace("layers=4", "layers=\uff18"),  # a full-width 8
+     "layers='\uff18' is not a whole number in ASCII digits"),
+    (SHAPE.replace("batch=16", "batch=1\u0666"),  # an Arabic-Indic 6
+     "batch='1\u0666' is not a whole number in ASCII digits"),
+    (SHAPE + ",kv_heads=0", "kv_heads must be at least 1, got 0 (leave kv_heads out for as "
+     "many as heads)"),
+    (SHAPE + ",vocab=\uff10", "vocab='\uff10' is not a whole number in ASCII digits"),
+])
+def test_a_model_number_of_another_script_or_kv_heads_0_is_refused(text, needle):
+    with pytest.raises(OptionError, match="^--model: ") as e:
+        parse_model("--model", text)
+    assert needle in str(e.value)
+
+
+def test_vocab_and_gated_may_still_be_0_and_kv_heads_left_out():
+    spec = parse_model("--model", SHAPE + ",vocab=0,gated=0")
+    assert (spec.vocab, spec.gated, spec.kv_heads) == (0, False, 4)
+    assert spec == parse_model("--model", SHAPE)
+    assert parse_model("--model", SHAPE + ",kv_heads=2").kv_heads == 2
+
+
+@pytest.mark.parametrize("text", ["tp=\uff12", "pp=2,m=\uff14", "dp=\u0968"])
+def test_a_layout_number_of_another_script_is_refused(text):
+    with pytest.raises(OptionError, match="^--layout: ") as e:
+        given.canonical("--layout", text)
+    key, _, value = text.split(",")[-1].partition("=")
+    assert f"{key}={value} in {text!r} must be a whole number" in str(e.value)
+
+
+@pytest.mark.parametrize("option,value,needle", [
+    ("--model", SHAPE.replace("layers=4", "layers=\uff18"), "in ASCII digits"),
+    ("--model", SHAPE + ",kv_heads=0", "kv_heads must be at least 1"),
+    ("--layout", "tp=\uff18", "must be a whole number"),
+])
+def test_a_number_as_typed_is_refused_in_one_line_and_nothing_made(tmp_path: Path, option,
+                                                                    value, needle):
+    args = {"--model": SHAPE, "--layout": "dp=8", option: value}
+    got = helpers.cli(tmp_path, "plan", "--fabric", "dgx-a100", "--gpus", "8", "--dtype",
+                      "bfloat16", *(x for kv in args.items() for x in kv),
+                      "--out", str(tmp_path / "out"), dispatch=True)
+    line = helpers.assert_one_line_error(got, None, option, ours=True)
+    assert needle in line, line
+    assert not (tmp_path / "out").exists()

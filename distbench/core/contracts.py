@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distbench.core.layout_label import EXTRA_COLUMNS
 from distbench.core.tables import Column, Output, fmt_us, us_as_ms
 
 # collective
@@ -173,7 +174,7 @@ STEP = Output("step.csv", csv=(
     "bubble_analytic", "bubble_us", "tp_bytes_per_step", "pp_bytes_per_step",
     "dp_bytes_per_step", "state_bytes_per_rank", "peak_mem_bytes", "samples_per_s",
     "max_abs_err", "backend", "status", "note", "recompute", "model_mem_bytes",
-    "virtual_stages",
+    "virtual_stages", *EXTRA_COLUMNS,
 ), console=(
     *LAYOUT_COLUMNS,
     Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
@@ -188,11 +189,12 @@ STEP = Output("step.csv", csv=(
     Column("model_mem_bytes", "model", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
     Column("max_abs_err", "max_err", "", 10, ".3g"),
 ), identity=("model", "tp", "pp", "dp", "zero", "micro_batches", "dtype", "world_size",
-             "recompute", "virtual_stages"),
+             "recompute", "virtual_stages", *EXTRA_COLUMNS),
     read=("tp", "pp", "dp", "zero", "micro_batches", "step_us", "compute_only_us",
           "exposed_comm_us", "status"),
-    # a layout recomputed or interleaved is another layout; older runs lack the columns
-    identity_since=("recompute", "virtual_stages"))
+    # a layout recomputed, interleaved, sequence-parallel or synced otherwise is another
+    # layout; older runs lack the columns
+    identity_since=("recompute", "virtual_stages", *EXTRA_COLUMNS))
 
 
 
@@ -207,7 +209,8 @@ PLAN = Output("plan.csv", csv=(
     "pp_comm_ms", "bubble_ms", "dp_comm_ms", "dp_exposed_ms", "optimizer_ms",
     "bubble_fraction", "tokens_per_s", "memory_per_rank_bytes", "params_bytes", "grads_bytes",
     "optimizer_bytes", "buffers_bytes", "activations_bytes", "memory_limit_bytes", "fits",
-    "rank", "recompute", "given", "enumerated", "virtual_stages",
+    "rank", "recompute", "given", "enumerated", "virtual_stages", *EXTRA_COLUMNS,
+    "tp_exposed_ms", "trainer",
 ), console=(
     Column("rank", "rank", "", 5),
     Column("tp", "tp", "", 4),
@@ -232,7 +235,7 @@ PLAN = Output("plan.csv", csv=(
 VALIDATION = Output("validation.csv", csv=(
     "model", "tp", "pp", "dp", "zero", "micro_batches", "predicted_step_ms",
     "measured_step_ms", "error_pct", "in_sample", "status", "note", "recompute",
-    "virtual_stages",
+    "virtual_stages", *EXTRA_COLUMNS,
 ), console=(
     *LAYOUT_COLUMNS,
     Column("predicted_step_ms", "predicted", "(ms)", 11, ".2f"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from distbench.core.contracts import PLAN
 from distbench.core.options import OptionError
-from distbench.planner import given
+from distbench.planner import given, trainers
 from distbench.planner import gpus as gpu_table
 from distbench.planner.inputs import Inputs
 from distbench.planner.layouts import enumerate_layouts
@@ -42,14 +42,17 @@ def require_layouts(model: ModelSpec, gpus: int, per_node: int, zero, option: st
 
 def plan_rows(model: ModelSpec, inputs: Inputs, gpus: int, per_node: int, memory: float,
               dtype: str, zero, *, gpu: str | None = None, mfu: float | None = None,
-              recompute=("none",), layouts: str | None = None) -> list[dict]:
+              recompute=("none",), layouts: str | None = None, trainer: str = "torch"
+              ) -> list[dict]:
     """The plan's rows: the enumeration (`zero` stages, `recompute` choices) and the layouts
     `layouts` names (plan --layout, planner.given), each predicted. Where no layer was timed,
     compute from `gpu`'s datasheet (or the GPU the inputs name) x `mfu`
     (planner.gpus.synthesize). Raises OptionError."""
+    zero = [z for z in zero if z in trainers.ZERO_OF[trainer]]
     require_layouts(model, gpus, per_node, zero, "--gpus")
-    named = given.resolve_all(layouts, model, gpus, per_node)
-    listed = layouts_for(model, gpus, per_node, zero, recompute)
+    named = given.resolve_all(layouts, model, gpus, per_node, trainer=trainer)
+    listed = [lay for lay in layouts_for(model, gpus, per_node, zero, recompute)
+              if not trainers.problems(trainer, lay, model)]
     if not inputs.compute:
         chip = gpu_table.GPUS[gpu] if gpu else gpu_table.by_device_name(inputs.device)
         if chip is None:
@@ -62,7 +65,7 @@ def plan_rows(model: ModelSpec, inputs: Inputs, gpus: int, per_node: int, memory
             raise OptionError("--dtype", str(e), "--dtype bfloat16") from None
     try:
         rows = make_plan(model, inputs, gpus, per_node, memory, dtype, zero, layouts=listed,
-                         given=named)
+                         given=named, trainer=trainer)
     except LookupError as e:
         raise OptionError("--from", f"the runs lack a measurement: {e}",
                           "--from results/COLLECTIVE_RUN,results/P2P_RUN") from None
@@ -80,8 +83,8 @@ def title(model: ModelSpec, gpus: int, per_node: int, dtype: str, device: str = 
 
 def write(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
           gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str, top: int,
-          measured: Inputs | None = None, per_node_from: str = "", recompute=()
-          ) -> list[Path]:
+          measured: Inputs | None = None, per_node_from: str = "", recompute=(),
+          trainer: str = "torch") -> list[Path]:
     """plan.csv, inputs.json, plan.md and plan.png in `run_dir`; the paths written.
     `measured`: the inputs as measured, before any synthesis or lookup note, for inputs.json
     (a later plan --from reads it as measurements); `inputs` otherwise."""
@@ -98,7 +101,8 @@ def write(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *, 
     (run_dir / PLAN_MD).write_text(summary_md(
         rows, model, inputs, gpus=gpus, gpus_per_node=gpus_per_node,
         memory_per_gpu=memory_per_gpu, memory_from=memory_from, dtype=dtype, top=top,
-        per_node_from=per_node_from, recompute=recompute, named=given.lines(rows)))
+        per_node_from=per_node_from, recompute=recompute, named=given.lines(rows),
+        trainer=trainer))
     best = next((label(r) for r in rows if r.get("rank") == 1), None)
     plots.plan_figure(rows, run_dir / PLAN_PNG, title(model, gpus, gpus_per_node, dtype,
                                                       (measured or inputs).device), best)

@@ -148,6 +148,25 @@ KEYS = {"node_gbps": float, "nic_gbps": float, "nics_per_node": int, "gpus_per_n
         "gpu": str, "base_us": float, "node_hop_us": float, "net_hop_us": float}
 NEEDED = ("node_gbps", "nic_gbps", "nics_per_node")
 
+# The most GPUs a node holds, `plan --gpus-per-node`'s bound and a fabric's gpus_per_node='s:
+# several times the largest NVLink domain, where TP may stay (72 GPUs, GB200 NVL72; 576
+# announced). No plan's layouts grow without bound from one number (issue 30).
+MAX_GPUS_PER_NODE = 1024
+# Each figure's range, from `low` to `high` in `unit`, like a measured fit's in inputs.json
+# (planner/inputs_check.py): a declared figure was taken as any number above 0, and
+# node_gbps=5e-324 ranked a NaN step first, base_us=1.7e308 gave inf steps, exit 0. The highs
+# are several times the largest real figure, so no real fabric is refused: a ring's bus
+# bandwidth inside a node of ~370 GB/s (NVLink 4; NVLink 5's link rate is 900 GB/s each way),
+# 100 GB/s a NIC (800 Gb/s: ConnectX-8), 8 NICs and 8 GPUs a node (DGX/HGX; 72 in an NVL72),
+# NCCL's latencies of 8.4 and 9.6 us (tens of us over TCP sockets). The bandwidths' low, 10
+# MB/s (under a tenth of 1 Gb/s Ethernet), keeps a step's time finite; a latency may be 0, as
+# a measured alpha may.
+BOUNDS: dict[str, tuple[float, float, str]] = {
+    "node_gbps": (0.01, 10_000, "GB/s"), "nic_gbps": (0.01, 1_000, "GB/s"),
+    "nics_per_node": (1, MAX_GPUS_PER_NODE, ""), "gpus_per_node": (1, MAX_GPUS_PER_NODE, ""),
+    "base_us": (0, 1_000, "us"), "node_hop_us": (0, 1_000, "us"),
+    "net_hop_us": (0, 1_000, "us")}
+
 
 def parse(option_name: str, text: str) -> Fabric:
     """A preset, a preset with figures replaced (`dgx-a100,nics_per_node=4`), or figures alone
@@ -170,6 +189,9 @@ def parse(option_name: str, text: str) -> Fabric:
         if key not in KEYS or not _:
             raise OptionError(option_name, f"{part!r} is no figure (key=value, keys: "
                               f"{', '.join(KEYS)})", "--fabric dgx-a100,nics_per_node=4")
+        if key in given:  # the last one winning hid the mistake, as --layout's and --model's
+            raise OptionError(option_name, f"{key} is given twice in {text!r}",
+                              "--fabric dgx-a100,nics_per_node=4")
         given[key] = _value(option_name, key, value.strip())
     if base is None:
         missing = [k for k in NEEDED if k not in given]
@@ -191,12 +213,17 @@ def _value(option_name: str, key: str, value: str):
             raise OptionError(option_name, f"gpu={value!r}: no such GPU ({', '.join(GPUS)})",
                               "--fabric dgx-a100,gpu=a100")
         return value.lower()
+    low, high, unit = BOUNDS[key]
+    example = f"--fabric dgx-a100,{key}={getattr(PRESETS['dgx-a100'], key):g}"
+    if not value.isascii():  # int() and float() take any script's digits: '８' was 8
+        raise OptionError(option_name, f"{key}={value!r} is not a number: write it in ASCII "
+                          "digits", example)
     try:
         number = kind(value)
     except ValueError:
         number = math.nan
-    if not (isinstance(number, int | float) and math.isfinite(number) and number > 0):
+    if not (math.isfinite(number) and low <= number <= high):
         raise OptionError(option_name, f"{key} must be a {'whole ' if kind is int else ''}"
-                          f"number above 0, got {value!r}", f"--fabric dgx-a100,{key}=8")
+                          f"number from {low:g} to {high:,}{' ' + unit if unit else ''}, got "
+                          f"{value!r}", example)
     return number
-

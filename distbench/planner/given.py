@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from distbench.core.options import OptionError
+from distbench.planner import trainers
 from distbench.planner.layouts import (
+    GRAD_SYNC,
     RECOMPUTE,
     ZERO_STAGES,
     Layout,
@@ -26,8 +28,13 @@ from distbench.planner.models import ModelSpec
 OPTION = "--layout"
 EXAMPLE = "--layout tp=8,pp=2,dp=4,zero=1,mbs=2,recompute=full"
 # the keys, in the order a layout is written back; mbs: samples per micro-batch, m: their count
-KEYS = ("tp", "pp", "dp", "zero", "mbs", "m", "recompute", "v")
-WHOLE = ("tp", "pp", "dp", "zero", "mbs", "m", "v")
+KEYS = ("tp", "pp", "dp", "zero", "mbs", "m", "recompute", "v", "sp", "recompute_layers",
+        "grad_sync", "tp_overlap", "dp_overlap")
+WHOLE = ("tp", "pp", "dp", "zero", "mbs", "m", "v", "recompute_layers")
+# the keys that are on or off, written 1 or 0
+SWITCHES = ("sp", "tp_overlap", "dp_overlap")
+# the keys that name a choice, and their choices
+WORDS = {"recompute": RECOMPUTE, "grad_sync": GRAD_SYNC}
 
 
 @dataclass(frozen=True)
@@ -58,18 +65,24 @@ def _one(option: str, text: str) -> Given:
         if key in values:
             raise OptionError(option, f"{key} is given twice in {text!r} (separate layouts "
                               "with ';' or give --layout again)", EXAMPLE)
-        if key == "recompute":
-            if value.lower() not in RECOMPUTE:
-                raise OptionError(option, f"recompute={value} in {text!r} is not one of "
-                                  f"{', '.join(RECOMPUTE)}", EXAMPLE)
+        if key in WORDS:
+            if value.lower() not in WORDS[key]:
+                raise OptionError(option, f"{key}={value} in {text!r} is not one of "
+                                  f"{', '.join(WORDS[key])}", EXAMPLE)
             values[key] = value.lower()
             continue
+        if key in SWITCHES:
+            if value not in ("0", "1"):
+                raise OptionError(option, f"{key}={value} in {text!r} must be 1 (on) or 0 "
+                                  "(off)", EXAMPLE)
+            values[key] = int(value)
+            continue
         try:
-            number = int(value)
+            number = int(value) if value.isascii() else None  # not int("８")
         except ValueError:
             number = None
-        if number is None or number < (0 if key == "zero" else 1):
-            low = "0 or more" if key == "zero" else "at least 1"
+        if number is None or number < (0 if key in ("zero", "recompute_layers") else 1):
+            low = "0 or more" if key in ("zero", "recompute_layers") else "at least 1"
             raise OptionError(option, f"{key}={value} in {text!r} must be a whole number, "
                               f"{low}", EXAMPLE)
         if key == "zero" and number not in ZERO_STAGES:
@@ -100,7 +113,7 @@ def canonical(option: str, raw) -> str | None:
 
 
 def resolve(given: Given, model: ModelSpec, gpus: int, per_node: int,
-            option: str = OPTION) -> Layout:
+            option: str = OPTION, trainer: str = trainers.TORCH) -> Layout:
     """The layout `given` names on `gpus` GPUs of `per_node` a node: dp from the GPUs where it
     is left out, the micro-batch count from the global batch / (dp x mbs) where mbs is given,
     step's default count where neither is. Raises OptionError naming what is wrong."""
@@ -134,8 +147,12 @@ def resolve(given: Given, model: ModelSpec, gpus: int, per_node: int,
     elif m is None:
         m = default_micro_batches(model, pp, dp, given.get("v", 1))
     layout = Layout(tp=tp, pp=pp, dp=dp, zero=given.get("zero", 0), micro_batches=m,
-                    recompute=given.get("recompute", "none"), virtual_stages=given.get("v", 1))
-    wrong = problems(layout, model, per_node)
+                    recompute=given.get("recompute", "none"), virtual_stages=given.get("v", 1),
+                    sp=bool(given.get("sp", 1)), recompute_layers=given.get("recompute_layers", 0),
+                    grad_sync=given.get("grad_sync", ""),
+                    tp_overlap=bool(given.get("tp_overlap", 0)),
+                    dp_overlap=bool(given.get("dp_overlap", 1)))
+    wrong = problems(layout, model, per_node) + trainers.problems(trainer, layout, model)
     if wrong:
         raise OptionError(option, f"{given.text!r} cannot train {model.name}: "
                           + "; ".join(wrong), EXAMPLE)
@@ -143,11 +160,11 @@ def resolve(given: Given, model: ModelSpec, gpus: int, per_node: int,
 
 
 def resolve_all(text: str | None, model: ModelSpec, gpus: int, per_node: int,
-                option: str = OPTION) -> list[Layout]:
+                option: str = OPTION, trainer: str = trainers.TORCH) -> list[Layout]:
     """Every --layout resolved, each once, in the order given."""
     out: list[Layout] = []
     for g in parse(option, text) if text else []:
-        layout = resolve(g, model, gpus, per_node, option)
+        layout = resolve(g, model, gpus, per_node, option, trainer)
         if layout not in out:
             out.append(layout)
     return out
@@ -172,13 +189,26 @@ def outside(layout: Layout, model: ModelSpec, zero: Sequence[int],
     return why
 
 
+SYNC_TEXT = {"micro": "every micro-batch", "last": "at the last micro-batch"}
+
+
 def megatron_text(row: dict) -> str:
     """A row's layout as a Megatron or DeepSpeed user says it."""
-    rc = row.get("recompute") or "none"
+    from distbench.planner.plan import layout_of
+
+    lay = layout_of(row)
+    rc = lay.recompute
+    if rc == "full" and lay.recompute_layers:
+        rc = f"full, {lay.recompute_layers} layers a stage"
+    extra = lay.extras()
     return (f"tp {row['tp']}, pp {row['pp']}, dp {row['dp']}, ZeRO {row['zero']}, "
             f"micro-batch size {row['micro_batch_size']} x {row['micro_batches']} "
             f"micro-batch{'es' if int(row['micro_batches']) != 1 else ''}"
-            + ("" if rc == "none" else f", recompute {rc}"))
+            + ("" if rc == "none" else f", recompute {rc}")
+            + (", no sequence parallelism" if "sp" in extra else "")
+            + (f", gradients synced {SYNC_TEXT[lay.grad_sync]}" if "grad_sync" in extra else "")
+            + (", TP overlapped" if "tp_overlap" in extra else "")
+            + (", DP not overlapped" if "dp_overlap" in extra else ""))
 
 
 def standing(row: dict, rows: Sequence[dict]) -> dict:

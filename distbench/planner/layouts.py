@@ -17,8 +17,16 @@ from distbench.core.options import pick
 from distbench.planner.models import ModelSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
-# activation recomputation: none, the attention core (selective), each whole layer (full)
-RECOMPUTE = ("none", "selective", "full")
+# activation recomputation: none, the attention core (selective: Megatron's
+# --recompute-granularity selective), torchtitan's per-op selective (`op`: every matmul's output
+# kept but every second one of the MLP's and attention's projections, which backward reruns), each
+# whole layer (full; with `recompute_layers` k, only k layers of each stage: Megatron's
+# --recompute-method block --recompute-num-layers k)
+RECOMPUTE = ("none", "selective", "op", "full")
+# when the data-parallel replicas sync their gradients in a step of several micro-batches: after
+# every micro-batch (FSDP2's default: sharded gradients accumulate) or at the last only (DDP's
+# no_sync, FSDP2's set_requires_gradient_sync(False), Megatron's grad buffers)
+GRAD_SYNC = ("micro", "last")
 # torch.distributed.pipelining's schedules the step runs (named as `distbench pp` names them):
 # 1F1B needs micro_batches >= pp; the interleaved one also micro-batches a multiple of pp
 SCHEDULE = "1f1b"
@@ -44,6 +52,41 @@ class Layout:
     # layout the user names carries v > 1 (`plan --layout`, `step --virtual-stages`): the
     # enumeration weighs plain 1F1B
     virtual_stages: int = 1
+    # sequence parallelism with TP (Megatron's --sequence-parallel, torchtitan's SequenceParallel
+    # on the norms): the layer's input and the residual stream are sharded along the sequence
+    # over the TP ranks, and TP's all-reduces become all-gathers and reduce-scatters. Both
+    # trainers turn it on with tp > 1; it means nothing at tp 1
+    sp: bool = True
+    # with recompute "full": how many layers of each stage are recomputed (0: all of them)
+    recompute_layers: int = 0
+    # GRAD_SYNC; "" takes the wrapper's default: FSDP (ZeRO 2 and 3) every micro-batch, DDP the
+    # last (no_sync, as `step` and Megatron run it)
+    grad_sync: str = ""
+    # TP's collectives overlapped with the layer's matmuls (Megatron's --tp-comm-overlap, torch's
+    # async TP)
+    tp_overlap: bool = False
+    # the data-parallel collectives overlapped with backward (DDP's and FSDP2's buckets always;
+    # Megatron's with --overlap-grad-reduce and --overlap-param-gather)
+    dp_overlap: bool = True
+
+    def __post_init__(self):
+        if not self.grad_sync:
+            object.__setattr__(self, "grad_sync", "micro" if self.zero >= 2 else "last")
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.sp and self.tp > 1
+
+    @property
+    def syncs_every_micro_batch(self) -> bool:
+        return self.dp > 1 and self.micro_batches > 1 and self.grad_sync == "micro"
+
+    def recomputed_layers(self, stage_layers: int) -> int:
+        """How many of a stage's `stage_layers` layers full recomputation reruns (all of them
+        unless `recompute_layers` says fewer); 0 without full recomputation."""
+        if self.recompute != "full":
+            return 0
+        return min(stage_layers, self.recompute_layers or stage_layers)
 
     @property
     def schedule(self) -> str | None:
@@ -61,10 +104,34 @@ class Layout:
 
     def label(self) -> str:
         return layout_label(self.tp, self.pp, self.dp, self.zero, self.micro_batches,
-                            self.virtual_stages, self.recompute)
+                            self.virtual_stages, self.recompute, **self.extras())
+
+    def extras(self) -> dict:
+        """The keys beyond tp, pp, dp, zero, m, v and recompute that differ from their
+        defaults, as layout_label names them."""
+        out: dict = {}
+        if self.tp > 1 and not self.sp:
+            out["sp"] = False
+        if self.recompute == "full" and self.recompute_layers:
+            out["recompute_layers"] = self.recompute_layers
+        default_sync = "micro" if self.zero >= 2 else "last"
+        if self.dp > 1 and self.micro_batches > 1 and self.grad_sync != default_sync:
+            out["grad_sync"] = self.grad_sync
+        if self.tp > 1 and self.tp_overlap:
+            out["tp_overlap"] = True
+        if self.dp > 1 and not self.dp_overlap:
+            out["dp_overlap"] = False
+        return out
 
     def key(self) -> tuple[int, int, int, int, int]:
         return (self.tp, self.pp, self.dp, self.zero, self.micro_batches)
+
+    def stage_layers(self, model: ModelSpec, stage: int) -> int:
+        return stage_layers(model.layers, self.pp, stage)
+
+    def most_stage_layers(self, model: ModelSpec) -> int:
+        """The layers of the pipeline's fullest stage (every stage's when pp divides them)."""
+        return -(-model.layers // self.pp)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -88,8 +155,20 @@ def problems(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None)
         out.append(f"tp {t} must divide the vocabulary ({model.vocab})")
     if layout.recompute not in RECOMPUTE:
         out.append(f"recomputation {layout.recompute!r} is not one of {', '.join(RECOMPUTE)}")
-    if model.layers % p:
-        out.append(f"pp {p} must divide the layers ({model.layers})")
+    if p > model.layers:
+        out.append(f"pp {p} is more stages than the layers ({model.layers})")
+    if layout.sequence_parallel and model.seq_len % t:
+        out.append(f"sequence parallelism over tp {t} must divide the sequence "
+                   f"({model.seq_len}); or sp=0")
+    if layout.recompute_layers:
+        if layout.recompute != "full":
+            out.append(f"recompute_layers {layout.recompute_layers} counts the layers full "
+                       f"recomputation reruns; recompute is {layout.recompute}")
+        elif p <= model.layers and layout.recompute_layers > layout.most_stage_layers(model):
+            out.append(f"recompute_layers {layout.recompute_layers} is more than a stage's "
+                       f"{layout.most_stage_layers(model)} layers")
+    if layout.grad_sync not in GRAD_SYNC:
+        out.append(f"grad_sync {layout.grad_sync!r} is not one of {', '.join(GRAD_SYNC)}")
     v = layout.virtual_stages
     if v < 1:
         out.append(f"virtual stages must be at least 1, got {v}")
@@ -120,15 +199,38 @@ def problems(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None)
     return out
 
 
+def stage_layers(layers: int, stages: int, stage: int) -> int:
+    """The layers stage `stage` of `stages` holds: as many each where the stages divide the
+    layers; else each the most any holds (layers / stages, rounded up) but the stages at the
+    ends, which give up one layer each, the first, the last, the second, the second-to-last and
+    so on, until the layers are shared out. The ends hold the embedding and the LM head beside
+    their layers; Megatron (--decoder-first/last-pipeline-num-layers) and torchtitan run 126
+    layers on 16 stages so: 7, 8 x 14, 7."""
+    most = -(-layers // stages)
+    short = most * stages - layers
+    # the order the stages give a layer up in: 0, n-1, 1, n-2, ...
+    place = min(2 * stage, 2 * (stages - 1 - stage) + 1)
+    # a stage giving up one layer per pass over the ends; `short` is below `stages`
+    return most - (1 if place < short else 0)
+
+
+def stage_starts(layers: int, stages: int) -> list[int]:
+    """The first layer of each stage, and the layers' count at the end."""
+    starts = [0]
+    for s in range(stages):
+        starts.append(starts[-1] + stage_layers(layers, stages, s))
+    return starts
+
+
 def rank_chunks(layers: int, pp_rank: int, pp: int, virtual_stages: int = 1
                 ) -> list[tuple[int, range]]:
     """The model chunks rank `pp_rank` holds, as (stage index, its layers): pp x v stages of
-    layers / (pp x v) consecutive layers each, stage s on rank s % pp (Megatron's and torch's
-    interleaved placement: rank r holds stages r, r + pp, ...). One chunk without interleaving.
-    pp x v divides the layers (problems())."""
+    consecutive layers (stage_layers: as many each where they divide the layers, else fewer at
+    the ends), stage s on rank s % pp (Megatron's and torch's interleaved placement: rank r
+    holds stages r, r + pp, ...). One chunk without interleaving."""
     n = pp * virtual_stages
-    per = layers // n
-    return [(s, range(s * per, (s + 1) * per)) for s in range(pp_rank, n, pp)]
+    starts = stage_starts(layers, n)
+    return [(s, range(starts[s], starts[s + 1])) for s in range(pp_rank, n, pp)]
 
 
 def divisors(n: int) -> list[int]:
@@ -189,14 +291,22 @@ def micro_batch_counts(model: ModelSpec, pp: int, dp: int) -> list[int]:
     return sorted({*ladder, fit[-1], default_micro_batches(model, pp, dp)})
 
 
+def pipeline_depths(layers: int) -> list[int]:
+    """The pipeline depths a plan weighs: those that divide the layers, and those that divide
+    two more, whose first and last stages hold one layer fewer (stage_layers) beside the
+    embedding and the LM head, as Megatron and torchtitan split 126 layers over 16 stages."""
+    uneven = [p for p in divisors(layers + 2) if 2 < p <= layers // 2]
+    return sorted({*divisors(layers), *uneven})
+
+
 def enumerate_layouts(model: ModelSpec, gpus: int, gpus_per_node: int,
                       zero_stages: tuple[int, ...] = ZERO_STAGES,
                       recompute: tuple[str, ...] = ("none",)) -> Iterator[Layout]:
-    """Every valid layout on exactly `gpus` ranks: tp a divisor of the GPUs per node, pp a
-    divisor of the layers, dp what is left, each ZeRO stage (0 alone when dp is 1), each of
+    """Every valid layout on exactly `gpus` ranks: tp a divisor of the GPUs per node, pp one of
+    pipeline_depths(), dp what is left, each ZeRO stage (0 alone when dp is 1), each of
     micro_batch_counts() and each recomputation asked for."""
     for t in divisors(gpus_per_node):
-        for p in divisors(model.layers):
+        for p in pipeline_depths(model.layers):
             if gpus % (t * p):
                 continue
             d = gpus // (t * p)
@@ -206,7 +316,9 @@ def enumerate_layouts(model: ModelSpec, gpus: int, gpus_per_node: int,
             for z in (zero_stages if d > 1 else (0,)):
                 for m in counts:
                     for r in recompute:
+                        # sequence parallelism where tp divides the sequence, as both
+                        # trainers run TP; plain TP where it does not
                         layout = Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m,
-                                        recompute=r)
+                                        recompute=r, sp=model.seq_len % t == 0)
                         if not problems(layout, model, gpus_per_node):
                             yield layout

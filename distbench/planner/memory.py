@@ -132,11 +132,11 @@ def reserve_text() -> str:
 
 
 def layer_activation_bytes(model: ModelSpec, tp: int, elt_bytes: int,
-                           recompute: str = "none") -> float:
+                           recompute: str = "none", sp: bool = False) -> float:
     """One layer's activations kept for backward, per token, in bytes: with full
-    recomputation only its input."""
+    recomputation only its input (a sequence shard of it with sequence parallelism)."""
     if recompute == "full":
-        return model.hidden_size * elt_bytes
+        return model.hidden_size * elt_bytes / (tp if sp else 1)
     # unfused attention keeps its scores' softmax and dropout, which selective recomputation
     # (Korthikanti et al.'s) recomputes
     scores = 0.0 if model.fused_attention or recompute == "selective" else (
@@ -157,51 +157,66 @@ def in_flight(layout: Layout, stage: int = 0) -> int:
     return min((v - 1) * p + 2 * (p - 1 - stage) + 1, v * m)
 
 
-def gathered_bytes(model: ModelSpec, layout: Layout, elt_bytes: int) -> float:
+def gathered_bytes(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int = 0) -> float:
     """What FSDP holds whole beside its shards in forward and backward (none without it): at
     ZeRO 2 the stage's parameters, gathered in forward and kept to the end of backward; at
     ZeRO 3 two layers' (the one at work and the next, which FSDP2 gathers ahead in forward
     and in backward), but in a pipeline, where torch's schedule keeps the stage gathered from
-    its first backward to the step's end (no reshard after backward), the stage's. With one
-    micro-batch, one layer's whole gradients before they are reduce-scattered (with more, the
-    gradients are whole until the last: stage_memory counts them)."""
+    its first backward to the step's end (no reshard after backward), the stage's. Where the
+    gradients are reduce-scattered as they come (one micro-batch, or FSDP2's default of a
+    sync every micro-batch), one layer's whole gradients before they are (with the sync at
+    the last micro-batch only, the gradients are whole until then: stage_memory counts
+    them)."""
     t, p, d, z = layout.tp, layout.pp, layout.dp, layout.zero
     if z < 2 or d == 1:
         return 0.0
     layer = model.params_per_layer / t * elt_bytes
-    per_stage = model.layers // p
+    per_stage = layout.stage_layers(model, stage)
     params = min(2, per_stage) * layer if z == 3 and p == 1 else per_stage * layer
-    return params + (layer if layout.micro_batches == 1 else 0.0)
+    synced = layout.micro_batches == 1 or layout.grad_sync == "micro"
+    return params + (layer if synced else 0.0)
 
 
 def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -> Memory:
     """What stage `stage`'s rank holds at its peak (the module's text)."""
     t, p, d, z = layout.tp, layout.pp, layout.dp, layout.zero
-    per_stage = model.layers // p
+    per_stage = layout.stage_layers(model, stage)
     v = layout.virtual_stages
+    sp = layout.sequence_parallel
     first, last = stage == 0, stage == p - 1
     params = (per_stage * model.params_per_layer
               + model.vocab * model.hidden_size * (first + last)) / t
     tokens = layout.micro_batch_size(model) * model.seq_len
-    # one chunk's forward of one micro-batch (the whole stage's without interleaving)
-    per_micro = per_stage // v * tokens * layer_activation_bytes(model, t, elt_bytes,
-                                                                 layout.recompute)
+    # the residual stream between layers and stages: a sequence shard of it with sequence
+    # parallelism
+    stream = tokens * model.hidden_size * elt_bytes / (t if sp else 1)
+    # one chunk's forward of one micro-batch (the whole stage's without interleaving); full
+    # recomputation of only k layers keeps the others' activations whole
+    kept = layer_activation_bytes(model, t, elt_bytes, layout.recompute, sp)
+    rebuilt = layout.recomputed_layers(per_stage)
+    if rebuilt < per_stage and layout.recompute == "full":
+        plain = layer_activation_bytes(model, t, elt_bytes, "none", sp)
+        per_micro = tokens * (rebuilt * kept + (per_stage - rebuilt) * plain) // v
+    else:
+        per_micro = per_stage // v * tokens * kept
     k = in_flight(layout, stage)
     # the stage's output of each micro-batch in flight, kept for its backward (by the
     # pipeline's cache, or the loss), and the op at work: one MLP-wide output
-    per_micro += tokens * model.hidden_size * elt_bytes
+    per_micro += stream
     working = tokens * model.ffn_size / t * elt_bytes
-    if layout.recompute == "full":  # one layer's activations rebuilt
-        working += tokens * layer_activation_bytes(model, t, elt_bytes)
+    if rebuilt:  # one layer's activations rebuilt
+        working += tokens * layer_activation_bytes(model, t, elt_bytes, "none", sp)
     if last and model.vocab:  # the LM head's input, logits and log-probabilities
         working += tokens * (model.hidden_size * elt_bytes
                              + model.vocab / t * (elt_bytes + logsumexp_bytes(elt_bytes)))
     whole = params * elt_bytes
-    # DDP's gradients are views of its buckets, held throughout; FSDP's are its shards. The
-    # micro-batches before the last accumulate theirs unsynchronised (DDP's no_sync, FSDP's
-    # requires_gradient_sync false): whole, beside the buckets or the shards
+    # DDP's gradients are views of its buckets, held throughout; FSDP's are its shards. With
+    # the gradients synced at the last micro-batch only (DDP's no_sync, FSDP's
+    # requires_gradient_sync false) the micro-batches before it accumulate theirs
+    # unsynchronised: whole, beside the buckets or the shards. FSDP2 by default reduce-scatters
+    # every micro-batch, and its sharded gradients accumulate
     ddp, fsdp = d > 1 and z <= 1, d > 1 and z >= 2
-    unsynced = layout.micro_batches > 1
+    unsynced = layout.micro_batches > 1 and layout.grad_sync == "last"
     grads = whole / d if fsdp and not unsynced else whole
     fresh = 0.0 if ddp and not unsynced else grads
     after = (k - 1) * per_micro + fresh  # the first backward done
@@ -211,18 +226,19 @@ def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -
     # torch's pipeline receives each micro-batch's input (but the model's first stage's) and
     # output gradient (but the last's) into buffers of its own, per chunk, kept between steps
     ends = (stage > 0) + (stage < p - 1) + 2 * (v - 1)
-    received = (p > 1) * layout.micro_batches * tokens * model.hidden_size * elt_bytes * ends
+    received = (p > 1) * layout.micro_batches * stream * ends
     return Memory(params=whole / (d if fsdp else 1),
                   grads=held + (whole if ddp else 0.0),
                   optimizer=params * optimizer_bytes_per_param(elt_bytes) / (d if z else 1),
-                  buffers=gathered_bytes(model, layout, elt_bytes) + received,
+                  buffers=gathered_bytes(model, layout, elt_bytes, stage) + received,
                   activations=acts + working)
 
 
 def memory(model: ModelSpec, layout: Layout, elt_bytes: int) -> Memory:
-    """The most a rank of `layout` holds: the largest peak of the first stage (the most
-    micro-batches in flight, the embedding), the second (as many less one, and buffers both
-    ways) and the last (the LM head)."""
+    """The most a rank of `layout` holds in torch's step: the largest peak of the first stage
+    (the most micro-batches in flight, the embedding), the second (as many less one, buffers
+    both ways, the most layers where the ends hold fewer) and the last (the LM head).
+    Megatron-LM's is planner.megatron_memory's (planner.trainers.memory_of)."""
     stages = {0, min(1, layout.pp - 1), layout.pp - 1}
     return max((stage_memory(model, layout, elt_bytes, s) for s in stages),
                key=lambda mem: mem.total)

@@ -140,13 +140,17 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
 # explicit shape keys -> ModelSpec fields
 KEYS = {"layers": "layers", "hidden": "hidden_size", "ffn": "ffn_size", "heads": "heads",
         "seq": "seq_len", "batch": "batch", "kv_heads": "kv_heads", "vocab": "vocab",
-        "gated": "gated"}
+        "gated": "gated", "attention": "fused_attention"}
 # the keys a shape may leave out, and what leaving them out means
-OPTIONAL = {"kv_heads": 0, "vocab": 0, "gated": 0}
+OPTIONAL = {"kv_heads": 0, "vocab": 0, "gated": 0, "attention": "fused"}
+# attention=: a word, not a number. fused: torch's scaled_dot_product_attention, what `step`
+# runs; unfused: its a x s scores written to memory (Megatron-LM before FlashAttention)
+ATTENTION = {"fused": True, "unfused": False}
 # A shape's keys for --help: space-separated, so the help wraps them at 80 columns instead of
 # cutting one long word (the examples under --help show them comma-joined)
 SHAPE_HELP = (" ".join(f"{k}=" for k in KEYS if k not in OPTIONAL) + ", comma-joined (and "
-              "optionally kv_heads=, vocab=, gated=1; ffn defaults to 4 x hidden)")
+              "optionally kv_heads=, vocab=, gated=1, attention=unfused; ffn defaults to 4 x "
+              "hidden)")
 
 # The most a shape may say of each key. A plan's and a step's layouts are arithmetic over the
 # layers' and the batch's divisors, and a number with no bound made that arithmetic run for
@@ -165,7 +169,7 @@ MAX_SHAPE = {"layers": 1024, "hidden": 2**20, "ffn": 2**22, "heads": 2**16, "seq
 def parse_model(option: str, text) -> ModelSpec:
     """A preset's name, or an explicit shape `layers=4,hidden=128,ffn=512,heads=4,seq=32,
     batch=16` (every key but those OPTIONAL; ffn defaults to 4 x hidden), with kv_heads=,
-    vocab= and gated=1 where wanted. Raises OptionError."""
+    vocab=, gated=1 and attention=unfused where wanted. Raises OptionError."""
     raw = str(text).strip().lower()
     if raw in PRESETS:
         return PRESETS[raw]
@@ -180,14 +184,25 @@ def parse_model(option: str, text) -> ModelSpec:
             raise OptionError(option, f"unknown key {key!r} (keys: {', '.join(KEYS)})", EXAMPLE)
         if KEYS[key] in values:  # the last one winning hid the mistake
             raise OptionError(option, f"{key} is given twice", EXAMPLE)
-        try:
-            number = int(value.strip())
+        if key == "attention":
+            if value.strip() not in ATTENTION:
+                raise OptionError(option, f"attention={value.strip()!r} is not one of "
+                                  f"{', '.join(ATTENTION)}", EXAMPLE)
+            values[KEYS[key]] = ATTENTION[value.strip()]
+            continue
+        try:  # int() takes any script's digits: 'layers=８' was 8 layers
+            number = int(value.strip()) if value.isascii() else None
         except ValueError:
-            raise OptionError(option, f"{key}={value.strip()!r} is not a whole number",
-                              EXAMPLE) from None
-        low = 0 if key in OPTIONAL else 1
+            number = None
+        if number is None:
+            raise OptionError(option, f"{key}={value.strip()!r} is not a whole number"
+                              + ("" if value.isascii() else " in ASCII digits"), EXAMPLE)
+        # kv_heads=0 was taken as leaving it out, silently: it is as many as heads only unsaid
+        low = 0 if key in OPTIONAL and key != "kv_heads" else 1
         if number < low:
-            raise OptionError(option, f"{key} must be at least {low}, got {number}", EXAMPLE)
+            raise OptionError(option, f"{key} must be at least {low}, got {number}"
+                              + (" (leave kv_heads out for as many as heads)"
+                                 if key == "kv_heads" else ""), EXAMPLE)
         if number > MAX_SHAPE[key]:
             raise OptionError(option, f"{key} must be at most {MAX_SHAPE[key]:,} (several times "
                               f"the largest model's), got {number:,}", EXAMPLE)
@@ -213,7 +228,9 @@ def model_text(spec: ModelSpec) -> str:
     """What --model would take to name `spec` again (a preset's name, or its shape)."""
     if PRESETS.get(spec.name) == spec:
         return spec.name
-    implied = {"kv_heads": spec.heads, "vocab": 0, "gated": False}
-    return ",".join(f"{k}={int(getattr(spec, f))}" for k, f in KEYS.items()
+    implied = {"kv_heads": spec.heads, "vocab": 0, "gated": False, "attention": True}
+    words = {"attention": {v: k for k, v in ATTENTION.items()}}
+    return ",".join(f"{k}={words[k][getattr(spec, f)] if k in words else int(getattr(spec, f))}"
+                    for k, f in KEYS.items()
                     if k not in OPTIONAL or getattr(spec, f) != implied[k])
 

@@ -15,6 +15,7 @@ from distbench.core.contracts import PLAN
 from distbench.core.tables import markdown_table, plural
 from distbench.core.validation_table import validation_table
 from distbench.planner import memory as mem
+from distbench.planner import trainers
 from distbench.planner.inputs import Inputs
 from distbench.planner.layouts import RECOMPUTE, ZERO_STAGES, Layout, enumerate_layouts
 from distbench.planner.models import ModelSpec
@@ -23,9 +24,14 @@ from distbench.planner.predict import predict
 PLAN_MD = "plan.md"
 PLAN_PNG = "plan.png"
 # the step's parts, as plan.csv names them, and as plan.md says them
-TERMS = {"compute_ms": "compute", "tp_comm_ms": "TP all-reduces", "pp_comm_ms": "pipeline hops",
+TERMS = {"compute_ms": "compute", "tp_exposed_ms": "exposed TP communication",
+         "pp_comm_ms": "pipeline hops",
          "bubble_ms": "pipeline bubble", "dp_exposed_ms": "exposed data-parallel communication",
          "optimizer_ms": "optimizer step"}
+TRAINER_TEXT = {"torch": "the trainer: torch (its pipelining, DDP and FSDP2, as `distbench "
+                         "step` runs them)",
+                "megatron": "the trainer: Megatron-LM (its schedule, buffers and distributed "
+                            "optimizer)"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "buffers", "activations")
 
 
@@ -43,19 +49,20 @@ def compute_shapes(model: ModelSpec, layouts: Iterable[Layout]) -> set[tuple[int
 
 def make_plan(model: ModelSpec, inputs: Inputs, gpus: int, gpus_per_node: int,
               memory_per_gpu: float, dtype: str, zero_stages: Sequence[int] = ZERO_STAGES,
-              layouts: Sequence[Layout] | None = None, given: Sequence[Layout] = ()
-              ) -> list[dict]:
+              layouts: Sequence[Layout] | None = None, given: Sequence[Layout] = (),
+              trainer: str = "torch") -> list[dict]:
     """One row per layout (plan.csv's columns), fastest first among those that fit (rank 1),
     then those that do not (no rank). `given`: the layouts the user named (plan --layout),
     marked `given`; one the enumeration lacks is a row too, `enumerated` 0, placed by its step
-    but never ranked, so that naming a layout moves no other's rank. Raises LookupError when
+    but never ranked, so that naming a layout moves no other's rank. `trainer`: whose step
+    is priced and held in memory (planner.trainers). Raises LookupError when
     the inputs lack a measurement a layout needs (an op never measured, no compute)."""
     from distbench.core.dtypes import element_bytes
 
     elt = element_bytes(dtype)
     chosen = layouts_for(model, gpus, gpus_per_node, zero_stages) if layouts is None else layouts
     known = set(chosen)
-    rows = [_row(model, lay, inputs, elt, dtype, gpus_per_node, memory_per_gpu)
+    rows = [_row(model, lay, inputs, elt, dtype, gpus_per_node, memory_per_gpu, trainer)
             | {"given": int(lay in given), "enumerated": int(lay in known)}
             for lay in [*chosen, *(g for g in dict.fromkeys(given) if g not in known)]]
     rows.sort(key=lambda r: (not r["fits"], r["predicted_step_ms"], r["memory_per_rank_bytes"],
@@ -76,12 +83,12 @@ def enumerated(rows: Iterable[dict]) -> list[dict]:
 
 
 def _row(model: ModelSpec, lay: Layout, inputs: Inputs, elt: int, dtype: str,
-         gpus_per_node: int, memory_per_gpu: float) -> dict:
+         gpus_per_node: int, memory_per_gpu: float, trainer: str = "torch") -> dict:
     try:
-        p = predict(model, lay, inputs, elt, gpus_per_node)
+        p = predict(model, lay, inputs, elt, gpus_per_node, trainer)
     except LookupError as e:
         raise LookupError(f"{e} (needed by {lay.label()})") from None
-    m = mem.memory(model, lay, elt)
+    m = trainers.memory_of(model, lay, elt, trainer)
     ms = 1e-3
     step_ms = p.step_us * ms
     return {
@@ -99,14 +106,33 @@ def _row(model: ModelSpec, lay: Layout, inputs: Inputs, elt: int, dtype: str,
         "memory_limit_bytes": mem.usable_bytes(memory_per_gpu),
         "fits": mem.fits(m.total, memory_per_gpu), "rank": None,
         "recompute": lay.recompute, "virtual_stages": lay.virtual_stages,
+        **layout_columns(lay), "tp_exposed_ms": p.tp_exposed_us * ms, "trainer": trainer,
     }
 
 
+def layout_columns(lay: Layout) -> dict:
+    """The CSV columns of a layout's keys beyond tp, pp, dp, zero, m, v and recompute."""
+    return {"sp": int(lay.sp), "recompute_layers": lay.recompute_layers,
+            "grad_sync": lay.grad_sync, "tp_overlap": int(lay.tp_overlap),
+            "dp_overlap": int(lay.dp_overlap)}
+
+
 def layout_of(row: dict) -> Layout:
+    """The layout a CSV row (plan.csv, step.csv, validation.csv) names; a column an older run
+    lacks reads as its default."""
+    def cell(key: str, default):
+        value = row.get(key)
+        return default if value is None or value != value or value == "" else value
+
     return Layout(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), zero=int(row["zero"]),
                   micro_batches=int(row["micro_batches"]),
-                  recompute=row.get("recompute") or "none",
-                  virtual_stages=int(row.get("virtual_stages") or 1))
+                  recompute=cell("recompute", "none"),
+                  virtual_stages=int(cell("virtual_stages", 1)),
+                  sp=bool(int(cell("sp", 1))),
+                  recompute_layers=int(cell("recompute_layers", 0)),
+                  grad_sync=str(cell("grad_sync", "")),
+                  tp_overlap=bool(int(cell("tp_overlap", 0))),
+                  dp_overlap=bool(int(cell("dp_overlap", 1))))
 
 
 def label(row: dict) -> str:
@@ -279,6 +305,20 @@ def _why_top(best: dict, runner: dict | None) -> list[str]:
     return lines
 
 
+def _hidden(row: dict) -> list[str]:
+    """What of the best layout's TP and DP communication hides behind compute, and what is
+    left exposed (the step counts the exposed part)."""
+    out = []
+    for name, alone, exposed in (("TP", "tp_comm_ms", "tp_exposed_ms"),
+                                 ("data-parallel", "dp_comm_ms", "dp_exposed_ms")):
+        total, shown = row.get(alone) or 0.0, row.get(exposed)
+        if total > 0 and shown is not None:
+            hidden = max(0.0, total - shown)
+            out.append(f"- Its {name} collectives take {total:.2f} ms alone: {hidden:.2f} ms "
+                       f"hidden behind compute, {shown:.2f} ms exposed.")
+    return out
+
+
 def _pruned(rows: list[dict]) -> list[str]:
     rows = enumerated(rows)
     out = [r for r in rows if not r["fits"]]
@@ -300,7 +340,7 @@ def _pruned(rows: list[dict]) -> list[str]:
 def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
                gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str,
                top: int = 5, per_node_from: str = "", recompute: Sequence[str] = (),
-               named: Sequence[str] = ()) -> str:
+               named: Sequence[str] = (), trainer: str = "torch") -> str:
     """plan.md. `named`: a line on each layout the user named (planner.given.lines)."""
     fitting = ranked(rows)
     listed = enumerated(rows)
@@ -309,7 +349,8 @@ def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
              f"- cluster: {gpus} GPUs, {gpus_per_node} per node"
              + (f" ({per_node_from})" if per_node_from else "") + ", "
              f"{_gib(memory_per_gpu)} per GPU" + (f" ({memory_from})" if memory_from else ""),
-             f"- dtype: {dtype}; AdamW; the 1F1B schedule",
+             f"- dtype: {dtype}; AdamW; the 1F1B schedule; "
+             f"{TRAINER_TEXT[trainer]}",
              f"- memory model: parameters, gradients and AdamW states by ZeRO stage, ZeRO-3's "
              f"gathered layer, activations kept for backward (docs/plan.md); reserve: "
              f"{mem.reserve_text()}",
@@ -326,7 +367,7 @@ def summary_md(rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
               *[f"{r[k]:.2f}" for k in TERMS], _gib(r["memory_per_rank_bytes"])]
              for r in fitting[:top]], align="rl" + "r" * (len(TERMS) + 2))
         lines += ["", "## Why", "", *_why_top(fitting[0], fitting[1] if len(fitting) > 1 else
-                                              None)]
+                                              None), *_hidden(fitting[0])]
     elif listed:
         lines += ["No layout fits in memory."]
     else:

@@ -29,16 +29,24 @@ from distbench.planner.inputs import Inputs, Span
 from distbench.planner.layouts import Layout
 from distbench.planner.models import ModelSpec, attention_core_flops, same_layer
 
-# TP all-reduces per transformer layer and micro-batch: attention and MLP, forward and backward
+# TP collectives per transformer layer and micro-batch: attention and MLP, forward and backward;
+# each an all-reduce, or with sequence parallelism an all-gather and a reduce-scatter (the same
+# bytes over a ring)
 TP_ALLREDUCES_PER_LAYER = 4
+# the matmuls a TP collective can hide behind when TP's communication is overlapped (Megatron's
+# --tp-comm-overlap, torch's async TP): one beside each collective, an equal share of the layer
+TP_OVERLAP_GEMMS = TP_ALLREDUCES_PER_LAYER
 
 
-def tp_allreduces(layout: Layout) -> int:
-    """A layer's TP all-reduces per micro-batch: full recomputation runs the forward, and its
-    attention's and MLP's all-reduces, again in backward (Megatron's checkpointed layer, as
-    torch.utils.checkpoint over a TP layer); selective recomputes the attention core, which
-    has none."""
-    return TP_ALLREDUCES_PER_LAYER + (2 if layout.recompute == "full" else 0)
+def tp_allreduces(layout: Layout) -> float:
+    """A layer's TP collectives per micro-batch (all-reduces, or all-gather and reduce-scatter
+    pairs): full recomputation runs the forward, and its attention's and MLP's collectives,
+    again in backward (Megatron's checkpointed layer, as torch.utils.checkpoint over a TP
+    layer); per-op selective (torchtitan's) reruns those whose outputs it does not keep: both
+    all-reduces without sequence parallelism, the two all-gathers with it (the reduce-scatters'
+    outputs are kept), half the bytes; selective recomputes the attention core, which has none."""
+    rerun = {"full": 2.0, "op": 1.0 if layout.sequence_parallel else 2.0}
+    return TP_ALLREDUCES_PER_LAYER + rerun.get(layout.recompute, 0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +60,11 @@ class Prediction:
     dp_comm_us: float  # the data-parallel collectives alone
     dp_exposed_us: float
     optimizer_us: float
+    tp_exposed_us: float = -1.0  # TP's collectives less what overlapping hid; -1: all of them
+
+    def __post_init__(self):
+        if self.tp_exposed_us < 0:
+            object.__setattr__(self, "tp_exposed_us", self.tp_comm_us)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -81,23 +94,53 @@ def spans(layout: Layout, gpus_per_node: int) -> dict[str, Span]:
             "pp": Span(crosses=True, per_node=1) if hop.crosses else Span()}
 
 
+def pace_stages(layout: Layout) -> set[int]:
+    """The pipeline stages that may be the slowest or hold the most: the first (the embedding),
+    the second (the fullest where the ends hold fewer) and the last (the LM head)."""
+    return {0, min(1, layout.pp - 1), layout.pp - 1}
+
+
+def stage_params(model: ModelSpec, layout: Layout, stage: int) -> float:
+    """Parameters of pipeline stage `stage`'s shard, before ZeRO: its layers over tp, and the
+    embedding on the first stage and the LM head on the last (both without a pipeline)."""
+    ends = (stage == 0) + (stage == layout.pp - 1)
+    return (layout.stage_layers(model, stage) * model.params_per_layer
+            + model.vocab * model.hidden_size * ends) / layout.tp
+
+
 def params_per_rank(model: ModelSpec, layout: Layout) -> float:
-    """Parameters of the largest stage's shard, before ZeRO: its layers over tp, and the
-    embedding and the LM head where they are (both without a pipeline, else one)."""
-    vocab = model.vocab * model.hidden_size * min(2, layout.pp)
-    return (model.layers / layout.pp * model.params_per_layer + vocab) / layout.tp
+    """Parameters of the largest stage's shard, before ZeRO."""
+    return max(stage_params(model, layout, s) for s in pace_stages(layout))
 
 
 def recompute_factor(model: ModelSpec, layout: Layout, tokens: int) -> float:
     """A layer's forward and backward with recomputation, over without: full runs the forward
-    again in backward (a third of the FLOPs), selective the attention core's forward."""
+    again in backward (a third of the FLOPs), per-op selective the matmuls it does not keep
+    (every second one: half the forward's dense FLOPs), selective the attention core's
+    forward. For a layer full recomputation leaves alone (recompute_layers), see
+    layer_factors."""
     if layout.recompute == "none":
         return 1.0
     whole = model.flops_per_layer(tokens)
+    dense_forward = 2 * tokens * model.params_per_layer
     if layout.recompute == "full":
-        return 1 + (6 * tokens * model.params_per_layer / 3
-                    + attention_core_flops(model, tokens, backward=False)) / whole
+        return 1 + (dense_forward + attention_core_flops(model, tokens, backward=False)) / whole
+    if layout.recompute == "op":
+        return 1 + dense_forward / 2 / whole
     return 1 + attention_core_flops(model, tokens, backward=False) / whole
+
+
+def layer_factors(model: ModelSpec, layout: Layout, tokens: int, layers: int
+                  ) -> tuple[float, float]:
+    """(compute, TP collectives) of a stage of `layers` layers, in layers without
+    recomputation: full recomputation of only k of them (recompute_layers) leaves the rest as
+    they are."""
+    base = replace(layout, recompute="none", recompute_layers=0)
+    k = layout.recomputed_layers(layers) if layout.recompute == "full" else layers
+    compute = (layers - k) + k * recompute_factor(model, layout, tokens)
+    tp = ((layers - k) * TP_ALLREDUCES_PER_LAYER + k * tp_allreduces(layout)) \
+        / tp_allreduces(base)
+    return compute, tp
 
 
 def layer_us(inputs: Inputs, model: ModelSpec, tp: int, tokens: int) -> tuple[float, bool]:
@@ -123,35 +166,82 @@ def layer_us(inputs: Inputs, model: ModelSpec, tp: int, tokens: int) -> tuple[fl
     return best.layer_us * flops / best.flops, False
 
 
+def tp_collective_us(inputs: Inputs, layout: Layout, span: Span, activation: float) -> float:
+    """One of a layer's TP collectives on a micro-batch's activation: an all-reduce, or with
+    sequence parallelism an all-gather and a reduce-scatter of the whole activation (each
+    priced from its own fits; from the all-reduce's where neither was measured, noted)."""
+    t = layout.tp
+    if not layout.sequence_parallel:
+        return inputs.comm_us("all_reduce", t, span, activation)
+    try:
+        return (inputs.comm_us("all_gather", t, span, activation)
+                + inputs.comm_us("reduce_scatter", t, span, activation))
+    except LookupError:
+        inputs.note(f"sequence parallelism at tp {t}: no all-gather or reduce-scatter "
+                    "measured, priced as the all-reduce of the same bytes")
+        return inputs.comm_us("all_reduce", t, span, activation)
+
+
+def exposed_of(comm_us: float, compute_us: float, pieces: int) -> float:
+    """What stays exposed of `comm_us` cut into `pieces` equal pieces on one serial stream,
+    each issued as one of `pieces` equal pieces of compute (`compute_us` in all) ends (a
+    gradient's reduction after its layer's backward) or gathered ahead of it (a parameter's
+    prefetch): the piece with no compute beside it, and what of each other outlasts its
+    compute piece: c + (pieces - 1) max(0, c - x)."""
+    if comm_us <= 0:
+        return 0.0
+    if pieces <= 1 or compute_us <= 0:
+        return comm_us
+    c, x = comm_us / pieces, compute_us / pieces
+    return c + (pieces - 1) * max(0.0, c - x)
+
+
 def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
-            gpus_per_node: int) -> Prediction:
+            gpus_per_node: int, trainer: str = "torch") -> Prediction:
     t, p, d, z, m = layout.key()
     span = spans(layout, gpus_per_node)
     tokens = layout.micro_batch_size(model) * model.seq_len
     activation = tokens * model.hidden_size * elt_bytes
-    per_stage = model.layers // p
 
     layer, with_tp = layer_us(inputs, model, t, tokens)
-    tp_mb = per_stage * TP_ALLREDUCES_PER_LAYER * inputs.comm_us(
-        "all_reduce", t, span["tp"], activation)
+    tp_layer = TP_ALLREDUCES_PER_LAYER * tp_collective_us(inputs, layout, span["tp"], activation)
     # a TP layer timed whole holds its all-reduces: the fit's share of it is shown as TP's
-    compute_mb = per_stage * layer
+    compute_layer = layer
     if with_tp:
-        tp_mb = min(tp_mb, compute_mb)
-        compute_mb -= tp_mb
-    tp_mb *= tp_allreduces(layout) / TP_ALLREDUCES_PER_LAYER
-    # the recomputed forward, and the LM head on the last stage (the slowest: every slot of
-    # the pipeline waits on it) at the layer's FLOP rate
-    compute_mb *= recompute_factor(model, layout, tokens)
-    if model.vocab:
-        compute_mb += compute_mb / per_stage * model.head_flops(tokens, t) \
-            / model.flops_per_layer(tokens, t) / recompute_factor(model, layout, tokens)
-    hop = inputs.comm_us("sendrecv", 2, span["pp"], activation) if p > 1 else 0.0
-    slot = compute_mb + tp_mb
+        tp_layer = min(tp_layer, compute_layer)
+        compute_layer -= tp_layer
+    head = 0.0
+    if model.vocab:  # the LM head on the last stage, at the layer's FLOP rate
+        head = compute_layer * model.head_flops(tokens, t) / model.flops_per_layer(tokens, t)
+
+    def stage_times(stage: int) -> tuple[float, float, float]:
+        """(compute, TP collectives, TP exposed) of one micro-batch on `stage`."""
+        layers = layout.stage_layers(model, stage)
+        cf, tf = layer_factors(model, layout, tokens, layers)
+        compute = compute_layer * cf + (head if stage == p - 1 else 0.0)
+        tp = tp_layer * tf
+        exposed = tp
+        if layout.tp_overlap and t > 1 and tp > 0:
+            # each collective beside its matmul, cut in tp chunks (Megatron's ring exchange,
+            # torch's async TP): the first chunk waits, the rest hides behind the matmul where
+            # that is as long
+            count = TP_OVERLAP_GEMMS * tf
+            one, gemm = tp / count, compute_layer * cf / count
+            exposed = count * max(one / t, one - gemm)
+        return compute, tp, exposed
+
+    # the slowest stage sets the pipeline's pace: every slot waits on it
+    compute_mb, tp_mb, tp_exposed_mb = max((stage_times(s) for s in pace_stages(layout)),
+                                           key=lambda x: x[0] + x[2])
+    per_stage = layout.most_stage_layers(model)
+    hop_bytes = activation / (t if layout.sequence_parallel else 1)
+    hop = inputs.comm_us("sendrecv", 2, span["pp"], hop_bytes) if p > 1 else 0.0
+    slot = compute_mb + tp_exposed_mb
     # in the fill and drain only some of a node's ranks compute: on a shared device they run as
     # fast as one rank alone, and their compute may cost less still (bubble_weight); the TP
     # all-reduces wait on their peers whatever the cores do
-    bubble_slot = compute_mb * min(1.0, inputs.alone_ratio) * inputs.bubble_weight + tp_mb
+    bubble_slot = compute_mb * min(1.0, inputs.alone_ratio) * inputs.bubble_weight \
+        + tp_exposed_mb
     # the sends are posted without waiting: in the steady state a stage's next input arrived
     # while it computed, so only the first micro-batch's activation (pp - 1 hops out) and the
     # last one's gradient (pp - 1 hops back) sit on the critical path
@@ -165,8 +255,8 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
     pipeline = m * slot + bubble + pp_comm
 
     grads = params_per_rank(model, layout) * elt_bytes
-    dp_comm, overlap = dp_collectives_us(inputs, layout, span["dp"], grads)
-    dp_exposed = dp_comm * (1 - overlap)
+    dp_comm, dp_exposed = dp_step_us(inputs, layout, span["dp"], grads, trainer,
+                                     compute_mb, per_stage)
     if d > 1:
         dp_exposed += per_stage * inputs.wrapper_us_per_layer.get(dp_kind(z), 0.0)
 
@@ -183,7 +273,7 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
     return Prediction(layout=layout, step_us=pipeline + dp_exposed + optimizer,
                       compute_us=m * compute_mb, tp_comm_us=m * tp_mb, pp_comm_us=pp_comm,
                       bubble_us=bubble, dp_comm_us=dp_comm, dp_exposed_us=dp_exposed,
-                      optimizer_us=optimizer)
+                      optimizer_us=optimizer, tp_exposed_us=m * tp_exposed_mb)
 
 
 # the data-parallel figures are kept by ZeRO stage, named as dp.csv's modes: DDP, DDP with
@@ -261,10 +351,64 @@ def dp_collectives_us(inputs: Inputs, layout: Layout, span: Span | str, grad_byt
         if kind not in inputs.wrapper_us_per_layer:
             inputs.note(f"no {kind} overlap measured: its collectives counted as exposed")
         overlap = 0.0
+    reductions = m if layout.syncs_every_micro_batch else 1
     if z == 0:
-        return c("all_reduce"), overlap
+        return reductions * c("all_reduce"), overlap
     if z == 1:
-        ar, ag = c("all_reduce"), c("all_gather")
+        ar, ag = reductions * c("all_reduce"), c("all_gather")
         return ar + ag, overlap * ar / (ar + ag)
     gathers = 1 if z == 2 else 2 * m
-    return gathers * c("all_gather") + c("reduce_scatter"), overlap
+    return gathers * c("all_gather") + reductions * c("reduce_scatter"), overlap
+
+
+def dp_step_us(inputs: Inputs, layout: Layout, span: Span, grad_bytes: float, trainer: str,
+               slot_compute_us: float, layers: int) -> tuple[float, float]:
+    """(the data-parallel collectives of one step alone, what of them is exposed). Measured
+    figures win (a `dp` run's overlap or wrapper cost for the layout's ZeRO stage:
+    dp_collectives_us). Where none was measured and the trainer overlaps (`dp_overlap`), what
+    the schedule hides is modelled, one collective per layer on one stream (exposed_of): a
+    gradient's reduction (all-reduce, or reduce-scatter) issued as its layer's backward ends,
+    a parameter's all-gather prefetched behind the layer before it (FSDP2's, and Megatron's
+    --overlap-param-gather). `slot_compute_us`: a micro-batch's forward and backward on the
+    stage, a third of it forward. Megatron's distributed optimizer (ZeRO 1 under --trainer
+    megatron) reduce-scatters its gradients and all-gathers the parameters before the next
+    forward; torch's ZeroRedundancyOptimizer all-reduces and gathers after its step, which
+    nothing hides."""
+    d, z, m = layout.dp, layout.zero, layout.micro_batches
+    kind = dp_kind(z)
+    measured = kind in inputs.overlap or kind in inputs.wrapper_us_per_layer
+    if d == 1:
+        return 0.0, 0.0
+    if measured or not layout.dp_overlap:
+        comm, overlap = dp_collectives_us(inputs, layout, span, grad_bytes)
+        return comm, comm * (1 - overlap)
+
+    def c(op: str) -> float:
+        return inputs.comm_us(op, d, span, grad_bytes)
+
+    forward, backward = slot_compute_us / 3, slot_compute_us * 2 / 3
+    reductions = m if layout.syncs_every_micro_batch else 1
+
+    def reduced(op: str) -> tuple[float, float]:
+        # every micro-batch's reductions hide behind its backward; a micro-batch's last one
+        # also behind the next micro-batch's forward, so only the step's last waits whole
+        one = c(op)
+        tail = one / max(1, layers)
+        return reductions * one, (reductions * (exposed_of(one, backward, layers) - tail)
+                                  + tail)
+
+    inputs.note(f"no {kind} overlap measured: what the schedule hides is modelled, a "
+                "collective a layer behind the compute beside it")
+    if z == 0 or (z == 1 and trainer == "torch"):
+        comm, exposed = reduced("all_reduce")
+        if z == 1:  # ZeroRedundancyOptimizer's gather after its step: nothing beside it
+            comm, exposed = comm + c("all_gather"), exposed + c("all_gather")
+        return comm, exposed
+    comm, exposed = reduced("reduce_scatter")
+    # gathers: Megatron's and ZeRO 2's once, before the first forward; ZeRO 3's in every
+    # micro-batch's forward and again in its backward
+    passes = [forward] if z <= 2 else [forward, backward] * m
+    for compute in passes:
+        comm += c("all_gather")
+        exposed += exposed_of(c("all_gather"), compute, layers)
+    return comm, exposed

@@ -29,9 +29,11 @@ from distbench.core.options import (
     with_example,
 )
 from distbench.core.sizes import SizeError, format_size, parse_size
+from distbench.planner.fabrics import MAX_GPUS_PER_NODE
 from distbench.planner.gpus import DEFAULT_MFU, GPUS
 from distbench.planner.layouts import RECOMPUTE, parse_zero
 from distbench.planner.models import PRESETS, SHAPE_HELP, model_text, parse_model
+from distbench.planner.trainers import TRAINERS
 from distbench.run.forked_workers import TRAINING
 
 if TYPE_CHECKING:
@@ -53,9 +55,9 @@ ASSUMED_MEMORY = 80 * 2**30
 # The most GPUs a plan is for, and per node: the layouts are arithmetic over their divisors,
 # and no bound let one number make a plan long (issue 30). Several times the largest real
 # figures: clusters of about 200,000 GPUs, NVLink domains of 72 GPUs (GB200 NVL72; 576
-# announced), where TP may stay.
+# announced), where TP may stay (MAX_GPUS_PER_NODE, planner/fabrics.py: a fabric's
+# gpus_per_node= has the same bound).
 MAX_GPUS = 2**20
-MAX_GPUS_PER_NODE = 1024
 
 
 def _count(high: int, largest: str, example: str):
@@ -180,11 +182,17 @@ class PlanOptions(RunOptions):
         "none", "Activation recomputation weighed: none, selective (the attention core), full "
         "(each layer; Megatron's large runs); comma list or 'all'.", check=_recompute,
         cli_type=str)
+    trainer: str = option(
+        "torch", "Whose training step is planned: torch (torch's pipelining, DDP, FSDP2: what "
+        "`distbench step` runs) or megatron (Megatron-LM's schedule and memory; zero=1 is its "
+        "distributed optimizer).", check=one_of(TRAINERS, "--trainer megatron"))
     layouts: str | None = option(
         None, "A layout you run, predicted beside the ranked list, in Megatron's terms, "
         "comma-joined: tp=8 pp=2 dp=4 zero=1 mbs=2 recompute=full (mbs: samples per "
         "micro-batch; or m=, their count; the global batch is --model's batch=; dp defaults "
-        "to the GPUs left). Repeat it, or separate layouts with ';'.", flag="layout",
+        "to the GPUs left; also v=, sp=0, recompute_layers=, grad_sync=micro|last, "
+        "tp_overlap=1, dp_overlap=0: docs/plan.md). Repeat it, or separate layouts with ';'.",
+        flag="layout",
         check=_layouts, cli_type=list[str] | None, show_default=False)
     sources: list[str] | None = option(
         None, "Earlier run directories to predict from (collective, p2p, dp, accept, plan), "
@@ -235,6 +243,10 @@ class PlanOptions(RunOptions):
         if self.gpus is not None and self.gpus_per_node is not None:
             self.validate_nodes(self.gpus, self.gpus_per_node)
             self.named_layouts(self.gpus, self.gpus_per_node)
+        if self.trainer != "torch" and (self.workers is not None or self.validations):
+            raise OptionError("--trainer", f"{self.trainer}'s step is planned from --from runs "
+                              "or a --fabric: the workers run torch's (drop --workers and "
+                              "--validate)", "--trainer megatron --fabric dgx-a100 --gpus 64")
         if self.fabric is not None and (self.workers is not None or self.validations):
             raise OptionError("--fabric", "declares a cluster to plan for without workers: "
                               "the workers measure the fabric they run on (drop --workers and "
@@ -273,7 +285,8 @@ class PlanOptions(RunOptions):
         """The --layout layouts on this cluster (planner.given); raises OptionError."""
         from distbench.planner import given
 
-        return given.resolve_all(self.layouts, self.model_spec, gpus, per_node)
+        return given.resolve_all(self.layouts, self.model_spec, gpus, per_node,
+                                 trainer=self.trainer)
 
     SIZED_BY = ("--model", "--model toy")
 
@@ -382,7 +395,7 @@ def plan_from_runs(opts: PlanOptions) -> int:
     memory, memory_from = memory_per_gpu(opts, inputs)
     rows = assemble.plan_rows(model, inputs, gpus, per_node, memory, opts.dtype, opts.zero,
                               gpu=opts.target_gpu, mfu=opts.mfu, recompute=opts.recompute,
-                              layouts=opts.layouts)
+                              layouts=opts.layouts, trainer=opts.trainer)
 
     from distbench.results import writer
     from distbench.run.console import Console
@@ -397,7 +410,7 @@ def plan_from_runs(opts: PlanOptions) -> int:
         assemble.write(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
                        memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
                        top=opts.top, measured=measured, per_node_from=per_node_from,
-                       recompute=opts.recompute)
+                       recompute=opts.recompute, trainer=opts.trainer)
     except OSError as e:  # a full disk: the rows written are whole, run.json says so
         return _cannot_write(record, e)
     console = Console(True)
@@ -451,8 +464,14 @@ def cluster(opts: PlanOptions, inputs: Inputs) -> tuple[int, int, str]:
                           f"{inputs.gpus_per_node} workers a node are no GPU node size: say how "
                           "many GPUs a node has", "--gpus-per-node 8")
     elif inputs.gpus_per_node is None:
-        raise OptionError("--gpus-per-node", "the --from runs' topology lists no GPUs and no "
-                          "--fabric says: say how many a node has", "--gpus-per-node 8")
+        # say what is missing: a fabric's figures with no --from blamed "the --from runs"
+        missing = [f"--fabric {opts.fabric} gives no gpus_per_node="] if opts.fabric else []
+        if opts.sources:
+            missing.insert(0, "the --from runs' topology lists no GPUs")
+        raise OptionError("--gpus-per-node", f"{' and '.join(missing) or 'nothing says'}: say "
+                          "how many GPUs a node has, with --gpus-per-node"
+                          + (" or the fabric's gpus_per_node=" if opts.fabric else ""),
+                          "--gpus-per-node 8")
     else:
         per_node, per_node_from = inputs.gpus_per_node, "the --from runs'"
     opts.validate_nodes(opts.gpus, per_node)
