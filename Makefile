@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # CPU-s each): `make test-fast` took 67 s without the caches, 53 s with them.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv run test test-fast lint node-exporter promtool bench bench-plan bench-megatron clean
+.PHONY: venv run test test-fast lint node-exporter promtool bench bench-plan bench-megatron bench-published clean
 
 venv: $(STAMP)
 
@@ -95,6 +95,11 @@ bench-plan: $(STAMP)
 # Megatron-LM's published runs (SC'21) predicted from --fabric dgx-a100 alone: arithmetic, a second
 bench-megatron: $(STAMP)
 	$(PY) benchmarks/megatron_sc21.py
+
+# torchtitan's published runs through `distbench plan`'s command line, one compute scale per GPU
+# kind (benchmarks/published/torchtitan.csv): about 40 s of CLI calls, 2 at a time
+bench-published: $(STAMP)
+	$(PY) benchmarks/published_runs.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .cache

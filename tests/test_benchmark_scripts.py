@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -54,3 +55,39 @@ def test_overhead_measures_every_size_it_is_given(tmp_path):
     rows = re.findall(r"^\s*(\d+ KiB)\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", res.stdout, re.M)
     assert [r[0] for r in rows] == ["4 KiB", "64 KiB"], res.stdout
     assert all(float(x) > 0 for r in rows for x in r[1:]), res.stdout
+
+
+def _published_runs():
+    spec = importlib.util.spec_from_file_location("published_runs",
+                                                  BENCHMARKS / "published_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["published_runs"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_published_rows_parse_and_each_names_its_source():
+    """benchmarks/published/torchtitan.csv: every row traceable to a file, a commit and a table
+    of pytorch/torchtitan, and its parallel degrees multiplying to its GPUs."""
+    pub = _published_runs()
+    rows = pub.load()
+    assert len(rows) == 45
+    assert len({r["id"] for r in rows}) == len(rows)
+    for r in rows:
+        assert r["source_file"].endswith(".md") and r["source_section"], r["id"]
+        assert re.fullmatch(r"[0-9a-f]{40}", r["source_commit"]), r["id"]
+        assert r["fsdp"] * r["tp"] * r["pp"] * r["cp"] == r["gpus"], r["id"]
+        assert r["local_batch"] * r["fsdp"] == r["global_batch"], r["id"]
+        assert (r["tps_per_gpu"] != "") == bool(r["ran"]), r["id"]
+    by_id = {r["id"]: r for r in rows}
+    for kind, row_id in pub.FIT_ROWS.items():
+        assert by_id[row_id]["gpu"] == kind and not pub.unscored_because(by_id[row_id])
+    assert "torch.compile" in " ".join(pub.unscored_because(by_id["d24-t1-fsdp-compile"]))
+
+
+def test_published_throughput_becomes_a_step_as_worked_by_hand():
+    """Table 1's FSDP row: 16 samples of 8,192 tokens at 5,762 tokens/s on each of 8 GPUs."""
+    pub = _published_runs()
+    row = {r["id"]: r for r in pub.load()}["d24-t1-fsdp"]
+    assert pub.published_step_s(row) == pytest.approx(131072 / 46096)  # 2.8435 s
+    assert pub.layout_of(row) == "tp=1,pp=1,dp=8,zero=3,mbs=2,recompute=op"
