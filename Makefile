@@ -92,7 +92,8 @@ bench: $(STAMP)
 bench-plan: $(STAMP)
 	$(PY) benchmarks/plan_accuracy.py
 
-# Megatron-LM's published runs (SC'21) predicted from --fabric dgx-a100 alone: arithmetic, a second
+# Megatron-LM's published runs (SC'21) through plan's command line from --fabric dgx-a100 alone:
+# 15 plans, two at a time, nothing measured (10-45 s)
 bench-megatron: $(STAMP)
 	$(PY) benchmarks/megatron_sc21.py
 
