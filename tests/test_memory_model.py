@@ -3,15 +3,18 @@ against the published parameter counts, and the peak's phases on hand-computed c
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
 
 from distbench.planner import memory as mem
 from distbench.planner.layouts import Layout, enumerate_layouts, micro_batch_counts
 from distbench.planner.models import PRESETS, ModelSpec, parse_model
-from distbench.steps.mesh_model import Layer
+from distbench.steps.mesh_model import Layer, layer_tp_plan
 
 SHAPES = [
     ModelSpec(name="mha", layers=1, hidden_size=64, ffn_size=256, heads=4, seq_len=16, batch=1),
@@ -22,33 +25,111 @@ SHAPES = [
 ]
 
 
-def saved_bytes(model: ModelSpec, tp: int, samples: int, recompute: str, dtype) -> int:
+def _plain(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding `t`'s data (a DTensor's local shard)."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        inner = [getattr(t, name) for name in names]
+        return [p for i in inner if isinstance(i, torch.Tensor) for p in _plain(i)]
+    return [t]
+
+
+def kept_bytes(layer: torch.nn.Module, x: torch.Tensor) -> int:
     """What one layer's forward keeps for backward: each storage its saved tensors hold, once
-    (q, k and v are views of one), the layer's weights left out."""
-    layer = Layer(model, tp, recompute).to(dtype)
-    x = torch.randn(samples, model.seq_len, model.hidden_size, dtype=dtype, requires_grad=True)
-    seen: dict[int, int] = {}
+    (q, k and v are views of one), and each its forward made that outlives it: per-op
+    recomputation's cache of the outputs it keeps, which no saved-tensor hook sees. The
+    weights, the output and the input (but where it is saved) left out."""
+    saved: dict[int, int] = {}
+    made: list[weakref.ref] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
+        for plain in _plain(t):
+            storage = plain.untyped_storage()
+            saved[storage._cdata] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x)
-    weights = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    return sum(n for ptr, n in seen.items() if ptr not in weights)
+    class Made(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            made.extend(weakref.ref(p.untyped_storage()) for t in tree_leaves(out)
+                        if isinstance(t, torch.Tensor) for p in _plain(t))
+            return out
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), Made():
+        y = layer(x)
+    kept = dict(saved)
+    for ref in made:
+        storage = ref()
+        if storage is not None:
+            kept.setdefault(storage._cdata, storage.nbytes())
+    unsaved = [*_plain(x), *_plain(y)]
+    left_out = {p.untyped_storage()._cdata for t in layer.parameters() for p in _plain(t)} \
+        | {p.untyped_storage()._cdata for p in unsaved} - set(saved)
+    return sum(n for key, n in kept.items() if key not in left_out)
+
+
+def saved_bytes(model: ModelSpec, tp: int, samples: int, recompute: str, dtype) -> int:
+    """What one layer of TP rank's shapes (tp > 1: a shard of the heads and the ffn, on the
+    whole sequence, as TP without sequence parallelism feeds it) keeps for backward."""
+    layer = Layer(model, tp, recompute).to(dtype)
+    x = torch.randn(samples, model.seq_len, model.hidden_size, dtype=dtype, requires_grad=True)
+    return kept_bytes(layer, x)
+
+
+RECOMPUTE = ["none", "selective", "op", "full"]
 
 
 @pytest.mark.parametrize("model", SHAPES, ids=lambda m: m.name)
 @pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("recompute", RECOMPUTE)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_the_activation_formula_is_what_the_steps_layer_saves(model, tp, recompute, dtype):
     samples = 3
     tokens = samples * model.seq_len
     expected = tokens * mem.layer_activation_bytes(model, tp, dtype.itemsize, recompute)
     assert saved_bytes(model, tp, samples, recompute, dtype) == expected
+
+
+@pytest.fixture(scope="module")
+def tp_mesh():
+    """Rank 0 of a TP group of 2 on torch's fake process group, in this process: collectives
+    return at once and their values are garbage, but DTensor runs every op, gathers and
+    reduce-scatters as on real ranks, so what a layer keeps is what it keeps there (the same
+    bytes as on 2 gloo ranks)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("model", SHAPES, ids=lambda m: m.name)
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "sp"])
+@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_formula_is_what_the_steps_tp_layer_saves_with_and_without_sequence_parallelism(
+        tp_mesh, model, sp, recompute, dtype):
+    """The step's own TP plan (mesh_model.layer_tp_plan) at tp 2. With sequence parallelism
+    the layer takes and gives its part of the sequence, and torch's column-wise linears keep
+    what they gathered (the whole sequence), not the part (Megatron keeps the part and
+    gathers it again in backward): only what recomputation keeps of the input is sharded."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    layer = Layer(model, 1, recompute).to(dtype)
+    parallelize_module(layer, tp_mesh["tp"], layer_tp_plan(model.gated, sp))
+    samples, seq = 3, model.seq_len // (2 if sp else 1)
+    x = torch.randn(samples, seq, model.hidden_size, dtype=dtype, requires_grad=True)
+    expected = samples * model.seq_len * mem.layer_activation_bytes(model, 2, dtype.itemsize,
+                                                                     recompute, sp=sp)
+    assert kept_bytes(layer, x) == expected
+    if sp and recompute in ("none", "selective"):
+        assert expected == samples * model.seq_len * mem.layer_activation_bytes(
+            model, 2, dtype.itemsize, recompute)
 
 
 def test_fused_attention_keeps_no_scores():

@@ -140,13 +140,17 @@ def test_full_recomputation_of_k_layers_reruns_only_those():
     assert one.tp_comm_us == pytest.approx(3 * 4 * 10.0 + 6 * 10.0)
     extra = (full.compute_us - none.compute_us) / 4
     assert one.compute_us == pytest.approx(none.compute_us + extra)
-    # memory: one layer keeps only its input, the other three everything
+    # memory: one layer keeps only its input, the other three everything; the recomputed
+    # layer is the stage's first, rebuilt last in backward, once the others' are gone, so no
+    # layer is rebuilt beside them (all four recomputed: one is, beside the inputs kept)
     elt, tokens = FP32, 32 * 16
     kept = mem.layer_activation_bytes(MODEL, 2, elt)
     m1 = mem.stage_memory(MODEL, replace(base, recompute="full", recompute_layers=1), elt, 0)
     m0 = mem.stage_memory(MODEL, base, elt, 0)
-    assert m0.activations - m1.activations == pytest.approx(
-        tokens * (kept - MODEL.hidden_size * elt) - tokens * kept)
+    m4 = mem.stage_memory(MODEL, replace(base, recompute="full"), elt, 0)
+    assert m0.activations - m1.activations == tokens * (kept - MODEL.hidden_size * elt)
+    assert m0.activations - m4.activations == 4 * tokens * (kept - MODEL.hidden_size * elt) \
+        - tokens * kept
 
 
 def test_sequence_parallelism_shards_what_full_recomputation_keeps_and_the_hops():
@@ -227,3 +231,13 @@ def test_megatron_runs_no_zero_2_or_3_and_plans_without_workers(tmp_path):
         tmp_path, "plan", "--workers", "2", "--model", "toy", "--trainer", "megatron")
     assert "--trainer" in helpers.refused(tmp_path, *base[:-2], "--trainer", "deepspeed")
     assert not (tmp_path / "r").exists()
+
+
+def test_unfused_attention_is_planned_but_never_stepped(tmp_path):
+    """step and plan's workers run scaled_dot_product_attention: a shape that says unfused
+    (Megatron before FlashAttention) would be timed and trained otherwise than it says."""
+    unfused = "layers=2,hidden=64,ffn=128,heads=4,seq=8,batch=4,attention=unfused"
+    assert "the step runs fused attention" in helpers.refused(
+        tmp_path, "step", "--workers", "2", "--model", unfused)
+    assert "the workers time and step fused attention" in helpers.refused(
+        tmp_path, "plan", "--workers", "2", "--model", unfused)

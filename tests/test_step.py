@@ -32,9 +32,9 @@ BAD = [
     ("tp-does-not-divide", ["--tp", "3"], "--tp", "tp 3 does not divide the 4 ranks"),
     ("tp-pp-do-not-divide", ["--tp", "2", "--pp", "3"], "--tp/--pp",
      "tp 2 x pp 3 does not divide the 4 ranks"),
-    ("pp-does-not-divide-layers", ["--pp", "4", "--model",
-                                   "layers=6,hidden=64,heads=4,seq=8,batch=8"], "--pp",
-     "pp 4 must divide the layers (6)"),
+    ("pp-more-than-layers", ["--pp", "4", "--model",
+                             "layers=3,hidden=64,heads=4,seq=8,batch=8"], "--pp",
+     "pp 4 is more stages than the layers (3)"),
     ("too-few-micro-batches", ["--tp", "2", "--pp", "2", "--micro-batches", "1"], "--tp/--pp",
      "needs at least pp (2) micro-batches"),
     ("zero-unknown", ["--zero", "4"], "--zero", "unknown value '4' (valid: 0, 1, 2, 3, all)"),
@@ -52,6 +52,21 @@ BAD = [
     ("model-shape-lacks", ["--model", "layers=4,hidden=64"], "--model", "lacks heads"),
     ("tp-zero", ["--tp", "0"], "--tp", "at least 1"),
     ("recompute-unknown", ["--recompute", "some"], "--recompute", "some"),
+    ("recompute-layers-negative", ["--recompute", "full", "--recompute-layers", "-1"],
+     "--recompute-layers", "must be 0 or more, got -1"),
+    ("recompute-layers-without-full", ["--recompute", "op", "--recompute-layers", "2"],
+     "--recompute-layers", "2 counts the layers full recomputation checkpoints in each stage; "
+     "--recompute is op"),
+    ("recompute-layers-past-a-stage", ["--pp", "2", "--recompute", "full",
+                                       "--recompute-layers", "3"], "--recompute-layers",
+     "tp1 pp2 dp2 zero0 m4 rc-full:3: recompute_layers 3 is more than a stage's 2 layers"),
+    ("recompute-layers-no-layout", ["--recompute", "full", "--recompute-layers", "5"],
+     "--recompute-layers", "no tp x pp x dp layout of 4 ranks has 5 layers in each stage"),
+    ("grad-sync-unknown", ["--grad-sync", "first"], "--grad-sync",
+     "unknown value 'first' (valid: micro, last)"),
+    ("sequence-parallel-splits-no-sequence", ["--tp", "4", "--model",
+                                              "layers=2,hidden=64,heads=4,seq=6,batch=8"],
+     "--tp/--sp", "sequence parallelism over tp 4 must divide the sequence (6)"),
     ("virtual-stages-zero", ["--pp", "2", "--virtual-stages", "0"], "--virtual-stages",
      "at least 1"),
     ("virtual-stages-without-pipeline", ["--tp", "1", "--pp", "1", "--virtual-stages", "2"],
@@ -97,10 +112,11 @@ def test_with_no_layout_flag_every_factorization_of_the_world_runs(no_launcher):
 
 
 def test_a_world_the_model_does_not_fit_everywhere_keeps_only_valid_layouts(no_launcher):
-    # 6 layers, 2 heads: pp 4 and tp 4 do not fit, pp 2 and tp 2 do
+    # 2 heads: tp 4 does not fit, tp 2 does; 6 layers take pp 4 in stages of 1, 2, 2 and 1
     opts = _opts(model="layers=6,hidden=64,heads=2,seq=8,batch=8")
     assert [(x.tp, x.pp, x.dp) for x in opts.layouts(4)[0]] == [(1, 1, 4), (1, 2, 2),
-                                                                 (2, 1, 2), (2, 2, 1)]
+                                                                 (1, 4, 1), (2, 1, 2),
+                                                                 (2, 2, 1)]
 
 
 SHAPE = {"layers": 4, "hidden": 128, "ffn": 512, "heads": 4, "seq": 32, "batch": 16}
@@ -252,3 +268,97 @@ def test_the_interleaved_bubble_is_pp_minus_one_over_v_slots():
     assert bubble_time(inter, 800.0) == 3 / 16 * 800
     assert default_micro_batches(PRESETS["toy"], 2, 2, 2) == 8
     assert default_micro_batches(PRESETS["toy"], 2, 1, 2) == 8
+
+
+def test_the_layout_keys_reach_every_layout(no_launcher):
+    layouts, _ = _opts(zero="0,3", recompute="full", recompute_layers=1,
+                       sp=False, grad_sync="last").layouts(4)
+    assert {(x.sp, x.recompute, x.recompute_layers, x.grad_sync) for x in layouts} == \
+        {(False, "full", 1, "last")}
+    # not given: each wrapper's default, FSDP2's sync of every micro-batch and DDP's at the last
+    layouts, _ = _opts(zero="0,3").layouts(4)
+    assert {(x.zero, x.grad_sync) for x in layouts} == {(0, "last"), (3, "micro")}
+    assert all(x.sp for x in layouts) and {x.recompute for x in layouts} == {"none"}
+    # without sequence parallelism a sequence tp does not split is run
+    opts = _opts(tp=4, model="layers=2,hidden=64,heads=4,seq=6,batch=8", sp=False)
+    (lay,), _ = opts.layouts(4)
+    assert (lay.tp, lay.sequence_parallel) == (4, False)
+    assert _opts(recompute="op").layouts(4)[0][0].recompute == "op"
+
+
+def test_a_pipeline_the_layers_do_not_divide_gives_the_ends_fewer(no_launcher):
+    from distbench.steps.mesh_model import rank_layers
+
+    toy = PRESETS["toy"]  # 4 layers
+    (lay,), _ = _opts(pp=3).layouts(3)
+    assert (lay.pp, lay.micro_batches) == (3, 8)
+    assert [rank_layers(toy, lay, r) for r in range(3)] == [[0], [1, 2], [3]]
+    # every layout of 3 ranks the model fits: the pipeline alone (dp 3 splits no batch of 16)
+    assert [(x.tp, x.pp, x.dp) for x in _opts().layouts(3)[0]] == [(1, 3, 1)]
+
+
+def test_full_recomputation_of_k_layers_checkpoints_the_first_k_of_each_chunk():
+    from dataclasses import replace
+
+    from distbench.planner.models import ModelSpec
+    from distbench.steps.mesh_model import layer_recompute
+
+    model = ModelSpec(name="m", layers=8, hidden_size=8, ffn_size=16, heads=2, seq_len=4,
+                      batch=16)
+    lay = Layout(tp=1, pp=2, dp=1, micro_batches=4, recompute="full", recompute_layers=1)
+    assert layer_recompute(model, lay, 0) == {0: "full", 1: "none", 2: "none", 3: "none"}
+    inter = replace(lay, virtual_stages=2)  # rank 1 holds stages 1 and 3: layers 2-3, 6-7
+    assert layer_recompute(model, inter, 1) == {2: "full", 3: "none", 6: "full", 7: "none"}
+    assert set(layer_recompute(model, replace(lay, recompute_layers=0), 1).values()) == {"full"}
+    assert set(layer_recompute(model, replace(lay, recompute="op", recompute_layers=0),
+                               1).values()) == {"op"}
+    # 5 layers on 2 stages (2 and 3): the first of each
+    five = replace(model, layers=5)
+    assert [layer_recompute(five, lay, r) for r in range(2)] == \
+        [{0: "full", 1: "none"}, {2: "full", 3: "none", 4: "none"}]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_per_op_recomputation_computes_the_same_gradients(gated):
+    """The policy reruns what it does not keep: the same gradients as keeping everything,
+    and the matmuls it keeps are the odd ones of each layer's forward, in the recomputation
+    too (else torch's checkpoint fails on a mismatch)."""
+    import torch
+
+    from distbench.planner.models import ModelSpec
+    from distbench.steps.mesh_model import make_stage
+
+    model = ModelSpec(name="m", layers=2, hidden_size=32, ffn_size=64, heads=4, kv_heads=2,
+                      seq_len=8, batch=2, gated=gated)
+    x = torch.randn(2, 8, 32)
+    grads = {}
+    for kind in ("none", "op"):
+        stage = make_stage(model, range(2), torch.device("cpu"), torch.float32, recompute=kind)
+        stage(x).square().mean().backward()
+        grads[kind] = {n: p.grad for n, p in stage.named_parameters()}
+    for name, g in grads["none"].items():
+        torch.testing.assert_close(grads["op"][name], g)
+
+
+def test_an_all_gather_counts_its_whole_output_as_nccl_tests_do():
+    """DTensor's all-gather (a functional collective) is handed its input and the group's
+    size; its bytes are the output's, as a reduce-scatter's are its input's (the design's byte
+    accounting), so sequence parallelism's tp bytes are those of its gathered sequence."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from distbench.steps.comms import CommCounter
+
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        part = torch.zeros(8, 16)
+        with CommCounter() as counter:
+            funcol.all_gather_single(part, 0, dist.group.WORLD).wait()
+            funcol.reduce_scatter_single(torch.zeros(32, 16), "sum", 0, dist.group.WORLD).wait()
+    finally:
+        dist.destroy_process_group()
+    assert [(c.op, c.size_bytes) for c in counter.calls] == \
+        [("all_gather", 32 * 16 * 4), ("reduce_scatter", 32 * 16 * 4)]

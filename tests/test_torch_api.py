@@ -143,7 +143,9 @@ def resolve(api: str):
                 obj = importlib.import_module(".".join(parts[:i]))
                 continue
             except ModuleNotFoundError as e:
-                if e.name != ".".join(parts[:i]):
+                # no such module: an attribute, or a namespace a module makes on access
+                # (torch.ops._c10d_functional, which torch.ops is no package of)
+                if e.name not in (".".join(parts[:i]), ".".join(parts[:i - 1])):
                     raise
         obj = getattr(obj, name)
     return obj

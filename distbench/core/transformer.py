@@ -37,18 +37,38 @@ def logsumexp_bytes(elt_bytes: int) -> int:
 
 
 def attention_activation_bytes(hidden: int, heads: int, kv_heads: int, tp: int,
-                               elt_bytes: int, recompute: str = "none") -> float:
+                               elt_bytes: int, recompute: str = "none",
+                               sp: bool = False) -> float:
     """An attention block's activations kept for backward, per token (planner.memory's
-    text derives it from what the step's layer saves)."""
+    text derives it from what the step's layer saves). With sequence parallelism (`sp`, at
+    tp > 1) torch's column-wise qkv keeps the input it gathered, the whole sequence, as the
+    block without it keeps its whole input: the same bytes. Per-op recomputation (`op`)
+    keeps the layer's input (the checkpoint's: a sequence shard with sp), qkv's output (the
+    first matmul's), the fused kernel's output and logsumexp, and with sp the output
+    projection's reduce-scatter; it reruns the output projection (the second matmul) and the
+    grouped queries' copy."""
     width = (heads + 2 * kv_heads) * (hidden // heads)
+    lse = heads / tp * logsumexp_bytes(elt_bytes)
+    shard = hidden / tp if sp else 0.0
+    if recompute == "op":
+        return elt_bytes * ((shard or hidden) + (width + hidden) / tp + shard) + lse
     if heads > kv_heads and kv_heads > tp:  # several groups of several queries: q copied
         width += hidden
-    lse = 0 if recompute == "selective" else heads / tp * logsumexp_bytes(elt_bytes)
+    if recompute == "selective":
+        lse = 0
     return elt_bytes * (hidden + (width + hidden) / tp) + lse
 
 
-def mlp_activation_bytes(hidden: int, ffn: int, gated: bool, tp: int, elt_bytes: int) -> float:
-    """An MLP block's activations kept for backward, per token (planner.memory's text)."""
+def mlp_activation_bytes(hidden: int, ffn: int, gated: bool, tp: int, elt_bytes: int,
+                         recompute: str = "none", sp: bool = False) -> float:
+    """An MLP block's activations kept for backward, per token (planner.memory's text); with
+    sequence parallelism the same (the gathered input, where the block without it keeps its
+    whole input). Per-op recomputation (`op`) keeps the layer's odd matmuls' outputs: the
+    third, up's (gated, the gate's), and gated the fifth, down's, whole (its partial sums,
+    before they are reduced), and with sp down's reduce-scatter."""
+    if recompute == "op":
+        kept = ffn / tp + (hidden if gated else 0.0) + (hidden / tp if sp else 0.0)
+        return elt_bytes * kept
     return elt_bytes * (hidden + (4 if gated else 2) * ffn / tp)
 
 

@@ -133,6 +133,17 @@ class Layout:
         """The layers of the pipeline's fullest stage (every stage's when pp divides them)."""
         return -(-model.layers // self.pp)
 
+    def peak_stages(self, model: ModelSpec) -> set[int]:
+        """The pipeline stages that may be the slowest or hold the most: the first (the
+        embedding, the most micro-batches in flight), the first of the fullest (where the ends
+        hold fewer: stage_layers), the second (buffers both ways) and the last (the LM
+        head)."""
+        short = self.most_stage_layers(model) * self.pp - model.layers
+        # the ends give up their layers first, 0, pp - 1, 1, ...: the first full stage follows
+        # the front's share of them
+        first_full = min(-(-short // 2), self.pp - 1)
+        return {0, min(1, self.pp - 1), first_full, self.pp - 1}
+
     def to_json(self) -> dict:
         return asdict(self)
 

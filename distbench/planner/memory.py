@@ -134,17 +134,25 @@ def reserve_text() -> str:
 def layer_activation_bytes(model: ModelSpec, tp: int, elt_bytes: int,
                            recompute: str = "none", sp: bool = False) -> float:
     """One layer's activations kept for backward, per token, in bytes: with full
-    recomputation only its input (a sequence shard of it with sequence parallelism)."""
+    recomputation only its input (a sequence shard of it with sequence parallelism, `sp`,
+    which means nothing at tp 1). Sequence parallelism changes nothing else here: the layers
+    have no norms, and torch's column-wise linears keep the input they gathered, the whole
+    sequence (core.transformer; docs/plan.md#memory)."""
+    sp = sp and tp > 1
     if recompute == "full":
         return model.hidden_size * elt_bytes / (tp if sp else 1)
     # unfused attention keeps its scores' softmax and dropout, which selective recomputation
-    # (Korthikanti et al.'s) recomputes
-    scores = 0.0 if model.fused_attention or recompute == "selective" else (
-        model.heads / tp * model.seq_len * unfused_score_bytes_kept(elt_bytes))
-    return scores + (attention_activation_bytes(model.hidden_size, model.heads, model.kv_heads, tp,
-                                       elt_bytes, recompute)
-            + mlp_activation_bytes(model.hidden_size, model.ffn_size, model.gated, tp,
-                                   elt_bytes))
+    # (Korthikanti et al.'s) recomputes; per-op recomputation keeps the scores' matmul output
+    # alone (torchtitan keeps batched matmuls' outputs) and reruns the softmax and dropout
+    scores = 0.0
+    if not model.fused_attention and recompute != "selective":
+        kept = elt_bytes if recompute == "op" else unfused_score_bytes_kept(elt_bytes)
+        scores = model.heads / tp * model.seq_len * kept
+    return scores + (
+        attention_activation_bytes(model.hidden_size, model.heads, model.kv_heads, tp,
+                                   elt_bytes, recompute, sp)
+        + mlp_activation_bytes(model.hidden_size, model.ffn_size, model.gated, tp, elt_bytes,
+                               recompute, sp))
 
 
 def in_flight(layout: Layout, stage: int = 0) -> int:
@@ -174,7 +182,10 @@ def gathered_bytes(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int 
     per_stage = layout.stage_layers(model, stage)
     params = min(2, per_stage) * layer if z == 3 and p == 1 else per_stage * layer
     synced = layout.micro_batches == 1 or layout.grad_sync == "micro"
-    return params + (layer if synced else 0.0)
+    # in a pipeline synced every micro-batch, a micro-batch's reduce-scatter (its input and its
+    # output) is still in flight when the next one's backward makes the next layer's
+    in_flight_sync = p > 1 and layout.syncs_every_micro_batch
+    return params + layer * (synced + in_flight_sync)
 
 
 def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -> Memory:
@@ -204,8 +215,13 @@ def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -
     # pipeline's cache, or the loss), and the op at work: one MLP-wide output
     per_micro += stream
     working = tokens * model.ffn_size / t * elt_bytes
-    if rebuilt:  # one layer's activations rebuilt
+    # backward rebuilds a recomputed layer's activations beside what it kept: all of them under
+    # full recomputation (but where only the first k layers are recomputed: they are rebuilt
+    # last, once the others' activations are gone), what per-op recomputation did not keep
+    if rebuilt == per_stage:
         working += tokens * layer_activation_bytes(model, t, elt_bytes, "none", sp)
+    elif layout.recompute == "op":
+        working += tokens * (layer_activation_bytes(model, t, elt_bytes, "none", sp) - kept)
     if last and model.vocab:  # the LM head's input, logits and log-probabilities
         working += tokens * (model.hidden_size * elt_bytes
                              + model.vocab / t * (elt_bytes + logsumexp_bytes(elt_bytes)))
@@ -239,8 +255,7 @@ def memory(model: ModelSpec, layout: Layout, elt_bytes: int) -> Memory:
     (the most micro-batches in flight, the embedding), the second (as many less one, buffers
     both ways, the most layers where the ends hold fewer) and the last (the LM head).
     Megatron-LM's is planner.megatron_memory's (planner.trainers.memory_of)."""
-    stages = {0, min(1, layout.pp - 1), layout.pp - 1}
-    return max((stage_memory(model, layout, elt_bytes, s) for s in stages),
+    return max((stage_memory(model, layout, elt_bytes, s) for s in layout.peak_stages(model)),
                key=lambda mem: mem.total)
 
 

@@ -94,12 +94,6 @@ def spans(layout: Layout, gpus_per_node: int) -> dict[str, Span]:
             "pp": Span(crosses=True, per_node=1) if hop.crosses else Span()}
 
 
-def pace_stages(layout: Layout) -> set[int]:
-    """The pipeline stages that may be the slowest or hold the most: the first (the embedding),
-    the second (the fullest where the ends hold fewer) and the last (the LM head)."""
-    return {0, min(1, layout.pp - 1), layout.pp - 1}
-
-
 def stage_params(model: ModelSpec, layout: Layout, stage: int) -> float:
     """Parameters of pipeline stage `stage`'s shard, before ZeRO: its layers over tp, and the
     embedding on the first stage and the LM head on the last (both without a pipeline)."""
@@ -110,7 +104,7 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> float:
 
 def params_per_rank(model: ModelSpec, layout: Layout) -> float:
     """Parameters of the largest stage's shard, before ZeRO."""
-    return max(stage_params(model, layout, s) for s in pace_stages(layout))
+    return max(stage_params(model, layout, s) for s in layout.peak_stages(model))
 
 
 def recompute_factor(model: ModelSpec, layout: Layout, tokens: int) -> float:
@@ -231,7 +225,7 @@ def predict(model: ModelSpec, layout: Layout, inputs: Inputs, elt_bytes: int,
         return compute, tp, exposed
 
     # the slowest stage sets the pipeline's pace: every slot waits on it
-    compute_mb, tp_mb, tp_exposed_mb = max((stage_times(s) for s in pace_stages(layout)),
+    compute_mb, tp_mb, tp_exposed_mb = max((stage_times(s) for s in layout.peak_stages(model)),
                                            key=lambda x: x[0] + x[2])
     per_stage = layout.most_stage_layers(model)
     hop_bytes = activation / (t if layout.sequence_parallel else 1)

@@ -78,6 +78,11 @@ def call_of(func, args) -> CommCall | None:
     op = _CANONICAL.get(key, key)
     buffers = [t for a in args[:2] for t in _tensors(a)]
     size = max((t.numel() * t.element_size() for t in buffers), default=0)
+    if op == "all_gather" and namespace != "c10d" and len(args) > 1 and \
+            isinstance(args[1], int):
+        # a functional all-gather (DTensor's) is handed its input and the group's size, not
+        # the output c10d's is: the output is the larger buffer, as nccl-tests counts it
+        size *= args[1]
     root = args[2] if op in ("broadcast", *P2P) and len(args) > 2 and \
         isinstance(args[2], int) else 0
     return CommCall(op, size, buffers[0].dtype if buffers else None, root, group_name(args),

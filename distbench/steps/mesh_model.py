@@ -5,15 +5,20 @@ the way torchtitan composes torch's own APIs:
    unique per mesh: FreshMesh), tp fastest, its groups destroyed once the layout is done;
 2. each rank builds only its pipeline stage's layers, layer i's weights from (seed, i), in a
    ModuleDict keyed by the global index, so parameter names are the whole model's;
-3. TP: parallelize_module on mesh["tp"], column-wise qkv and up, row-wise out and down;
+3. TP: parallelize_module on mesh["tp"], column-wise qkv, up and the gate, row-wise out and
+   down; with sequence parallelism (the layout's sp, on by default), torchtitan's plan: the
+   residual stream, the stage's input and output, the samples and the targets sharded along
+   the sequence over the TP ranks (local tensors), gathered into qkv and the MLP, and the
+   row-wise outputs reduce-scattered back to the shards;
 4. DP on mesh["dp"]: zero 0 DDP, zero 1 DDP with ZeroRedundancyOptimizer, zero 2 / 3 FSDP2
    (fully_shard per layer, then the stage; reshard_after_forward false / true);
 5. PP on mesh["pp"]: a PipelineStage around the DP-wrapped stage and Schedule1F1B with an MSE
    loss; interleaved (v virtual stages), one PipelineStage per chunk of the rank's layers
-   (stage index rank + k x pp, planner.layouts.rank_chunks), each chunk DP-wrapped on its own
-   as torchtitan wraps its model parts, and ScheduleInterleaved1F1B; with pp 1, the
-   micro-batches are accumulated by hand, gradients synchronised on the last one only (DDP
-   no_sync, FSDP set_requires_gradient_sync);
+   (stage index rank + k x pp, planner.layouts.rank_chunks: pp need not divide the layers,
+   the ends hold fewer), each chunk DP-wrapped on its own as torchtitan wraps its model parts,
+   and ScheduleInterleaved1F1B; with pp 1, the micro-batches are accumulated by hand. The
+   gradients are synchronised as the layout's grad_sync says: after every micro-batch (FSDP2's
+   default) or on the last one only (DDP no_sync, FSDP set_requires_gradient_sync(False));
 6. AdamW (ZeroRedundancyOptimizer's inner optimizer at zero 1).
 
 Beside it: the single-rank reference the check compares with, and the same per-rank work with no
@@ -58,7 +63,9 @@ SEED = 1234
 class Layer(nn.Module):
     """Attention then MLP, each adding its own residual (steps.stacks' blocks). Recomputation
     (torch.utils.checkpoint, non-reentrant, as torchtitan applies it): full checkpoints the
-    whole layer, keeping only its input; selective the attention core."""
+    whole layer, keeping only its input; selective the attention core; op the whole layer
+    under torchtitan's per-op policy (op_contexts), which keeps some ops' outputs and reruns
+    the rest in backward."""
 
     def __init__(self, model: ModelSpec, tp: int = 1, recompute: str = "none"):
         super().__init__()
@@ -71,16 +78,55 @@ class Layer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute == "full":
             return _checkpointed(self._layer, x)
+        if self.recompute == "op":
+            return _checkpointed(self._layer, x, context_fn=op_contexts)
         return self._layer(x)
 
     def _layer(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.attn(x))
 
 
-def _checkpointed(fn, *args):
+def _checkpointed(fn, *args, **kwargs):
     from torch.utils.checkpoint import checkpoint
 
-    return checkpoint(fn, *args, use_reentrant=False)
+    return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+
+
+def _op_sets() -> tuple[frozenset, frozenset]:
+    """(the matmuls, the other ops whose outputs op_contexts keeps): the fused attention kernels,
+    the CPU's among them (torchtitan lists only the GPUs'), whose output backward cannot have
+    without rerunning the attention; and the reduce-scatter, kept rather than run again in
+    backward (torchtitan keeps it too). aten.linear where a backend does not decompose it."""
+    aten = torch.ops.aten
+    mm = frozenset({aten.mm.default, aten.linear.default})
+    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_fused_attention_overrideable")
+    kept = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    kept.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+    return mm, frozenset(kept)
+
+
+def op_contexts():
+    """torch.utils.checkpoint's contexts for one layer's forward under torchtitan's per-op
+    selective recomputation (its _apply_op_sac): the outputs of the odd matmuls (the 1st, the
+    3rd, ...) and of op_sets' ops kept, everything else recomputed in backward. The count
+    starts again with each layer's forward, and the recomputation counts its own, so both
+    take the same matmuls."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    mm, kept = _op_sets()
+    counts = {False: 0, True: 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        if func in mm:
+            counts[ctx.is_recompute] += 1
+            keep = counts[ctx.is_recompute] % 2 == 1
+        else:
+            keep = func in kept
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 class Stage(nn.Module):
@@ -108,8 +154,23 @@ def make_layer(model: ModelSpec, index: int, device, dtype, tp: int = 1,
 
 
 def make_stage(model: ModelSpec, indices, device, dtype, tp: int = 1,
-               recompute: str = "none") -> Stage:
-    return Stage({str(i): make_layer(model, i, device, dtype, tp, recompute) for i in indices})
+               recompute: str | dict[int, str] = "none") -> Stage:
+    """The layers `indices`; `recompute` one kind for all, or each layer's (layer_recompute)."""
+    kinds = recompute if isinstance(recompute, dict) else dict.fromkeys(indices, recompute)
+    return Stage({str(i): make_layer(model, i, device, dtype, tp, kinds[i]) for i in indices})
+
+
+def layer_recompute(model: ModelSpec, layout: Layout, pp_rank: int) -> dict[int, str]:
+    """The recomputation of each layer pipeline rank `pp_rank` holds: the layout's, but with
+    full recomputation of k layers (recompute_layers) only the first k of each of its chunks,
+    the rest none (Megatron's --recompute-method block, whose k counts per model chunk)."""
+    out = {}
+    for _, layers in rank_chunks(model.layers, pp_rank, layout.pp, layout.virtual_stages):
+        k = layout.recomputed_layers(len(layers))
+        for position, i in enumerate(layers):
+            full = layout.recompute != "full" or position < k
+            out[i] = layout.recompute if full else "none"
+    return out
 
 
 def samples(model: ModelSpec, first: int, count: int, device, dtype, targets: bool = False
@@ -125,16 +186,58 @@ def samples(model: ModelSpec, first: int, count: int, device, dtype, targets: bo
     return out
 
 
-def layer_tp_plan(gated: bool = False) -> dict:
+def layer_tp_plan(gated: bool = False, sequence_parallel: bool = False) -> dict:
     """One layer's TP plan (Megatron's): qkv, up and the gate column-wise, out and down
-    row-wise."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    row-wise: an all-reduce after each row-wise layer in forward, and of the block input's
+    gradient in backward. Sequence-parallel (torchtitan's plan, torch's styles): the layer's
+    input and output are its TP rank's part of the sequence (Shard(1)), all-gathered into qkv
+    and, once for up and the gate, at the MLP's gather point (PrepareModuleInput, a DTensor
+    kept so that the two gradients add up before one reduce-scatter), and each row-wise
+    output reduce-scattered back to the shards: an all-reduce is a reduce-scatter and an
+    all-gather, so the bus carries what it carried, split either side of the layer's work."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+    )
 
-    plan = {"attn.qkv": ColwiseParallel(), "attn.out": RowwiseParallel(),
-            "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    if not sequence_parallel:
+        plan = {"attn.qkv": ColwiseParallel(), "attn.out": RowwiseParallel(),
+                "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    else:
+        seq = Shard(1)
+        plan = {"attn.qkv": ColwiseParallel(input_layouts=seq),
+                "attn.out": RowwiseParallel(output_layouts=seq),
+                "mlp.gather": PrepareModuleInput(input_layouts=seq,
+                                                 desired_input_layouts=Replicate()),
+                "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel(output_layouts=seq)}
     if gated:
         plan["mlp.gate"] = ColwiseParallel()
     return plan
+
+
+def sequence_shard(t: torch.Tensor, layout: Layout, tp_rank: int) -> torch.Tensor:
+    """`t` (samples, sequence, hidden) as TP rank `tp_rank` holds it: its part of the sequence
+    with sequence parallelism (a copy: the whole goes), else the whole."""
+    if not layout.sequence_parallel:
+        return t
+    return t.chunk(layout.tp, dim=1)[tp_rank].clone()
+
+
+def sequence_loss(layout: Layout):
+    """The step's loss on what a rank holds: the mean squared error, divided by tp where each
+    TP rank holds a part of the sequence, so that the TP ranks' losses add up to the whole
+    batch's mean (equal parts: the mean of the parts' means) and backward, which sums each
+    rank's share through the reduce-scatters, gives the whole mean's gradients."""
+    if not layout.sequence_parallel:
+        return F.mse_loss
+    tp = layout.tp
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(output, target) / tp
+
+    return loss
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,7 +253,8 @@ class MeshModel:
     stage: Stage  # all this rank's layers (TP-sharded, DP-wrapped in place by FSDP)
     model: nn.Module  # what forward runs without a pipeline: the DDP wrapper, or the stage
     optimizer: torch.optim.Optimizer
-    # this replica's samples (all micro-batches) on the first stage, its targets on the last
+    # this replica's samples (all micro-batches) on the first stage, its targets on the last;
+    # with sequence parallelism, this TP rank's part of their sequence
     x: torch.Tensor | None
     target: torch.Tensor | None
     schedule: object | None  # Schedule1F1B (ScheduleInterleaved1F1B) when pp > 1
@@ -172,7 +276,8 @@ class MeshModel:
         for p in self.params:
             p.grad = None
         if self.schedule is None:
-            self.loss = accumulate(self.model, self.layout, self.x, self.target)
+            self.loss = accumulate(self.model, self.layout, self.x, self.target,
+                                   sequence_loss(self.layout))
             return
         losses: list | None = [] if self.last else None
         args = (self.x,) if self.first else ()
@@ -183,6 +288,14 @@ class MeshModel:
     def step(self) -> None:
         self.forward_backward()
         self.optimizer.step()
+
+    def whole_loss(self) -> torch.Tensor:
+        """The replica's loss on the last stage: with sequence parallelism each TP rank holds
+        its part's, summed here over the TP group (every rank of it calls this)."""
+        loss = self.loss.detach().reshape(1).float()
+        if self.layout.sequence_parallel:
+            dist.all_reduce(loss, group=self.mesh["tp"].get_group())
+        return loss
 
     def whole(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """A parameter or gradient whole, on the CPU: a DTensor (TP, FSDP) gathered, a TP shard
@@ -233,26 +346,74 @@ def _quiet_redistribute():
         log.setLevel(level)
 
 
-def accumulate(model: nn.Module, layout: Layout, x: torch.Tensor, target: torch.Tensor
-               ) -> torch.Tensor:
+def accumulate(model: nn.Module, layout: Layout, x: torch.Tensor, target: torch.Tensor,
+               loss_fn=F.mse_loss) -> torch.Tensor:
     """pp 1: the micro-batches one after another, each loss divided by their count (the mean of
-    equal means is the whole mean), gradients synchronised across replicas on the last only."""
+    equal means is the whole mean), gradients synchronised across replicas after each one
+    (grad_sync micro: FSDP2 reduce-scatters them, DDP all-reduces) or on the last only (DDP's
+    no_sync, FSDP2's set_requires_gradient_sync(False) before it)."""
     from contextlib import nullcontext
 
     m = layout.micro_batches
+    every = layout.grad_sync == "micro"
     xs, ts = x.chunk(m), target.chunk(m)
     sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2
     total = torch.zeros((), dtype=x.dtype, device=x.device)
     for j in range(m):
-        final = j == m - 1
+        syncs = every or j == m - 1
         if sync is not None:
-            sync(final)
+            sync(syncs)
         no_sync = getattr(model, "no_sync", None)  # DDP
-        with nullcontext() if final or no_sync is None else no_sync():
-            loss = F.mse_loss(model(xs[j]), ts[j])
+        with nullcontext() if syncs or no_sync is None else no_sync():
+            loss = loss_fn(model(xs[j]), ts[j])
             (loss / m).backward()
         total += loss.detach() / m
     return total
+
+
+_STAGE_CLASSES: dict = {}
+
+
+def pipeline_stage_class(layout: Layout):
+    """torch's PipelineStage, or, where the layout syncs the gradients of every micro-batch
+    (grad_sync micro, with replicas), one whose DP wrapper does so. torch 2.13's stage holds
+    them to the last backward itself (backward_maybe_with_nosync): DDP under no_sync but there,
+    FSDP2 with set_requires_gradient_sync(False) before every backward, its gradients then
+    reduce-scattered once by perform_reduce_grad. This one runs every backward as DDP's last
+    (prepare_for_backward, then the all-reduce), and as FSDP2 runs a backward of its own (the
+    sync on, the backward finalized), so each micro-batch's gradients are reduced as they
+    come and the sharded gradients accumulate; the stage stays gathered between micro-batches
+    as torch's schedule keeps it (reshard_after_backward false; perform_reduce_grad reshards
+    and scales at the end)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    if not layout.syncs_every_micro_batch:
+        return PipelineStage
+    if "micro" not in _STAGE_CLASSES:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.pipelining._backward import stage_backward
+
+        class EveryMicroBatch(PipelineStage):
+            def backward_maybe_with_nosync(self, backward_type, bwd_kwargs,
+                                           last_backward=False):
+                if backward_type != "full":  # the split backwards of zero-bubble schedules
+                    return super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
+                                                              last_backward)
+                if isinstance(self.submod, FSDPModule):
+                    self.submod.set_is_last_backward(True)
+                    self.submod.set_reshard_after_backward(False)
+                    self.submod.set_requires_gradient_sync(True)
+                    return stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                          bwd_kwargs["input_values"]), None
+                # DDP rebuilds its buckets from the order the first synced backward readied
+                # the parameters in, at its next forward; two synced backwards of one chunk
+                # with no forward between (interleaved 1F1B) would record the order twice
+                # and fail its assert, so it rebuilds here first, as that forward would
+                self.submod.reducer._rebuild_buckets()
+                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, True)
+
+        _STAGE_CLASSES["micro"] = EveryMicroBatch
+    return _STAGE_CLASSES["micro"]
 
 
 class FreshMesh:
@@ -290,14 +451,16 @@ def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: fl
     chunks = rank_chunks(model.layers, pp_rank, p, layout.virtual_stages)
     shard = _fsdp(layout, mesh, dtype)
     built = torch.float32 if shard is not None and needs_master(dtype) else dtype
+    kinds = layer_recompute(model, layout, pp_rank)
     layers = {}
     for i in rank_layers(model, layout, pp_rank):
         # whole one layer at a time: the stage whole would not fit where it runs
-        layer = make_layer(model, i, device, built, recompute=layout.recompute)
+        layer = make_layer(model, i, device, built, recompute=kinds[i])
         if t > 1:
             from torch.distributed.tensor.parallel import parallelize_module
 
-            parallelize_module(layer, mesh["tp"], layer_tp_plan(model.gated))
+            parallelize_module(layer, mesh["tp"],
+                               layer_tp_plan(model.gated, layout.sequence_parallel))
         if shard is not None:
             shard(layer)
         layers[str(i)] = layer
@@ -315,20 +478,19 @@ def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: fl
     opt = _optimizer(stage, layout, mesh, device, dtype, eps)
     schedule = None
     if p > 1:
-        from torch.distributed.pipelining import (
-            PipelineStage,
-            Schedule1F1B,
-            ScheduleInterleaved1F1B,
-        )
+        from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
 
         n = p * layout.virtual_stages
-        pipes = [PipelineStage(w, index, n, device, group=mesh["pp"].get_group())
+        stage_class = pipeline_stage_class(layout)
+        pipes = [stage_class(w, index, n, device, group=mesh["pp"].get_group())
                  for w, (index, _) in zip(wrapped, chunks, strict=True)]
+        loss = sequence_loss(layout)
         if layout.virtual_stages > 1:
-            schedule = ScheduleInterleaved1F1B(pipes, layout.micro_batches, loss_fn=F.mse_loss)
+            schedule = ScheduleInterleaved1F1B(pipes, layout.micro_batches, loss_fn=loss)
         else:
-            schedule = Schedule1F1B(pipes[0], layout.micro_batches, loss_fn=F.mse_loss)
-    x, target = replica_inputs(model, layout, pp_rank, dp_rank, device, dtype)
+            schedule = Schedule1F1B(pipes[0], layout.micro_batches, loss_fn=loss)
+    x, target = replica_inputs(model, layout, pp_rank, dp_rank, device, dtype,
+                               mesh["tp"].get_local_rank())
     return MeshModel(layout, mesh, stage, wrapped[0], opt, x, target, schedule, localized)
 
 
@@ -339,15 +501,19 @@ def rank_layers(model: ModelSpec, layout: Layout, pp_rank: int) -> list[int]:
 
 
 def replica_inputs(model: ModelSpec, layout: Layout, pp_rank: int, dp_rank: int, device,
-                   dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                   dtype, tp_rank: int = 0) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """What a rank is fed for the whole step: its replica's share of the samples where they
-    enter (the first stage) and of the targets where the loss is taken (the last); None where
-    it uses neither (a middle stage)."""
+    enter (the first stage) and of the targets where the loss is taken (the last), with
+    sequence parallelism its TP rank's part of their sequence; None where it uses neither (a
+    middle stage)."""
     share = model.batch // layout.dp
     first = dp_rank * share
-    x = samples(model, first, share, device, dtype) if pp_rank == 0 else None
-    target = samples(model, first, share, device, dtype, targets=True) \
-        if pp_rank == layout.pp - 1 else None
+    x = target = None
+    if pp_rank == 0:
+        x = sequence_shard(samples(model, first, share, device, dtype), layout, tp_rank)
+    if pp_rank == layout.pp - 1:
+        target = sequence_shard(samples(model, first, share, device, dtype, targets=True),
+                                layout, tp_rank)
     return x, target
 
 
@@ -456,7 +622,8 @@ def build_compute_only(model: ModelSpec, layout: Layout, pp_rank: int, shards: l
     from distbench.steps.dp_model import adamw
 
     indices = rank_layers(model, layout, pp_rank)
-    stage = make_stage(model, indices, device, dtype, layout.tp, layout.recompute)
+    stage = make_stage(model, indices, device, dtype, layout.tp,
+                       layer_recompute(model, layout, pp_rank))
     first, last = pp_rank == 0, pp_rank == layout.pp - 1
     g = torch.Generator().manual_seed(SEED + 1)
     dims = (layout.micro_batch_size(model), model.seq_len, model.hidden_size)
@@ -509,7 +676,7 @@ def check_step(mm: MeshModel, ref: Reference, dp_mean: Callable[[torch.Tensor], 
     for name, p in zip(mm.names, mm.params, strict=True):
         pairs.append((f"{name} gradient", mm.whole(name, p.grad), ref.grads[name]))
     if mm.last:
-        loss = dp_mean(mm.loss.detach().reshape(1).float())
+        loss = dp_mean(mm.whole_loss())
         pairs.append(("loss", loss.cpu(), torch.tensor([ref.loss])))
     mm.optimizer.step()
     for name, p in zip(mm.names, mm.params, strict=True):

@@ -415,13 +415,16 @@ def _one_layer(s: Session, model: ModelSpec, tp: int, mbs: int, dtype):
     device = s.rt.device
     layer = mesh_model.make_layer(model, 0, device, dtype)
     mesh = None
+    # sequence-parallel where tp divides the sequence, as the plan's layouts run TP there
+    # (layouts.enumerate_layouts): its rank's part of the sequence in, and out
+    sp = tp > 1 and model.seq_len % tp == 0
     if tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
 
         mesh = mesh_model.FreshMesh(device, {"rest": s.rt.world // tp, "tp": tp})
-        parallelize_module(layer, mesh["tp"], mesh_model.layer_tp_plan(model.gated))
+        parallelize_module(layer, mesh["tp"], mesh_model.layer_tp_plan(model.gated, sp))
     g = torch.Generator().manual_seed(SEED)
-    dims = (mbs, model.seq_len, model.hidden_size)
+    dims = (mbs, model.seq_len // (tp if sp else 1), model.hidden_size)
     x = torch.randn(dims, generator=g).to(device, dtype).requires_grad_(True)
     dy = torch.randn(dims, generator=g).to(device, dtype)
     return layer, x, dy, mesh

@@ -97,18 +97,22 @@ class PipelineShape(Shape):
 
 class MLP(nn.Module):
     """x + down(gelu(up(x))), or gated (SwiGLU, Llama's): x + down(silu(gate(x)) * up(x));
-    inner = ffn_size, or a shard of it."""
+    inner = ffn_size, or a shard of it. `gather` passes x on unchanged: it is where a
+    sequence-parallel plan gathers the block's input (PrepareModuleInput, as torchtitan gathers
+    its feed-forward's), once for up and the gate, the residual keeping its shard."""
 
     def __init__(self, hidden_size: int, inner: int, gated: bool = False):
         super().__init__()
+        self.gather = nn.Identity()
         self.up = nn.Linear(hidden_size, inner, bias=False)
         self.gate = nn.Linear(hidden_size, inner, bias=False) if gated else None
         self.down = nn.Linear(inner, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.gather(x)
         if self.gate is None:
-            return x + self.down(F.gelu(self.up(x)))
-        return x + self.down(F.silu(self.gate(x)) * self.up(x))
+            return x + self.down(F.gelu(self.up(h)))
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
 class Attention(nn.Module):
@@ -116,9 +120,10 @@ class Attention(nn.Module):
     the same for the key/value heads (grouped-query attention: fewer of them, each serving
     heads / kv_heads query heads). The QKV weight rows are grouped per key/value head (the
     queries it serves, its key, its value; then the next), so a contiguous shard of the rows is
-    whole groups (Megatron's layout). The number of groups a forward runs on is read from the
-    tensor, since a shard holds fewer than the shape says. `core` wraps the attention itself
-    (selective recomputation checkpoints it)."""
+    whole groups (Megatron's layout). The number of groups a forward runs on, and the
+    sequence, are read from qkv's output, since a shard holds fewer heads than the shape says
+    and a sequence-parallel input only a part of the sequence (qkv gathers it). `core` wraps
+    the attention itself (selective recomputation checkpoints it)."""
 
     def __init__(self, hidden_size: int, inner: int, head_dim: int, kv_inner: int | None = None,
                  core=None):
@@ -130,9 +135,9 @@ class Attention(nn.Module):
         self.core = core or (lambda fn, *args: fn(*args))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
         r, d = self.per_group, self.head_dim
         qkv = self.qkv(x)
+        b, s, _ = qkv.shape
         groups = qkv.shape[-1] // ((r + 2) * d)
         q, k, v = qkv.view(b, s, groups, r + 2, d).split([r, 1, 1], dim=3)
         # (b, heads, s, d); q a copy where a group serves several query heads

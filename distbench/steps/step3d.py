@@ -23,6 +23,7 @@ so each is taken as exposed in full, up to what is left; DP's exposed share is t
 from __future__ import annotations
 
 import gc
+import math
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.planner.layouts import Layout
 from distbench.planner.memory import held_by_step, memory, step_inputs_bytes
 from distbench.planner.models import ModelSpec, model_text, parse_model
+from distbench.planner.plan import layout_columns
 from distbench.run.comm_trace import ranks_of
 from distbench.run.session import Session
 from distbench.steps import mesh_model, recipe
@@ -209,7 +211,7 @@ def _base_row(s: Session, model: ModelSpec, layout: Layout, dtype_name: str) -> 
                                    + step_inputs_bytes(model, layout, elt)),
             "micro_batch_size": layout.micro_batch_size(model),
             "schedule": layout.schedule, "virtual_stages": layout.virtual_stages,
-            "dtype": dtype_name,
+            **layout_columns(layout), "dtype": dtype_name,
             "world_size": rt.world, "nnodes": rt.nnodes, "layers": model.layers,
             "hidden_size": model.hidden_size, "ffn_size": model.ffn_size, "heads": model.heads,
             "seq_len": model.seq_len, "batch": model.batch, "params": model.params,
@@ -295,7 +297,8 @@ def _reference(model: ModelSpec, dtype) -> Reference:
 def check_model(model: ModelSpec, layout: Layout) -> ModelSpec:
     """`model` when its reference is cheap enough, else a small one the layout also fits: the
     same layers, two heads per TP rank of 8 dimensions (one kv head per TP rank where the model
-    groups them), the same MLP, one sample per micro-batch."""
+    groups them), the same MLP, one sample per micro-batch, a sequence of 8 (or one a token
+    per TP rank, for sequence parallelism)."""
     tokens = model.batch * model.seq_len
     if model.layers * model.flops_per_layer(tokens) <= CHECK_MAX_FLOPS:
         return model
@@ -303,7 +306,7 @@ def check_model(model: ModelSpec, layout: Layout) -> ModelSpec:
     kv_heads = layout.tp if model.kv_heads < model.heads else heads
     return ModelSpec(name="check", layers=model.layers, hidden_size=8 * heads,
                      ffn_size=16 * heads, heads=heads, kv_heads=kv_heads, gated=model.gated,
-                     seq_len=8, batch=layout.dp * layout.micro_batches)
+                     seq_len=math.lcm(8, layout.tp), batch=layout.dp * layout.micro_batches)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -243,6 +243,11 @@ class PlanOptions(RunOptions):
         if self.gpus is not None and self.gpus_per_node is not None:
             self.validate_nodes(self.gpus, self.gpus_per_node)
             self.named_layouts(self.gpus, self.gpus_per_node)
+        if not self.model_spec.fused_attention and (self.workers is not None
+                                                     or self.validations):
+            raise OptionError("--model", "attention=unfused is planned from --from runs or a "
+                              "--fabric: the workers time and step fused attention",
+                              "--model 7b --fabric dgx-a100 --gpus 64")
         if self.trainer != "torch" and (self.workers is not None or self.validations):
             raise OptionError("--trainer", f"{self.trainer}'s step is planned from --from runs "
                               "or a --fabric: the workers run torch's (drop --workers and "

@@ -1,7 +1,7 @@
 """`distbench step`: one training step of a transformer stack laid out on a tp x pp x dp device
-mesh (TP through parallelize_module, PP through torch.distributed.pipelining's 1F1B or
-interleaved 1F1B (--virtual-stages), DP through
-DDP, ZeroRedundancyOptimizer or FSDP2), one row per layout: step time, compute-only time, each
+mesh (TP through parallelize_module, sequence-parallel by default, PP through
+torch.distributed.pipelining's 1F1B or interleaved 1F1B (--virtual-stages), DP through DDP,
+ZeroRedundancyOptimizer or FSDP2), one row per layout: step time, compute-only time, each
 dimension's communication alone and exposed, the bubble, the state per rank and a check against
 a single-rank reference."""
 
@@ -22,6 +22,7 @@ from distbench.core.options import (
     with_example,
 )
 from distbench.planner.layouts import (
+    GRAD_SYNC,
     RECOMPUTE,
     Layout,
     default_micro_batches,
@@ -41,23 +42,39 @@ EXAMPLES = (
     "distbench step --workers 4       # every tp x pp x dp of 4 ranks",
     "distbench step --workers 4 --tp 2 --pp 2 --zero 0,1",
     "distbench step --workers 4 --pp 2 --virtual-stages 2   # interleaved 1F1B",
+    "distbench step --workers 4 --tp 2 --no-sp --recompute op --grad-sync micro",
     "distbench step --model layers=8,hidden=256,heads=8,seq=64,batch=32",
 )
 
 ZERO_EXAMPLE = "--zero 0,1,3"
+GRAD_SYNC_EXAMPLE = "--grad-sync last"
 
 
 def _model(option_name: str, text) -> str:
-    """Stored as text (a preset's name or the shape), so run.json's options serialize."""
-    return model_text(parse_model(option_name, text))
+    """Stored as text (a preset's name or the shape), so run.json's options serialize. The
+    step runs fused attention (scaled_dot_product_attention): a shape that says unfused would
+    be trained otherwise than it says."""
+    spec = parse_model(option_name, text)
+    if not spec.fused_attention:
+        raise OptionError(option_name, "the step runs fused attention "
+                          "(scaled_dot_product_attention); attention=unfused is for "
+                          "`plan --from` or `--fabric` (Megatron-LM before FlashAttention)",
+                          MODEL_EXAMPLE)
+    return model_text(spec)
 
 
 def _zero_stages(option_name: str, text) -> list[int]:
     return parse_zero(option_name, text, ZERO_EXAMPLE)
 
 
+def _grad_sync(option_name: str, text) -> str | None:
+    """One of GRAD_SYNC, or None (not given): each layout's wrapper's default."""
+    return None if text is None else one_of(GRAD_SYNC, GRAD_SYNC_EXAMPLE)(option_name, text)
+
+
 with_example(_model, MODEL_EXAMPLE)
 with_example(_zero_stages, ZERO_EXAMPLE)
+with_example(_grad_sync, GRAD_SYNC_EXAMPLE)
 
 
 @dataclass(kw_only=True)
@@ -87,8 +104,22 @@ class StepCommandOptions(RunOptions):
         "pp > 1, pp x V dividing the layers and micro-batches a multiple of pp.",
         check=at_least(1, "--virtual-stages 2"))
     recompute: str = option("none", "Activation recomputation: none, selective (the attention "
-                            "core checkpointed) or full (every layer checkpointed).",
-                            check=one_of(RECOMPUTE, "--recompute full"))
+                            "core checkpointed), op (torchtitan's per-op selective: every "
+                            "second matmul and the cheap ops rerun) or full (every layer "
+                            "checkpointed).", check=one_of(RECOMPUTE, "--recompute full"))
+    recompute_layers: int = option(
+        0, "With --recompute full: only the first k layers of each pipeline stage checkpointed "
+        "(Megatron's --recompute-method block --recompute-num-layers k); 0: all.",
+        check=at_least(0, "--recompute-layers 1"))
+    sp: bool = option(
+        True, "Sequence parallelism: with tp > 1, the layers' input and output sharded along "
+        "the sequence over the TP ranks (Megatron's and torchtitan's): TP's all-reduces become "
+        "all-gathers and reduce-scatters.")
+    grad_sync: str | None = option(
+        None, "With replicas and several micro-batches, when the gradients are synced: micro "
+        "(after every micro-batch) or last (on the last only: DDP's no_sync, FSDP2's gradient "
+        "sync off before it). Default: micro at ZeRO 2/3 (FSDP2's), last at 0/1 (DDP's).",
+        check=_grad_sync, cli_type=str, show_default=False)
     dtype: str = redefault(StepOptions, "dtype", "float32")
     iters: int = redefault(StepOptions, "iters", 10)
     warmup: int = redefault(StepOptions, "warmup", 2)
@@ -110,10 +141,9 @@ class StepCommandOptions(RunOptions):
             for t in divisors(world):
                 for p in divisors(world // t):
                     d = world // (t * p)
-                    v = self.virtual_stages
-                    m = self.micro_batches or default_micro_batches(model, p, d, v)
-                    if not problems(Layout(tp=t, pp=p, dp=d, micro_batches=m,
-                                           virtual_stages=v), model):
+                    m = self.micro_batches or default_micro_batches(model, p, d,
+                                                                    self.virtual_stages)
+                    if not problems(self.layout(t, p, d, 0, m), model):
                         out.append((t, p, d))
             return out
         fill = next(k for k in ("dp", "tp", "pp") if given[k] is None) \
@@ -141,13 +171,27 @@ class StepCommandOptions(RunOptions):
             if dropped:
                 notes.append(f"tp {t} pp {p} dp {d}: ZeRO {', '.join(map(str, dropped))} "
                              "left out (it shards over replicas; dp is 1)")
-            out += [Layout(tp=t, pp=p, dp=d, zero=z, micro_batches=m, recompute=self.recompute,
-                           virtual_stages=v) for z in stages]
+            out += [self.layout(t, p, d, z, m) for z in stages]
         return out, notes
 
+    def layout(self, tp: int, pp: int, dp: int, zero: int, micro_batches: int) -> Layout:
+        """The layout (tp, pp, dp, zero, m) with the keys every layout of the run shares."""
+        return Layout(tp=tp, pp=pp, dp=dp, zero=zero, micro_batches=micro_batches,
+                      recompute=self.recompute, virtual_stages=self.virtual_stages,
+                      sp=self.sp, recompute_layers=self.recompute_layers,
+                      grad_sync=self.grad_sync or "")
+
     def check_world(self, world: int) -> None:
+        if self.recompute_layers and self.recompute != "full":
+            raise OptionError("--recompute-layers", f"{self.recompute_layers} counts the layers "
+                              "full recomputation checkpoints in each stage; --recompute is "
+                              f"{self.recompute}", "--recompute full --recompute-layers 1")
         shapes = self.shapes(world)
         if not shapes:
+            if self.recompute_layers:
+                raise OptionError("--recompute-layers", f"no tp x pp x dp layout of {world} "
+                                  f"ranks has {self.recompute_layers} layers in each stage of "
+                                  f"{self.model}", "--recompute full --recompute-layers 1")
             if self.virtual_stages > 1:
                 raise OptionError("--virtual-stages", f"no tp x pp x dp layout of {world} "
                                   f"ranks runs {self.model} at {self.virtual_stages} virtual "
@@ -155,14 +199,15 @@ class StepCommandOptions(RunOptions):
                                   "--pp 2 --virtual-stages 2")
             raise OptionError("--model", f"no tp x pp x dp layout of {world} ranks fits "
                               f"{self.model}", "--model toy")
+        named = self._named("")[0]
         for t, p, d in shapes:
             if 0 in (t, p, d):  # the one left unset cannot take what the others leave
                 given = [f"{k} {v}" for k in ("tp", "pp", "dp")
                          if (v := getattr(self, k)) is not None]
-                raise OptionError(self._named(), f"{' x '.join(given)} does not divide the "
+                raise OptionError(named, f"{' x '.join(given)} does not divide the "
                                   f"{world} ranks", f"--tp {world} --pp 1 --dp 1")
             if t * p * d != world:
-                raise OptionError(self._named(), f"tp x pp x dp = {t} x {p} x {d} must be the "
+                raise OptionError(named, f"tp x pp x dp = {t} x {p} x {d} must be the "
                                   f"{world} ranks", f"--tp {world} --pp 1 --dp 1")
         layouts, _ = self.layouts(world)
         if not layouts:
@@ -172,15 +217,21 @@ class StepCommandOptions(RunOptions):
         for layout in layouts:
             why = problems(layout, model)
             if why:
-                example = "--tp 1 --pp 2 --virtual-stages 2 --micro-batches 4" \
-                    if self.virtual_stages > 1 else "--tp 2 --pp 2 --dp 1 --micro-batches 4"
-                raise OptionError(self._named(), f"{layout.label()}: {why[0]}", example)
+                named, example = self._named(why[0])
+                raise OptionError(named, f"{layout.label()}: {why[0]}", example)
 
-    def _named(self) -> str:
+    def _named(self, why: str) -> tuple[str, str]:
+        """The options a layout's problem `why` comes from, and a valid example."""
+        if why.startswith("recompute_layers"):
+            return "--recompute-layers", "--recompute full --recompute-layers 1"
         named = [f"--{k}" for k in ("tp", "pp", "dp") if getattr(self, k) is not None]
+        if why.startswith("sequence parallelism"):
+            return "/".join([*named, "--sp"]), "--no-sp"
         if self.virtual_stages > 1:
             named.append("--virtual-stages")
-        return "/".join(named) or "--model"
+        example = "--tp 1 --pp 2 --virtual-stages 2 --micro-batches 4" \
+            if self.virtual_stages > 1 else "--tp 2 --pp 2 --dp 1 --micro-batches 4"
+        return "/".join(named) or "--model", example
 
     def host_bytes(self, backend: str, world: int) -> int:
         """On CPU, per rank: the most one rank of a layout asked for holds in a step
