@@ -2,22 +2,26 @@
 Torch-free: docs/plan.md states each term, where its input comes from and what it ignores.
 
 Per micro-batch, a pipeline stage runs its layers' forward and backward (`compute`) and the TP
-all-reduces of those layers (two in forward, two in backward, of the micro-batch's activations;
-they block, so all of them count): one slot. 1F1B and GPipe take (m + pp - 1) slots for m
-micro-batches; the pp - 1 extra are the bubble, in which only some of a node's ranks compute:
-on a device its ranks share, at the measured speed of one rank alone (`Inputs.alone_ratio`),
-its compute at the weight pure pipeline steps showed (`Inputs.bubble_weight`: 1 where a
-stage's rank idles in it, near 0 where the node's cores stay busy with the other stages'
-work). The pipeline's hops are sent without waiting, so only those of the first
-micro-batch's forward and the last one's backward hold the critical path: 2 (pp - 1) one-way
-hops; the schedule's own work per micro-batch is measured (`Inputs.pipeline_us_per_microbatch`).
-Megatron's interleaved 1F1B (v virtual stages a rank, `Layout.virtual_stages`) cuts the bubble
-to (pp - 1) / v slots and sends v times the hops (Narayanan et al. 2021, section 2.2.2). Full
-recomputation runs each layer's forward again in backward, its two TP all-reduces with it.
-After the last backward, the data-parallel replicas sync their gradients (and, with ZeRO, their
-parameters); what of that hides behind backward, or what the wrapper adds to it, is measured
-(`Inputs.overlap`, `Inputs.wrapper_us_per_layer`). Then the optimizer steps over the tensors
-and parameters this rank updates.
+collectives of those layers (two in forward, two in backward, of the micro-batch's activations:
+all-reduces, or with sequence parallelism all-gathers and reduce-scatters; they block, so all of
+them count unless `tp_overlap` hides them behind the matmuls): one slot, on the slowest stage
+(the ends hold fewer layers where pp does not divide them; the last holds the LM head). 1F1B and
+GPipe take (m + pp - 1) slots for m micro-batches; the pp - 1 extra are the bubble, in which
+only some of a node's ranks compute: on a device its ranks share, at the measured speed of one
+rank alone (`Inputs.alone_ratio`), its compute at the weight pure pipeline steps showed
+(`Inputs.bubble_weight`: 1 where a stage's rank idles in it, near 0 where the node's cores stay
+busy with the other stages' work). The pipeline's hops are sent without waiting, so only those
+of the first micro-batch's forward and the last one's backward hold the critical path: 2 (pp -
+1) one-way hops; the schedule's own work per micro-batch is measured
+(`Inputs.pipeline_us_per_microbatch`). Megatron's interleaved 1F1B (v virtual stages a rank,
+`Layout.virtual_stages`) cuts the bubble to (pp - 1) / v slots and sends v times the hops
+(Narayanan et al. 2021, section 2.2.2). Full recomputation runs each layer's forward again in
+backward, its two TP all-reduces with it. The data-parallel replicas sync their gradients (after
+every micro-batch or at the last, `Layout.grad_sync`) and, with ZeRO, gather their parameters;
+what of that hides behind backward, or what the wrapper adds to it, is measured
+(`Inputs.overlap`, `Inputs.wrapper_us_per_layer`), else modelled one collective a layer beside
+the compute (dp_step_us). Then the optimizer steps over the tensors and parameters this rank
+updates.
 """
 
 from __future__ import annotations
@@ -60,11 +64,7 @@ class Prediction:
     dp_comm_us: float  # the data-parallel collectives alone
     dp_exposed_us: float
     optimizer_us: float
-    tp_exposed_us: float = -1.0  # TP's collectives less what overlapping hid; -1: all of them
-
-    def __post_init__(self):
-        if self.tp_exposed_us < 0:
-            object.__setattr__(self, "tp_exposed_us", self.tp_comm_us)
+    tp_exposed_us: float  # TP's collectives less what tp_overlap hides behind the matmuls
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -179,8 +179,9 @@ class PlanOptions(RunOptions):
     zero: list[int] = option("all", "ZeRO stages considered (0 is plain DDP); comma list or "
                              "'all'.", check=_zero, cli_type=str)
     recompute: list[str] = option(
-        "none", "Activation recomputation weighed: none, selective (the attention core), full "
-        "(each layer; Megatron's large runs); comma list or 'all'.", check=_recompute,
+        "none", "Activation recomputation weighed: none, selective (the attention core), op "
+        "(torchtitan's per-op), full (each layer; Megatron's large runs); comma list or "
+        "'all'.", check=_recompute,
         cli_type=str)
     trainer: str = option(
         "torch", "Whose training step is planned: torch (torch's pipelining, DDP, FSDP2: what "
