@@ -72,10 +72,13 @@ def main() -> None:
                   f"{float(r['measured_step_ms']):8.2f} ms, {float(r['error_pct']):+6.1f}%{mark}")
         oos = found.get("out_of_sample_mape_pct")
         rho = found["spearman"]  # None over too few layouts (plan.MIN_RANKED)
+        drift = found.get("speed_drift_pct")  # the machine's own speed, inputs to the end
         print(f"  MAPE {found['mape_pct']:.1f}%, Spearman "
               + ("none (too few layouts)" if rho is None else f"{rho:.2f}")
               + (f", MAPE {oos:.1f}% over the {found['out_of_sample_layouts']} out of sample"
-                 if oos is not None else ""))
+                 if oos is not None else "")
+              + (f"; the machine's speed drifted {drift:+.1f}% (a layer's time, inputs to "
+                 "validations)" if drift is not None else ""))
         every += [r for r in rows if r["status"] == "ok"]
     pairs = [(float(r["predicted_step_ms"]), float(r["measured_step_ms"])) for r in every]
     mape, _ = validation_summary(pairs)

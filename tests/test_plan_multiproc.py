@@ -5,6 +5,7 @@ and reading earlier runs: test_plan.py."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import helpers
@@ -98,8 +99,16 @@ def test_the_workers_measure_plan_and_validate(planned):
     # over 2 layouts a rank correlation is +1 or -1: none is given, and why is said
     assert found["spearman"] is None and "Spearman" not in res.stderr
     assert "no rank correlation: over fewer than 4 layouts" in res.stderr
+    # the tp 1 layer timed again after the validations: the machine's drift, said and kept
+    first = next(c for c in inputs.compute if c.tp == 1)
+    drift = found["speed_drift_pct"]
+    assert math.isfinite(drift) and drift > -100
+    assert (f"the machine's speed: one layer at tp 1, {first.tokens} tokens, took "
+            in res.stderr), res.stderr
+    assert f"against {first.layer_us / 1e3:.2f} ms when the inputs were measured " \
+        f"({drift:+.1f}%)" in res.stderr
     text = (res.run_dir / "plan.md").read_text()
-    assert "## Validation" in text
+    assert "## Validation" in text and "the machine's speed" in text
     assert "no rank correlation" in text and "2 per node (the workers')" in text
 
 

@@ -182,15 +182,16 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
         s.console.log(f"  {layout.label()}: predicted {predicted:.2f} ms, measured "
                       + (f"{measured:.2f} ms ({err:+.1f}%)" if ok else str(row.get("status"))))
         s.console.advance()
+    drift, drift_line = speed_drift(s, model, dtype, inputs)
     s.console.stop_progress()
     mape, rho = planning.validation_summary(pairs) if pairs else (None, None)
     unseen_mape = planning.validation_summary(unseen)[0] if unseen else None
     if len(pairs) < planning.MIN_RANKED or (rho is not None and math.isnan(rho)):
         rho = None  # said why in the lines below
-    lines = planning.validation_lines(pairs, unseen)
+    lines = planning.validation_lines(pairs, unseen) + ([drift_line] if drift_line else [])
     found.update(mape_pct=mape, spearman=rho, layouts_measured=len(pairs),
                  out_of_sample_mape_pct=unseen_mape, out_of_sample_layouts=len(unseen),
-                 notes=[*capped, *lines])
+                 speed_drift_pct=drift, notes=[*capped, *lines])
     if s.record is not None:
         s.record.update(plan=details)
     for line in lines:
@@ -202,6 +203,33 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
                                   s.rt.world // max(1, s.rt.nnodes), opts.dtype, inputs.device)
     fail_if_wrong(bad)
     return EXIT_OK
+
+
+def speed_drift(s: Session, model: ModelSpec, dtype, inputs: Inputs
+                ) -> tuple[float | None, str | None]:
+    """The machine's own speed between the inputs and the validations: the first layer the
+    inputs timed at tp 1 timed again once every layout has run, as a percentage of its first
+    time, and the line that says it. A validation's error holds whatever the machine's speed
+    moved between the two (on this project's shared VM a run's first minutes measured up to a
+    third faster than its validations: docs/plan.md, runs 26 to 34); None where no tp 1 layer
+    of this model was timed here."""
+    point = next((c for c in inputs.compute if c.tp == 1 and c.source == "measured here"), None)
+    if point is None or model.seq_len > point.tokens:
+        return None, None
+    mbs = point.tokens // model.seq_len
+    layer, x, dy, _ = _one_layer(s, model, 1, mbs, dtype)
+
+    def step() -> None:
+        layer(x).backward(dy)
+
+    again = _time_us(s, step, share=LAYER_POINT_SHARE)
+    layer = x = dy = None
+    recipe.free(s.rt.device)
+    drift = (again / point.layer_us - 1) * 100
+    return drift, (f"the machine's speed: one layer at tp 1, {point.tokens} tokens, took "
+                   f"{again / 1e3:.2f} ms after the validations against "
+                   f"{point.layer_us / 1e3:.2f} ms when the inputs were measured ({drift:+.1f}%); "
+                   "the errors above hold that drift")
 
 
 # ---------------------------------------------------------------------------------------------
