@@ -303,6 +303,17 @@ def test_uneven_stages_load_the_second_stage_most():
     assert second.activations / first.activations == pytest.approx(8 * 15 / (7 * 16), rel=0.01)
 
 
+@pytest.mark.parametrize("run", FORMULA_RUNS + WIDER_RUNS, ids=lambda r: r.name)
+def test_the_ranks_counted_hold_what_every_rank_holds_at_most(run):
+    """megatron_memory counts the ranks that may hold the most (Layout.peak_stages), not all
+    pp of them: their largest is every rank's largest, here and on 126 layers' uneven
+    stages."""
+    model, layout = run.model(), run.layout()
+    every = max((rank_memory(model, layout, BF16, r) for r in range(layout.pp)),
+                key=lambda m: m.total)
+    assert megatron_memory(model, layout, BF16) == every
+
+
 def test_the_last_stage_holds_the_output_layer_and_its_fp32_logits():
     model = ModelSpec(**{**SMALL.to_json(), "vocab": 1024})
     layout = Layout(tp=2, pp=2, dp=1, micro_batches=2)
