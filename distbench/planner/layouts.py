@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from distbench.core.layout_label import layout_label
+from distbench.core.layout_label import default_grad_sync, layout_label, shown_extras
 from distbench.core.options import pick
 from distbench.planner.models import ModelSpec
 
@@ -71,7 +71,7 @@ class Layout:
 
     def __post_init__(self):
         if not self.grad_sync:
-            object.__setattr__(self, "grad_sync", "micro" if self.zero >= 2 else "last")
+            object.__setattr__(self, "grad_sync", default_grad_sync(self.zero))
 
     @property
     def sequence_parallel(self) -> bool:
@@ -104,30 +104,32 @@ class Layout:
 
     def label(self) -> str:
         return layout_label(self.tp, self.pp, self.dp, self.zero, self.micro_batches,
-                            self.virtual_stages, self.recompute, **self.extras())
+                            self.virtual_stages, self.recompute, **self._keys())
 
     def extras(self) -> dict:
         """The keys beyond tp, pp, dp, zero, m, v and recompute that differ from their
-        defaults, as layout_label names them."""
-        out: dict = {}
-        if self.tp > 1 and not self.sp:
-            out["sp"] = False
-        if self.recompute == "full" and self.recompute_layers:
-            out["recompute_layers"] = self.recompute_layers
-        default_sync = "micro" if self.zero >= 2 else "last"
-        if self.dp > 1 and self.micro_batches > 1 and self.grad_sync != default_sync:
-            out["grad_sync"] = self.grad_sync
-        if self.tp > 1 and self.tp_overlap:
-            out["tp_overlap"] = True
-        if self.dp > 1 and not self.dp_overlap:
-            out["dp_overlap"] = False
-        return out
+        defaults, as the label names them (core.layout_label.shown_extras)."""
+        return shown_extras(self.tp, self.dp, self.zero, self.micro_batches, self.recompute,
+                            **self._keys())
+
+    def _keys(self) -> dict:
+        return {"sp": self.sp, "recompute_layers": self.recompute_layers,
+                "grad_sync": self.grad_sync, "tp_overlap": self.tp_overlap,
+                "dp_overlap": self.dp_overlap}
 
     def key(self) -> tuple[int, int, int, int, int]:
         return (self.tp, self.pp, self.dp, self.zero, self.micro_batches)
 
     def stage_layers(self, model: ModelSpec, stage: int) -> int:
         return stage_layers(model.layers, self.pp, stage)
+
+    def stage_params(self, model: ModelSpec, stage: int) -> float:
+        """Parameters of pipeline stage `stage`'s shard, before ZeRO: its layers over tp, and
+        the embedding on the first stage and the LM head on the last (both without a
+        pipeline)."""
+        ends = (stage == 0) + (stage == self.pp - 1)
+        return (self.stage_layers(model, stage) * model.params_per_layer
+                + model.vocab * model.hidden_size * ends) / self.tp
 
     def most_stage_layers(self, model: ModelSpec) -> int:
         """The layers of the pipeline's fullest stage (every stage's when pp divides them)."""

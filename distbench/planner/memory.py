@@ -194,9 +194,8 @@ def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -
     per_stage = layout.stage_layers(model, stage)
     v = layout.virtual_stages
     sp = layout.sequence_parallel
-    first, last = stage == 0, stage == p - 1
-    params = (per_stage * model.params_per_layer
-              + model.vocab * model.hidden_size * (first + last)) / t
+    last = stage == p - 1
+    params = layout.stage_params(model, stage)
     tokens = layout.micro_batch_size(model) * model.seq_len
     # the residual stream between layers and stages: a sequence shard of it with sequence
     # parallelism
@@ -204,9 +203,9 @@ def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -
     # one chunk's forward of one micro-batch (the whole stage's without interleaving); full
     # recomputation of only k layers keeps the others' activations whole
     kept = layer_activation_bytes(model, t, elt_bytes, layout.recompute, sp)
+    plain = layer_activation_bytes(model, t, elt_bytes, "none", sp)
     rebuilt = layout.recomputed_layers(per_stage)
     if rebuilt < per_stage and layout.recompute == "full":
-        plain = layer_activation_bytes(model, t, elt_bytes, "none", sp)
         per_micro = tokens * (rebuilt * kept + (per_stage - rebuilt) * plain) // v
     else:
         per_micro = per_stage // v * tokens * kept
@@ -219,9 +218,9 @@ def stage_memory(model: ModelSpec, layout: Layout, elt_bytes: int, stage: int) -
     # full recomputation (but where only the first k layers are recomputed: they are rebuilt
     # last, once the others' activations are gone), what per-op recomputation did not keep
     if rebuilt == per_stage:
-        working += tokens * layer_activation_bytes(model, t, elt_bytes, "none", sp)
+        working += tokens * plain
     elif layout.recompute == "op":
-        working += tokens * (layer_activation_bytes(model, t, elt_bytes, "none", sp) - kept)
+        working += tokens * (plain - kept)
     if last and model.vocab:  # the LM head's input, logits and log-probabilities
         working += tokens * (model.hidden_size * elt_bytes
                              + model.vocab / t * (elt_bytes + logsumexp_bytes(elt_bytes)))

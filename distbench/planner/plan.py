@@ -12,6 +12,7 @@ import math
 from collections.abc import Collection, Iterable, Sequence
 
 from distbench.core.contracts import PLAN
+from distbench.core.layout_label import row_cell
 from distbench.core.tables import markdown_table, plural
 from distbench.core.validation_table import validation_table
 from distbench.planner import memory as mem
@@ -120,19 +121,15 @@ def layout_columns(lay: Layout) -> dict:
 def layout_of(row: dict) -> Layout:
     """The layout a CSV row (plan.csv, step.csv, validation.csv) names; a column an older run
     lacks reads as its default."""
-    def cell(key: str, default):
-        value = row.get(key)
-        return default if value is None or value != value or value == "" else value
-
     return Layout(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), zero=int(row["zero"]),
                   micro_batches=int(row["micro_batches"]),
-                  recompute=cell("recompute", "none"),
-                  virtual_stages=int(cell("virtual_stages", 1)),
-                  sp=bool(int(cell("sp", 1))),
-                  recompute_layers=int(cell("recompute_layers", 0)),
-                  grad_sync=str(cell("grad_sync", "")),
-                  tp_overlap=bool(int(cell("tp_overlap", 0))),
-                  dp_overlap=bool(int(cell("dp_overlap", 1))))
+                  recompute=row_cell(row, "recompute", "none"),
+                  virtual_stages=int(row_cell(row, "virtual_stages", 1)),
+                  sp=bool(int(row_cell(row, "sp", 1))),
+                  recompute_layers=int(row_cell(row, "recompute_layers", 0)),
+                  grad_sync=str(row_cell(row, "grad_sync", "")),
+                  tp_overlap=bool(int(row_cell(row, "tp_overlap", 0))),
+                  dp_overlap=bool(int(row_cell(row, "dp_overlap", 1))))
 
 
 def label(row: dict) -> str:

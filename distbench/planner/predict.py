@@ -94,17 +94,9 @@ def spans(layout: Layout, gpus_per_node: int) -> dict[str, Span]:
             "pp": Span(crosses=True, per_node=1) if hop.crosses else Span()}
 
 
-def stage_params(model: ModelSpec, layout: Layout, stage: int) -> float:
-    """Parameters of pipeline stage `stage`'s shard, before ZeRO: its layers over tp, and the
-    embedding on the first stage and the LM head on the last (both without a pipeline)."""
-    ends = (stage == 0) + (stage == layout.pp - 1)
-    return (layout.stage_layers(model, stage) * model.params_per_layer
-            + model.vocab * model.hidden_size * ends) / layout.tp
-
-
 def params_per_rank(model: ModelSpec, layout: Layout) -> float:
     """Parameters of the largest stage's shard, before ZeRO."""
-    return max(stage_params(model, layout, s) for s in layout.peak_stages(model))
+    return max(layout.stage_params(model, s) for s in layout.peak_stages(model))
 
 
 def recompute_factor(model: ModelSpec, layout: Layout, tokens: int) -> float:
@@ -129,11 +121,10 @@ def layer_factors(model: ModelSpec, layout: Layout, tokens: int, layers: int
     """(compute, TP collectives) of a stage of `layers` layers, in layers without
     recomputation: full recomputation of only k of them (recompute_layers) leaves the rest as
     they are."""
-    base = replace(layout, recompute="none", recompute_layers=0)
     k = layout.recomputed_layers(layers) if layout.recompute == "full" else layers
     compute = (layers - k) + k * recompute_factor(model, layout, tokens)
     tp = ((layers - k) * TP_ALLREDUCES_PER_LAYER + k * tp_allreduces(layout)) \
-        / tp_allreduces(base)
+        / TP_ALLREDUCES_PER_LAYER
     return compute, tp
 
 
@@ -318,41 +309,56 @@ def pipeline_calibration(steps: list[tuple[Layout, float]], model: ModelSpec, in
 
 
 def dp_ops(zero: int) -> tuple[str, ...]:
-    """The collectives a DP group issues at a ZeRO stage, as dp_collectives_us prices them."""
-    return {0: ("all_reduce",), 1: ("all_reduce", "all_gather")}.get(
-        zero, ("all_gather", "reduce_scatter"))
+    """The collectives a DP group issues at a ZeRO stage under torch's step (dp_collectives),
+    each once: what plan's workers measure on its groups."""
+    stub = Layout(tp=1, pp=1, dp=2, zero=zero)
+    return tuple(dict.fromkeys(op for op, _, _ in dp_collectives(stub)))
 
 
-def dp_collectives_us(inputs: Inputs, layout: Layout, span: Span | str, grad_bytes: float
-                      ) -> tuple[float, float]:
-    """The data-parallel collectives of one step, alone, and the fraction of them that hides
-    behind backward (measured, per DDP or FSDP). DDP (ZeRO 0) all-reduces the gradients once
-    per step; ZeRO-1 adds an all-gather of the updated parameters after the optimizer (which
-    nothing hides); FSDP reduce-scatters the gradients once and all-gathers the parameters once
+# what a data-parallel collective hides behind: a gradient's reduction behind its layer's
+# backward, a parameter's gather ahead of its layer's forward or backward, or nothing
+REDUCE, FORWARD, BACKWARD, NOTHING = "reduce", "forward", "backward", ""
+
+
+def dp_collectives(layout: Layout, trainer: str = "torch") -> list[tuple[str, int, str]]:
+    """The data-parallel collectives of one step, each as (op, how many a step, what it may
+    hide behind). DDP (ZeRO 0) all-reduces the gradients; ZeRO-1 adds an all-gather of the
+    updated parameters, after torch's ZeroRedundancyOptimizer's step (which nothing hides), or
+    under Megatron's distributed optimizer, which reduce-scatters the gradients instead, before
+    the next forward; FSDP reduce-scatters the gradients and all-gathers the parameters once
     (ZeRO-2) or, resharding after forward, in every micro-batch's forward and backward
-    (ZeRO-3). Each priced on the DP group as it sits (`span`): across nodes, by the ranks it
-    has on each node (Inputs.comm_us)."""
-    d, z, m = layout.dp, layout.zero, layout.micro_batches
-    if d == 1:
+    (ZeRO-3). The gradients are reduced once a step, or once a micro-batch where the layout
+    syncs every micro-batch (FSDP2's default)."""
+    z, m = layout.zero, layout.micro_batches
+    reductions = m if layout.syncs_every_micro_batch else 1
+    if z == 0:
+        return [("all_reduce", reductions, REDUCE)]
+    if z == 1 and trainer == "torch":
+        return [("all_reduce", reductions, REDUCE), ("all_gather", 1, NOTHING)]
+    gathers = [("all_gather", m, FORWARD), ("all_gather", m, BACKWARD)] if z == 3 else [
+        ("all_gather", 1, FORWARD)]
+    return [("reduce_scatter", reductions, REDUCE), *gathers]
+
+
+def dp_collectives_us(inputs: Inputs, layout: Layout, span: Span | str, grad_bytes: float,
+                      trainer: str = "torch") -> tuple[float, float]:
+    """The data-parallel collectives of one step (dp_collectives), alone, and the fraction of
+    them that hides behind backward (measured, per DDP or FSDP, on those that may hide). Each
+    priced on the DP group as it sits (`span`): across nodes, by the ranks it has on each node
+    (Inputs.comm_us)."""
+    if layout.dp == 1:
         return 0.0, 0.0
-
-    def c(op: str) -> float:
-        return inputs.comm_us(op, d, span, grad_bytes)
-
-    kind = dp_kind(z)
+    kind = dp_kind(layout.zero)
     overlap = inputs.overlap.get(kind)
     if overlap is None:
         if kind not in inputs.wrapper_us_per_layer:
             inputs.note(f"no {kind} overlap measured: its collectives counted as exposed")
         overlap = 0.0
-    reductions = m if layout.syncs_every_micro_batch else 1
-    if z == 0:
-        return reductions * c("all_reduce"), overlap
-    if z == 1:
-        ar, ag = reductions * c("all_reduce"), c("all_gather")
-        return ar + ag, overlap * ar / (ar + ag)
-    gathers = 1 if z == 2 else 2 * m
-    return gathers * c("all_gather") + reductions * c("reduce_scatter"), overlap
+    times = [(n * inputs.comm_us(op, layout.dp, span, grad_bytes), behind)
+             for op, n, behind in dp_collectives(layout, trainer)]
+    total = sum(t for t, _ in times)
+    hideable = sum(t for t, behind in times if behind != NOTHING)
+    return total, (overlap * hideable / total if total else overlap)
 
 
 def dp_step_us(inputs: Inputs, layout: Layout, span: Span, grad_bytes: float, trainer: str,
@@ -364,45 +370,31 @@ def dp_step_us(inputs: Inputs, layout: Layout, span: Span, grad_bytes: float, tr
     gradient's reduction (all-reduce, or reduce-scatter) issued as its layer's backward ends,
     a parameter's all-gather prefetched behind the layer before it (FSDP2's, and Megatron's
     --overlap-param-gather). `slot_compute_us`: a micro-batch's forward and backward on the
-    stage, a third of it forward. Megatron's distributed optimizer (ZeRO 1 under --trainer
-    megatron) reduce-scatters its gradients and all-gathers the parameters before the next
-    forward; torch's ZeroRedundancyOptimizer all-reduces and gathers after its step, which
-    nothing hides."""
-    d, z, m = layout.dp, layout.zero, layout.micro_batches
+    stage, a third of it forward."""
+    d, z = layout.dp, layout.zero
     kind = dp_kind(z)
     measured = kind in inputs.overlap or kind in inputs.wrapper_us_per_layer
     if d == 1:
         return 0.0, 0.0
     if measured or not layout.dp_overlap:
-        comm, overlap = dp_collectives_us(inputs, layout, span, grad_bytes)
+        comm, overlap = dp_collectives_us(inputs, layout, span, grad_bytes, trainer)
         return comm, comm * (1 - overlap)
-
-    def c(op: str) -> float:
-        return inputs.comm_us(op, d, span, grad_bytes)
-
-    forward, backward = slot_compute_us / 3, slot_compute_us * 2 / 3
-    reductions = m if layout.syncs_every_micro_batch else 1
-
-    def reduced(op: str) -> tuple[float, float]:
-        # every micro-batch's reductions hide behind its backward; a micro-batch's last one
-        # also behind the next micro-batch's forward, so only the step's last waits whole
-        one = c(op)
-        tail = one / max(1, layers)
-        return reductions * one, (reductions * (exposed_of(one, backward, layers) - tail)
-                                  + tail)
 
     inputs.note(f"no {kind} overlap measured: what the schedule hides is modelled, a "
                 "collective a layer behind the compute beside it")
-    if z == 0 or (z == 1 and trainer == "torch"):
-        comm, exposed = reduced("all_reduce")
-        if z == 1:  # ZeroRedundancyOptimizer's gather after its step: nothing beside it
-            comm, exposed = comm + c("all_gather"), exposed + c("all_gather")
-        return comm, exposed
-    comm, exposed = reduced("reduce_scatter")
-    # gathers: Megatron's and ZeRO 2's once, before the first forward; ZeRO 3's in every
-    # micro-batch's forward and again in its backward
-    passes = [forward] if z <= 2 else [forward, backward] * m
-    for compute in passes:
-        comm += c("all_gather")
-        exposed += exposed_of(c("all_gather"), compute, layers)
+    beside = {FORWARD: slot_compute_us / 3, BACKWARD: slot_compute_us * 2 / 3,
+              REDUCE: slot_compute_us * 2 / 3}
+    comm = exposed = 0.0
+    for op, n, behind in dp_collectives(layout, trainer):
+        one = inputs.comm_us(op, d, span, grad_bytes)
+        comm += n * one
+        if behind == NOTHING:
+            exposed += n * one
+        elif behind == REDUCE:
+            # every micro-batch's reductions hide behind its backward; a micro-batch's last one
+            # also behind the next micro-batch's forward, so only the step's last waits whole
+            tail = one / max(1, layers)
+            exposed += n * (exposed_of(one, beside[REDUCE], layers) - tail) + tail
+        else:
+            exposed += n * exposed_of(one, beside[behind], layers)
     return comm, exposed

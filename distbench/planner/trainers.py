@@ -31,10 +31,10 @@ def problems(trainer: str, layout: Layout, model: ModelSpec | None = None) -> li
         out.append(f"ZeRO {layout.zero} is not {trainer}'s: it runs ZeRO "
                    f"{', '.join(map(str, ZERO_OF[trainer]))} (1: its distributed optimizer)")
     if trainer == MEGATRON:
-        out += [w for w in megatron_memory.problems(layout) if "ZeRO" not in w]
+        out += megatron_memory.problems(layout)
         if model is not None and layout.pp > 2:
             inner = {layout.stage_layers(model, s) for s in range(1, layout.pp - 1)}
-            if len(inner) > 1 or inner != {layout.most_stage_layers(model)}:
+            if inner != {layout.most_stage_layers(model)}:
                 out.append(f"pp {layout.pp} leaves stages short of "
                            f"{layout.most_stage_layers(model)} layers beside the first and the "
                            "last: Megatron shortens those two only")
