@@ -216,15 +216,7 @@ def speed_drift(s: Session, model: ModelSpec, dtype, inputs: Inputs
     point = next((c for c in inputs.compute if c.tp == 1 and c.source == "measured here"), None)
     if point is None or model.seq_len > point.tokens:
         return None, None
-    mbs = point.tokens // model.seq_len
-    layer, x, dy, _ = _one_layer(s, model, 1, mbs, dtype)
-
-    def step() -> None:
-        layer(x).backward(dy)
-
-    again = _time_us(s, step, share=LAYER_POINT_SHARE)
-    layer = x = dy = None
-    recipe.free(s.rt.device)
+    again, _ = _layer_us(s, model, 1, point.tokens // model.seq_len, dtype)
     drift = (again / point.layer_us - 1) * 100
     return drift, (f"the machine's speed: one layer at tp 1, {point.tokens} tokens, took "
                    f"{again / 1e3:.2f} ms after the validations against "
@@ -402,24 +394,15 @@ def measure_compute(s: Session, model: ModelSpec, layouts: list[Layout], dtype,
     firsts = _first_of_each_node(s)
     for tp, mbs in shapes:
         s.step(f"plan inputs: one layer at tp {tp}, micro-batch {mbs}", s.opts.timeout)
-        layer, x, dy, mesh = _one_layer(s, model, tp, mbs, dtype)
-
-        def step(layer=layer, x=x, dy=dy) -> None:
-            layer(x).backward(dy)
-
-        us = _time_us(s, step, share=LAYER_POINT_SHARE)
+        us, alone_us = _layer_us(s, model, tp, mbs, dtype,
+                                 alone=s.rt.rank in firsts if tp == 1 else None)
         tokens = mbs * model.seq_len
-        if tp == 1:
-            alone.append(_time_us(s, step, active=s.rt.rank in firsts,
-                                  share=LAYER_POINT_SHARE) / us)
+        if alone_us is not None:
+            alone.append(alone_us / us)
         out.append(ComputePoint(tp=tp, tokens=tokens, layer_us=us,
                                 flops=model.flops_per_layer(tokens, tp), source="measured here",
                                 with_tp_comm=tp > 1))
         s.console.log(f"  one layer at tp {tp}, {tokens} tokens: {us / 1e3:.2f} ms")
-        layer = x = dy = step = None
-        recipe.free(s.rt.device)
-        if mesh is not None:
-            mesh_model.release_groups(mesh)
     if alone:
         inputs.alone_ratio = min(1.0, statistics.median(alone))
         s.console.log(f"  one rank per node alone: {inputs.alone_ratio:.2f} x the time with "
@@ -435,6 +418,26 @@ def _first_of_each_node(s: Session) -> set[int]:
     for r in s.rt.ranks:
         first.setdefault(r.get("node"), r["rank"])
     return set(first.values())
+
+
+def _layer_us(s: Session, model: ModelSpec, tp: int, mbs: int, dtype,
+              alone: bool | None = None) -> tuple[float, float | None]:
+    """One layer's forward and backward at (tp, micro-batch), every rank at once, and where
+    `alone` is given, again with only the ranks it is true on computing (the others wait at
+    the barriers); the layer, its data and its mesh's groups freed after."""
+    layer, x, dy, mesh = _one_layer(s, model, tp, mbs, dtype)
+
+    def step() -> None:
+        layer(x).backward(dy)
+
+    us = _time_us(s, step, share=LAYER_POINT_SHARE)
+    alone_us = None if alone is None else _time_us(s, step, active=alone,
+                                                   share=LAYER_POINT_SHARE)
+    layer = x = dy = None
+    recipe.free(s.rt.device)
+    if mesh is not None:
+        mesh_model.release_groups(mesh)
+    return us, alone_us
 
 
 def _one_layer(s: Session, model: ModelSpec, tp: int, mbs: int, dtype):
