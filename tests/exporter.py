@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -17,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import free_port, processes
+from helpers import debian_tool, free_port, processes
 
 REPO = Path(__file__).resolve().parents[1]
 NAME = "prometheus-node-exporter"
@@ -27,13 +26,7 @@ START_S = 15  # from start to a /metrics that answers; it takes about 0.1 s here
 
 def binary() -> tuple[Path | None, str]:
     """The exporter, or None and why there is none."""
-    found = shutil.which(NAME)
-    if found:
-        return Path(found), ""
-    if os.access(UNPACKED, os.X_OK):
-        return UNPACKED, ""
-    return None, (f"no {NAME}: not on PATH nor at {UNPACKED.relative_to(REPO)} "
-                  f"(`make node-exporter` fetches Debian's with apt-get download)")
+    return debian_tool(NAME, UNPACKED, "node-exporter")
 
 
 @dataclass

@@ -168,6 +168,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def debian_tool(name: str, unpacked: Path, make_target: str) -> tuple[Path | None, str]:
+    """A tool a Debian package brings (promtool, prometheus-node-exporter): on PATH, or as
+    `make <make_target>` unpacks it under .cache (`unpacked`); else None and why there is
+    none, for the test's skip."""
+    found = shutil.which(name)
+    if found:
+        return Path(found), ""
+    if os.access(unpacked, os.X_OK):
+        return unpacked, ""
+    where = unpacked.relative_to(Path(__file__).resolve().parents[1])
+    return None, (f"no {name}: not on PATH nor at {where} (`make "
+                  f"{make_target}` fetches Debian's package with apt-get download)")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

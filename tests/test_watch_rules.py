@@ -7,14 +7,13 @@ exports, and the doc names the file without copying it."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import debian_tool
 from test_grafana_dashboard import uses
 
 from distbench.watch import metrics
@@ -31,13 +30,7 @@ SCRAPE_LABELS = {"instance", "job"}  # what Prometheus adds to every scraped ser
 
 def promtool_binary() -> tuple[Path | None, str]:
     """promtool, or None and why there is none."""
-    found = shutil.which("promtool")
-    if found:
-        return Path(found), ""
-    if os.access(UNPACKED, os.X_OK):
-        return UNPACKED, ""
-    return None, (f"no promtool: not on PATH nor at {UNPACKED.relative_to(REPO)} (`make "
-                  f"promtool` fetches Debian's prometheus package with apt-get download)")
+    return debian_tool("promtool", UNPACKED, "promtool")
 
 
 @pytest.fixture
