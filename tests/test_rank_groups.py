@@ -54,7 +54,7 @@ def test_a_stride_of_tp_gives_the_layouts_dp_groups(tp, dp, pp):
     (4, 3, 1, "--group-size", "does not divide the 4 ranks"),
     (4, 1, 1, "--group-size", "moves nothing"),
     (4, 8, 1, "--group-size", "groups of 8 ranks in a world of 4"),
-    (4, 4, 2, "--group-stride", "give --group-size too"),
+    (4, 4, 2, "--group-stride", "blocks of 8 ranks"),
     (4, 2, 3, "--group-stride", "blocks of 6 ranks"),
     (8, 2, 0, "--group-stride", "1 or more"),
 ])
@@ -65,6 +65,29 @@ def test_a_split_the_world_cannot_hold_is_refused(world, size, stride, flag, say
     # the example it gives is a split that world holds
     example = str(e.value).rpartition("(example: ")[2].rstrip(")").split()
     rank_groups.check(world, int(example[1]), int(example[3]) if len(example) > 3 else 1)
+
+
+def test_group_size_is_asked_for_only_when_it_was_not_given():
+    """--group-stride 2 alone takes the world as the group: say to give --group-size. Given
+    (--group-size 4 --group-stride 2 on 4 ranks), it is not asked for again."""
+    with pytest.raises(OptionError, match="give --group-size too"):
+        rank_groups.check(4, 4, 2, size_given=False)
+    with pytest.raises(OptionError) as e:
+        rank_groups.check(4, 4, 2, size_given=True)
+    assert "give --group-size" not in str(e.value) and "blocks of 8 ranks" in str(e.value)
+
+
+@pytest.mark.parametrize(("args", "says", "not_says"), [
+    (["--group-stride", "2"], "give --group-size too", None),
+    (["--group-size", "4", "--group-stride", "2"], "blocks of 8 ranks", "give --group-size"),
+])
+def test_collective_asks_for_group_size_only_when_missing(in_process, tmp_path, args, says,
+                                                          not_says):
+    out = tmp_path / "results"
+    res = in_process("collective", "--workers", "4", *args, "--out", str(out))
+    assert_one_line_error(res, None, "--group-stride", True)
+    assert says in res.stderr and (not_says is None or not_says not in res.stderr)
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(("world", "size", "stride"), [(4, 2, 1), (4, 2, 2), (4, 4, 1),

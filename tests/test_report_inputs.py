@@ -201,6 +201,25 @@ def test_alpha_is_in_one_format_in_the_model_table(tmp_path):
     assert "alpha 1080 us" in line and "e+" not in line
 
 
+def test_predict_takes_an_op_report_fits_from_an_nccl_tests_log(tmp_path):
+    """sendrecv has no distbench collective, but report fits it from sendrecv_perf's rows: it
+    predicts it, and still refuses an op that neither measures nor fits."""
+    log = FIXTURES / "dgx_h100_8gpu.log"
+    assert "sendrecv" in {f["op"] for f in report.models(reader.load(log))}
+    res = cli(tmp_path, "report", str(log), "--predict", "sendrecv:1G")
+    assert res.code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert [x.split(" at ")[0] for x in lines] == [  # the log's out-of-place and in-place fits
+        f"{log.name}: sendrecv bfloat16 sum out-of-place", f"{log.name}: sendrecv bfloat16 sum "
+        "in-place"]
+    assert all(" at 1 GiB: " in x and " us, busbw " in x for x in lines)
+    res = cli(tmp_path, "report", str(log), "--predict", "sendrcv:1G")
+    assert res.code == 2 and "unknown op 'sendrcv'" in res.stderr and "sendrecv" in res.stderr
+    res = cli(tmp_path, "report", str(H100_LOG), "--predict", "sendrecv:1G")
+    assert res.code == 2 and "unknown op 'sendrecv'" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # The link matrix
 
@@ -249,7 +268,7 @@ def test_a_cell_no_measurement_can_take_is_left_out_and_said(tmp_path, cell):
         "collective_busbw.png, collective_latency.png)"]
     text = (tmp_path / "out" / "report.md").read_text()
     shown = f"{float(cell):g}"
-    assert (f"Left out 1 value(s) no measurement can take (not finite, or beyond 1e+18): "
+    assert (f"Left out 1 value(s) no measurement can take (not finite, negative, or beyond 1e+18): "
             f"collective.csv row 3 busbw_gbps {shown}.") in text
     assert "| all_reduce | float32 | sum | out | 0.9882 | 16 MiB | 1 KiB | 201 |" in text
 

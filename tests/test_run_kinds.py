@@ -79,7 +79,7 @@ def test_report_writes_a_section_of_each_run_kinds_figures_and_links_each_plot(c
     run = reader.load(RUNS / command)
     assert run.command == command
     (kind,) = [k for k in report.KINDS if command in k.commands]
-    section = kind.section(report.plausible(run), report.models(run))
+    section = kind.section(run, report.models(run))
     assert _figure_rows(section), "\n".join(section)
     lines, files = report.write([run], tmp_path)
     text = "\n".join(lines)

@@ -282,9 +282,18 @@ NUMBERS = ("root", "in_place", "world_size", "nnodes", "pairs", "size_bytes", "c
            "bucket_cap_mb", "comm_alone_us", "exposed_comm_us", "overlap_pct",
            "state_bytes_per_rank", "state_bytes_formula", "group_size", "group_stride",
            "groups", "per_node")
+# The numbers no measurement can make negative: a negative one is a broken write, left out and
+# named by report and compare (a root of -1 says "no root", and an exposed time or an overlap
+# may come out below zero in the noise, so those are not here).
+NONNEGATIVE = frozenset({
+    "world_size", "nnodes", "pairs", "size_bytes", "count", "iters", "time_us", "p50_us",
+    "p99_us", "cv_pct", "algbw_gbps", "busbw_gbps", "gbps", "step_us", "compute_only_us",
+    "micro_batches", "comm_alone_us", "state_bytes_per_rank", "state_bytes_formula",
+    "group_size", "groups", "per_node"})
 _unknown = [c for c in NUMBERS if not any(c in o.csv for o in OUTPUTS)]
-if _unknown:
-    raise ValueError(f"NUMBERS names no CSV's column: {_unknown}")
+if _unknown or not NONNEGATIVE <= set(NUMBERS):
+    raise ValueError(f"NUMBERS names no CSV's column: {_unknown}, or NONNEGATIVE a column "
+                     f"not in NUMBERS: {sorted(NONNEGATIVE - set(NUMBERS))}")
 
 
 @dataclass(frozen=True)

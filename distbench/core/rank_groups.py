@@ -28,8 +28,9 @@ def members(world: int, size: int, stride: int = 1) -> list[list[int]]:
             for start in range(0, world, span) for offset in range(stride)]
 
 
-def check(world: int, size: int, stride: int) -> None:
-    """The split is one the world holds whole; raises OptionError (exit 2) saying why not."""
+def check(world: int, size: int, stride: int, size_given: bool = True) -> None:
+    """The split is one the world holds whole; raises OptionError (exit 2) saying why not.
+    `size_given`: whether --group-size was on the command line (else it is the world's)."""
     if size < 2:
         raise OptionError(SIZE_FLAG, f"a group of {size} rank moves nothing; give 2 or more",
                           EXAMPLE)
@@ -45,7 +46,7 @@ def check(world: int, size: int, stride: int) -> None:
         raise OptionError(STRIDE_FLAG, f"groups of {size} ranks at stride {stride} take blocks "
                           f"of {size * stride} ranks, which do not tile the {world} ranks"
                           + (" (give --group-size too: it is the world by default)"
-                             if size == world else ""),
+                             if not size_given else ""),
                           _tiling(world, size, stride))
 
 

@@ -20,6 +20,7 @@ No torch here: the CLI imports this before torch.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,14 +170,18 @@ def fit_rows(rows) -> list[dict]:
     return out
 
 
-def parse_predict(text: str) -> tuple[str, int]:
-    """``"all_reduce:1G"`` -> ("all_reduce", 1073741824); ValueError saying what is wrong."""
+def parse_predict(text: str, fitted: Collection[str] = ()) -> tuple[str, int]:
+    """``"all_reduce:1G"`` -> ("all_reduce", 1073741824); ValueError saying what is wrong. An op
+    is known when distbench measures it, or when a run read fits it (`fitted`: an nccl-tests
+    log's sendrecv and hypercube have no distbench collective)."""
     op, sep, size = text.strip().partition(":")
     op = op.strip()
     if not sep or not op or not size.strip():
         raise ValueError(f"--predict wants OP:SIZE such as all_reduce:1G, got {text!r}")
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r} in --predict (valid: {', '.join(names())})")
+    if op not in OPS and op not in fitted:
+        extra = sorted(set(fitted) - set(OPS))
+        raise ValueError(f"unknown op {op!r} in --predict (valid: "
+                         f"{', '.join([*names(), *extra])})")
     try:
         return op, parse_size(size)
     except ValueError as e:

@@ -31,6 +31,7 @@ from distbench.results.reader import (
     Run,
     check_metric,
     gpu_model,
+    left_out,
     nnodes,
     topology_summary,
     versions,
@@ -388,7 +389,8 @@ def compare(base: Run, new: Run, metric: str = "auto",
     for run in (base, new):
         check_samples(run)
     typical = (typical_noise(base), typical_noise(new))
-    notes: list[str] = []
+    notes = [f"{side}: {line}" for side, run in (("BASE", base), ("NEW", new))
+             for line in left_out(run)]
     rows = [r for f in files
             for r in _compare_table(f, base, new, chosen, threshold, notes, typical)]
     if not rows:

@@ -4,6 +4,8 @@ Torch-free; bad input is a ReadError naming the file and what was expected."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections import deque
 from dataclasses import dataclass, field
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from distbench.core.contracts import NUMBERS, OUTPUTS, WATCH, measure_of
+from distbench.core.contracts import NONNEGATIVE, NUMBERS, OUTPUTS, WATCH, measure_of
 from distbench.core.errors import ReadError, one_line
 from distbench.core.sizes import format_size
 from distbench.results import nccltests, samples
@@ -21,6 +23,9 @@ from distbench.results import nccltests, samples
 # watch.csv is reported, not compared: its rows are cycles, not repetitions of one measurement.
 REQUIRED: dict[str, tuple[str, ...]] = {o.file: o.required for o in (*OUTPUTS, WATCH)}
 NCCL_TESTS = "nccl-tests"
+# Beyond any time (us), bandwidth (GB/s), size or ratio a run can record: such a cell is a
+# broken write, and drawn it would squash every real figure into one pixel.
+BEYOND = 1e18
 
 
 @dataclass
@@ -32,7 +37,10 @@ class Run:
     topo: dict = field(default_factory=dict)  # topo.json
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> rows
     samples: dict[str, dict[int, samples.Kept]] = field(default_factory=dict)
-    dropped: list[str] = field(default_factory=list)  # cells report left out, and why
+    # what was read but left out, as "<file> row N <column> <value>": cells no measurement can
+    # take, and rows cut short (a write that stopped mid-row); report and compare name them
+    dropped: list[str] = field(default_factory=list)
+    cut: list[str] = field(default_factory=list)
 
     def table(self, name: str) -> pd.DataFrame | None:
         return self.tables.get(name)
@@ -48,19 +56,28 @@ def load(path: Path) -> Run:
     rows = nccltests.read(path)  # raises ReadError when it is no nccl-tests output either
     frame = pd.DataFrame(rows, columns=list(REQUIRED["collective.csv"]) + [
         k for k in (rows[0] if rows else {}) if k not in REQUIRED["collective.csv"]])
-    return Run(path, path.name, NCCL_TESTS, tables={"collective.csv": _numbers(path, frame)})
+    frame, dropped = _plausible("collective.csv", _numbers(path, frame))
+    return Run(path, path.name, NCCL_TESTS, tables={"collective.csv": frame.reset_index(
+        drop=True)}, dropped=dropped)
 
 
 def _load_dir(path: Path) -> Run:
     meta = _json(path / "run.json")
     tables: dict[str, pd.DataFrame] = {}
     kept: dict[str, dict[int, list[float]]] = {}
+    dropped: list[str] = []
+    cut: list[str] = []
     for name, required in REQUIRED.items():
         csv_path = path / name
         if not csv_path.is_file():
             continue
-        tables[name] = _csv(csv_path, required)
-        kept[name] = samples.read(samples.path_for(csv_path))
+        frame, cut_here, written = _csv(csv_path, required)
+        frame, dropped_here = _plausible(name, frame)
+        dropped += dropped_here
+        cut += cut_here
+        kept[name] = _renumbered(samples.read(samples.path_for(csv_path)), frame.index,
+                                 written)
+        tables[name] = frame.reset_index(drop=True)
     if not tables and meta is None:
         raise ReadError(path, "no run here (expected run.json and a CSV such as "
                         "collective.csv, as distbench writes in results/<run>/)")
@@ -70,7 +87,7 @@ def _load_dir(path: Path) -> Run:
     command = str(meta.get("command") or (next(iter(tables)).removesuffix(".csv") if tables
                                           else UNKNOWN))
     return Run(path, path.resolve().name, command, meta, _json(path / "topo.json") or {}, tables,
-               kept)
+               kept, dropped, cut)
 
 
 def _json(path: Path) -> dict | None:
@@ -85,18 +102,40 @@ def _json(path: Path) -> dict | None:
     return data
 
 
-def _csv(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
+def _csv(path: Path, required: tuple[str, ...]) -> tuple[pd.DataFrame, list[str], int]:
+    """The rows, less those cut short; those named ("<file> row N (k of n cells)"); and how
+    many rows the file holds. pandas
+    fills a short row's missing cells with nothing, so a row a crash stopped mid-write would be
+    read as a measurement: `...,262144,65536,10,11` is a time of 11 us where 1136 was being
+    written."""
     try:
-        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        text = path.read_text(encoding="utf-8")
+        frame = pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""])
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise ReadError(path, f"not a readable CSV ({one_line(e, whole=True)})") from None
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise ReadError(path, f"missing columns {', '.join(missing)} (expected the "
                         f"{path.name} columns of docs/results.md)")
+    # csv and pandas both skip blank lines, so the n-th row of one is the n-th of the other
+    rows = [r for r in csv.reader(io.StringIO(text)) if r][1:]
+    width = len(frame.columns)
+    short = [i for i, r in enumerate(rows) if len(r) < width and i in frame.index]
+    frame = frame.drop(index=short)
     if "status" in frame.columns:
         frame["status"] = frame["status"].fillna("ok")
-    return _numbers(path, frame)
+    return _numbers(path, frame), [f"{path.name} row {i + 1} ({len(rows[i])} of {width} cells)"
+                                   for i in short], len(rows)
+
+
+def _renumbered(kept: dict, rows: pd.Index, written: int) -> dict:
+    """Samples are kept by row number: a row left out takes its samples with it, and the rows
+    after it move up. Samples of a row the file never held keep a number past the table's end,
+    for compare to refuse them (a CSV edited after the run)."""
+    position = {row: i for i, row in enumerate(rows)}
+    gone = written - len(rows)
+    return {position.get(row, row - gone): v for row, v in kept.items()
+            if row in position or row >= written}
 
 
 def _numbers(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
@@ -119,6 +158,40 @@ def _numbers(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
                             "not a number")
         frame[column] = numbers
     return frame
+
+
+def _plausible(name: str, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The table with every cell no measurement can take (infinite, beyond BEYOND, or negative
+    where no measurement can be) emptied, and each named; a row whose size is such a cell is
+    left out whole."""
+    frame, dropped = frame.copy(), []
+    for column in NUMBERS:
+        if column not in frame.columns:
+            continue
+        values = frame[column]
+        bad = values.notna() & ~(values.abs() < BEYOND)
+        if column in NONNEGATIVE:
+            bad |= values < 0
+        dropped += [f"{name} row {i + 1} {column} {values[i]:g}" for i in values.index[bad]]
+        frame[column] = values.where(~bad)
+        if column == "size_bytes":
+            frame = frame[~bad]
+    return frame, dropped
+
+
+def left_out(run: Run) -> list[str]:
+    """What was read but left out, one sentence each (no full stop), the first five named."""
+    def named(items: list[str]) -> str:
+        return "; ".join(items[:5]) + ("; ..." if len(items) > 5 else "")
+
+    lines = []
+    if run.dropped:
+        lines.append(f"Left out {len(run.dropped)} value(s) no measurement can take (not "
+                     f"finite, negative, or beyond {BEYOND:g}): {named(run.dropped)}")
+    if run.cut:
+        lines.append(f"Left out {len(run.cut)} row(s) cut short, fewer cells than the header "
+                     f"(a write that stopped mid-row): {named(run.cut)}")
+    return lines
 
 
 def _bool_as_int(v):
@@ -243,9 +316,6 @@ def topology_summary(run: Run) -> str | None:
 # later watch renames, leaves a gap, not a traceback.
 
 WATCH_LINES = "watch.jsonl"
-# Beyond any time (us), bandwidth (GB/s), size or ratio a run can record: such a cell is a
-# broken write, and drawn it would squash every real figure into one pixel.
-BEYOND = 1e18
 PROBE_NUMBERS = ("size_bytes", "time_us", "busbw_gbps")
 
 

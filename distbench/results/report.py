@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from distbench.core.contracts import NUMBERS
 from distbench.core.layout_label import row_label
 from distbench.core.sizes import format_size
 from distbench.core.tables import markdown_table, missing, number, plural
 from distbench.core.validation_table import validation_table
 from distbench.results import alphabeta, reader
-from distbench.results.reader import BEYOND, NCCL_TESTS, Run, measured
+from distbench.results.reader import NCCL_TESTS, Run, measured
 
 
 def models(run: Run) -> list[dict]:
@@ -392,31 +391,8 @@ def _no_results(run: Run) -> list[str]:
     return [f"No result rows: `distbench {run.command}` wrote none.", ""]
 
 
-def plausible(run: Run) -> Run:
-    """The run with every cell no measurement can take (infinite, or beyond BEYOND) emptied,
-    and each named in `dropped`; a row whose size is such a cell is left out whole."""
-    tables, dropped = {}, []
-    for name, frame in run.tables.items():
-        frame = frame.copy()
-        for column in NUMBERS:
-            if column not in frame.columns:
-                continue
-            values = frame[column]
-            bad = values.notna() & ~(values.abs() < BEYOND)
-            dropped += [f"{name} row {i + 1} {column} {values[i]:g}" for i in values.index[bad]]
-            frame[column] = values.where(~bad)
-            if column == "size_bytes":
-                frame = frame[~bad]
-        tables[name] = frame
-    return replace(run, tables=tables, dropped=run.dropped + dropped)
-
-
 def _dropped(run: Run) -> list[str]:
-    if not run.dropped:
-        return []
-    shown = "; ".join(run.dropped[:5]) + ("; ..." if len(run.dropped) > 5 else "")
-    return [f"Left out {len(run.dropped)} value(s) no measurement can take (not finite, or "
-            f"beyond {BEYOND:g}): {shown}.", ""]
+    return [f"{line}." for line in reader.left_out(run)] + [""] * bool(run.dropped or run.cut)
 
 
 # accept's verdicts in the order of how bad; one it does not know (a newer run's) goes last
@@ -521,7 +497,6 @@ def write(runs: list[Run], out: Path) -> tuple[list[str], list[Path]]:
     from distbench.results import plots
     from distbench.results.writer import write_json
 
-    runs = [plausible(r) for r in runs]
     out.mkdir(parents=True, exist_ok=True)
     fits = [models(r) for r in runs]
     images = [p for kind in KINDS if kind.plots for p in getattr(plots, kind.plots)(runs, out)]
@@ -538,7 +513,7 @@ def write(runs: list[Run], out: Path) -> tuple[list[str], list[Path]]:
 def predict(runs: list[Run], op: str, size: int) -> list[str]:
     """The time and busbw each run's model predicts for `op` at `size`, one line per fit."""
     lines = []
-    for run in map(plausible, runs):
+    for run in runs:
         for f in models(run):
             if f["op"] != op or f.get("alpha_us") is None:
                 continue

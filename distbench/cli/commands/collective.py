@@ -79,7 +79,8 @@ class CollectiveOptions(SweepOptions):
 
     def check_world(self, world: int) -> None:
         if self.group_size is not None or self.group_stride != 1:
-            rank_groups.check(world, self.group_of(world), self.group_stride)
+            rank_groups.check(world, self.group_of(world), self.group_stride,
+                              size_given=self.group_size is not None)
         n = self.group_of(world)
         if self.root >= n:
             where = (f"a group of {n} (the root is a rank of each group)" if n < world

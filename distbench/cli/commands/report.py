@@ -45,13 +45,18 @@ def command(
     from distbench.results import reader, report
     from distbench.results.alphabeta import parse_predict
 
-    if predict is not None:
-        try:
-            op, size = parse_predict(predict)
-        except ValueError as e:
-            raise OptionError("--predict", str(e), "--predict all_reduce:1G") from None
     loaded = reader.load_all(runs)  # every input read before anything is written
     if predict is not None:
+        # an op is known when distbench measures it or a run read fits it (nccl-tests' sendrecv)
+        fitted = {f["op"] for run in loaded for f in report.models(run)}
+        try:
+            op, size = parse_predict(predict, fitted)
+        except ValueError as e:
+            raise OptionError("--predict", str(e), "--predict all_reduce:1G") from None
+    if predict is not None:
+        for run in loaded:  # report.md names them too; a prediction has no report.md
+            for line in reader.left_out(run):
+                print(f"distbench: {run.name}: {line}", file=sys.stderr)
         lines = report.predict(loaded, op, size)
         if not lines:
             raise OptionError("--predict", f"no run here has a fitted model for {op}",
