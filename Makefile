@@ -7,11 +7,11 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 # Where the environment says not to write bytecode, every process the suite starts compiles
-# distbench again, and every pytest process rewrites the test modules' asserts again (about 6
-# CPU-s each): `make test-fast` took 67 s without the caches, 53 s with them.
+# distbench again, and every pytest process rewrites the test modules' asserts again
+# (figures: docs/measurements/test-suite.md).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv run test test-fast lint node-exporter promtool bench bench-plan bench-megatron bench-published clean
+.PHONY: venv run test test-fast lint docs node-exporter promtool bench bench-plan bench-megatron bench-published clean
 
 venv: $(STAMP)
 
@@ -27,12 +27,16 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# The options tables of the manual (docs/), regenerated from the command line itself;
+# tests/test_docs_options.py fails when one is stale.
+docs: $(STAMP)
+	$(PY) -m distbench.cli.manual
+
 # Three pytest processes (pytest-xdist), each given whole test modules (loadfile: a module's
 # fixtures run once): most multi-process tests wait (timeouts, stalls, killed launchers, slots)
 # more than they compute, and the others run meanwhile. Since the suite's runs are forked from
-# a server that loaded torch once (tests/forkserver.py), three were as fast as two or faster
-# (the same tree, side by side, 2026-11-27: 427 and 434 s with three, 428 and 486 s with two);
-# four waited longer for process slots (443 s).
+# a server that loaded torch once (tests/forkserver.py), three were as fast as two or faster,
+# and four waited longer for process slots (docs/measurements/test-suite.md).
 # However many run at once, the processes the tests start stay within 8 (tests/helpers.py),
 # and a test marked `alone` runs with nothing beside it. --durations=15: CI's output says which
 # tests cost the time. pytest exits 5 when it collected nothing: that is a broken suite, not a
@@ -88,17 +92,18 @@ bench: $(STAMP)
 	$(PY) benchmarks/false_alarms.py
 	$(PY) benchmarks/worker_footprint.py
 
-# The planner's error on this machine: plan --workers 4 --validate 6, 3 times (about 12 minutes)
+# The planner's error on this machine: plan --workers 4 --validate 6, 3 times (about 12 minutes;
+# the figures: docs/measurements/bench-plan.md)
 bench-plan: $(STAMP)
 	$(PY) benchmarks/plan_accuracy.py
 
 # Megatron-LM's published runs (SC'21) through plan's command line from --fabric dgx-a100 alone:
-# 15 plans, two at a time, nothing measured (10-45 s)
+# 15 plans, two at a time, nothing measured (the figures: docs/measurements/bench-megatron.md)
 bench-megatron: $(STAMP)
 	$(PY) benchmarks/megatron_sc21.py
 
 # torchtitan's published runs through `distbench plan`'s command line, one compute scale per GPU
-# kind (benchmarks/published/torchtitan.csv): about 40 s of CLI calls, 2 at a time
+# kind (benchmarks/published/torchtitan.csv), 2 at a time (docs/measurements/bench-published.md)
 bench-published: $(STAMP)
 	$(PY) benchmarks/published_runs.py
 

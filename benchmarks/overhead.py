@@ -51,9 +51,10 @@ def worker(args) -> None:
     from distbench.bench import series, timing
     from distbench.bench.combinations import combinations
     from distbench.bench.measure import Settings, measure_case
-    from distbench.cli.commands.collective import OUTPUT, CollectiveOptions
     from distbench.core.accounting import buffer_of
     from distbench.core.options import build
+    from distbench.kinds.collective.options import CollectiveOptions
+    from distbench.kinds.collective.output import OUTPUT
     from distbench.run import runtime
     from distbench.run.session import Session
     from distbench.run.split import split

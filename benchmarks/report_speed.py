@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from distbench.cli.commands.collective import OUTPUT
+from distbench.kinds.collective.output import OUTPUT
 from distbench.ops.collectives import OPS, names
 from distbench.results import samples
 

@@ -39,8 +39,8 @@ SMALL = {
 
 def bound(command: str, argv: list[str], workers: int) -> int:
     """What the launcher lets each worker hold for this run: WORKER_BYTES + host_bytes."""
-    from distbench.cli.commands import COMMANDS
     from distbench.core.options import build
+    from distbench.kinds import commands
 
     def value(text: str):
         for kind in (int, float):
@@ -53,7 +53,7 @@ def bound(command: str, argv: list[str], workers: int) -> int:
     raw, it = {}, iter(argv)
     for flag in it:
         raw[flag.removeprefix("--")] = value(next(it))
-    opts = build(COMMANDS[command].options, raw, argv=[])
+    opts = build(commands()[command].options, raw, argv=[])
     return WORKER_BYTES + opts.host_bytes("gloo", workers)
 
 

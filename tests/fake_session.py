@@ -55,14 +55,14 @@ class Said:
 
 class FakeSession:
     """What a command body reads of a Session. `opts` are the options it reads (keywords, or
-    an Options); the steps it names (step(what, seconds)) are kept in `steps` and the failures
+    an Options); the phases it names (phase(what, seconds)) are kept in `phases` and the failures
     it posts (failed_here) in `failures`. With a run_dir it writes rank 0's files there, as a
     real session does; without one its sinks drop the rows, as on any other rank."""
 
     def __init__(self, rt: Runtime | None = None, opts=None, *, console=None,
                  faults: Faults | None = None, run_dir: Path | None = None,
                  record: writer.RunRecord | None = None, command: str = "test",
-                 on_step: Callable[[str, float], None] | None = None, **options):
+                 on_phase: Callable[[str, float], None] | None = None, **options):
         self.command = command
         self.rt = rt if rt is not None else fake_runtime()
         self.opts = opts if opts is not None else SimpleNamespace(**options)
@@ -74,16 +74,16 @@ class FakeSession:
         self.current = "startup"
         self.on_end: list = []
         self.on_stop: list = []
-        self.steps: list[str] = []
+        self.phases: list[str] = []
         self.failures: list[tuple[str, str]] = []
-        self._on_step = on_step
+        self._on_phase = on_phase
         self._sinks: dict = {}
 
-    def step(self, what: str, seconds: float) -> None:
+    def phase(self, what: str, seconds: float) -> None:
         self.current = what
-        self.steps.append(what)
-        if self._on_step is not None:
-            self._on_step(what, seconds)
+        self.phases.append(what)
+        if self._on_phase is not None:
+            self._on_phase(what, seconds)
 
     def sink(self, output) -> writer.CsvSink | writer.NullSink:
         if output.file not in self._sinks:

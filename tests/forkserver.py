@@ -39,7 +39,7 @@ from pathlib import Path
 
 # What a launcher imports before it starts its workers: imported once, here, and then what any
 # command preloads for its workers (Command.preload).
-PRELOAD = ("torch", "torch.distributed.run", "distbench.cli.app", "distbench.cli.commands",
+PRELOAD = ("torch", "torch.distributed.run", "distbench.cli.app", "distbench.kinds",
            "distbench.run.launch", "distbench.run.session")
 # What the server runs: distbench, and torchrun's agent (whose workers it execs, as torchrun
 # always does).
@@ -59,10 +59,10 @@ def serve(path: str) -> None:
     parent = os.getppid()
     for name in PRELOAD:
         importlib.import_module(name)
-    from distbench.cli.commands import COMMANDS
+    from distbench.kinds import commands
     from distbench.run.forked_workers import as_if_exec
 
-    for name in {name for command in COMMANDS.values() for name in command.preload}:
+    for name in {name for command in commands().values() for name in command.preload}:
         importlib.import_module(name)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -169,7 +169,7 @@ def accept_in_progress(path: Path):
     from fake_session import fake_runtime
 
     from distbench.accept import files
-    from distbench.accept.profiles import load
+    from distbench.accept.profile_files import load
     from distbench.results import writer
 
     profile = load(Path(__file__).parent.parent / "configs" / "profiles" / "cpu-gloo.toml")

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, cli
 
-from distbench.accept import profiles
+from distbench.accept import profile_files, profile_toml
 from distbench.accept.files import read_baseline
-from distbench.accept.profiles import ProfileError
+from distbench.accept.profile_model import ProfileError
+from distbench.core import dtypes
 from distbench.core.options import DTYPES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,14 +87,14 @@ def test_a_profile_named_auto_is_refused(tmp_path):
 
 
 def test_only_a_builtins_own_file_carries_its_name(tmp_path):
-    for name in profiles.available():
-        assert profiles.resolve(str(BUILTIN_DIR / f"{name}.toml")).name == name
+    for name in profile_files.available():
+        assert profile_files.resolve(str(BUILTIN_DIR / f"{name}.toml")).name == name
     copy = tmp_path / "h100-sxm-8.toml"
     copy.write_text((BUILTIN_DIR / "h100-sxm-8.toml").read_text())
     with pytest.raises(ProfileError, match="is the name of a built-in profile"):
-        profiles.resolve(str(copy))
+        profile_files.resolve(str(copy))
     copy.write_text(TINY)  # the file's name is not the profile's
-    assert profiles.resolve(str(copy)).name == "tiny"
+    assert profile_files.resolve(str(copy)).name == "tiny"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,10 +116,10 @@ def test_a_size_is_a_whole_number_of_the_checks_elements(tmp_path):
         path.write_text(_edit(_edit(TINY, 'size = "4K"', f'size = "{size}"'),
                               'op = "all_reduce"', f'op = "all_reduce"\ndtype = "{dtype}"'))
         if ok:
-            assert profiles.load(path).checks[0].size > 0
+            assert profile_files.load(path).checks[0].size > 0
         else:
             with pytest.raises(ProfileError, match=r"key 'size': .* not a whole number of "):
-                profiles.load(path)
+                profile_files.load(path)
 
 
 def test_element_sizes_are_torchs():
@@ -127,7 +128,7 @@ def test_element_sizes_are_torchs():
     from distbench.ops.torch_dtypes import TORCH_DTYPES
 
     for dtype in DTYPES:
-        assert profiles.element_bytes(dtype) == torch.empty(
+        assert dtypes.element_bytes(dtype) == torch.empty(
             0, dtype=TORCH_DTYPES[dtype]).element_size(), dtype
 
 
@@ -160,17 +161,17 @@ def test_a_dry_run_holds_the_sizes_to_the_cluster_it_plans(tmp_path):
 def test_sizes_against_the_ranks_each_scope_runs_on(tmp_path):
     path = tmp_path / "x.toml"
     path.write_text(_edit(SPLIT, 'size = "16"', 'size = "64"'))
-    cluster = profiles.load(path)
-    profiles.check_sizes(cluster, 4, None, "4 ranks")  # 16 B a rank
+    cluster = profile_files.load(path)
+    profile_toml.check_sizes(cluster, 4, None, "4 ranks")  # 16 B a rank
     with pytest.raises(ProfileError, match="on 8 ranks .* at least 128 B"):
-        profiles.check_sizes(cluster, 8, None, "8 ranks")
+        profile_toml.check_sizes(cluster, 8, None, "8 ranks")
     path.write_text(_edit(_edit(SPLIT, 'size = "16"', 'size = "64"'), 'scope = "cluster"',
                           'scope = "pair"'))
-    pair = profiles.load(path)
-    profiles.check_sizes(pair, 64, None, "a launch")  # ranks per node unknown: 2 at least
-    profiles.check_sizes(pair, 4, 4, "one node")  # one node: no pair runs
+    pair = profile_files.load(path)
+    profile_toml.check_sizes(pair, 64, None, "a launch")  # ranks per node unknown: 2 at least
+    profile_toml.check_sizes(pair, 4, 4, "one node")  # one node: no pair runs
     with pytest.raises(ProfileError, match="on 8 ranks"):
-        profiles.check_sizes(pair, 16, 4, "4 nodes")
+        profile_toml.check_sizes(pair, 16, 4, "4 nodes")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,7 +227,7 @@ def test_a_control_character_in_the_description_is_refused(tmp_path):
                           'description = "one\\u0000check"'))
     with pytest.raises(ProfileError, match=r"key 'description': must be printable text, got "
                        r"'one\\x00check', with the control character U\+0000"):
-        profiles.load(path)
+        profile_files.load(path)
 
 
 # ---------------------------------------------------------------------------------------------

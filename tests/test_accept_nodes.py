@@ -26,7 +26,7 @@ from helpers import distbench_lines
 
 from distbench.accept import acceptance, itinerary
 from distbench.accept.itinerary import Cluster
-from distbench.accept.profiles import resolve
+from distbench.accept.profile_files import resolve
 from distbench.bench import series, timing
 from distbench.core import contracts, noise
 from distbench.core.accounting import buffer_of
@@ -260,9 +260,9 @@ def test_a_rank_holds_one_rounds_groups_at_most_and_frees_them_all(monkeypatch, 
     assert world.most == [1] * world.world, world.most
     assert world.stale == []  # one round's groups alive at a time, over all ranks
     assert world.freed == world.made and world.held == [[]] * world.world, world.held
-    # the plan a dry run prints counts what the run made, retests aside
-    plan = itinerary.make(resolve("cpu-gloo"), Cluster.uniform(nodes, 2), quick=False)
+    # the itinerary a dry run prints counts what the run made, retests aside
+    route = itinerary.make(resolve("cpu-gloo"), Cluster.uniform(nodes, 2), quick=False)
     if not slow:
-        assert world.calls == [plan.creations] * world.world
+        assert world.calls == [route.creations] * world.world
     else:
-        assert min(world.calls) >= plan.creations
+        assert min(world.calls) >= route.creations

@@ -22,7 +22,7 @@ from helpers import cli
 
 from distbench.accept import acceptance, itinerary
 from distbench.accept.itinerary import Cluster, Groups
-from distbench.accept.profiles import resolve
+from distbench.accept.profile_files import resolve
 
 H100 = resolve("h100-sxm-8")
 CPU = resolve("cpu-gloo")
@@ -84,23 +84,23 @@ def test_group_creations_grow_with_the_nodes_not_the_pairs(profile):
     assert at[64].creations == 1 + pair_checks * 63
     assert at[128].creations == 1 + pair_checks * 127
     assert at[128].creations / at[64].creations <= 2.2
-    pairs = sum(len(r) for c in at[128].checks if c.check.scope == "pair" for r in c.rounds)
+    pairs = sum(len(r) for c in at[128].legs if c.check.scope == "pair" for r in c.rounds)
     assert pairs == 3 * 128 * 127 // 2 if profile is H100 else 2 * 128 * 127 // 2
 
 
 def test_the_estimate_follows_the_floors_and_the_sizes():
     """A measurement's time at the profile's warn figure: 16 GiB all_reduce on 8 H100s at
     the warn busbw W is 2 x 7/8 x 16 GiB / W a call (about 66 ms at 455 GB/s), 26 calls."""
-    plan = itinerary.make(H100, Cluster.uniform(2, 8), quick=False)
-    first = plan.checks[0]
+    route = itinerary.make(H100, Cluster.uniform(2, 8), quick=False)
+    first = route.legs[0]
     assert first.issued == ["26 x all_reduce of 16 GiB on 8 ranks"]
     call = 2 * 7 / 8 * 16 * 2**30 / (first.check.warn * 1e9)
     expected = 26 * call + itinerary.SETUP_S + itinerary.ROUND_S + itinerary.CREATE_S
     assert first.seconds == pytest.approx(expected)
-    assert plan.checks[1].creations == 0  # the node groups are kept
-    assert itinerary.lines(plan)[-1] == (
+    assert route.legs[1].creations == 0  # the node groups are kept
+    assert itinerary.lines(route)[-1] == (
         f"plan: 8 checks, 8 rounds, 1 group creation per rank, about "
-        f"{-(-plan.seconds // 60):.0f} min")
+        f"{-(-route.seconds // 60):.0f} min")
 
 
 # -- the schedule on a fake group of threads ---------------------------------------------------
@@ -150,7 +150,7 @@ def _run_schedule(monkeypatch, profile, lay: Cluster, measure_s: float = 0.0,
     fake.patch(monkeypatch)
     monkeypatch.setattr(acceptance, "_measure", fake.measure)
     monkeypatch.setattr(acceptance, "release", lambda device: None)
-    plan = itinerary.make(profile, lay, quick=False)
+    route = itinerary.make(profile, lay, quick=False)
 
     def rank(r: int) -> list:
         fake.start(r)
@@ -158,11 +158,11 @@ def _run_schedule(monkeypatch, profile, lay: Cluster, measure_s: float = 0.0,
         s = FakeSession(rt, timeout=timeout)
         groups = Groups(lay.world, acceptance._group_maker(rt, timeout), lambda g: None)
         met = itertools.count(1)
-        return [x for step in plan.checks
-                for x in acceptance.measure_check(s, None, step, groups, lay, met)]
+        return [x for leg in route.legs
+                for x in acceptance.measure_check(s, None, leg, groups, lay, met)]
 
     results = on_threads(lay.world, rank, fake.barrier)
-    return fake, plan, results
+    return fake, route, results
 
 
 # h100-sxm-8 but its third pair check: the second already measures in the groups the first made
@@ -180,8 +180,8 @@ def test_48_nodes_make_the_planned_groups_with_the_runs_timeout(monkeypatch):
     nodes = 48
     pair_checks = [c.name for c in H100_TWO_PAIRS.checks if c.scope == "pair"]
     assert len(pair_checks) == 2
-    fake, plan, results = _run_schedule(monkeypatch, H100_TWO_PAIRS, Cluster.uniform(nodes, 1))
-    assert fake.creations == [plan.creations] * nodes and plan.creations == 1 + 2 * (nodes - 1)
+    fake, route, results = _run_schedule(monkeypatch, H100_TWO_PAIRS, Cluster.uniform(nodes, 1))
+    assert fake.creations == [route.creations] * nodes and route.creations == 1 + 2 * (nodes - 1)
     assert fake.timeouts == {timedelta(seconds=7.0)}
     for name in pair_checks:
         pair_rows = [x for x in results[0] if x[0] == name]
@@ -193,7 +193,7 @@ def test_idle_ranks_wait_on_the_host_before_the_rounds_collective(monkeypatch):
     """3 nodes in cyclic placement: each pair round leaves a node idle. No rank may queue the
     round's all_gather_object before every measuring rank has finished (NCCL would time the
     idle ranks' collective from then, and abort them past the timeout)."""
-    fake, plan, results = _run_schedule(monkeypatch, CPU, _cyclic(3, 2), measure_s=0.05)
+    fake, route, results = _run_schedule(monkeypatch, CPU, _cyclic(3, 2), measure_s=0.05)
     assert results[0] and all(r == results[0] or r is not None for r in results)
     for batch in {b for b, _, _ in fake.events}:
         kinds = [what for b, what, _ in fake.events if b == batch]
@@ -249,13 +249,13 @@ def test_the_plan_counts_what_making_every_round_would_find(lay, quick):
                         t.ranks for t in theirs[j] if len(t.ranks) < lay.world)
     # the run holds them by these keys, and a retest's round by its ranks: what the plan
     # counts is what a rank holding them makes
-    plan = itinerary.make(CPU, lay, quick)
+    route = itinerary.make(CPU, lay, quick)
     held: list = []
     groups = Groups(lay.world, lambda lists: (held.append(lists), {r: r for r in lists})[1])
-    for step in plan.checks:
-        for i, targets in enumerate(step.rounds):
-            groups.for_round(targets, step.rounds.key(i))
-    assert groups.created == plan.creations == len(held)
+    for leg in route.legs:
+        for i, targets in enumerate(leg.rounds):
+            groups.for_round(targets, leg.rounds.key(i))
+    assert groups.created == route.creations == len(held)
 
 
 @pytest.mark.parametrize("quick", [False, True], ids=["circle", "quick"])
@@ -270,8 +270,8 @@ def test_a_dry_run_makes_no_target_of_a_pair_check(monkeypatch, quick):
 
     Target = itinerary.Target
     monkeypatch.setattr(itinerary, "Target", counted)
-    plan = itinerary.make(H100, Cluster.uniform(400, 8), quick)
-    text = itinerary.lines(plan)
+    route = itinerary.make(H100, Cluster.uniform(400, 8), quick)
+    text = itinerary.lines(route)
     assert len(made) <= 400, (len(made), made[:5])
     pairs = [line for line in text if "[pair]" in line]
     assert len(pairs) == 3
@@ -354,12 +354,12 @@ def test_a_dry_run_refuses_a_cluster_it_cannot_plan(tmp_path, argv, message):
 def test_a_dry_run_names_the_cluster_floor_for_the_planned_node_count(nodes, floor):
     """Issue 30: the cluster floor goes by node count; the plan says which row it will judge
     by, and times the check at that row's warn figure."""
-    plan = itinerary.make(H100, Cluster.uniform(nodes, 8), quick=False)
-    lines = itinerary.lines(plan)
+    route = itinerary.make(H100, Cluster.uniform(nodes, 8), quick=False)
+    lines = itinerary.lines(route)
     at = lines.index(next(x for x in lines if x.startswith("  cluster all_reduce busbw")))
     assert lines[at + 2] == f"      judged by {floor}"
     assert sum("judged by" in x for x in lines) == 1  # only a check with floors by node count
-    cluster = plan.checks[-1]
+    cluster = route.legs[-1]
     warn = cluster.check.for_nodes(nodes)[0].warn
     calls = H100.warmup + H100.iters + 1
     call = 2 * (8 * nodes - 1) / (8 * nodes) * 8 * 2**30 / (warn * 1e9)

@@ -1,8 +1,7 @@
-"""The profile every rank of `distbench accept` runs (profile_choice.agree,
-profiles.pick_for_nodes): rank 0 picks it from what the ranks see (their torch devices, how many
-per node), with NVML's snapshot as extra evidence only, and sends every rank the profile's text,
-not its path. Each judgement is tried both ways: the planted fault is caught, a healthy layout
-stays quiet."""
+"""The profile every rank of `distbench accept` runs (profile_choice.agree and pick_for_nodes):
+rank 0 picks it from what the ranks see (their torch devices, how many per node), with NVML's
+snapshot as extra evidence only, and sends every rank the profile's text, not its path. Each
+judgement is tried both ways: the planted fault is caught, a healthy layout stays quiet."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from dataclasses import replace
 import pytest
 from fake_session import fake_runtime
 
-from distbench.accept import profile_choice, profiles
+from distbench.accept import profile_choice, profile_files
 from distbench.accept.verdicts import Result, judge
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
 from distbench.run.runtime import RunFailure, Runtime
@@ -101,7 +100,7 @@ def test_nccl_never_gets_cpu_gloo(device):
     """GPUs no profile matches, NVML gone: generic-gpu, saying why; never cpu-gloo's
     millisecond floors for a GPU cluster."""
     snaps = [snap("n0", nvml_error=NVML_GONE), snap("n1", nvml_error=NVML_GONE)]
-    profile, why = profiles.pick_for_nodes(snaps, ranks(4, 4, device=device), "nccl")
+    profile, why = profile_choice.pick_for_nodes(snaps, ranks(4, 4, device=device), "nccl")
     assert profile.name == "generic-gpu"
     assert why.startswith(f"every node has 4 x {device} (counted from its ranks; NVML: ")
     assert "which no profile matches: generic-gpu" in why
@@ -109,7 +108,7 @@ def test_nccl_never_gets_cpu_gloo(device):
 
 def test_nvml_and_the_ranks_agreeing_pick_as_before():
     """The healthy case stays as it was: every node's 8 H100s, named the same both ways."""
-    profile, why = profiles.pick_for_nodes([snap("n0"), snap("n1")], ranks(8, 8), "nccl")
+    profile, why = profile_choice.pick_for_nodes([snap("n0"), snap("n1")], ranks(8, 8), "nccl")
     assert (profile.name, why) == ("h100-sxm-8", f"every node has 8 x {H100}: h100-sxm-8")
 
 
@@ -117,12 +116,12 @@ def test_cpu_ranks_get_cpu_gloo_whatever_nvml_lists():
     """Under gloo the ranks measure on the CPU: cpu-gloo, even on a GPU node (the H100
     floors would fail a healthy node measured on the CPU), saying what NVML sees."""
     gpu_nodes = [snap("n0"), snap("n1")]
-    profile, why = profiles.pick_for_nodes(gpu_nodes, ranks(2, 2, device="cpu"), "gloo")
+    profile, why = profile_choice.pick_for_nodes(gpu_nodes, ranks(2, 2, device="cpu"), "gloo")
     assert profile.name == "cpu-gloo"
     assert why == (f"the ranks run on the CPU (backend gloo; NVML sees 8 x {H100} on n0, n1; "
                    "--backend nccl measures them): cpu-gloo")
     cpu_nodes = [snap("n0", nvml_error=NVML_GONE), snap("n1", nvml_error=NVML_GONE)]
-    profile, why = profiles.pick_for_nodes(cpu_nodes, ranks(2, 2, device="cpu"), "gloo")
+    profile, why = profile_choice.pick_for_nodes(cpu_nodes, ranks(2, 2, device="cpu"), "gloo")
     assert (profile.name, why) == ("cpu-gloo", f"no node has a GPU (NVML: {NVML_GONE}): "
                                    "cpu-gloo")
 
@@ -130,7 +129,8 @@ def test_cpu_ranks_get_cpu_gloo_whatever_nvml_lists():
 def test_nodes_sharing_a_host_are_told_apart():
     """Several launcher agents on one host (the tests' layout): one snapshot, several nodes."""
     rank_list = [dict(r, host="vm") for r in ranks(2, 2, device="cpu")]
-    profile, _ = profiles.pick_for_nodes([snap("vm", nvml_error=NVML_GONE)], rank_list, "gloo")
+    profile, _ = profile_choice.pick_for_nodes([snap("vm", nvml_error=NVML_GONE)], rank_list,
+                                               "gloo")
     assert [n.name for n in profile.nodes] == ["vm#0", "vm#1"]
 
 
@@ -140,7 +140,7 @@ def test_nodes_sharing_a_host_are_told_apart():
 def test_the_text_travels_not_the_path(tmp_path, wire):
     """Rank 0's file need not exist on the other nodes: they parse the text it sent."""
     mine = tmp_path / "mine.toml"
-    mine.write_text(profiles.resolve("h100-sxm-8").path.read_text().replace(
+    mine.write_text(profile_files.resolve("h100-sxm-8").path.read_text().replace(
         'name = "h100-sxm-8"', 'name = "mine"'))
     snaps = [snap("n0"), snap("n1")]
     first, why = profile_choice.agree(runtime(snaps, ranks(8, 8)), str(mine))
@@ -186,7 +186,7 @@ def test_four_of_eight_gpus_are_not_judged_by_eight_gpu_floors(wire):
 
 
 def test_eight_ranks_on_eight_gpus_are_judged():
-    profile, _ = profiles.pick_for_nodes([snap("n0"), snap("n1")], ranks(8, 8), "nccl")
+    profile, _ = profile_choice.pick_for_nodes([snap("n0"), snap("n1")], ranks(8, 8), "nccl")
     judged = _judge_absolute(profile, [8, 8])
     assert {v.verdict for v in judged.verdicts} == {"PASS"}
     assert judged.outcome(strict=False)[1] == EXIT_OK
@@ -201,7 +201,7 @@ def test_a_node_that_lost_a_gpu_is_named_and_fails_the_run():
     """8 + 8 + 7: NVML lists 7 GPUs on n2. Today auto fell back to generic-gpu, whose relative
     checks cannot see it (busbw hardly moves from 8 GPUs to 7), and nothing named n2."""
     snaps = [snap("n0"), snap("n1"), snap("n2", gpus=7)]
-    profile, why = profiles.pick_for_nodes(snaps, ranks(8, 8, 7), "nccl")
+    profile, why = profile_choice.pick_for_nodes(snaps, ranks(8, 8, 7), "nccl")
     assert profile.name == "h100-sxm-8"
     assert why == f"the nodes have 8 x {H100}, but n2 has 7: h100-sxm-8"
     judged = _judge_absolute(profile, [8, 8, 7])
@@ -216,7 +216,7 @@ def test_a_node_that_lost_a_gpu_is_named_and_fails_the_run():
 
 def test_eight_gpus_everywhere_names_no_one():
     snaps = [snap("n0"), snap("n1"), snap("n2")]
-    profile, _ = profiles.pick_for_nodes(snaps, ranks(8, 8, 8), "nccl")
+    profile, _ = profile_choice.pick_for_nodes(snaps, ranks(8, 8, 8), "nccl")
     judged = _judge_absolute(profile, [8, 8, 8])
     assert judged.culprits == [] and judged.notes == []
     assert judged.outcome(strict=False)[1] == EXIT_OK
@@ -227,7 +227,7 @@ def test_with_nvml_gone_a_node_short_of_ranks_is_named_not_failed():
     named in the notes and its absolute rows are not judged, nor the cluster's (23 ranks on 3
     nodes): inconclusive, not a failure."""
     snaps = [snap(f"n{i}", nvml_error=NVML_GONE) for i in range(3)]
-    profile, _ = profiles.pick_for_nodes(snaps, ranks(8, 8, 7), "nccl")
+    profile, _ = profile_choice.pick_for_nodes(snaps, ranks(8, 8, 7), "nccl")
     judged = _judge_absolute(profile, [8, 8, 7])
     assert judged.culprits == []
     assert judged.notes[0] == (f"node n2 has 7 x {H100} where its peers have 8 (counted from "

@@ -21,7 +21,7 @@ from helpers import clean_env, free_port, power_off, processes_naming, start, to
 from runs import accept_in_progress
 
 from distbench.accept import files, verdicts
-from distbench.accept.profiles import load
+from distbench.accept.profile_files import load
 from distbench.results import writer
 
 PROFILE = load(Path(__file__).parent.parent / "configs" / "profiles" / "cpu-gloo.toml")

@@ -1,21 +1,20 @@
 """docs/architecture.md's rules that can be read off the code: one meaning per name (no class
-name defined twice, no two modules of one file name outside cli/commands/), every module named
+name defined twice, no two modules of one file name outside a kind's folder), every module named
 in its box's row of the table, and every command registered in one place. The import rules are
 tests/test_layers.py's."""
 
 from __future__ import annotations
 
 import ast
-import importlib
 import re
 from collections import defaultdict
 from pathlib import Path
 
 from distbench.cli.app import app
-from distbench.cli.commands import COMMANDS, TOOLS
+from distbench.kinds import KINDS, commands, tools
 
 PACKAGE = Path(__file__).resolve().parents[1] / "distbench"
-COMMAND_DIR = PACKAGE / "cli" / "commands"
+KINDS_DIR = PACKAGE / "kinds"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 
@@ -37,12 +36,12 @@ def test_no_class_name_is_defined_twice():
     assert len(defined) > 100  # the walk sees the package's classes
 
 
-def test_no_two_modules_share_a_file_name_outside_the_commands():
-    """cli/commands/ names its modules after their commands (plan.py is `distbench plan`);
-    everywhere else a module's file name is its own."""
+def test_no_two_modules_share_a_file_name_outside_the_kinds_folders():
+    """A kind's folder names its modules by role (kinds/plan/options.py is `distbench plan`'s
+    options); everywhere else a module's file name is its own."""
     by_name: dict[str, list[str]] = defaultdict(list)
     for path in SOURCES:
-        if path.name != "__init__.py" and path.parent != COMMAND_DIR:
+        if path.name != "__init__.py" and path.parent.parent != KINDS_DIR:
             by_name[path.name].append(where(path))
     shared = {name: at for name, at in by_name.items() if len(at) > 1}
     assert not shared, f"modules sharing a file name: {shared}"
@@ -70,18 +69,18 @@ def test_every_module_is_named_in_its_box_row():
     assert not missing, f"modules docs/architecture.md's table does not name: {missing}"
 
 
-def test_every_command_is_registered_once_in_cli_commands():
-    """A new command is one entry in cli/commands/__init__.py (COMMANDS, or TOOLS for one that
-    reads results back), and the application has exactly those commands, each under the name of
-    its module. A command module is one with a HELP."""
+def test_every_command_is_registered_once_in_the_kinds():
+    """A new command is its folder in distbench/kinds/ and one line in kinds/__init__.py; the
+    application has exactly the registered commands, each from its kind's folder: its options,
+    its bodies and its output there, and a tool's own function."""
     registered = [c.name for c in app.registered_commands]
     assert len(registered) == len(set(registered)), registered
-    tools = [t.__name__.rsplit(".", 1)[1] for t in TOOLS]
-    assert not set(tools) & set(COMMANDS)
-    assert sorted(registered) == sorted([*COMMANDS, *tools])
-    modules = [p.stem for p in sorted(COMMAND_DIR.glob("*.py")) if p.stem != "__init__"]
-    with_help = [m for m in modules
-                 if hasattr(importlib.import_module(f"distbench.cli.commands.{m}"), "HELP")]
-    assert sorted(with_help) == sorted(registered)
-    for name, command in COMMANDS.items():
-        assert command.run.__module__ == f"distbench.cli.commands.{name}", name
+    assert sorted(registered) == sorted(KINDS)
+    assert not set(tools()) & set(commands()) and {*tools(), *commands()} == set(KINDS)
+    for name, kind in KINDS.items():
+        home = f"distbench.kinds.{name}."
+        parts = [kind.options, kind.run, kind.run_local, kind.dry_run, kind.exit_code,
+                 kind.command, kind.section, kind.plots, kind.fits, kind.world_note]
+        assert all(p.__module__.startswith(home) for p in parts if p is not None), name
+        folder = PACKAGE / "kinds" / name
+        assert (folder / "options.py").is_file(), name

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import cli
 
+from distbench.kinds import KINDS
 from distbench.results import alphabeta, compare, reader, report
 
 FIXTURE = Path(__file__).parent / "fixtures" / "runs" / "collective"
@@ -53,7 +54,8 @@ def _broadcast_fit(run: reader.Run) -> dict:
 def test_the_intact_run_leaves_nothing_out():
     run = reader.load(FIXTURE)
     assert run.dropped == [] and run.cut == [] and reader.left_out(run) == []
-    assert not any(line.startswith("Left out") for line in report.markdown([run], [[]], []))
+    lines = report.markdown([run], KINDS.values(), [])
+    assert not any(line.startswith("Left out") for line in lines)
 
 
 def test_a_row_cut_short_is_left_out_whole_and_named(tmp_path):
@@ -71,7 +73,7 @@ def test_a_row_cut_short_is_left_out_whole_and_named(tmp_path):
     whole_dir = _copy(tmp_path, "whole")
     (whole_dir / "collective.csv").write_text("\n".join(_lines(whole_dir)[:-1]) + "\n")
     assert _broadcast_fit(cut) == pytest.approx(_broadcast_fit(reader.load(whole_dir)))
-    text = "\n".join(report.markdown([cut], [report.models(cut)], []))
+    text = "\n".join(report.markdown([cut], KINDS.values(), []))
     assert (f"Left out 1 row(s) cut short, fewer cells than the header (a write that stopped "
             f"mid-row): collective.csv row {rows} ({CUT_CELLS} of 26 cells).") in text
 
@@ -101,7 +103,7 @@ def test_a_negative_time_or_bandwidth_is_left_out_and_named(tmp_path, column):
     run = reader.load(run_dir)
     assert run.dropped == [f"collective.csv row 2 {column} -5"]
     assert run.table("collective.csv")[column].isna().sum() == 1
-    text = "\n".join(report.markdown([run], [report.models(run)], []))
+    text = "\n".join(report.markdown([run], KINDS.values(), []))
     assert (f"Left out 1 value(s) no measurement can take (not finite, negative, or beyond "
             f"1e+18): collective.csv row 2 {column} -5.") in text
     c = compare.compare(reader.load(FIXTURE), run, column.split("_")[0])

@@ -462,10 +462,10 @@ def test_every_numeric_option_has_an_example_to_quote():
     number type must have one."""
     import typing
 
-    from distbench.cli.commands import COMMANDS
     from distbench.core.options import cli_types, example_of, option_fields
+    from distbench.kinds import commands
 
-    for name, command in COMMANDS.items():
+    for name, command in commands().items():
         types = cli_types(command.options)
         for f, spec in option_fields(command.options):
             kinds = set(typing.get_args(types[f.name])) or {types[f.name]}

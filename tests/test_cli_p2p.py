@@ -12,8 +12,8 @@ import pytest
 from helpers import assert_one_line_error, refused, resolved
 from test_cli import _distbench_options, _torchrun_parser
 
-from distbench.cli.commands.p2p import P2POptions
-from distbench.cli.commands.topo import TopoOptions
+from distbench.kinds.p2p.options import P2POptions
+from distbench.kinds.topo.options import TopoOptions
 
 
 def _assert_nothing_written(tmp_path: Path, out: Path) -> None:

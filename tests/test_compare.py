@@ -32,7 +32,7 @@ from distbench.core.contracts import COLLECTIVE, P2P_MATRIX
 from distbench.core.contracts import P2P as P2P_OUTPUT
 from distbench.core.errors import ReadError
 from distbench.core.tables import markdown_row
-from distbench.results import compare, reader, samples
+from distbench.results import compare, comparison_text, reader, samples
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
 
@@ -156,7 +156,7 @@ def test_a_noisy_run_against_itself_is_the_same_not_too_noisy_to_tell(tmp_path):
                                 [noisy]))
     (row,) = compare.compare(run, run, "time", 0.05).rows
     assert (row.ratio, row.mark) == (1.0, "~")
-    assert "0 x" in compare.format_text(compare.compare(run, run), run, run)[-1]
+    assert "0 x" in comparison_text.format_text(compare.compare(run, run), run, run)[-1]
 
 
 def test_without_samples_the_threshold_alone_decides(tmp_path):
@@ -167,7 +167,7 @@ def test_without_samples_the_threshold_alone_decides(tmp_path):
     assert (row.mark, row.p_value, row.note) == ("-", None,
                                                   "no repetitions: by the threshold alone")
     assert row.by_threshold
-    assert compare._verdict(c) == (
+    assert comparison_text._verdict(c) == (
         "# 1 row worse by more than 5% and beyond the noise (1 of them by the threshold alone:"
         " no repetitions to measure the noise) (0 +, 1 -, 0 ~, 0 x)")
 
@@ -191,7 +191,7 @@ def test_setup_differences_are_listed(tmp_path):
     assert ("torch", "2.13.0+cpu", "2.14.0") in c.setup
     assert ("NCCL", "unknown", "2.27.3") in c.setup
     assert ("backend", "gloo", "nccl") in c.setup
-    text = "\n".join(compare.format_text(c, reader.load(base), reader.load(new)))
+    text = "\n".join(comparison_text.format_text(c, reader.load(base), reader.load(new)))
     assert "#   torch: 2.13.0+cpu -> 2.14.0" in text
 
 
@@ -302,7 +302,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     other = tmp_path / "p2p"
     other.mkdir()
     shutil.copy(tmp_path / "ok" / "run.json", other / "run.json")
-    from distbench.cli.commands.p2p import OUTPUT as P2P
+    from distbench.kinds.p2p.output import OUTPUT as P2P
 
     (other / "p2p.csv").write_text(",".join(P2P.csv) + "\n")
     _one_error_line(_compare(ok, other), "shares no table compare reads")
@@ -645,7 +645,7 @@ def test_samples_for_a_row_the_csv_does_not_have_are_refused(tmp_path):
 def test_accept_rows_are_headed_in_their_own_units_and_named_in_full(tmp_path):
     """accept.csv rows are each in their check's unit: no "busbw (GB/s)" over microseconds, and
     check names longer than the op column still line up."""
-    from distbench.cli.commands.accept import OUTPUT as ACCEPT
+    from distbench.kinds.accept.output import OUTPUT as ACCEPT
 
     def accept_run(path: Path, latency: float) -> Path:
         path.mkdir()

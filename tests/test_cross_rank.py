@@ -155,7 +155,7 @@ def _shared_helpers(rank: int) -> dict:
     tie = TensorCheck(max_abs_err=1.0, worst_ratio=2.0, worst=f"r{rank}", wrong=1)
     nan = TensorCheck(max_abs_err=0.0, worst_ratio=float("nan"), worst=f"r{rank}", wrong=0)
     agreed = [vars(agree_check(c, CPU)) for c in (mine, tie, nan)]
-    return json.loads(json.dumps({"t1": t1, "t1_oom": t1_oom, "named": s.steps,
+    return json.loads(json.dumps({"t1": t1, "t1_oom": t1_oom, "named": s.phases,
                                   "logs": s.console.logged, "calls": calls, "agreed": agreed}))
 
 
@@ -214,7 +214,7 @@ def test_ranks_with_different_options_are_refused(monkeypatch, tmp_path):
 
     monkeypatch.setattr(runtime.Peers, "connect", classmethod(connect))
     monkeypatch.setattr(runtime.env, "local_rank", lambda: local.rank)
-    monkeypatch.setattr(runtime.topo, "node_snapshot", lambda: {})
+    monkeypatch.setattr(runtime.topo_probe, "node_snapshot", lambda: {})
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda *a, **k: groups.append(a))
 
     def rank(r: int):
@@ -237,8 +237,8 @@ def test_a_sweeps_rows_and_titles_say_the_world_and_nodes_the_runtime_found():
     is test_p2p_multiproc.test_two_nodes_label_links_intra_and_inter."""
     from distbench.bench import series
     from distbench.bench.combinations import combinations
-    from distbench.cli.commands.collective import OUTPUT
-    from distbench.cli.commands.p2p import OUTPUT as P2P
+    from distbench.kinds.collective.output import OUTPUT
+    from distbench.kinds.p2p.output import OUTPUT as P2P
     from distbench.run.split import split
 
     for rank in range(4):

@@ -1,31 +1,30 @@
-"""The CSV columns docs/results.md documents are the contract users read: every CSV a command
+"""The CSV columns docs/columns.md documents are the contract users read: every CSV a command
 writes must have exactly those columns, in that order. `documented_columns` reads them from the
 document, so the tests that check a written header (test_*_multiproc.py, test_nccltests.py)
 check it against what users were told, not against the tuple that wrote it."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import re
 from pathlib import Path
 
 import pytest
 
-import distbench.cli.commands
 from distbench.core.tables import Output
+from distbench.kinds import KINDS
 
 RESULTS_MD = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+COLUMNS_MD = RESULTS_MD.parent / "columns.md"
 _CELL = re.compile(r"^`([a-z0-9_]+)`$")
 
 
 def documented_columns(csv_name: str, text: str | None = None) -> list[str]:
     """The columns of the `| column | meaning |` table under the heading ``## `csv_name` ``
-    of docs/results.md (or of `text`), in order."""
-    lines = (RESULTS_MD.read_text() if text is None else text).splitlines()
+    of docs/columns.md (or of `text`), in order."""
+    lines = (COLUMNS_MD.read_text() if text is None else text).splitlines()
     heading = f"## `{csv_name}`"
     if heading not in lines:
-        raise LookupError(f"docs/results.md has no heading {heading!r}")
+        raise LookupError(f"docs/columns.md has no heading {heading!r}")
     section = []
     for line in lines[lines.index(heading) + 1:]:
         if line.startswith("## "):
@@ -50,15 +49,11 @@ def documented_columns(csv_name: str, text: str | None = None) -> list[str]:
 
 def _outputs() -> dict[str, Output]:
     """Every CSV contract the commands declare, by file name."""
-    found = {}
-    for info in pkgutil.iter_modules(distbench.cli.commands.__path__):
-        module = importlib.import_module(f"distbench.cli.commands.{info.name}")
-        found.update({v.file: v for v in vars(module).values() if isinstance(v, Output)})
-    return found
+    return {o.file: o for kind in KINDS.values() for o in kind.outputs}
 
 
 def test_every_csv_a_command_writes_is_documented_and_every_documented_one_is_written():
-    documented = set(re.findall(r"^## `([a-z0-9_]+\.csv)`$", RESULTS_MD.read_text(), re.M))
+    documented = set(re.findall(r"^## `([a-z0-9_]+\.csv)`$", COLUMNS_MD.read_text(), re.M))
     assert set(_outputs()) == documented
 
 
@@ -99,8 +94,8 @@ def test_the_identity_columns_report_md_lists_are_the_declared_ones():
 def test_run_jsons_command_field_lists_every_command_that_writes_a_run():
     """results.md's run.json table listed 7 of the 10 commands (step, plan and watch were added
     after it was written)."""
-    from distbench.cli.commands import COMMANDS
+    from distbench.kinds import commands
 
     row = next(line for line in RESULTS_MD.read_text().splitlines()
                if line.startswith("| `command` |") and "`accept`" in line)
-    assert re.findall(r"`([a-z0-9]+)`", row.split("|")[2]) == list(COMMANDS)
+    assert re.findall(r"`([a-z0-9]+)`", row.split("|")[2]) == list(commands())

@@ -18,9 +18,6 @@ import torch
 import torch.distributed as dist
 from helpers import LAUNCHER_VARS, assert_one_line_error, resolved
 
-from distbench.cli.commands import COMMANDS
-from distbench.cli.commands import dp as cmd
-from distbench.cli.commands.dp import DPOptions
 from distbench.core.dtypes import ELEMENT_BYTES
 from distbench.core.options import (
     OptionError,
@@ -30,6 +27,9 @@ from distbench.core.options import (
     option_fields,
     to_argv,
 )
+from distbench.kinds import commands
+from distbench.kinds.dp.options import DPOptions
+from distbench.kinds.dp.output import OUTPUT
 from distbench.run.faults import SLOW_RANK, SLOW_SEND, Faults
 from distbench.steps import dp_formulas as f
 from distbench.steps import dp_model as strat
@@ -342,7 +342,7 @@ def test_config_dp_table_is_read(no_launcher, tmp_path):
         [tp]
         heads = 2
     """))
-    raw = load_config(cfg, "dp", _known(), set(COMMANDS))
+    raw = load_config(cfg, "dp", _known(), set(commands()))
     assert raw["mode"] == "zero1,fsdp" and raw["bucket_cap_mb"] == "5,50"
     assert raw["iters"] == 4 and "heads" not in raw  # the table wins; tp's table is skipped
     opts = _opts(**raw)
@@ -353,7 +353,7 @@ def test_config_dp_table_is_read(no_launcher, tmp_path):
 def test_config_list_of_buckets_joins(no_launcher, tmp_path):
     cfg = tmp_path / "bench.toml"
     cfg.write_text('[dp]\nmode = ["ddp", "zero3"]\nbucket-cap-mb = [1, 2.5]\n')
-    opts = _opts(**load_config(cfg, "dp", _known(), set(COMMANDS)))
+    opts = _opts(**load_config(cfg, "dp", _known(), set(commands())))
     assert opts.modes == ["ddp", "zero3"] and opts.bucket_cap_mb == [1.0, 2.5]
 
 
@@ -366,7 +366,7 @@ def test_config_unknown_key_is_refused(tmp_path, text, key):
     cfg = tmp_path / "bench.toml"
     cfg.write_text(text)
     with pytest.raises(OptionError, match=f"^--config: unknown key '{key}'"):
-        load_config(cfg, "dp", _known(), set(COMMANDS))
+        load_config(cfg, "dp", _known(), set(commands()))
 
 
 def test_config_through_the_command_line_and_flags_win(tmp_path):
@@ -754,21 +754,21 @@ REQUIRED = ("step_us", "compute_only_us", "comm_alone_us", "exposed_comm_us", "o
 
 
 def test_dp_csv_contract():
-    csv = cmd.OUTPUT.csv
-    assert cmd.OUTPUT.file == "dp.csv"
+    csv = OUTPUT.csv
+    assert OUTPUT.file == "dp.csv"
     assert isinstance(csv, tuple) and all(isinstance(c, str) for c in csv)
     assert len(set(csv)) == len(csv)
     assert [c for c in REQUIRED if c not in csv] == []
     assert csv[0] == "mode" and "bucket_cap_mb" in csv and "world_size" in csv
-    keys = [c.key for c in cmd.OUTPUT.console]
+    keys = [c.key for c in OUTPUT.console]
     assert [k for k in keys if k not in csv] == []
     assert keys[:2] == ["mode", "bucket_cap_mb"]  # the row's identity comes first
-    assert [c.key for c in cmd.OUTPUT.console if c.ident] == ["mode", "bucket_cap_mb"]
+    assert [c.key for c in OUTPUT.console if c.ident] == ["mode", "bucket_cap_mb"]
 
 
 def test_every_option_of_the_shape_is_a_csv_column():
     shape = StackShape.from_options(DPOptions())
-    assert set(shape.to_json()) <= set(cmd.OUTPUT.csv)
+    assert set(shape.to_json()) <= set(OUTPUT.csv)
 
 
 # ---- a mode one rank cannot run: a skipped row quoting why, and the next mode still runs -----

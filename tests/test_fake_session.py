@@ -11,7 +11,7 @@ from fake_session import FakeSession, fake_runtime
 from distbench.run.session import Session
 
 # What the fake keeps for the tests to read, and the real one has no need of.
-TEST_SIDE = {"steps", "failures", "close_sinks"}
+TEST_SIDE = {"phases", "failures", "close_sinks"}
 
 
 def _public(names) -> set[str]:

@@ -107,7 +107,7 @@ def test_a_buffer_larger_than_the_device_is_skipped_not_fatal(gpu, nccl_group):
 
 
 def test_nvml_inventory_is_torchs_device(gpu):
-    from distbench.platform.topo import node_snapshot
+    from distbench.platform.topo_probe import node_snapshot
 
     props = torch.cuda.get_device_properties(gpu)
     snap = node_snapshot()

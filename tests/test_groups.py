@@ -24,7 +24,7 @@ COUNT = 64  # elements per rank
 
 
 def _settings():
-    return Settings(device=CPU, step=lambda what, seconds: None, timeout=60, warmup=1, iters=3,
+    return Settings(device=CPU, phase=lambda what, seconds: None, timeout=60, warmup=1, iters=3,
                     min_time=0.0, check=True, cuda_graph=False, reps=3)
 
 

@@ -10,9 +10,11 @@ import pytest
 from helpers import cli
 
 from distbench.cli.app import app
-from distbench.cli.commands import COMMANDS, compare, report
+from distbench.kinds import commands
+from distbench.kinds.compare import options as compare
+from distbench.kinds.report import options as report
 
-EXAMPLES = {**{name: c.examples for name, c in COMMANDS.items()},
+EXAMPLES = {**{name: c.examples for name, c in commands().items()},
             "report": report.EXAMPLES, "compare": compare.EXAMPLES}
 
 

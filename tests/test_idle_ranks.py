@@ -51,7 +51,7 @@ class _HostBarrier:
 
 def _settings(rank: int, peers, steps: list, **opts) -> measure.Settings:
     return measure.Settings(
-        device=CPU, peers=peers, step=lambda what, seconds: steps.append((rank, what, seconds)),
+        device=CPU, peers=peers, phase=lambda what, seconds: steps.append((rank, what, seconds)),
         **{"timeout": 0.1, "warmup": 1, "iters": 10, "min_time": 0.0, "check": False,
            "cuda_graph": False, "reps": 1, **opts})
 
@@ -188,7 +188,7 @@ def test_nccl_errors_do_not_tear_the_process_down(monkeypatch, given, used):
     monkeypatch.setattr(runtime.Peers, "connect", classmethod(lambda cls, t: FakePeers()))
     monkeypatch.setattr(runtime, "resolve_backend", lambda choice: choice)
     monkeypatch.setattr(runtime, "_device", lambda backend, local_rank: CPU)
-    monkeypatch.setattr(runtime.topo, "node_snapshot", lambda: {})
+    monkeypatch.setattr(runtime.topo_probe, "node_snapshot", lambda: {})
     monkeypatch.setattr(runtime.dist, "init_process_group", init_process_group)
     with pytest.raises(Started):
         runtime.start("nccl", 60, {})

@@ -19,9 +19,11 @@ LEVELS = {
     "results": 2,
     "run": 3,
     "bench": 4, "planner": 4,
-    "steps": 5, "accept": 5, "watch": 5,
-    "cli": 6,
-    "__main__": 7,
+    "parallel": 5,
+    "steps": 6, "accept": 6, "watch": 6,
+    "kinds": 7,
+    "cli": 8,
+    "__main__": 9,
 }
 # What the lowest boxes must never pull in, even through another module of ours: the command
 # line is built and validated, and report and compare run, without them.
@@ -33,8 +35,10 @@ BANNED = {
     "planner": {"torch"},
 }
 # Modules that must stay light in a box that need not be: accept's profiles are read by the
-# command line's validation and by accept --dry-run, which never import torch.
-BANNED_MODULES = {"distbench.accept.profiles": {"torch"}}
+# command line's validation and by accept --dry-run (which plans with accept's itinerary), and
+# none of them imports torch.
+BANNED_MODULES = {f"distbench.accept.{name}": {"torch"} for name in (
+    "profile_model", "profile_toml", "profile_files", "itinerary", "schedule")}
 TOP_LEVEL = {"__init__", "__main__"}
 
 
@@ -176,7 +180,11 @@ def test_light_modules_stay_light(name):
 # turn, and what it may not have brought in checked before the next is imported.
 FRESH = [("distbench.core.sizes", "", ("torch", "numpy")),
          ("distbench.results.alphabeta", "", ("torch",)),
-         ("distbench.accept.profiles", "m.available(); m.resolve('h100-sxm-8')", ("torch",))]
+         ("distbench.accept.profile_files", "m.available(); m.resolve('h100-sxm-8')",
+          ("torch",)),
+         ("distbench.accept.itinerary",
+          "m.lines(m.make(sys.modules['distbench.accept.profile_files'].resolve('h100-sxm-8'), "
+          "m.Cluster.uniform(4, 8), False))", ("torch",))]
 
 
 @pytest.mark.multiproc  # a fresh interpreter: what the modules import, from nothing

@@ -11,10 +11,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+from distbench.parallel.tensor_parallel import layer_plan
 from distbench.planner import memory as mem
 from distbench.planner.layouts import Layout, enumerate_layouts, micro_batch_counts
 from distbench.planner.models import PRESETS, ModelSpec, parse_model
-from distbench.steps.mesh_model import Layer, layer_tp_plan
+from distbench.steps.mesh_model import Layer
 
 SHAPES = [
     ModelSpec(name="mha", layers=1, hidden_size=64, ffn_size=256, heads=4, seq_len=16, batch=1),
@@ -114,14 +115,14 @@ def tp_mesh():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_the_formula_is_what_the_steps_tp_layer_saves_with_and_without_sequence_parallelism(
         tp_mesh, model, sp, recompute, dtype):
-    """The step's own TP plan (mesh_model.layer_tp_plan) at tp 2. With sequence parallelism
-    the layer takes and gives its part of the sequence, and torch's column-wise linears keep
-    what they gathered (the whole sequence), not the part (Megatron keeps the part and
-    gathers it again in backward): only what recomputation keeps of the input is sharded."""
+    """The step's own TP plan (parallel.tensor_parallel.layer_plan) at tp 2. With sequence
+    parallelism the layer takes and gives its part of the sequence, and torch's column-wise
+    linears keep what they gathered (the whole sequence), not the part (Megatron keeps the part
+    and gathers it again in backward): only what recomputation keeps of the input is sharded."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     layer = Layer(model, 1, recompute).to(dtype)
-    parallelize_module(layer, tp_mesh["tp"], layer_tp_plan(model.gated, sp))
+    parallelize_module(layer, tp_mesh["tp"], layer_plan(model.gated, sp))
     samples, seq = 3, model.seq_len // (2 if sp else 1)
     x = torch.randn(samples, seq, model.hidden_size, dtype=dtype, requires_grad=True)
     expected = samples * model.seq_len * mem.layer_activation_bytes(model, 2, dtype.itemsize,

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from fake_session import FakeSession, fake_runtime
 
 from distbench.ops import p2p
-from distbench.steps.pp_model import NaivePipeline
+from distbench.steps.pp_model import build_pipeline
 from distbench.steps.stacks import PipelineShape
 
 
@@ -62,7 +62,7 @@ def test_pingpong_sends_one_batched_op_at_a_time(batches, rank, want):
 def test_the_naive_pipeline_sends_one_batched_op_at_a_time(batches, rank, want):
     shape = PipelineShape(hidden_size=8, seq_len=2, micro_batch_size=1, layers=3,
                           micro_batches=2, dtype="float32")
-    NaivePipeline(shape, rank, 3, torch.device("cpu")).step()
+    build_pipeline("naive", shape, rank, 3, torch.device("cpu")).step()
     assert batches == want
 
 
@@ -71,7 +71,7 @@ def test_the_matrix_probe_uses_every_pair_this_rank_is_in_once(batches, world):
     """NCCL connects a pair the first time it is used, allocating as it does: the probe, run
     before the sizes are decided, must use every link, in one order every rank shares."""
     from distbench.bench import series
-    from distbench.cli.commands.p2p import MATRIX_OUTPUT
+    from distbench.kinds.p2p.output import MATRIX_OUTPUT
 
     s = FakeSession(fake_runtime(1, world), check=True)
     ser = series.matrix(s, "float32", MATRIX_OUTPUT, [])
@@ -92,7 +92,7 @@ def test_the_matrix_probe_uses_every_pair_this_rank_is_in_once(batches, world):
 @pytest.mark.parametrize("pattern", ["ring", "pingpong"])
 def test_every_p2p_pattern_is_probed_on_one_element(batches, pattern):
     from distbench.bench import series
-    from distbench.cli.commands.p2p import OUTPUT
+    from distbench.kinds.p2p.output import OUTPUT
 
     s = FakeSession(fake_runtime(0, 2), check=True)
     ser = series.p2p_pattern(s, pattern, "float32", OUTPUT)

@@ -1,4 +1,4 @@
-"""How a p2p run ends on the link matrix its ranks measured (cli.commands.p2p._judge): what
+"""How a p2p run ends on the link matrix its ranks measured (kinds/p2p/body._judge): what
 run.json's "matrix" records, what rank 0 logs, and whether the run fails, at 2, 3 and 4 ranks.
 The ranks are placed as `--workers` places them (one host, one node: host:local_rank, every
 link intra-node) and as torchrun agents on one host place them (a node each: host#node:0, every
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 from fake_session import FakeSession, Record, fake_runtime
 
-from distbench.cli.commands.p2p import _judge
+from distbench.kinds.p2p.body import _judge
 from distbench.results.links import Link
 from distbench.run.peers import rank_names
 from distbench.run.runtime import RunFailure

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import socket
 
 import pytest
-from helpers import distbench, torchrun_nodes
+from helpers import distbench, distbench_lines, torchrun_nodes
 
 from distbench.run.peers import rank_names
 
@@ -175,20 +176,23 @@ def test_topo_under_torchrun_gathers_every_node(tmp_path):
     assert f"node {socket.gethostname()}" in node0.stdout
 
 
-def test_workers_under_a_launcher_is_ignored_with_one_warning(tmp_path):
-    """The launcher decided the world (2 ranks): --workers 1 would refuse p2p, so it is ignored
-    and said so once, not once per rank."""
+def test_workers_under_a_launcher_is_refused_in_one_line(tmp_path):
+    """The launcher decided the world (2 ranks): --workers is refused, not ignored, with exit
+    code 2 and one line (said once, not once per rank), before the run directory is made.
+    The agent is torchrun's: it exits 1 for any failed worker and reports each one's exit
+    code (and its own traceback), which is torchrun's and not distbench's."""
     (node,) = torchrun_nodes(tmp_path, nnodes=1, nproc=2, per_node_args=[
         ["p2p", "--pattern", "ring", "--sizes", "4K", "--iters", "2", "--warmup", "1",
-         "--workers", "1"]])
-    assert node.returncode == 0, node.stderr
-    warnings = [line for line in node.stderr.splitlines() if "warning" in line]
-    assert warnings == ["distbench: warning: --workers is ignored under a launcher (it started "
-                        "2 ranks)"]
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    rows = list(csv.DictReader(open(run_dir / "p2p.csv")))
-    assert [(r["pattern"], r["world_size"], r["status"]) for r in rows] == [("ring", "2", "ok")]
-    assert json.loads((run_dir / "run.json").read_text())["options"]["workers"] is None
+         "--workers", "2"]])
+    assert node.returncode != 0, node.stderr
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", node.stderr)  # torchrun's report
+    assert codes and set(codes) == {"2"}, node.stderr
+    assert distbench_lines(node.stderr) == [
+        "distbench: error: --workers: not with a launcher (torchrun, srun): it started 2 ranks "
+        "already (example: torchrun --nproc-per-node 2 -m distbench p2p)"], node.stderr
+    assert not [x for x in node.stderr.splitlines()
+                if x.strip().startswith("File") and "/distbench/" in x], node.stderr
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # refused before anything
 
 
 def test_the_odd_rank_of_a_pingpong_waits_out_a_loop_longer_than_the_timeout(tmp_path):

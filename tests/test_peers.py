@@ -146,11 +146,11 @@ def test_roll_call_names_the_dead_and_only_them(store, world, dead):
     ranks = _world(store, posts)
     alive = [p for p in ranks if p.rank not in dead]
     for p in alive[1:]:
-        p.step = "all_reduce 64 KiB float32 (warmup)"
+        p.phase = "all_reduce 64 KiB float32 (warmup)"
         p.listen()
         assert p.listening.wait(15)
     caller = alive[0]
-    caller.step = "all_reduce 64 KiB float32 (warmup)"
+    caller.phase = "all_reduce 64 KiB float32 (warmup)"
     start = time.monotonic()
     answered, lost = caller.roll_call(grace_s=1.0)
     assert time.monotonic() - start < 3

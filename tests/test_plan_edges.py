@@ -79,7 +79,7 @@ def test_from_with_workers_or_validate_is_refused_before_anything_starts(tmp_pat
 
 def test_from_under_a_launcher_is_refused(tmp_path, monkeypatch):
     """Under torchrun every rank would measure and ignore --from."""
-    from distbench.cli.commands.plan import PlanOptions
+    from distbench.kinds.plan.options import PlanOptions
     from distbench.platform import env
 
     monkeypatch.setattr(env, "under_launcher", lambda: True)
@@ -240,7 +240,7 @@ def test_where_the_node_size_came_from_is_said(tmp_path):
     (12, 8, False), (9, 8, False), (20, 8, False)])
 def test_one_partial_node_is_fine_more_than_one_must_be_whole_nodes(gpus, per_node, whole):
     """--gpus 1 and 2 at 8 per node were accepted and 3 refused as not whole nodes."""
-    from distbench.cli.commands.plan import PlanOptions
+    from distbench.kinds.plan.options import PlanOptions
 
     opts = PlanOptions(gpus=gpus, gpus_per_node=per_node)
     if whole:

@@ -102,7 +102,7 @@ def test_a_fabric_at_its_bounds_is_taken():
         10_000.0, 0.01, 1024, 1024, 0.0, 1000.0, 0.0)
     assert fabrics.parse("--fabric", "dgx-a100,node_gbps=0.01,nic_gbps=1000").nic_gbps == 1000
     # the GPUs per node a fabric may declare are those --gpus-per-node may
-    from distbench.cli.commands import plan
+    from distbench.kinds.plan import options as plan
 
     assert plan.MAX_GPUS_PER_NODE == fabrics.MAX_GPUS_PER_NODE == 1024
 

@@ -20,7 +20,7 @@ def drawn(monkeypatch):
         figures.append(fig)
         return path
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save", keep)
     yield figures
     for fig in figures:
         plots.plt.close(fig)

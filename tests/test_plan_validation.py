@@ -43,8 +43,9 @@ def _rows(world: int = 4) -> list[dict]:
 
 
 def _calibrated(rows: list[dict]) -> set[str]:
-    """The labels plan_run measures its figures on: the pure DP layouts at each ZeRO stage and
-    the two pure pipelines (m = pp, and the fewest from 2 pp up that split the batch of 32)."""
+    """The labels plan's workers (kinds/plan/workers.py) measure its figures on: the pure DP
+    layouts at each ZeRO stage and the two pure pipelines (m = pp, and the fewest from 2 pp up
+    that split the batch of 32)."""
     world = rows[0]["world_size"]
     return {Layout(tp=1, pp=1, dp=world, zero=z).label() for z in range(4)} | {
         Layout(tp=1, pp=world, dp=1, micro_batches=m).label() for m in (world, 2 * world)}

@@ -10,7 +10,9 @@ import pytest
 import torch
 from helpers import refused, resolved
 
-from distbench.cli.commands.pp import OUTPUT, PPOptions
+from distbench.kinds.pp.options import PPOptions
+from distbench.kinds.pp.output import OUTPUT
+from distbench.parallel import pipeline
 from distbench.steps import pp_model, reference
 from distbench.steps.stacks import PipelineShape, make_layer
 
@@ -20,8 +22,8 @@ from distbench.steps.stacks import PipelineShape, make_layer
     (7, 6, [2, 1, 1, 1, 1, 1]), (9, 4, [3, 2, 2, 2]),
 ])
 def test_split_is_contiguous_and_as_even_as_possible(layers, stages, want):
-    assert pp_model.split_layers(layers, stages) == want
-    ranges = pp_model.stage_ranges(layers, stages)
+    assert pipeline.split_layers(layers, stages) == want
+    ranges = pipeline.stage_ranges(layers, stages)
     assert [len(r) for r in ranges] == want
     assert [i for r in ranges for i in r] == list(range(layers))  # contiguous, in order
     assert pp_model.layers_per_stage_text(layers, stages) == "/".join(map(str, want))
@@ -29,16 +31,16 @@ def test_split_is_contiguous_and_as_even_as_possible(layers, stages, want):
 
 def test_split_refuses_fewer_layers_than_stages():
     with pytest.raises(ValueError, match="cannot fill"):
-        pp_model.split_layers(3, 4)
+        pipeline.split_layers(3, 4)
 
 
 def test_interleaved_stages_live_on_rank_s_mod_world():
-    assert pp_model.num_stages("interleaved-1f1b", 3, 2) == 6
-    assert pp_model.stages_of_rank("interleaved-1f1b", 0, 3, 2) == [0, 3]
-    assert pp_model.stages_of_rank("interleaved-1f1b", 2, 3, 2) == [2, 5]
+    assert pipeline.num_stages("interleaved-1f1b", 3, 2) == 6
+    assert pipeline.stages_of_rank("interleaved-1f1b", 0, 3, 2) == [0, 3]
+    assert pipeline.stages_of_rank("interleaved-1f1b", 2, 3, 2) == [2, 5]
     for schedule in ("naive", "gpipe", "1f1b"):
-        assert pp_model.num_stages(schedule, 3, 2) == 3
-        assert pp_model.stages_of_rank(schedule, 1, 3, 2) == [1]
+        assert pipeline.num_stages(schedule, 3, 2) == 3
+        assert pipeline.stages_of_rank(schedule, 1, 3, 2) == [1]
 
 
 @pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (3, 6, 2), (4, 8, 3), (8, 32, 4), (1, 4, 2)])
@@ -218,7 +220,7 @@ def test_a_schedule_that_cannot_run_is_a_skipped_row(tmp_path, monkeypatch):
                     "--micro-batches", "5", "--hidden-size", "64", "--seq-len", "8",
                     "--layers", "4", "--iters", "2", "--warmup", "1", "--no-check")
     # the fake group has no point-to-point: gpipe's stages are built, its step does nothing
-    monkeypatch.setattr(pp_model.TorchPipeline, "step", lambda self: None)
+    monkeypatch.setattr(pipeline.TorchPipeline, "step", lambda self: None)
     r0, r1 = run_ranks(monkeypatch, 2, lambda rank: _rows_on(rank, opts))
     for inter, gpipe in (r0, r1):  # every rank skips it, for the same reason
         assert inter["schedule"] == "interleaved-1f1b" and inter["status"] == "skipped"

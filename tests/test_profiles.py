@@ -1,4 +1,4 @@
-"""Acceptance profiles (distbench/accept/profiles.py, configs/profiles/*.toml): the built-ins load
+"""Acceptance profiles (distbench/accept/profile_*.py, configs/profiles/*.toml): the built-ins load
 and cite their figures, auto picks the right one from the nodes' snapshots, and every kind of
 bad profile is one ProfileError naming the file and the key."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from distbench.accept import profiles
-from distbench.accept.profiles import METRICS, Check, NodeFloors, ProfileError
+from distbench.accept import profile_choice, profile_files, profile_model, profile_toml
+from distbench.accept.profile_model import METRICS, NodeFloors, ProfileCheck, ProfileError
 from distbench.core.options import DTYPES, OptionError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,10 +30,10 @@ def node(host: str, gpu: str | None = None, count: int = 8, **extra) -> dict:
 # The built-in profiles
 
 def test_every_builtin_profile_loads_under_its_file_name():
-    assert set(REQUIRED) <= set(profiles.available())
-    assert profiles.profile_dirs()[0] == BUILTIN_DIR  # a checkout reads its own configs
-    for name in profiles.available():
-        profile = profiles.resolve(name)
+    assert set(REQUIRED) <= set(profile_files.available())
+    assert profile_files.profile_dirs()[0] == BUILTIN_DIR  # a checkout reads its own configs
+    for name in profile_files.available():
+        profile = profile_files.resolve(name)
         assert profile.name == name == profile.path.stem
         assert profile.checks and profile.iters >= 1 and profile.baseline_tolerance == 0.05
         for check in profile.checks:
@@ -42,7 +42,7 @@ def test_every_builtin_profile_loads_under_its_file_name():
 
 @pytest.mark.parametrize("name", ["a100-sxm4-8", "h100-sxm-8", "h200-sxm-8"])
 def test_gpu_profiles_check_nodes_pairs_and_the_cluster(name):
-    checks = profiles.resolve(name).checks
+    checks = profile_files.resolve(name).checks
     scopes = {c.scope for c in checks}
     assert scopes == {"node", "pair", "cluster"}
     node_ops = {(c.op, c.metric) for c in checks if c.scope == "node"}
@@ -58,7 +58,7 @@ def test_gpu_profiles_check_nodes_pairs_and_the_cluster(name):
 def test_h100_all_reduce_floors_per_algorithm():
     """~480 GB/s with NVLS, ~370 on the ring without (nccl-tests issue 212): the floors of
     each sit below what a healthy node reaches, so 20 iterations do not warn at every run."""
-    ar = next(c for c in profiles.resolve("h100-sxm-8").checks
+    ar = next(c for c in profile_files.resolve("h100-sxm-8").checks
               if c.name == "node all_reduce busbw")
     assert (ar.size, ar.fail, ar.warn, ar.fail_no_nvls, ar.warn_no_nvls) == (
         16 * 2**30, 440, 455, 340, 352)
@@ -66,14 +66,14 @@ def test_h100_all_reduce_floors_per_algorithm():
     ring = ar.floors(nvls=False)
     assert ring.grade(368) == "ok" and ring.grade(345) == "warn" and ring.grade(339) == "fail"
     assert ar.floors(nvls=None) == ring and ar.floors(nvls=True) is ar
-    ar = next(c for c in profiles.resolve("a100-sxm4-8").checks
+    ar = next(c for c in profile_files.resolve("a100-sxm4-8").checks
               if c.name == "node all_reduce busbw")
     assert ar.fail == 228 and ar.fail_no_nvls is None  # A100's NVSwitch has no NVLS
     assert ar.floors(nvls=False) is ar
 
 
 def test_h200_has_the_same_nvls_assumption_and_floors():
-    ar = next(c for c in profiles.resolve("h200-sxm-8").checks
+    ar = next(c for c in profile_files.resolve("h200-sxm-8").checks
               if c.name == "node all_reduce busbw")
     assert (ar.fail, ar.warn, ar.fail_no_nvls, ar.warn_no_nvls) == (437, 451, 340, 352)
 
@@ -85,7 +85,7 @@ def test_all_gather_and_reduce_scatter_floors_leave_a_healthy_node_quiet(name, o
     350 all_gather (nccl issue 1281), where the floors were 355 and 362: a healthy node warned,
     and a run 2% slow failed. A fault still shows: one of 18 NVLinks down warns, a node at 80 to
     90% fails."""
-    check = next(c for c in profiles.resolve(name).checks if c.name == f"node {op} busbw")
+    check = next(c for c in profile_files.resolve(name).checks if c.name == f"node {op} busbw")
     expected = 360.0
     healthy = [expected, 370.0, 350.0, expected * 0.97]  # and a run 3% slow
     assert [check.grade(v) for v in healthy] == ["ok"] * 4
@@ -99,7 +99,7 @@ def test_all_gather_and_reduce_scatter_floors_leave_a_healthy_node_quiet(name, o
 def test_the_gpu_profiles_cluster_floors_go_by_node_count(name, counts):
     """One node is judged by its NVLink figure, two by the ring's (the tree goes past it), more
     by what was published for that many: never the 4-node figure at every count (issue 30)."""
-    profile = profiles.resolve(name)
+    profile = profile_files.resolve(name)
     (cluster,) = [c for c in profile.checks if c.scope == "cluster"]
     assert (cluster.fail, cluster.warn) == (None, None)
     assert tuple(r.nodes for r in cluster.by_nodes) == counts
@@ -113,13 +113,13 @@ def test_the_gpu_profiles_cluster_floors_go_by_node_count(name, counts):
 
 
 def test_generic_gpu_is_relative_only():
-    profile = profiles.resolve("generic-gpu")
+    profile = profile_files.resolve("generic-gpu")
     assert profile.match_gpu is None and profile.gpus_per_node is None
     assert {c.vs for c in profile.checks} == {"peers"}
 
 
 def test_cpu_gloo_stays_small_and_far_below_a_ci_vm():
-    profile = profiles.resolve("cpu-gloo")
+    profile = profile_files.resolve("cpu-gloo")
     assert profile.gpus_per_node == 0
     assert all(4 * 2**10 <= c.size <= 2**20 for c in profile.checks)
     assert {c.scope for c in profile.checks} == {"node", "pair", "cluster"}
@@ -153,7 +153,7 @@ def _comment_above(lines: list[str], i: int) -> list[str]:
 def test_every_absolute_number_has_its_source_in_a_comment_above(name):
     path = BUILTIN_DIR / f"{name}.toml"
     blocks = _check_blocks(path.read_text())
-    loaded = profiles.load(path).checks
+    loaded = profile_files.load(path).checks
     assert len(blocks) == len(loaded)  # the text was split as TOML reads it
     for block, check in zip(blocks, loaded, strict=True):
         if check.vs != "absolute":
@@ -172,19 +172,19 @@ def test_every_absolute_number_has_its_source_in_a_comment_above(name):
 
 
 def test_metrics_name_real_columns_and_patterns():
-    from distbench.cli.commands.collective import OUTPUT as COLLECTIVE
-    from distbench.cli.commands.p2p import OUTPUT as P2P
-    from distbench.cli.commands.p2p import PATTERNS
+    from distbench.kinds.collective.output import OUTPUT as COLLECTIVE
+    from distbench.kinds.p2p.options import PATTERNS
+    from distbench.kinds.p2p.output import OUTPUT as P2P
 
-    assert set(profiles.P2P_PATTERNS) <= set(PATTERNS)
+    assert set(profile_model.P2P_PATTERNS) <= set(PATTERNS)
     for metric, spec in METRICS.items():
         assert set(spec) >= {"unit", "higher_is_better", "commands"}
         # a column of both CSVs, or busbw at the median iteration (derived from p50_us)
         column = "p50_us" if metric == "p50_busbw_gbps" else metric
         assert column in COLLECTIVE.csv and column in P2P.csv
         for command, ops in spec["commands"].items():
-            assert command in profiles.COMMANDS
-            assert ops is None or set(ops) <= set(profiles.P2P_PATTERNS)
+            assert command in profile_model.COMMANDS
+            assert ops is None or set(ops) <= set(profile_model.P2P_PATTERNS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,36 +198,36 @@ def test_metrics_name_real_columns_and_patterns():
     ("NVIDIA H200", "h200-sxm-8"),
 ])
 def test_auto_picks_the_profile_of_every_nodes_gpus(gpu, expected):
-    profile, why = profiles.pick_for_nodes([node("a", gpu), node("b", gpu)])
+    profile, why = profile_choice.pick_for_nodes([node("a", gpu), node("b", gpu)])
     assert profile.name == expected
     assert why == f"every node has 8 x {gpu}: {expected}"
 
 
 def test_auto_on_one_node_says_the_node():
-    profile, why = profiles.pick_for_nodes([node("a", H100)])
+    profile, why = profile_choice.pick_for_nodes([node("a", H100)])
     assert (profile.name, why) == ("h100-sxm-8", f"the node has 8 x {H100}: h100-sxm-8")
 
 
 def test_auto_on_cpu_nodes_picks_cpu_gloo():
     error = "nvmlInit failed: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
-    profile, why = profiles.pick_for_nodes([node("a", nvml_error=error),
+    profile, why = profile_choice.pick_for_nodes([node("a", nvml_error=error),
                                             node("b", nvml_error=error)])
     assert profile.name == "cpu-gloo"
     assert why == f"no node has a GPU (NVML: {error}): cpu-gloo"
-    profile, why = profiles.pick_for_nodes([node("a")])
+    profile, why = profile_choice.pick_for_nodes([node("a")])
     assert (profile.name, why) == ("cpu-gloo", "the node has no GPU: cpu-gloo")
 
 
 @pytest.mark.parametrize("gpu", ["NVIDIA L4", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
                                  "NVIDIA H200 NVL", "NVIDIA GH200 480GB", "NVIDIA A100-PCIE-40GB"])
 def test_auto_on_gpus_no_profile_matches_picks_generic(gpu):
-    profile, why = profiles.pick_for_nodes([node("a", gpu), node("b", gpu)])
+    profile, why = profile_choice.pick_for_nodes([node("a", gpu), node("b", gpu)])
     assert profile.name == "generic-gpu"
     assert why.startswith(f"every node has 8 x {gpu}, which no profile matches: generic-gpu")
 
 
 def test_auto_with_the_wrong_gpu_count_says_what_the_profile_wants():
-    profile, why = profiles.pick_for_nodes([node("a", H100, 4), node("b", H100, 4)])
+    profile, why = profile_choice.pick_for_nodes([node("a", H100, 4), node("b", H100, 4)])
     assert profile.name == "generic-gpu"
     assert why.startswith(f"every node has 4 x {H100} (h100-sxm-8 is for 8 per node): "
                           "generic-gpu")
@@ -235,13 +235,13 @@ def test_auto_with_the_wrong_gpu_count_says_what_the_profile_wants():
 
 def test_auto_on_nodes_that_differ_names_them_and_picks_generic():
     snaps = [node("a", H100), node("b", H100), node("c", "NVIDIA A100-SXM4-80GB"), node("d")]
-    profile, why = profiles.pick_for_nodes(snaps)
+    profile, why = profile_choice.pick_for_nodes(snaps)
     assert profile.name == "generic-gpu"
     assert why.startswith(f"nodes differ (8 x {H100} on a, b; 8 x NVIDIA A100-SXM4-80GB on c; "
                           "no GPU on d): generic-gpu")
     # one GPU missing on one node is not another kind of node: the profile of the others,
     # which names the short node (the verdicts fail it: tests/test_accept_profile.py)
-    profile, why = profiles.pick_for_nodes([node("a", H100), node("b", H100, 7)])
+    profile, why = profile_choice.pick_for_nodes([node("a", H100), node("b", H100, 7)])
     assert (profile.name, why) == ("h100-sxm-8", f"the nodes have 8 x {H100}, but b has 7: "
                                    "h100-sxm-8")
 
@@ -249,44 +249,44 @@ def test_auto_on_nodes_that_differ_names_them_and_picks_generic():
 def test_auto_with_a_gpu_nvml_cannot_name_or_two_models_in_a_node():
     snap = node("a", H100)
     snap["gpus"][3] = {"index": 3, "error": "NVMLError_Unknown: Unknown Error"}
-    profile, why = profiles.pick_for_nodes([snap])
+    profile, why = profile_choice.pick_for_nodes([snap])
     assert profile.name == "generic-gpu"
     assert why.startswith(f"the node has 7 x {H100}, 1 x unknown GPU: more than one GPU model")
 
 
 def test_auto_needs_a_snapshot():
     with pytest.raises(ProfileError, match="no node's topology snapshot"):
-        profiles.pick_for_nodes([])
+        profile_choice.pick_for_nodes([])
 
 
 # ---------------------------------------------------------------------------------------------
 # --profile NAME|PATH
 
 def test_resolve_auto_a_name_and_a_path(tmp_path, monkeypatch):
-    assert profiles.resolve("auto") is None and profiles.resolve(" AUTO ") is None
-    assert profiles.resolve("cpu-gloo").name == "cpu-gloo"
+    assert profile_files.resolve("auto") is None and profile_files.resolve(" AUTO ") is None
+    assert profile_files.resolve("cpu-gloo").name == "cpu-gloo"
     own = tmp_path / "mine.toml"
     own.write_text(VALID)
-    assert profiles.resolve(str(own)).name == "mine"
+    assert profile_files.resolve(str(own)).name == "mine"
     monkeypatch.chdir(tmp_path)
-    assert profiles.resolve("mine.toml").path == Path("mine.toml")
+    assert profile_files.resolve("mine.toml").path == Path("mine.toml")
 
 
 def test_resolve_an_unknown_name_lists_the_available_profiles():
     with pytest.raises(ProfileError) as e:
-        profiles.resolve("h100")
+        profile_files.resolve("h100")
     text = str(e.value)
     assert text.startswith("--profile: unknown profile 'h100' (available: a100-sxm4-8, cpu-gloo,")
-    assert all(name in text for name in profiles.available())
+    assert all(name in text for name in profile_files.available())
     assert text.endswith("(example: --profile h100-sxm-8)") and "\n" not in text
     assert isinstance(e.value, OptionError)  # exit code 2, as every bad option
 
 
 def test_resolve_a_missing_file_says_so(tmp_path):
     with pytest.raises(ProfileError, match="no such file 'nowhere/x.toml'"):
-        profiles.resolve("nowhere/x.toml")
+        profile_files.resolve("nowhere/x.toml")
     with pytest.raises(ProfileError, match="empty value"):
-        profiles.resolve(" ")
+        profile_files.resolve(" ")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,15 +336,15 @@ warn = 0.9
 def test_the_valid_profile_loads_as_written(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text(VALID)
-    p = profiles.load(path)
+    p = profile_files.load(path)
     assert (p.name, p.description, p.path, p.match_gpu, p.match_exclude, p.gpus_per_node) == (
         "mine", "a test profile", path, "H100", ("PCIe",), 8)
     assert (p.iters, p.warmup, p.baseline_tolerance) == (20, 5, 0.05)
     assert p.checks == (
-        Check("node ar", "node", "collective", "all_reduce", "bfloat16", 16 * 2**30,
-              "busbw_gbps", "absolute", 460.0, 470.0),
-        Check("pair ring", "pair", "p2p", "ring", "float32", 2**20, "busbw_gbps", "peers",
-              0.8, 0.9))
+        ProfileCheck("node ar", "node", "collective", "all_reduce", "bfloat16", 16 * 2**30,
+                     "busbw_gbps", "absolute", 460.0, 470.0),
+        ProfileCheck("pair ring", "pair", "p2p", "ring", "float32", 2**20, "busbw_gbps",
+                     "peers", 0.8, 0.9))
 
 
 def _edit(text: str, old: str, new: str) -> str:
@@ -491,7 +491,7 @@ def _refused(path: Path, shown: str, key: str, says: str) -> None:
     """Loading `path` is refused in one line naming the file as `shown`, the key and why, with
     an example."""
     with pytest.raises(ProfileError) as e:
-        profiles.load(path)
+        profile_files.load(path)
     message = str(e.value)
     assert "\n" not in message
     assert message.startswith(f"--profile: {shown}: {key}: "), message
@@ -516,7 +516,7 @@ def test_the_issues_example_message(tmp_path, monkeypatch):
     path.parent.mkdir(parents=True)
     path.write_text(VALID.replace('metric = "busbw_gbps"', 'metric = "bw"', 1))
     with pytest.raises(ProfileError) as e:
-        profiles.resolve(str(path))
+        profile_files.resolve(str(path))
     assert str(e.value) == (
         "--profile: configs/profiles/x.toml: check 'node ar' key 'metric': unknown metric 'bw' "
         "(valid: busbw_gbps, algbw_gbps, time_us, p99_us, p50_us, p50_busbw_gbps) (example: "
@@ -527,30 +527,30 @@ def test_a_file_that_is_not_toml_is_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("x.toml").write_text("name = \n")
     with pytest.raises(ProfileError, match=r"^--profile: x\.toml: not valid TOML: "):
-        profiles.load(Path("x.toml"))
+        profile_files.load(Path("x.toml"))
     Path("y.toml").write_bytes(b"name = \"\xff\"\n")
     with pytest.raises(ProfileError, match=r"^--profile: y\.toml: not UTF-8 text"):
-        profiles.load(Path("y.toml"))
+        profile_files.load(Path("y.toml"))
     with pytest.raises(ProfileError, match="is a directory"):
-        profiles.load(tmp_path)
+        profile_files.load(tmp_path)
 
 
 def test_a_check_named_nowhere_is_named_by_its_place(tmp_path):
     path = tmp_path / "x.toml"
     path.write_text(_edit(VALID, PAIR, ""))
     with pytest.raises(ProfileError, match=r": check 2 key 'name': missing \("):
-        profiles.load(path)
+        profile_files.load(path)
 
 
 def test_floors_without_nvls_load_and_stay_optional(tmp_path):
     path = tmp_path / "x.toml"
     path.write_text(VALID.replace("warn = 470", "warn = 470\n# a source\nfail_no_nvls = 330\n"
                                   "# a source\nwarn_no_nvls = 340"))
-    ar = profiles.load(path).checks[0]
+    ar = profile_files.load(path).checks[0]
     assert (ar.fail, ar.warn, ar.fail_no_nvls, ar.warn_no_nvls) == (460, 470, 330, 340)
     assert (ar.floors(False).fail, ar.floors(False).warn) == (330, 340)
     path.write_text(VALID.replace("warn = 470", "warn = 470\nfail_no_nvls = 330"))
-    only_fail = profiles.load(path).checks[0].floors(False)
+    only_fail = profile_files.load(path).checks[0].floors(False)
     assert (only_fail.fail, only_fail.warn) == (330, None)
 
 
@@ -589,7 +589,7 @@ ROWS = CLUSTER[CLUSTER.index("\n[[check.floors_by_nodes]]"):]
 def test_floors_by_nodes_pick_the_row_of_the_count_the_next_one_up_or_the_last(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text(VALID + CLUSTER)
-    check = profiles.load(path).checks[-1]
+    check = profile_files.load(path).checks[-1]
     assert (check.fail, check.warn) == (None, None)
     assert check.by_nodes == (NodeFloors(1, 440, 455, 340, None), NodeFloors(4, 336, 347))
 
@@ -604,7 +604,7 @@ def test_floors_by_nodes_pick_the_row_of_the_count_the_next_one_up_or_the_last(t
                        " for 4 nodes; none is given for 2 nodes: the nearest count above")
     assert used(16) == (336, 347, None,
                         " for 4 nodes; extrapolated to 16 nodes: none is given beyond 4")
-    plain = profiles.load(path).checks[0]
+    plain = profile_files.load(path).checks[0]
     assert plain.for_nodes(3) == (plain, "", "")  # floors at any size
 
 
@@ -685,36 +685,37 @@ def test_a_malformed_floors_by_nodes_table_is_one_line_naming_the_row_and_key(
 
 def test_parse_reads_text_sent_from_another_node():
     """accept_profile sends rank 0's profile text: parsed without the file, named by its path."""
-    profile = profiles.parse(VALID, Path("/elsewhere/mine.toml"))
+    profile = profile_toml.parse(VALID, Path("/elsewhere/mine.toml"))
     assert profile.name == "mine" and profile.path == Path("/elsewhere/mine.toml")
     with pytest.raises(ProfileError, match=r"/elsewhere/mine\.toml: key 'name': missing"):
-        profiles.parse(VALID.replace('name = "mine"\n', "", 1), Path("/elsewhere/mine.toml"))
+        profile_toml.parse(VALID.replace('name = "mine"\n', "", 1), Path("/elsewhere/mine.toml"))
 
 
 def test_dtype_aliases_resolve_as_on_the_command_line(tmp_path):
     path = tmp_path / "x.toml"
     for alias, dtype in (("bf16", "bfloat16"), ("FP16", "float16"), ("double", "float64")):
         path.write_text(VALID.replace('dtype = "bf16"', f'dtype = "{alias}"'))
-        assert profiles.load(path).checks[0].dtype == dtype
+        assert profile_files.load(path).checks[0].dtype == dtype
 
 
 # ---------------------------------------------------------------------------------------------
 # Judging helpers
 
 def test_grade_absolute_and_peers_in_both_directions():
-    bw = Check("bw", "node", "collective", "all_reduce", "float32", 8, "busbw_gbps",
-               "absolute", 460, 470)
+    bw = ProfileCheck("bw", "node", "collective", "all_reduce", "float32", 8, "busbw_gbps",
+                      "absolute", 460, 470)
     assert [bw.grade(v) for v in (480, 470, 465, 459)] == ["ok", "ok", "warn", "fail"]
-    lat = Check("lat", "cluster", "collective", "all_reduce", "float32", 4096, "time_us",
-                "absolute", 90_000, 30_000)
+    lat = ProfileCheck("lat", "cluster", "collective", "all_reduce", "float32", 4096,
+                       "time_us", "absolute", 90_000, 30_000)
     assert [lat.grade(v) for v in (3_000, 30_000, 50_000, 95_000)] == ["ok", "ok", "warn",
                                                                       "fail"]
-    peers = Check("p", "pair", "p2p", "pingpong", "float32", 8, "time_us", "peers", 0.5, 0.75)
+    peers = ProfileCheck("p", "pair", "p2p", "pingpong", "float32", 8, "time_us", "peers", 0.5,
+                         0.75)
     # latency: 0.5 of the peers' performance is twice their time
     assert peers.fraction(20.0, 10.0) == 0.5
     assert [peers.grade(v, 10.0) for v in (10.0, 13.0, 15.0, 21.0)] == ["ok", "ok", "warn",
                                                                        "fail"]
-    ring = Check("r", "pair", "p2p", "ring", "float32", 8, "busbw_gbps", "peers", 0.8, None)
+    ring = ProfileCheck("r", "pair", "p2p", "ring", "float32", 8, "busbw_gbps", "peers", 0.8, None)
     assert ring.grade(39.0, 50.0) == "fail" and ring.grade(41.0, 50.0) == "ok"
     with pytest.raises(ValueError, match="give their value"):
         ring.grade(40.0)
@@ -728,12 +729,12 @@ def test_an_installed_copy_is_found_without_a_checkout(tmp_path, monkeypatch):
     share = tmp_path / "share" / "distbench" / "profiles"
     share.mkdir(parents=True)
     (share / "mine.toml").write_text(VALID)
-    monkeypatch.setattr(profiles, "_checkout_dir", lambda: None)
+    monkeypatch.setattr(profile_files, "_checkout_dir", lambda: None)
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
-    monkeypatch.setattr(profiles.site, "getuserbase", lambda: str(tmp_path / "nouser"))
-    assert profiles.profile_dirs() == [share]
-    assert profiles.available() == ["mine"]
-    assert profiles.resolve("mine").path == share / "mine.toml"
+    monkeypatch.setattr(profile_files.site, "getuserbase", lambda: str(tmp_path / "nouser"))
+    assert profile_files.profile_dirs() == [share]
+    assert profile_files.available() == ["mine"]
+    assert profile_files.resolve("mine").path == share / "mine.toml"
 
 
 def test_the_checkout_wins_over_an_installed_copy(tmp_path, monkeypatch):
@@ -741,8 +742,8 @@ def test_the_checkout_wins_over_an_installed_copy(tmp_path, monkeypatch):
     share.mkdir(parents=True)
     (share / "h100-sxm-8.toml").write_text(VALID)
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
-    assert profiles.profile_dirs() == [BUILTIN_DIR, share]
-    assert profiles.resolve("h100-sxm-8").path == BUILTIN_DIR / "h100-sxm-8.toml"
+    assert profile_files.profile_dirs() == [BUILTIN_DIR, share]
+    assert profile_files.resolve("h100-sxm-8").path == BUILTIN_DIR / "h100-sxm-8.toml"
 
 
 def test_pyproject_ships_every_profile_where_they_are_looked_up():
@@ -752,10 +753,10 @@ def test_pyproject_ships_every_profile_where_they_are_looked_up():
 
 
 def test_the_profiles_in_the_docs_load(tmp_path):
-    text = (ROOT / "docs" / "accept.md").read_text()
+    text = (ROOT / "docs" / "accept-profiles.md").read_text()
     blocks = re.findall(r"```toml\n(.*?)```", text, re.S)
     assert len(blocks) == 2  # the layout, and the full example
     for i, block in enumerate(blocks):
         path = tmp_path / f"doc{i}.toml"
         path.write_text(block)
-        assert profiles.load(path).name == "h100-roce"
+        assert profile_files.load(path).name == "h100-roce"

@@ -1,6 +1,6 @@
 """The progress bar on a terminal: step's layouts (and tp's blocks and dp's modes, written by
 the same steps.common.write_rows) each a step of it, named as it runs, with the time left at the
-pace so far. plan's stages are drawn the same way (steps/plan_run.py)."""
+pace so far. plan's stages are drawn the same way (kinds/plan/workers.py)."""
 
 from __future__ import annotations
 

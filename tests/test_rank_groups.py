@@ -19,6 +19,7 @@ from helpers import assert_one_line_error, refused, resolved
 from distbench.core import rank_groups
 from distbench.core.contracts import COLLECTIVE
 from distbench.core.options import OptionError
+from distbench.kinds import KINDS
 from distbench.planner import points, sources
 from distbench.planner.inputs import CommFit, Inputs, Span
 from distbench.planner.layouts import Layout
@@ -286,7 +287,8 @@ def test_report_says_how_a_grouped_run_split_its_world(tmp_path):
     whole = _write_collective(tmp_path / "whole", _rows(
         "all_reduce", 40.0, 20.0, world_size=16, nnodes=2, group_size=16, group_stride=1,
         groups=1, per_node=8))
-    text = "\n".join(report.markdown([reader.load(grouped), reader.load(whole)], [[], []], []))
+    runs = [reader.load(grouped), reader.load(whole)]
+    text = "\n".join(report.markdown(runs, KINDS.values(), []))
     assert "16 ranks on 2 node(s), in 8 groups of 2 at stride 8 (1 a node) all at once" in text
     assert text.count("groups of") == 1
 

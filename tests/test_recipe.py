@@ -14,10 +14,12 @@ import torch
 from fake_session import FakeSession, fake_runtime
 
 from distbench.bench import timing
+from distbench.kinds.plan import workers
+from distbench.parallel import data_parallel
 from distbench.planner.layouts import Layout
 from distbench.planner.models import PRESETS, ModelSpec
 from distbench.run import runtime
-from distbench.steps import mesh_model, plan_run, recipe, step3d
+from distbench.steps import mesh_model, recipe, step3d
 from distbench.steps.dp_model import MasterAdamW
 
 GPU = torch.device("cuda", 0)
@@ -63,7 +65,7 @@ def test_step_skips_a_layout_that_does_not_fit_before_building_it(monkeypatch):
     """Stage 0 of a pipeline out of memory mid-step leaves its peers waiting in a receive: a
     layout that cannot fit is a skipped row, and no mesh, model or batch is made for it."""
     monkeypatch.setattr(recipe, "fits_here", lambda s, need, what: f"{what} needs about 90 GiB")
-    monkeypatch.setattr(mesh_model, "device_mesh", lambda *a: pytest.fail("mesh built"))
+    monkeypatch.setattr(step3d, "layout_mesh", lambda *a: pytest.fail("mesh built"))
     s = _session(GPU)
     row, info = step3d.measure_layout(s, PRESETS["7b"], Layout(tp=1, pp=2, dp=1,
                                                                 micro_batches=4),
@@ -203,7 +205,7 @@ def test_the_steps_ddp_keeps_one_copy_of_the_gradients(monkeypatch):
     group = object()
     mesh = {"dp": SimpleNamespace(get_group=lambda: group)}
     stage = mesh_model.make_stage(SMALL, range(2), CPU, torch.float32)
-    mesh_model._data_parallel(stage, Layout(tp=1, pp=1, dp=2), mesh, CPU, None)
+    data_parallel.wrap_stage(stage, Layout(tp=1, pp=1, dp=2), mesh, CPU, None)
     assert made == [{"device_ids": None, "bucket_cap_mb": None, "process_group": group,
                      "gradient_as_bucket_view": True}]
 
@@ -233,7 +235,7 @@ def test_plans_optimizer_point_times_the_steps_adamw(monkeypatch, dtype, kind):
     """The step runs AdamW fused on a GPU and on fp32 masters in half precision: plan's
     calibration times that one, not a plain foreach AdamW."""
     made: list = []
-    real = plan_run.adamw
+    real = workers.adamw
 
     def recording(params, device, dt, *args, **kwargs):
         made.append((device, dt))
@@ -241,8 +243,8 @@ def test_plans_optimizer_point_times_the_steps_adamw(monkeypatch, dtype, kind):
         made.append(opt)
         return opt
 
-    monkeypatch.setattr(plan_run, "adamw", recording)
-    monkeypatch.setattr(plan_run, "_time_us", lambda s, fn, **kw: (fn(), 100.0)[1])
+    monkeypatch.setattr(workers, "adamw", recording)
+    monkeypatch.setattr(workers, "_time_us", lambda s, fn, **kw: (fn(), 100.0)[1])
     s = _session(CPU)
-    plan_run.measure_optimizer(s, SMALL, dtype)
+    workers.measure_optimizer(s, SMALL, dtype)
     assert made[0] == (CPU, dtype) and type(made[1]) is kind

@@ -11,31 +11,31 @@ import pytest
 from helpers import cli, torchrun_nodes
 
 from distbench.cli import app
-from distbench.cli.commands import COMMANDS
 from distbench.core.options import RunOptions, option_fields
+from distbench.kinds import commands
 from distbench.ops.collectives import OPS
 
 HERE = Path(__file__).parent
 
 
 def test_every_command_has_options_and_a_body():
-    assert set(COMMANDS) == {"collective", "p2p", "topo", "tp", "pp", "dp", "accept", "step",
+    assert set(commands()) == {"collective", "p2p", "topo", "tp", "pp", "dp", "accept", "step",
                              "plan", "watch"}
     registered = {c.name for c in app.app.registered_commands}
     # report and compare read results back: no launcher, so no entry in the command table
-    assert registered == set(COMMANDS) | {"report", "compare"}
-    for name, command in COMMANDS.items():
+    assert registered == set(commands()) | {"report", "compare"}
+    for name, command in commands().items():
         assert issubclass(command.options, RunOptions), name
         assert callable(command.run), name
         flags = [spec.flag for _, spec in option_fields(command.options)]
         assert len(flags) == len(set(flags)), name
         assert {"out", "timeout"} <= set(flags), name
         assert "backend" in flags or name == "topo", name
-    assert COMMANDS["topo"].run_local is not None
-    topo_flags = [s.flag for _, s in option_fields(COMMANDS["topo"].options)]
+    assert commands()["topo"].run_local is not None
+    topo_flags = [s.flag for _, s in option_fields(commands()["topo"].options)]
     assert "workers" not in topo_flags
     # topo never needs NCCL: a broken NCCL must not block the snapshot taken to look into it
-    assert "backend" not in topo_flags and COMMANDS["topo"].options().backend == "gloo"
+    assert "backend" not in topo_flags and commands()["topo"].options().backend == "gloo"
 
 
 def test_op_help_lists_the_registry(tmp_path, monkeypatch):
@@ -104,7 +104,7 @@ def test_the_test_only_op_is_really_checked(monkeypatch, corrupt):
 
     def rank(r: int):
         settings = Settings(device=torch.device("cpu"), timeout=60, warmup=1, iters=2,
-                            step=lambda what, seconds: None,
+                            phase=lambda what, seconds: None,
                             faults=Faults(corrupt=corrupt and r == 0))
         inp, out = torch.empty(count), torch.empty(1)
         case = op.build(Ctx(r, 2, -1, "sum", True), inp, out, count)

@@ -18,7 +18,9 @@ from helpers import Run, cli
 from matplotlib.colors import to_rgba
 from runs import write_csv, write_meta
 
-from distbench.cli.commands.accept import OUTPUT as ACCEPT
+from distbench.kinds import KINDS
+from distbench.kinds.accept import output as accept_output
+from distbench.kinds.accept.output import OUTPUT as ACCEPT
 from distbench.results import plots, reader, report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
@@ -119,7 +121,7 @@ def test_predict_prints_the_model_and_writes_nothing(runs):
     (line,) = res.stdout.strip().splitlines()
     assert line.startswith(f"{runs['collective'].name}: all_reduce float32 ")
     assert " at 1 GiB: " in line and " us, busbw " in line
-    (f,) = [f for f in report.models(reader.load(runs["collective"]))
+    (f,) = [f for f in KINDS["collective"].fits(reader.load(runs["collective"]))
             if f["op"] == "all_reduce"]
     t_us = float(line.split(" at 1 GiB: ")[1].split(" us")[0])  # the model: alpha + S / beta
     assert t_us == pytest.approx(f["alpha_us"] + (1 << 30) / (f["beta_gbps"] * 1e3), rel=1e-3)
@@ -225,7 +227,7 @@ def _said(line: str) -> dict[str, int]:
 
 def test_the_accept_section_counts_the_first_pass_as_accept_json_does(tmp_path):
     run = _accept_run(tmp_path / "run", SLOW_N3)
-    lines = report.markdown([reader.load(run)], [[]], [])
+    lines = report.markdown([reader.load(run)], KINDS.values(), [])
     verdicts = json.loads((run / "accept.json").read_text())["verdicts"]
     (first,) = [line for line in lines if line.startswith("- First pass: ")]
     (again,) = [line for line in lines if line.startswith("- Retests: ")]
@@ -237,7 +239,8 @@ def test_the_accept_section_counts_the_first_pass_as_accept_json_does(tmp_path):
 
 
 def test_the_accept_table_gives_each_figure_in_its_metrics_unit(tmp_path):
-    lines = report.markdown([reader.load(_accept_run(tmp_path / "run", SLOW_N3))], [[]], [])
+    run = reader.load(_accept_run(tmp_path / "run", SLOW_N3))
+    lines = report.markdown([run], KINDS.values(), [])
     rows = [line for line in lines if line.startswith("| ")]
     assert rows[0] == ("| check | target | pass | metric | measured | fail line | warn line "
                        "| ratio | verdict |")
@@ -256,17 +259,17 @@ def _pixels(path: Path, colour: str) -> int:
 
 def test_the_verdict_plot_shows_failures_beside_a_pass_twenty_times_its_line(tmp_path):
     run = reader.load(_accept_run(tmp_path / "run", SLOW_N3))
-    (png,) = plots.accept([run], tmp_path)
+    (png,) = accept_output.draw([run], tmp_path)
     _sensible(png)
     fails = sum(r["verdict"] == "FAIL" for r in SLOW_N3)
     # each FAIL is a bar of about two decades on a five-decade axis: thousands of red pixels
     # (on a linear axis to 140 a bar at 0.0117 is under a pixel wide)
-    assert _pixels(png, plots.VERDICT_COLOURS["FAIL"]) > fails * 1500
-    assert _pixels(png, plots.VERDICT_COLOURS["PASS"]) > 1500
+    assert _pixels(png, accept_output.VERDICT_COLOURS["FAIL"]) > fails * 1500
+    assert _pixels(png, accept_output.VERDICT_COLOURS["PASS"]) > 1500
 
 
 def test_the_verdict_plot_draws_measured_against_expected_not_the_ratio(tmp_path):
-    fig = plots.accept_figure([reader.load(_accept_run(tmp_path / "run", SLOW_N3))])
+    fig = accept_output.accept_figure([reader.load(_accept_run(tmp_path / "run", SLOW_N3))])
     (ax,) = fig.axes
     bars = {p.get_gid(): p for p in ax.patches if p.get_gid()}
     for i, row in enumerate(SLOW_N3):
@@ -280,7 +283,7 @@ def test_the_verdict_plot_draws_measured_against_expected_not_the_ratio(tmp_path
         ends = sorted((bar.get_x(), bar.get_x() + bar.get_width()))
         assert ends == pytest.approx(sorted((margin, 1.0)), rel=1e-9), row
         assert (margin < 1) == (row["verdict"] == "FAIL"), row  # left of the fail line fails
-        assert bar.get_facecolor() == to_rgba(plots.VERDICT_COLOURS[row["verdict"]]), row
+        assert bar.get_facecolor() == to_rgba(accept_output.VERDICT_COLOURS[row["verdict"]]), row
     assert ax.get_xscale() == "log"
     assert "measured / expected" in ax.get_xlabel()
 
@@ -292,20 +295,20 @@ def test_every_verdict_has_its_colour_and_nothing_is_cut_off(tmp_path):
             _verdict("node all_gather busbw", "node", "n2", "p50_busbw_gbps", 0.1, None, None,
                      None, None, "FAIL", wrong=12, note="12 wrong elements")]
     run = reader.load(_accept_run(tmp_path / "a-rather-long-run-directory-name" / "run", rows))
-    fig = plots.accept_figure([run, run])
+    fig = accept_output.accept_figure([run, run])
     (ax,) = fig.axes
     legend = {t.get_text(): h for t, h in zip(ax.get_legend().get_texts(),
                                               ax.get_legend().legend_handles, strict=True)}
     for verdict in ("PASS", "WARN", "FAIL", "SKIP", "INCONCLUSIVE"):
-        assert legend[verdict].get_facecolor() == to_rgba(plots.VERDICT_COLOURS[verdict])
-    assert len(set(plots.VERDICT_COLOURS.values())) == len(plots.VERDICT_COLOURS)
+        assert legend[verdict].get_facecolor() == to_rgba(accept_output.VERDICT_COLOURS[verdict])
+    assert len(set(accept_output.VERDICT_COLOURS.values())) == len(accept_output.VERDICT_COLOURS)
     notes = [t.get_text() for t in ax.texts]
     assert "FAIL: 12 wrong elements" in notes
     assert "INCONCLUSIVE: 0.05 GB/s, fail line 0.06" in notes
     assert "SKIP: one target: no peers to judge it against" in notes
     plt = plots.plt
     plt.close(fig)
-    (png,) = plots.accept([run, run], tmp_path)
+    (png,) = accept_output.draw([run, run], tmp_path)
     image = matplotlib.image.imread(png)[..., :3]
     edge = np.concatenate([image[0], image[-1], image[:, 0], image[:, -1]])
     assert (edge > 0.95).all(), "something drawn runs off the image's edge"
@@ -318,7 +321,7 @@ def test_an_nccl_tests_log_shows_its_world_or_says_unknown(tmp_path):
     known, unknown = reader.load(FIXTURES / "tag_output.log"), reader.load(bare)
     assert (reader.world_size(known), reader.nnodes(known)) == ("8", "2")
     assert (reader.world_size(unknown), reader.nnodes(unknown)) == ("unknown", "unknown")
-    lines = report.markdown([known, unknown], [[], []], [])
+    lines = report.markdown([known, unknown], KINDS.values(), [])
     assert f"nccl-tests output read from `{known.path}`: 8 ranks on 2 node(s)." in lines
     assert f"nccl-tests output read from `{bare}`: ranks unknown, nodes unknown." in lines
     assert not any("None" in line for line in lines)

@@ -14,9 +14,12 @@ import pytest
 from helpers import Run, cli, distbench
 from runs import write_csv, write_meta
 
-from distbench.cli.commands.dp import OUTPUT as DP
+from distbench.kinds import KINDS
+from distbench.kinds.collective import output as collective_output
+from distbench.kinds.dp import output as dp_output
+from distbench.kinds.dp.output import OUTPUT as DP
 from distbench.results import plots, reader, report
-from distbench.results.reader import REQUIRED
+from distbench.results.reader import required
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"
 H100_LOG = FIXTURES / "bare_table.log"  # all_reduce on 8 H100s, up to 312 GB/s
@@ -42,7 +45,7 @@ def _gloo_collective(path: Path, alpha_us: float = 200.0, gbps: float = 1.0,
                          "time_us": t, "p99_us": t, "algbw_gbps": rate,
                          "busbw_gbps": busbw if busbw is not None and i == 2 else rate,
                          "status": "ok"})
-    write_csv(path / "collective.csv", REQUIRED["collective.csv"], rows)
+    write_csv(path / "collective.csv", required()["collective.csv"], rows)
     write_meta(path, "collective", schema_version=1)
     return path
 
@@ -76,14 +79,14 @@ def _dp_run(path: Path) -> Path:
 
 def test_a_dp_run_is_reported_with_its_step_split_and_state(tmp_path):
     run = reader.load(_dp_run(tmp_path / "dp-run"))
-    lines, files = report.write([run], tmp_path / "out")
+    lines, files = report.write([run], tmp_path / "out", KINDS.values())
     assert "### Data parallel" in lines
     assert ("| ddp 25 MiB | float32 | 2 | 4.13 | 0.89 | 3.24 | 1.12 | 0.0 | 128.02 KiB "
             "| 128 KiB |") in lines
     assert any(line.startswith("| zero3 | float32 | 2 | 19.9 | 1.5 | 18.4 | 6.42 |")
                for line in lines)
     assert [f.name for f in files] == ["report.md", "dp_step.png"]
-    fig = plots.dp_figure([run])
+    fig = dp_output.dp_figure([run])
     step, state = fig.axes
     compute, exposed = step.containers  # stacked: compute, then the exposed part on top
     assert [b.get_height() for b in compute] == pytest.approx([r[3] for r in DP_ROWS])
@@ -173,7 +176,7 @@ def test_no_legend_covers_a_line(tmp_path):
                 assert not _segments_in(box, line), (ax.get_title(), line.get_label())
     plots.plt.close(fig)
     # beside the axes, and still inside the image
-    for png in plots.collective(runs, tmp_path):
+    for png in collective_output.draw(runs, tmp_path):
         image = matplotlib.image.imread(png)[..., :3]
         edge = np.concatenate([image[0], image[-1], image[:, 0], image[:, -1]])
         assert (edge > 0.95).all(), f"something drawn runs off the edge of {png.name}"
@@ -193,11 +196,11 @@ def test_figures_are_written_out_in_full_never_in_exponent_form():
 def test_alpha_is_in_one_format_in_the_model_table(tmp_path):
     runs = [reader.load(_gloo_collective(tmp_path / "slow", alpha_us=1080.0)),
             reader.load(_gloo_collective(tmp_path / "fast", alpha_us=966.0))]
-    lines = report.markdown(runs, [report.models(r) for r in runs], [])
+    lines = report.markdown(runs, KINDS.values(), [])
     alphas = [line.split(" | ")[4] for line in lines
               if line.startswith("| all_reduce |") and line.count(" | ") == 9]
     assert alphas == ["1080", "966"]
-    (line,) = report.predict(runs[:1], "all_reduce", 1 << 30)
+    (line,) = report.predict(runs[:1], KINDS.values(), "all_reduce", 1 << 30)
     assert "alpha 1080 us" in line and "e+" not in line
 
 
@@ -205,7 +208,7 @@ def test_predict_takes_an_op_report_fits_from_an_nccl_tests_log(tmp_path):
     """sendrecv has no distbench collective, but report fits it from sendrecv_perf's rows: it
     predicts it, and still refuses an op that neither measures nor fits."""
     log = FIXTURES / "dgx_h100_8gpu.log"
-    assert "sendrecv" in {f["op"] for f in report.models(reader.load(log))}
+    assert "sendrecv" in {f["op"] for f in KINDS["collective"].fits(reader.load(log))}
     res = cli(tmp_path, "report", str(log), "--predict", "sendrecv:1G")
     assert res.code == 0, res.stderr
     lines = res.stdout.splitlines()
@@ -241,13 +244,13 @@ def _matrix_run(path: Path) -> Path:
                              "dst_local_rank": dst, "link": "intra", "dtype": "float32",
                              "world_size": 4, "nnodes": 1, "size_bytes": 1 << 20,
                              "time_us": 100.0, "p99_us": 100.0, "gbps": gbps})
-    write_csv(path / "p2p_matrix.csv", REQUIRED["p2p_matrix.csv"], rows)
+    write_csv(path / "p2p_matrix.csv", required()["p2p_matrix.csv"], rows)
     write_meta(path, "p2p", schema_version=1)
     return path
 
 
 def test_a_two_way_link_is_written_with_a_two_way_arrow(tmp_path):
-    lines = report.markdown([reader.load(_matrix_run(tmp_path / "run"))], [[]], [])
+    lines = report.markdown([reader.load(_matrix_run(tmp_path / "run"))], KINDS.values(), [])
     slow = [line for line in lines if line.startswith("- float32 ")]
     assert slow == ["- float32 bi 1 MiB: rank 1 <-> rank 3",
                     "- float32 uni 1 MiB: rank 0 -> rank 2"]

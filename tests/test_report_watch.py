@@ -22,7 +22,9 @@ from runs import write_meta
 from test_report import _sensible
 
 from distbench.core.contracts import WATCH
-from distbench.results import plots, reader, report
+from distbench.kinds.watch import output as watch_output
+from distbench.kinds.watch.history import watch_history
+from distbench.results import plots, reader
 from distbench.results.writer import Appender, CsvSink
 from distbench.watch.loop import csv_rows, cycle_line
 from distbench.watch.records import Cycle, Judgement, Probe, ProbeResult, ProbeState
@@ -150,7 +152,7 @@ def _table(section: str, heading: str) -> list[list[str]]:
 def _drawn(run: Path) -> dict[str, dict]:
     """Per panel (its probe): the busbw line's points, the cycles marked late, and the
     vertical lines drawn (gid -> (cycle, colour))."""
-    fig = plots.watch_figure(reader.load(run))
+    fig = watch_output.watch_figure(reader.load(run))
     try:
         out = {}
         for ax in fig.axes:
@@ -238,7 +240,7 @@ def test_a_late_cycle_entering_as_another_leaves_the_window_still_counts(tmp_pat
     run = write_watch(tmp_path / "on-off", steps)
     counts = [json.loads(x)["late_counts"] for x in (run / "watch.jsonl").read_text().splitlines()]
     assert [c.get("1", 0) for c in counts] == [0, 0, 0, 1, 1, 2, 2, 2, 1]
-    history = reader.watch_history(reader.load(run))
+    history = watch_history(reader.load(run))
     assert [c for c, late in zip(history.cycles["cycle"], history.cycles["late"], strict=True)
             if late] == [3, 5, 6]
     section = _section(_report(run)[0])
@@ -247,9 +249,9 @@ def test_a_late_cycle_entering_as_another_leaves_the_window_still_counts(tmp_pat
 
 def test_a_long_watchs_late_cycles_are_listed_as_stretches_the_first_12_of_them():
     cycles = [*range(3, 8), 9, *range(20, 200, 2)]
-    assert report._cycle_runs(cycles) == ("3-7, 9, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38 and "
-                                          "80 more stretches")
-    assert report._cycle_runs([5, 4, 4]) == "4-5"
+    assert watch_output._cycle_runs(cycles) == (
+        "3-7, 9, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38 and 80 more stretches")
+    assert watch_output._cycle_runs([5, 4, 4]) == "4-5"
 
 
 def test_a_run_of_once_counts_each_cycle_alone(tmp_path):
@@ -257,7 +259,7 @@ def test_a_run_of_once_counts_each_cycle_alone(tmp_path):
     steps = healthy(3)
     steps[2].late, steps[2].stragglers = (1,), (1,)
     run = write_watch(tmp_path / "once", steps, once=True)
-    history = reader.watch_history(reader.load(run))
+    history = watch_history(reader.load(run))
     assert history.window == 1
     assert list(history.cycles["late"]) == [(), (), (1,)]
 
@@ -298,7 +300,7 @@ def test_a_line_cut_short_or_missing_fields_is_left_out_not_a_traceback(tmp_path
 
 def test_the_state_bands_and_legend_colour_each_state(tmp_path):
     run = write_watch(tmp_path / "slowed", slowed())
-    fig = plots.watch_figure(reader.load(run))
+    fig = watch_output.watch_figure(reader.load(run))
     try:
         ax = next(a for a in fig.axes if a.get_title() == AR_NAME)
         bands = [(p.get_gid(), p.get_facecolor()[:3]) for p in ax.patches]

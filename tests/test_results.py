@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from distbench.cli.commands.collective import OUTPUT as COLLECTIVE
+from distbench.kinds.collective.output import OUTPUT as COLLECTIVE
 from distbench.results import writer
 
 DESIGN_COLUMNS = [

@@ -15,9 +15,10 @@ from helpers import cli
 from runs import read_csv, rewrite_csv, write_csv
 from test_report import _sensible
 
-from distbench.cli.commands import COMMANDS
 from distbench.core.errors import ReadError
 from distbench.core.tables import plural
+from distbench.kinds import KINDS, commands
+from distbench.kinds.watch import output as watch_output
 from distbench.planner.plan import validation_md
 from distbench.results import compare, plots, reader, report
 
@@ -28,12 +29,12 @@ COMPARED = {"collective", "p2p", "tp", "pp", "dp", "step", "accept", "plan"}
 
 
 def test_every_command_that_writes_a_run_has_a_fixture_and_a_report_kind():
-    assert set(COMMANDS) <= report.reported_commands()
-    assert {p.name for p in RUNS.iterdir() if p.is_dir()} == set(COMMANDS)
-    assert COMPARED <= set(COMMANDS)
+    assert all(KINDS[c].section for c in commands())
+    assert {p.name for p in RUNS.iterdir() if p.is_dir()} == set(commands())
+    assert COMPARED <= set(commands())
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted(commands()))
 def test_compare_reads_each_run_kind_or_refuses_in_one_line(command, tmp_path):
     run = RUNS / command
     res = cli(tmp_path, "compare", str(run), str(run))
@@ -70,7 +71,7 @@ def _figure_rows(lines: list[str]) -> list[str]:
             and re.search(r"\| [-+]?[0-9][0-9.]*(%| [KMG]iB)? \|", line)]
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted(commands()))
 def test_report_writes_a_section_of_each_run_kinds_figures_and_links_each_plot(command,
                                                                                 tmp_path):
     """A section is its figures in a table, not a title alone (topo's was one line naming the
@@ -78,10 +79,10 @@ def test_report_writes_a_section_of_each_run_kinds_figures_and_links_each_plot(c
     each plot is drawn and linked."""
     run = reader.load(RUNS / command)
     assert run.command == command
-    (kind,) = [k for k in report.KINDS if command in k.commands]
-    section = kind.section(run, report.models(run))
+    kind = KINDS[command]
+    section = kind.section(run)
     assert _figure_rows(section), "\n".join(section)
-    lines, files = report.write([run], tmp_path)
+    lines, files = report.write([run], tmp_path, KINDS.values())
     text = "\n".join(lines)
     assert [line for line in lines if line.startswith("### ")], text
     assert "None" not in text.split("### ")[0], text  # the header says nothing it lacks
@@ -97,7 +98,7 @@ def test_report_writes_a_section_of_each_run_kinds_figures_and_links_each_plot(c
 
 def test_a_topo_runs_header_says_its_nodes_not_unknown_ranks(tmp_path):
     """topo gathers each node's snapshot and runs no ranks: its header said "ranks unknown"."""
-    lines, _ = report.write([reader.load(RUNS / "topo")], tmp_path)
+    lines, _ = report.write([reader.load(RUNS / "topo")], tmp_path, KINDS.values())
     header = next(line for line in lines if line.startswith("`distbench topo`"))
     assert "1 node(s)" in header and "unknown" not in header, header
 
@@ -105,22 +106,22 @@ def test_a_topo_runs_header_says_its_nodes_not_unknown_ranks(tmp_path):
 def test_topo_reports_each_nodes_figures():
     run = reader.load(RUNS / "topo")
     (node,) = run.topo["nodes"]
-    section = "\n".join(report._topo_section(run))
+    section = "\n".join(KINDS["topo"].section(run))
     assert f"| {node['host']} | {len(node['gpus'])} |" in section
     assert f"| {node['cpu']['model']} | {node['cpu']['logical_cores']} |" in section
 
 
 def test_counts_of_one_read_as_one():
     """"1 cycles." and "over 1 layouts out of sample" (the fixtures hold one of each)."""
-    watch = report._watch_section(reader.load(RUNS / "watch"))
+    watch = KINDS["watch"].section(reader.load(RUNS / "watch"))
     assert "1 cycle." in watch
-    plan = "\n".join(report._plan_section(reader.load(RUNS / "plan")))
+    plan = "\n".join(KINDS["plan"].section(reader.load(RUNS / "plan")))
     assert "over 1 layout out of sample." in plan
 
 
 def test_the_watch_plot_counts_cycles_whole():
     """One cycle was drawn on an axis from -0.04 to 0.04."""
-    fig = plots.watch_figure(reader.load(RUNS / "watch"))
+    fig = watch_output.watch_figure(reader.load(RUNS / "watch"))
     ticks = fig.axes[0].get_xticks()
     plots.plt.close(fig)
     assert len(ticks) and all(float(t).is_integer() for t in ticks), ticks
@@ -200,7 +201,7 @@ def test_a_plans_validation_reads_the_same_in_plan_md_and_in_its_report(tmp_path
         out = csv.DictWriter(fh, fieldnames=list(rows[0]))
         out.writeheader()
         out.writerows(rows + more)
-    lines, _ = report.write([reader.load(run)], tmp_path / "report")
+    lines, _ = report.write([reader.load(run)], tmp_path / "report", KINDS.values())
     in_report = _table_after(lines, "### Validation")
     in_plan_md = _table_after(
         validation_md({"layouts": [_typed(r) for r in rows + more]}, [], []).splitlines(),

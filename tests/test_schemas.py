@@ -19,10 +19,10 @@ from test_topo import NVMLError_NotSupported, _fake_pynvml, _no_nvidia_smi
 
 from distbench import schemas
 from distbench.accept import files, verdicts
-from distbench.accept.profiles import load
+from distbench.accept.profile_files import load
 from distbench.core import exitcodes
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
-from distbench.platform import topo
+from distbench.platform import topo_probe
 from distbench.results import writer
 
 SCHEMA_DIR = Path(schemas.__file__).parent
@@ -138,7 +138,7 @@ def test_run_json_mutants_fail(tmp_path, mutate, why):
 # topo.json -----------------------------------------------------------------------------------
 
 def test_topo_json_of_this_machine_validates(tmp_path):
-    snap = topo.node_snapshot()
+    snap = topo_probe.node_snapshot()
     writer.write_topology(tmp_path, [snap], [{"rank": 0, "host": snap["host"], "node": 0,
                                               "local_rank": 0, "gpu_uuid": None,
                                               "gpu_bus_id": None}])
@@ -151,10 +151,10 @@ def test_topo_json_of_gpus_validates_and_mutants_fail(tmp_path, monkeypatch):
                         field_errors={"nvmlDeviceGetNvLinkVersion": NVMLError_NotSupported()})
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     _no_nvidia_smi(monkeypatch)
-    snaps = [topo.node_snapshot()]
+    snaps = [topo_probe.node_snapshot()]
     monkeypatch.setitem(sys.modules, "pynvml",
                         _fake_pynvml(nvlinks=(18, 0), bad_handles={1: NVMLError_NotSupported()}))
-    snaps.append({**topo.node_snapshot(), "boot_id": "other"})
+    snaps.append({**topo_probe.node_snapshot(), "boot_id": "other"})
     snaps[0]["nvidia_smi_topo"] = (Path(__file__).parent / "fixtures" /
                                    "topo_dgx_h100_nv18.txt").read_text()
     del snaps[0]["nvidia_smi_error"]

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distbench.cli.commands.collective import CollectiveOptions
 from distbench.core.options import build
+from distbench.kinds.collective.options import CollectiveOptions
 from distbench.results import writer
 from distbench.run import session
 from distbench.run.peers import Lost
@@ -182,7 +182,7 @@ class _FakePeers:
 
     def __init__(self, run_dir):
         self._run_dir = run_dir
-        self.step = ""
+        self.phase = ""
 
     def roll_call(self):
         return [1, 2], [DEAD]

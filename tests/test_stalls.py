@@ -25,8 +25,8 @@ import torch.distributed as dist
 from helpers import children, clean_env, distbench_lines, start
 
 from distbench.bench import timing
-from distbench.cli.commands.collective import CollectiveOptions
 from distbench.core.options import build
+from distbench.kinds.collective.options import CollectiveOptions
 from distbench.platform import env
 from distbench.results import writer
 from distbench.run import peers, session
@@ -326,8 +326,8 @@ def test_a_startup_that_hangs_ends_at_the_timeout_and_says_so(tmp_path, monkeypa
         gone.set()  # the thread that called it then ends, as the process would
     monkeypatch.setattr(session.os, "_exit", exit_)
 
-    def start(backend, timeout_s, identity, check_backend, step):
-        step(1.0, "startup (process group setup)")
+    def start(backend, timeout_s, identity, check_backend, phase):
+        phase(1.0, "startup (process group setup)")
         assert gone.wait(10)
         raise session.Terminated(signal.SIGTERM)  # what the launcher sends next
     monkeypatch.setattr(session, "start", start)

@@ -8,8 +8,8 @@ import helpers
 import pytest
 from helpers import LAUNCHER_VARS, assert_one_line_error
 
-from distbench.cli.commands.step import StepCommandOptions
 from distbench.core.options import OptionError, build
+from distbench.kinds.step.options import StepCommandOptions
 from distbench.planner.layouts import Layout, default_micro_batches
 from distbench.planner.models import PRESETS
 from distbench.steps.step3d import attribute_exposed, bubble_time, check_model

@@ -1,5 +1,5 @@
 """The one table formatter, the column declarations beside each CSV contract, and the docs that
-describe them: docs/results.md lists every CSV column in order, README links only to pages that
+describe them: docs/columns.md lists every CSV column in order, README links only to pages that
 exist."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from distbench.cli.commands import accept, collective, dp, p2p, pp, tp
 from distbench.core.tables import (
     Column,
     Output,
@@ -21,6 +20,12 @@ from distbench.core.tables import (
     markdown_table,
     us_as_ms,
 )
+from distbench.kinds.accept import output as accept
+from distbench.kinds.collective import output as collective
+from distbench.kinds.dp import output as dp
+from distbench.kinds.p2p import output as p2p
+from distbench.kinds.pp import output as pp
+from distbench.kinds.tp import output as tp
 
 ROOT = Path(__file__).parent.parent
 OUTPUTS = [collective.OUTPUT, p2p.OUTPUT, p2p.MATRIX_OUTPUT, tp.OUTPUT, pp.OUTPUT,
@@ -123,7 +128,7 @@ def _doc_table(text: str, heading: str) -> list[str]:
 
 @pytest.mark.parametrize("output", OUTPUTS, ids=[o.file for o in OUTPUTS])
 def test_results_doc_lists_every_column_in_order(output):
-    text = (ROOT / "docs" / "results.md").read_text()
+    text = (ROOT / "docs" / "columns.md").read_text()
     assert _doc_table(text, f"## `{output.file}`") == list(output.csv)
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from fake_session import FakeSession
 
+from distbench.parallel.device_mesh import layout_mesh, release_groups
 from distbench.planner.layouts import Layout
 from distbench.planner.models import parse_model
 from distbench.steps import dp_model, mesh_model, recipe, step3d
@@ -77,7 +78,7 @@ def test_the_steps_build_keeps_its_weights_after_the_checked_step(one_rank_group
     monkeypatch.setattr(recipe, "agreed", lambda s, label, fn: (fn(), ""))
     model = parse_model("--model", "layers=2,hidden=16,ffn=32,heads=2,seq=4,batch=2")
     layout = Layout(tp=1, pp=1, dp=1, zero=0, micro_batches=1)
-    mesh = mesh_model.device_mesh(layout, CPU)
+    mesh = layout_mesh(layout, CPU)
     try:
         ref = step3d._reference(model, torch.float32) if checked else None
         (mm, pairs), reason = step3d._checked_build(_session(), mesh, model, layout,
@@ -93,4 +94,4 @@ def test_the_steps_build_keeps_its_weights_after_the_checked_step(one_rank_group
         assert all(torch.equal(b, p.detach()) for b, p in zip(before, mm.params, strict=True))
         assert torch.isfinite(mm.loss)
     finally:
-        mesh_model.release_groups(mesh)
+        release_groups(mesh)

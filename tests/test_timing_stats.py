@@ -247,7 +247,7 @@ def test_a_torch_without_cuda_graphs_gives_a_skip_every_rank_agrees_on(monkeypat
 
     def attempt(rank: int):
         m = Settings(device=CPU, timeout=60, warmup=1, iters=3, cuda_graph=True,
-                     step=lambda what, seconds: None)
+                     phase=lambda what, seconds: None)
         try:
             timed_samples(m, lambda: None, "x")
         except Skipped as e:
@@ -387,7 +387,7 @@ def test_queued_work_and_the_watchdog_follow_the_typical_warmup_op(monkeypatch):
     monkeypatch.setattr(timing, "measure", fake_measure)
     steps = []
     m = Settings(device=CPU, timeout=1.0, warmup=5, iters=None, reps=1, min_time=0.5,
-                 step=lambda what, seconds: steps.append((what, seconds)))
+                 phase=lambda what, seconds: steps.append((what, seconds)))
     delays = iter([0.001, 0.02, 0.02, 0.02, 0.02])
     run_ranks(monkeypatch, 1, lambda r: timed_samples(m, lambda: time.sleep(next(delays)), "x"))
     # --min-time / the fastest op (500 here; sleep(0.001) took 5 ms under load, giving 98), not

@@ -12,7 +12,9 @@ _ROOT = Path(__file__).resolve().parents[1]
 # Lets `pytest tests/test_topo.py` work from any cwd without an installed package.
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
-topo = importlib.import_module("distbench.platform.topo")
+topo_probe = importlib.import_module("distbench.platform.topo_probe")
+topo_parse = importlib.import_module("distbench.platform.topo_parse")
+topo_render = importlib.import_module("distbench.platform.topo_render")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NV18_TEXT = (FIXTURES / "topo_dgx_h100_nv18.txt").read_text()
@@ -24,7 +26,7 @@ PCIE_TEXT = (FIXTURES / "topo_pcie_4gpu.txt").read_text()
 
 
 def test_parse_nvlink_fixture():
-    parsed = topo.parse_topo_matrix(NV18_TEXT)
+    parsed = topo_parse.parse_topo_matrix(NV18_TEXT)
     assert parsed["devices"] == [f"GPU{i}" for i in range(8)]
     assert len(parsed["links"]) == 56
     assert set(parsed["links"].values()) == {"NV18"}
@@ -34,7 +36,7 @@ def test_parse_nvlink_fixture():
 
 
 def test_parse_pcie_fixture():
-    parsed = topo.parse_topo_matrix(PCIE_TEXT)
+    parsed = topo_parse.parse_topo_matrix(PCIE_TEXT)
     assert parsed["devices"] == ["GPU0", "GPU1", "GPU2", "GPU3"]
     expected_pairs = {
         ("GPU0", "GPU1"): "PIX",
@@ -63,7 +65,7 @@ def test_parse_space_padded_and_ansi_header():
         "\n"
         "Legend:\n\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLinks\n"
     )
-    parsed = topo.parse_topo_matrix(text)
+    parsed = topo_parse.parse_topo_matrix(text)
     assert parsed == {
         "devices": ["GPU0", "GPU1"],
         "links": {"GPU0-GPU1": "NV4", "GPU1-GPU0": "NV4"},
@@ -72,7 +74,7 @@ def test_parse_space_padded_and_ansi_header():
 
 @pytest.mark.parametrize("text", ["", "garbage\nmore garbage\n", "No devices were found\n"])
 def test_parse_garbage_is_empty(text):
-    assert topo.parse_topo_matrix(text) == {"devices": [], "links": {}}
+    assert topo_parse.parse_topo_matrix(text) == {"devices": [], "links": {}}
 
 
 # ---------------------------------------------------------------------------
@@ -126,7 +128,7 @@ def _gpu_snapshot():
 
 
 def test_render_cpu_only():
-    text = topo.render_text([_cpu_only_snapshot()])
+    text = topo_render.render_text([_cpu_only_snapshot()])
     lines = text.splitlines()
     assert lines[0] == "==== node cpu-node-1 (boot 01234567) ===="
     assert "nvidia-smi not available: nvidia-smi not found on PATH; CPU-only node" in lines
@@ -137,7 +139,7 @@ def test_render_cpu_only():
 
 
 def test_render_gpu_snapshot_contains_matrix_verbatim():
-    text = topo.render_text([_gpu_snapshot()])
+    text = topo_render.render_text([_gpu_snapshot()])
     assert text.startswith("==== node dgx-07 (boot fedcba98) ====\n")
     assert NV18_TEXT in text
     assert "not available" not in text.split("Legend")[0]
@@ -150,17 +152,17 @@ def test_render_gpu_snapshot_contains_matrix_verbatim():
 
 
 def test_render_multiple_nodes_and_sparse_snapshot():
-    text = topo.render_text([_gpu_snapshot(), _cpu_only_snapshot(), {}])
+    text = topo_render.render_text([_gpu_snapshot(), _cpu_only_snapshot(), {}])
     assert text.count("==== node ") == 3
     assert text.index("dgx-07") < text.index("cpu-node-1")
-    assert topo.render_text([]) == ""
+    assert topo_render.render_text([]) == ""
 
 
 def test_render_gpus_without_nvidia_smi_is_not_called_cpu_only():
     snap = _gpu_snapshot()
     snap["nvidia_smi_topo"] = None
     snap["nvidia_smi_error"] = "nvidia-smi topo -m exited 9: Failed to initialize NVML"
-    text = topo.render_text([snap])
+    text = topo_render.render_text([snap])
     assert "nvidia-smi not available: nvidia-smi topo -m exited 9" in text
     assert "CPU-only" not in text
     assert "NVIDIA H100 80GB HBM3" in text
@@ -171,18 +173,18 @@ def test_render_gpus_without_nvidia_smi_is_not_called_cpu_only():
 
 
 def test_node_snapshot_on_this_machine():
-    snap = topo.node_snapshot()
+    snap = topo_probe.node_snapshot()
     json.dumps(snap)
     assert snap["host"]
     assert isinstance(snap["boot_id"], str)
     assert snap["cpu"]["logical_cores"] == os.cpu_count()
     assert isinstance(snap["cpu"]["numa_nodes"], list)
-    if topo.shutil.which("nvidia-smi") is None:
+    if topo_probe.shutil.which("nvidia-smi") is None:
         assert snap["nvidia_smi_topo"] is None
         assert snap["nvidia_smi_error"]
         assert "\n" not in snap["nvidia_smi_error"]
         assert snap["gpus"] == []
-        assert "CPU-only node" in topo.render_text([snap])
+        assert "CPU-only node" in topo_render.render_text([snap])
     for node in snap["cpu"]["numa_nodes"]:
         assert isinstance(node["node"], int) and isinstance(node["cpus"], str)
 
@@ -199,10 +201,10 @@ def test_node_snapshot_with_mocked_nvidia_smi(monkeypatch):
         calls.append((args, kwargs))
         return subprocess.CompletedProcess(args, 0, stdout=NV18_TEXT, stderr="")
 
-    monkeypatch.setattr(topo.shutil, "which", lambda name: "/usr/bin/" + name)
-    monkeypatch.setattr(topo.subprocess, "run", fake_run)
+    monkeypatch.setattr(topo_probe.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(topo_probe.subprocess, "run", fake_run)
     _no_nvml(monkeypatch)
-    snap = topo.node_snapshot()
+    snap = topo_probe.node_snapshot()
 
     assert snap["nvidia_smi_topo"] == NV18_TEXT
     assert "nvidia_smi_error" not in snap
@@ -212,7 +214,7 @@ def test_node_snapshot_with_mocked_nvidia_smi(monkeypatch):
     assert args == ["/usr/bin/nvidia-smi", "topo", "-m"]
     assert not kwargs.get("shell", False)
     assert kwargs.get("timeout") == 20
-    assert topo.parse_topo_matrix(snap["nvidia_smi_topo"])["devices"][-1] == "GPU7"
+    assert topo_parse.parse_topo_matrix(snap["nvidia_smi_topo"])["devices"][-1] == "GPU7"
     json.dumps(snap)
 
 
@@ -231,23 +233,23 @@ def test_node_snapshot_nvidia_smi_failures(monkeypatch, outcome, reason_part):
             raise outcome
         return outcome
 
-    monkeypatch.setattr(topo.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    monkeypatch.setattr(topo.subprocess, "run", fake_run)
+    monkeypatch.setattr(topo_probe.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(topo_probe.subprocess, "run", fake_run)
     _no_nvml(monkeypatch)
-    snap = topo.node_snapshot()
+    snap = topo_probe.node_snapshot()
     assert snap["nvidia_smi_topo"] is None
     assert reason_part in snap["nvidia_smi_error"]
     assert "\n" not in snap["nvidia_smi_error"]
 
 
 def test_node_snapshot_missing_proc_and_sys(monkeypatch, tmp_path):
-    monkeypatch.setattr(topo, "_BOOT_ID_PATH", tmp_path / "nope" / "boot_id")
-    monkeypatch.setattr(topo, "_CPUINFO_PATH", tmp_path / "nope" / "cpuinfo")
-    monkeypatch.setattr(topo, "_NUMA_DIR", tmp_path / "nope" / "node")
-    monkeypatch.setattr(topo.platform, "processor", lambda: "fallback-cpu")
-    monkeypatch.setattr(topo.shutil, "which", lambda name: None)
+    monkeypatch.setattr(topo_probe, "_BOOT_ID_PATH", tmp_path / "nope" / "boot_id")
+    monkeypatch.setattr(topo_probe, "_CPUINFO_PATH", tmp_path / "nope" / "cpuinfo")
+    monkeypatch.setattr(topo_probe, "_NUMA_DIR", tmp_path / "nope" / "node")
+    monkeypatch.setattr(topo_probe.platform, "processor", lambda: "fallback-cpu")
+    monkeypatch.setattr(topo_probe.shutil, "which", lambda name: None)
     _no_nvml(monkeypatch)
-    snap = topo.node_snapshot()
+    snap = topo_probe.node_snapshot()
     assert snap["boot_id"] == ""
     assert snap["cpu"]["model"] == "fallback-cpu"
     assert snap["cpu"]["numa_nodes"] == []
@@ -265,12 +267,12 @@ def test_node_snapshot_reads_fake_sysfs(monkeypatch, tmp_path):
         (tmp_path / "node" / f"node{node}").mkdir(parents=True)
         (tmp_path / "node" / f"node{node}" / "cpulist").write_text(cpus + "\n")
     (tmp_path / "node" / "possible").write_text("0-1\n")
-    monkeypatch.setattr(topo, "_BOOT_ID_PATH", tmp_path / "boot_id")
-    monkeypatch.setattr(topo, "_CPUINFO_PATH", tmp_path / "cpuinfo")
-    monkeypatch.setattr(topo, "_NUMA_DIR", tmp_path / "node")
-    monkeypatch.setattr(topo.shutil, "which", lambda name: None)
+    monkeypatch.setattr(topo_probe, "_BOOT_ID_PATH", tmp_path / "boot_id")
+    monkeypatch.setattr(topo_probe, "_CPUINFO_PATH", tmp_path / "cpuinfo")
+    monkeypatch.setattr(topo_probe, "_NUMA_DIR", tmp_path / "node")
+    monkeypatch.setattr(topo_probe.shutil, "which", lambda name: None)
     _no_nvml(monkeypatch)
-    snap = topo.node_snapshot()
+    snap = topo_probe.node_snapshot()
     assert snap["boot_id"] == "abcdef01-2345-6789-abcd-ef0123456789"
     assert snap["cpu"]["model"] == "Intel(R) Xeon(R) Gold 6338"
     assert snap["cpu"]["numa_nodes"] == [
@@ -278,7 +280,7 @@ def test_node_snapshot_reads_fake_sysfs(monkeypatch, tmp_path):
         {"node": 1, "cpus": "32-63,96-127"},
         {"node": 10, "cpus": ""},
     ]
-    text = topo.render_text([snap])
+    text = topo_render.render_text([snap])
     assert "(boot abcdef01)" in text
     assert "NUMA node1: cpus 32-63,96-127" in text
 
@@ -388,13 +390,13 @@ def _raiser(exc):
 
 
 def _no_nvidia_smi(monkeypatch):
-    monkeypatch.setattr(topo.shutil, "which", lambda name: None)
+    monkeypatch.setattr(topo_probe.shutil, "which", lambda name: None)
 
 
 def _nvml_snapshot(monkeypatch, fake):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     _no_nvidia_smi(monkeypatch)
-    snap = topo.node_snapshot()
+    snap = topo_probe.node_snapshot()
     json.dumps(snap)
     return snap
 
@@ -437,7 +439,7 @@ def test_nvml_two_gpus(monkeypatch):
     assert "errors" not in gpus[1]  # a PCIe-only GPU's missing NVLink is not an error
     assert fake.state["shutdown"] == 1
 
-    text = topo.render_text([snap])
+    text = topo_render.render_text([snap])
     assert "GiB" in text and "NVIDIA L40S" in text
     gpu0 = _text_line(text, "GPU0: ")
     assert "NVLinks up 18, NVLink 4.0, bus 00000000:18:00.0," in gpu0
@@ -445,7 +447,7 @@ def test_nvml_two_gpus(monkeypatch):
     assert "NVLink" not in _text_line(text, "GPU1: ").replace("NVLinks up 0", "")
     assert "nvidia-smi not available: nvidia-smi not found on PATH" in text
     assert "CPU-only" not in text
-    summary = "\n".join(topo.summary_lines([snap]))
+    summary = "\n".join(topo_render.summary_lines([snap]))
     assert "NVLinks up 18  NVLink 4.0" in summary and " v6" not in summary
 
 
@@ -457,8 +459,8 @@ def test_nvml_two_gpus(monkeypatch):
 def test_nvml_nvlink_version_enum(monkeypatch, raw, version):
     snap = _nvml_snapshot(monkeypatch, _fake_pynvml(nvlink_version=raw))
     assert snap["gpus"][0]["nvlink_version"] == version
-    assert f"NVLinks up 18, NVLink {version}, " in topo.render_text([snap])
-    assert f"NVLinks up 18  NVLink {version}" in "\n".join(topo.summary_lines([snap]))
+    assert f"NVLinks up 18, NVLink {version}, " in topo_render.render_text([snap])
+    assert f"NVLinks up 18  NVLink {version}" in "\n".join(topo_render.summary_lines([snap]))
 
 
 def test_nvml_nvlink_version_query_failure_is_recorded(monkeypatch):
@@ -505,7 +507,7 @@ def test_nvml_links_after_one_that_errs_are_counted(monkeypatch):
 def test_nvml_partial_nvlinks_counted(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(nvlinks=(12, 0)))
     _no_nvidia_smi(monkeypatch)
-    assert topo.node_snapshot()["gpus"][0]["nvlinks_up"] == 12
+    assert topo_probe.node_snapshot()["gpus"][0]["nvlinks_up"] == 12
 
 
 def test_nvml_unsupported_pcie_fields_are_none(monkeypatch):
@@ -515,7 +517,7 @@ def test_nvml_unsupported_pcie_fields_are_none(monkeypatch):
     assert set(snap["gpus"][0]["errors"]) == {
         "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max"
     }
-    assert "gen? x?" in topo.render_text([snap])
+    assert "gen? x?" in topo_render.render_text([snap])
 
 
 def test_nvml_not_supported_field_keeps_the_rest(monkeypatch):
@@ -530,11 +532,11 @@ def test_nvml_not_supported_field_keeps_the_rest(monkeypatch):
     assert gpu1["name"] == "NVIDIA L40S" and gpu1["pcie_width_current"] is None
     assert gpu1["errors"] == gpu0["errors"]
 
-    text = topo.render_text([snap])
+    text = topo_render.render_text([snap])
     assert "PCIe gen4 x? (max gen5 x16)" in _text_line(text, "GPU0: ")
     assert ("GPU0 pcie_width_current unknown: NVMLError_NotSupported: Not Supported"
             in text.splitlines())
-    summary = "\n".join(topo.summary_lines([snap]))
+    summary = "\n".join(topo_render.summary_lines([snap]))
     assert "PCIe gen 4/5 x?/16" in summary
     assert "(unreadable: pcie_width_current; see topo.txt)" in summary
 
@@ -557,11 +559,11 @@ def test_nvml_one_gpu_without_permission_keeps_the_others(monkeypatch):
         assert "errors" not in gpu
     assert fake.state["shutdown"] == 1
 
-    text = topo.render_text([snap])
+    text = topo_render.render_text([snap])
     assert "GPU1: not readable: NVMLError_NoPermission: Insufficient Permissions" in text
     assert "NVLink 4.0, bus 00000000:3A:00.0" in _text_line(text, "GPU2: ")
     assert "NVML not available" not in text
-    summary = topo.summary_lines([snap])
+    summary = topo_render.summary_lines([snap])
     assert "  GPU1  not readable: NVMLError_NoPermission: Insufficient Permissions" in summary
     assert sum("NVIDIA H100 80GB HBM3  80 GiB" in line for line in summary) == 2
 
@@ -583,7 +585,7 @@ def test_nvml_required_field_failure_keeps_the_gpu(monkeypatch):
     assert [g["name"] for g in snap["gpus"]] == ["NVIDIA H100 80GB HBM3", "NVIDIA L40S"]
     assert snap["gpus"][0]["uuid"] is None
     assert snap["gpus"][0]["errors"] == {"uuid": "_FakeNVMLError: GPU is lost more"}
-    assert _text_line(topo.render_text([snap]), "GPU0: ").endswith(", ?")
+    assert _text_line(topo_render.render_text([snap]), "GPU0: ").endswith(", ?")
     assert fake.state["shutdown"] == 1
 
 
@@ -606,9 +608,9 @@ def test_dedupe_by_node():
     b2 = {"host": "b", "boot_id": "2", "rank": 2}
     a_rebooted = {"host": "a", "boot_id": "3", "rank": 3}
     b4 = {"host": "b", "boot_id": "2", "rank": 4}
-    out = topo.dedupe_by_node([a0, a1, b2, a_rebooted, b4])
+    out = topo_probe.dedupe_by_node([a0, a1, b2, a_rebooted, b4])
     assert [s["rank"] for s in out] == [0, 2, 3]
-    assert topo.dedupe_by_node([]) == []
+    assert topo_probe.dedupe_by_node([]) == []
 
 
 def test_network_interfaces_from_sysfs(monkeypatch, tmp_path):
@@ -618,19 +620,19 @@ def test_network_interfaces_from_sysfs(monkeypatch, tmp_path):
         (d / "operstate").write_text(state + "\n")
         (d / "speed").write_text(speed + "\n")
         (d / "mtu").write_text(mtu + "\n")
-    monkeypatch.setattr(topo, "_NET_DIR", tmp_path)
+    monkeypatch.setattr(topo_probe, "_NET_DIR", tmp_path)
     _no_nvidia_smi(monkeypatch)
-    snap = topo.node_snapshot()
+    snap = topo_probe.node_snapshot()
     nics = {n["name"]: n for n in snap["network"]}
     assert nics["eth0"]["speed_mbps"] == 25000 and nics["eth0"]["mtu"] == 9000
     assert nics["eth0"]["state"] == "up"
     assert nics["lo"]["speed_mbps"] is None and nics["lo"]["mtu"] is None
-    assert "network eth0: up, 25000 Mb/s, mtu 9000" in topo.render_text([snap])
+    assert "network eth0: up, 25000 Mb/s, mtu 9000" in topo_render.render_text([snap])
 
 
 def test_network_interfaces_absent_sysfs(monkeypatch, tmp_path):
-    monkeypatch.setattr(topo, "_NET_DIR", tmp_path / "missing")
-    assert topo.node_snapshot()["network"] == []
+    monkeypatch.setattr(topo_probe, "_NET_DIR", tmp_path / "missing")
+    assert topo_probe.node_snapshot()["network"] == []
 
 
 # ---------------------------------------------------------------------------
@@ -645,7 +647,7 @@ def _nvls_snapshot(monkeypatch, multicast):
             raise multicast
         return multicast
 
-    monkeypatch.setattr(topo, "_multicast_support", ask)
+    monkeypatch.setattr(topo_probe, "_multicast_support", ask)
     monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
     monkeypatch.delenv("NCCL_ALGO", raising=False)
     return _nvml_snapshot(monkeypatch, _fake_pynvml())
@@ -654,8 +656,9 @@ def _nvls_snapshot(monkeypatch, multicast):
 def test_nvls_on_where_every_gpu_has_multicast(monkeypatch):
     snap = _nvls_snapshot(monkeypatch, [True] * 8)
     assert (snap["nvls"], snap["nvls_why"]) == (True, "CUDA multicast on all 8 GPUs")
-    assert "NVLS (NVLink SHARP): yes, CUDA multicast on all 8 GPUs" in topo.render_text([snap])
-    assert "  NVLS: yes, CUDA multicast on all 8 GPUs" in topo.summary_lines([snap])
+    assert ("NVLS (NVLink SHARP): yes, CUDA multicast on all 8 GPUs"
+            in topo_render.render_text([snap]))
+    assert "  NVLS: yes, CUDA multicast on all 8 GPUs" in topo_render.summary_lines([snap])
 
 
 @pytest.mark.parametrize("multicast,env,why", [
@@ -667,45 +670,47 @@ def test_nvls_on_where_every_gpu_has_multicast(monkeypatch):
 def test_nvls_off(monkeypatch, multicast, env, why):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(topo, "_multicast_support", lambda: multicast)
-    monkeypatch.setattr(topo.shutil, "which", lambda name: None)
+    monkeypatch.setattr(topo_probe, "_multicast_support", lambda: multicast)
+    monkeypatch.setattr(topo_probe.shutil, "which", lambda name: None)
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
     if "NCCL_ALGO" not in env:
         monkeypatch.delenv("NCCL_ALGO", raising=False)
-    snap = topo.node_snapshot()
+    snap = topo_probe.node_snapshot()
     assert (snap["nvls"], snap["nvls_why"]) == (False, why)
-    assert f"NVLS (NVLink SHARP): no, {why}" in topo.render_text([snap])
+    assert f"NVLS (NVLink SHARP): no, {why}" in topo_render.render_text([snap])
 
 
 def test_nvls_on_with_nccl_algo_naming_it(monkeypatch):
     monkeypatch.setenv("NCCL_ALGO", "NVLS,Ring")
-    monkeypatch.setattr(topo, "_multicast_support", lambda: [True])
-    assert topo._nvls_probe() == (True, "CUDA multicast on its GPU")
+    monkeypatch.setattr(topo_probe, "_multicast_support", lambda: [True])
+    assert topo_probe._nvls_probe() == (True, "CUDA multicast on its GPU")
 
 
 def test_nvls_unknown_says_why(monkeypatch):
     snap = _nvls_snapshot(monkeypatch, RuntimeError("CUDA driver error: initialization error"))
     assert snap["nvls"] is None
     assert snap["nvls_why"] == "unknown: RuntimeError: CUDA driver error: initialization error"
-    assert "NVLS (NVLink SHARP): unknown: RuntimeError" in topo.render_text([snap])
+    assert "NVLS (NVLink SHARP): unknown: RuntimeError" in topo_render.render_text([snap])
     snap = _nvls_snapshot(monkeypatch, [])
     assert (snap["nvls"], snap["nvls_why"]) == (None, "unknown: no CUDA device")
 
 
 def test_nvls_in_this_process_is_unknown_without_cuda():
     """The test suite runs torch without CUDA initialised: unknown, not a guess."""
-    nvls, why = topo._nvls_probe()
+    nvls, why = topo_probe._nvls_probe()
     assert nvls is None and why.startswith("unknown: ")
 
 
 def test_nvls_is_shown_where_nvml_fails_but_torch_sees_gpus(monkeypatch):
     """A container without libnvidia-ml: no GPU inventory, yet NVLS was asked through torch."""
-    monkeypatch.setattr(topo, "_multicast_support", lambda: [True] * 8)
+    monkeypatch.setattr(topo_probe, "_multicast_support", lambda: [True] * 8)
     monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
     monkeypatch.delenv("NCCL_ALGO", raising=False)
     snap = _nvml_snapshot(monkeypatch, _fake_pynvml(init_error=_FakeNVMLError("not found")))
     assert snap["gpus"] == [] and snap["nvls"] is True
-    assert "NVLS (NVLink SHARP): yes, CUDA multicast on all 8 GPUs" in topo.render_text([snap])
+    assert ("NVLS (NVLink SHARP): yes, CUDA multicast on all 8 GPUs"
+            in topo_render.render_text([snap]))
     # a CPU node whose NVLS is unknown says nothing of it
     cpu = {**snap, "nvls": None, "nvls_why": "unknown: torch not loaded"}
-    assert "NVLS" not in topo.render_text([cpu]) + "\n".join(topo.summary_lines([cpu]))
+    assert "NVLS" not in (topo_render.render_text([cpu])
+                          + "\n".join(topo_render.summary_lines([cpu])))

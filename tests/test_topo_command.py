@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import distbench
 
-from distbench.platform.topo import summary_lines
+from distbench.platform.topo_render import summary_lines
 from distbench.results import writer
 from distbench.run.console import Console
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "distbench"
 
 # The lowest torch whose APIs the code as it stands uses; pyproject.toml must declare exactly
-# this. It is set by strategies/pp.py's schedule.step(..., return_outputs=False): a parameter
+# this. It is set by parallel/pipeline.py's schedule.step(..., return_outputs=False): a parameter
 # from 2.10 on; before, step() hands the keyword to the model's forward, which refuses it. The
 # pyproject comment lists what else needs more than 2.4.
 TORCH_FLOOR = "2.10"
@@ -43,11 +43,11 @@ INSTANCE_APIS = [
       ("set", "get", "add", "check", "wait", "multi_get", "append", "compare_set", "set_timeout")),
     "torch.distributed.TCPStore.host",  # peers.py opens its own client to the rendezvous store
     "torch.distributed.TCPStore.port",
-    # strategies/pp.py wraps the stage's compute calls to time them, and asks where it sits
+    # parallel/pipeline.py wraps the stage's compute calls to time them, and asks where it sits
     *(f"torch.distributed.pipelining.PipelineStage.{m}" for m in
       ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk", "is_first",
        "is_last")),
-    "torch.distributed.tensor.DTensor.full_tensor",  # strategies/tp.py: a sharded gradient whole
+    "torch.distributed.tensor.DTensor.full_tensor",  # parallel/data_parallel.py: a TP shard whole
 ]
 
 _SCHEDULES = ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B")

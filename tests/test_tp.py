@@ -12,8 +12,11 @@ import torch
 from fake_session import FakeSession
 
 import distbench.steps.stacks
-from distbench.cli.commands import tp as cmd
 from distbench.core.tables import format_table
+from distbench.kinds.tp import options as cmd
+from distbench.kinds.tp.output import OUTPUT
+from distbench.parallel.device_mesh import flat_mesh
+from distbench.parallel.tensor_parallel import stack_plan
 from distbench.run.faults import Faults
 from distbench.steps import reference
 from distbench.steps import tp_model as strat
@@ -31,7 +34,7 @@ def test_models_know_nothing_of_parallelism():
     imported += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert "torch" in imported  # the walk sees the imports
     for name in imported:
-        assert not name.startswith(("torch.distributed", "distbench.strategies",
+        assert not name.startswith(("torch.distributed", "distbench.parallel",
                                     "distbench.steps")), name
 
 
@@ -45,7 +48,7 @@ def test_the_shape_takes_the_options_names():
     # every key is a tp.csv column: the row takes them as they are
     assert sh.to_json() == {"hidden_size": 96, "seq_len": 8, "micro_batch_size": 3,
                             "layers": 4, "ffn_size": 192, "heads": 6}
-    assert set(sh.to_json()) <= set(cmd.OUTPUT.csv)
+    assert set(sh.to_json()) <= set(OUTPUT.csv)
     assert sh.describe() == "hidden 96 ffn 192 heads 6 seq 8 batch 3 layers 4"
 
 
@@ -111,7 +114,7 @@ def _local_shard(full, kind: str, shape: StackShape, rank: int, world: int):
     and RowwiseParallel cut them), so the sum below checks the plan the timed run applies."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    plan = strat.tp_plan(kind, 1)
+    plan = stack_plan(kind, 1)
     col, = (k.rsplit(".", 1)[1] for k, v in plan.items() if isinstance(v, ColwiseParallel))
     row, = (k.rsplit(".", 1)[1] for k, v in plan.items() if isinstance(v, RowwiseParallel))
     local = make_stack(kind, shape, shards=world).to(dtype=next(full.parameters()).dtype)
@@ -182,7 +185,7 @@ def test_compare_flags_errors_beyond_tolerance():
 
 @pytest.fixture(scope="module")
 def group(one_rank_group):
-    return strat.device_mesh(CPU, 1)
+    return flat_mesh(CPU, 1)
 
 
 
@@ -224,7 +227,7 @@ def test_apply_tp_shards_the_planned_layers(group):
     tp = strat.apply_tp(full, "mlp", sh, group)
     assert all(isinstance(p, DTensor) for p in tp.parameters())
     assert not any(isinstance(p, DTensor) for p in full.parameters())  # reference untouched
-    assert set(strat.tp_plan("attention", 2)) == {"blocks.0.qkv", "blocks.0.out", "blocks.1.qkv",
+    assert set(stack_plan("attention", 2)) == {"blocks.0.qkv", "blocks.0.out", "blocks.1.qkv",
                                                   "blocks.1.out"}
 
 
@@ -291,12 +294,12 @@ def test_the_sharded_model_is_gone_before_rank_0_builds_the_whole_one(group, mon
 # ---- the table ---------------------------------------------------------------------------------
 
 def test_table_lines_align_and_show_missing_values():
-    head = format_table(cmd.OUTPUT.console, [], title="tp")
+    head = format_table(OUTPUT.console, [], title="tp")
     row = {"block": "mlp", "step_us": 2500.0, "compute_only_us": 2000.0, "comm_pct": 20.0,
            "tflops_per_rank": 0.5, "tokens_per_s": 1000.0, "allreduce_bytes_per_step": 4096,
            "implied_busbw_gbps": None, "t1_us": 4000.0, "speedup": 1.6, "efficiency": 0.8,
            "max_abs_err": None}
-    (line,) = format_table(cmd.OUTPUT.console, [row])
+    (line,) = format_table(OUTPUT.console, [row])
     assert len(line) == len(head[2]) == len(head[3])
     cells = line.split()
     assert cells == ["mlp", "2.50", "2.00", "20.0", "0.5000", "1000.0", "4096", "-", "4.00",

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from distbench.accept.files import VERDICT_WORDS, read_baseline
-from distbench.accept.profiles import NodeFacts, load, resolve
+from distbench.accept.profile_files import load, resolve
+from distbench.accept.profile_model import NodeFacts
 from distbench.accept.verdicts import Baseline, Result, judge
 from distbench.core import noise
 from distbench.core.exitcodes import EXIT_INCONCLUSIVE
@@ -417,8 +418,8 @@ def test_two_slow_nodes_of_four_at_the_issues_figures():
     assert _by_target(judged) == {f"vm#{a}+vm#{b}": "PASS" if (a, b) == (0, 2) else "FAIL"
                                   for a, b in figures}
     assert judged.verdicts[0].reference == 0.997
-    plan = judged.retests()
-    assert plan == [("pair all_reduce busbw", [[(0, 1), (2, 3)]])]
+    retests = judged.retests()
+    assert retests == [("pair all_reduce busbw", [[(0, 1), (2, 3)]])]
     again = [pair(0, 1, 0.0466, retest=True), pair(2, 3, 0.0481, retest=True)]
     judged = judge(first + again, cpu, names)
     named = sorted(c.split(" is in")[0].rsplit(" ", 1)[1] for c in judged.culprits)

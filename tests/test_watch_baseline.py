@@ -179,8 +179,8 @@ def test_a_baseline_measured_on_another_world_size_is_refused(tmp_path):
 
 
 def test_the_world_a_launcher_started_is_checked_as_the_options_are(tmp_path):
-    from distbench.cli.commands.watch import WatchOptions
     from distbench.core.options import OptionError
+    from distbench.kinds.watch.options import WatchOptions
 
     base = watch_run(tmp_path / "base", world=2)
     opts = WatchOptions(baseline=str(base))

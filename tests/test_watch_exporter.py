@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, write_to_textfile
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-import distbench.cli.commands
+from distbench.kinds import commands
 from distbench.watch import metrics
 from distbench.watch.records import STATES
 
@@ -150,7 +150,7 @@ def _rank_samples(scraped: Samples, m: metrics.PromMetric) -> dict[int, tuple[di
 
 
 @needs_exporter
-@pytest.mark.skipif("watch" not in distbench.cli.commands.COMMANDS,
+@pytest.mark.skipif("watch" not in commands(),
                     reason="no `distbench watch` on this branch yet (issue 32): written against "
                            "its contract, for the lead to run once it is merged")
 @pytest.mark.procs(4)  # the exporter, and watch's launcher and 2 workers

@@ -8,8 +8,8 @@ import json
 import pytest
 from helpers import assert_one_line_error, refused, resolved
 
-from distbench.cli.commands.watch import exit_code
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
+from distbench.kinds.watch.body import exit_code
 from distbench.watch.probe_baseline import read_baseline
 from distbench.watch.records import Probe
 
@@ -65,7 +65,7 @@ def test_a_baseline_that_is_not_a_watch_run_is_refused_in_one_line(tmp_path, in_
 @pytest.mark.parametrize("code,npd", [(EXIT_OK, 0), (EXIT_BELOW, 1), (EXIT_INCONCLUSIVE, 2),
                                       (EXIT_FAILED, 2), (2, 2)])
 def test_npd_gets_its_own_codes_and_other_runs_keep_distbenchs(code, npd):
-    from distbench.cli.commands.watch import WatchOptions
+    from distbench.kinds.watch.options import WatchOptions
 
     assert exit_code(WatchOptions(npd=True), code) == npd
     assert exit_code(WatchOptions(), code) == code
@@ -102,8 +102,8 @@ def test_the_default_probes_are_one_all_reduce_of_1_mib_and_run_json_says_so(tmp
 
 
 def test_sizes_are_counted_as_collective_counts_them():
-    from distbench.cli.commands.watch import WatchOptions
     from distbench.core.options import option_fields
+    from distbench.kinds.watch.options import WatchOptions
 
     helps = {spec.flag: spec.help for _, spec in option_fields(WatchOptions)}
     assert "as collective --sizes" in helps["sizes"] and "larger of" in helps["sizes"]

@@ -1,5 +1,5 @@
 """`distbench accept` on every rank: agree on the profile (profile_choice.py), then run its
-plan (itinerary.py): for each check measure every target (each node, each pair of nodes, the
+itinerary (itinerary.py): for each check measure every target (each node, each pair of nodes, the
 cluster), the targets of a round at the same time in process groups of their own, made for the
 round and released before the next round's (a rank holds one round's groups at most), and hand
 the results to rank 0, which judges
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from distbench.accept import files, itinerary, profile_choice, verdicts
 from distbench.accept.itinerary import Cluster, Groups, Target, by_machine, target_of
-from distbench.accept.profiles import Check, Profile
+from distbench.accept.profile_model import Profile, ProfileCheck
 from distbench.bench import series
 from distbench.bench.measure import Settings, Skipped
 from distbench.core import noise
@@ -40,7 +40,7 @@ def run(s: Session, output: Output) -> int:
     s.console.log(f"profile {profile.name}: {why}")
     names = node_names(rt.ranks)
     lay = Cluster.of_ranks(rt.ranks, names)
-    plan = itinerary.make(profile, lay, opts.quick)
+    route = itinerary.make(profile, lay, opts.quick)
     groups = Groups(rt.world, _group_maker(rt, opts.timeout), dist.destroy_process_group)
     met = itertools.count(1)
     s.console.log(f"{plural(len(profile.checks), 'check')} on {plural(len(names), 'node')}, "
@@ -63,12 +63,12 @@ def run(s: Session, output: Output) -> int:
     judged = None
     # Each check is measured, judged, retested and written before the next starts: a run
     # stopped halfway keeps every row measured, and accept.json says how far it got.
-    for k, step in enumerate(plan.checks):
-        check = step.check
+    for k, leg in enumerate(route.legs):
+        check = leg.check
         if chief:
             progress.begin(check.name)
         so_far = replace(profile, checks=profile.checks[:k + 1])
-        results += measure_check(s, m, step, groups, lay, met)
+        results += measure_check(s, m, leg, groups, lay, met)
         # Retests: a suspect node against a node that passed, any other failure as it was; a
         # fault fails again, a burst of noise rarely does.
         retests: list = [None]
@@ -112,14 +112,14 @@ def _shown(row: dict) -> dict:
     return {**row, "target": f"{row['target']} (retest)"} if row["retest"] else row
 
 
-def measure_check(s: Session, m: Settings, step: itinerary.CheckItinerary, groups: Groups,
+def measure_check(s: Session, m: Settings, leg: itinerary.Leg, groups: Groups,
                   lay: Cluster, met: Iterator[int]) -> list[verdicts.Result]:
-    """One check of the plan, every round of it, on every rank; rank 0 gets the results."""
-    if not step.rounds:  # a pair check on one node
-        return [verdicts.Result(step.check, "pairs", (), 0,
+    """One check of the itinerary, every round of it, on every rank; rank 0 gets the results."""
+    if not leg.rounds:  # a pair check on one node
+        return [verdicts.Result(leg.check, "pairs", (), 0,
                                 note="one node: no pair of nodes to measure")]
-    return [r for i, targets in enumerate(step.rounds)
-            for r in _round(s, m, step.check, targets, groups, lay, met, step.rounds.key(i))]
+    return [r for i, targets in enumerate(leg.rounds)
+            for r in _round(s, m, leg.check, targets, groups, lay, met, leg.rounds.key(i))]
 
 
 def _group_maker(rt, timeout_s: float):
@@ -131,7 +131,7 @@ def _group_maker(rt, timeout_s: float):
     return make
 
 
-def _round(s: Session, m: Settings, check: Check, targets: list[Target], groups: Groups,
+def _round(s: Session, m: Settings, check: ProfileCheck, targets: list[Target], groups: Groups,
            lay: Cluster, met: Iterator[int], key: object = None) -> list[verdicts.Result]:
     """One round: the ranks of each target measure it (in batches that share no machine), the
     others wait on the host; rank 0 gets every target's result. `met` numbers the host
@@ -146,7 +146,7 @@ def _round(s: Session, m: Settings, check: Check, targets: list[Target], groups:
             if rt.rank in target.ranks:
                 mine = _measure(s, m, check, target, of[target])
         what = f"{check.name}: waiting for the round's other targets"
-        s.step(what, 3 * s.opts.timeout)
+        s.phase(what, 3 * s.opts.timeout)
         if rt.peers is not None:
             # on the host first: a collective queued now would be timed by NCCL's watchdog
             # from now, and abort an idle rank whose peers measure for longer than the timeout
@@ -158,7 +158,7 @@ def _round(s: Session, m: Settings, check: Check, targets: list[Target], groups:
     return found
 
 
-def _measure(s: Session, m: Settings, check: Check, target: Target, group
+def _measure(s: Session, m: Settings, check: ProfileCheck, target: Target, group
              ) -> verdicts.Result | None:
     """The check on one target's ranks; the result on the target's first rank, None on the
     others."""

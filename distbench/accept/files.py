@@ -14,7 +14,7 @@ from distbench.accept.verdicts import Baseline, Judged
 from distbench.core import noise
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.core.tables import markdown_table
-from distbench.platform import topo
+from distbench.platform import topo_render
 from distbench.results import writer
 
 SCHEMA_VERSION = 1
@@ -212,5 +212,5 @@ def render_md(summary: dict, record, rt) -> str:
                                                          "node"]
     if summary["notes"]:
         lines += ["", "## Notes", "", *[f"- {n}" for n in summary["notes"]]]
-    lines += ["", "## Topology", "", "```", *topo.summary_lines(rt.snapshots), "```", ""]
+    lines += ["", "## Topology", "", "```", *topo_render.summary_lines(rt.snapshots), "```", ""]
     return "\n".join(lines)

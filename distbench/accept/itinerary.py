@@ -1,6 +1,6 @@
 """What an acceptance does, before it does it: each check's targets (each node, each pair of
 nodes, the cluster) in rounds of targets that share no node, the process groups those rounds
-need, and an estimate of the wall time. `accept` runs this plan; `accept --dry-run` prints it,
+need, and an estimate of the wall time. `accept` runs this itinerary; `accept --dry-run` prints it,
 from the same code, so the two cannot drift apart. A check's rounds are made when asked for
 (Rounds): the run makes them one at a time, and a dry run counts them without making any (a
 pair check has N(N-1)/2 targets, 4.5 million at 3000 nodes): 100000 nodes plan in about 2 s.
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from distbench.accept import schedule
-from distbench.accept.profiles import Check, Profile
+from distbench.accept.profile_model import Profile, ProfileCheck
 from distbench.core.accounting import SENDRECV, bandwidth, buffer_of
 from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
@@ -118,7 +118,7 @@ class Rounds(Sequence[list[Target]]):
         else:
             self._count = schedule.circle_count(nodes)
         # the round made last, kept for whoever asks for it next (ranks as threads share one
-        # plan, and each asks for every round)
+        # itinerary, and each asks for every round)
         self._last: tuple[int, list[Target]] | None = None
 
     def __len__(self) -> int:
@@ -196,7 +196,7 @@ class Rounds(Sequence[list[Target]]):
         return sum(len(by_machine(targets, self.lay.hosts)) for targets in self)
 
 
-def rounds_of(check: Check, lay: Cluster, quick: bool) -> Rounds:
+def rounds_of(check: ProfileCheck, lay: Cluster, quick: bool) -> Rounds:
     """The check's targets, in rounds of targets that share no node."""
     return Rounds(check.scope, lay, quick)
 
@@ -267,8 +267,10 @@ class Groups:
 
 
 @dataclass
-class CheckItinerary:
-    check: Check
+class Leg:
+    """One check's part of the itinerary: its rounds, and what they cost."""
+
+    check: ProfileCheck
     rounds: Rounds
     creations: int = 0  # group creations per rank for this check
     issued: list[str] = field(default_factory=list)  # what one measuring rank issues
@@ -280,41 +282,41 @@ class Itinerary:
     profile: Profile
     cluster: Cluster
     quick: bool
-    checks: list[CheckItinerary]
+    legs: list[Leg]  # one per check, in the profile's order
 
     @property
     def rounds(self) -> int:
-        return sum(len(c.rounds) for c in self.checks)
+        return sum(len(leg.rounds) for leg in self.legs)
 
     @property
     def creations(self) -> int:
-        return sum(c.creations for c in self.checks)
+        return sum(leg.creations for leg in self.legs)
 
     @property
     def seconds(self) -> float:
-        return sum(c.seconds for c in self.checks)
+        return sum(leg.seconds for leg in self.legs)
 
 
 def make(profile: Profile, lay: Cluster, quick: bool) -> Itinerary:
     """The acceptance of `profile` on this layout, as `accept` runs it (retests aside: they
     add rounds only where a target fails)."""
-    plans: list[CheckItinerary] = []
+    legs: list[Leg] = []
     groups = Groups(lay.world, lambda lists: {})
     for check in profile.checks:
         rounds = rounds_of(check, lay, quick)
-        plan = CheckItinerary(check, rounds)
+        leg = Leg(check, rounds)
         before = groups.created
         for r in range(len(rounds)):  # as the run holds them, by their keys: no target made
             groups.hold(rounds.key(r))
-        plan.creations = groups.created - before
-        plan.issued, per_measurement = _issued(check, profile, rounds)
-        plan.seconds = (rounds.batches() * (per_measurement + SETUP_S) + len(rounds) * ROUND_S
-                        + plan.creations * CREATE_S)
-        plans.append(plan)
-    return Itinerary(profile, lay, quick, plans)
+        leg.creations = groups.created - before
+        leg.issued, per_measurement = _issued(check, profile, rounds)
+        leg.seconds = (rounds.batches() * (per_measurement + SETUP_S) + len(rounds) * ROUND_S
+                       + leg.creations * CREATE_S)
+        legs.append(leg)
+    return Itinerary(profile, lay, quick, legs)
 
 
-def _issued(check: Check, profile: Profile, rounds: Rounds) -> tuple[list[str], float]:
+def _issued(check: ProfileCheck, profile: Profile, rounds: Rounds) -> tuple[list[str], float]:
     """What a measuring rank issues per round, and the seconds one measurement takes at the
     figure the estimate assumes."""
     calls = profile.warmup + profile.iters + 1  # the last: the correctness check
@@ -333,7 +335,7 @@ def _issued(check: Check, profile: Profile, rounds: Rounds) -> tuple[list[str], 
     return [f"{calls} x {what} of {format_size(lay.size_bytes)} on {n} ranks"], calls * per_call
 
 
-def _seconds_per_call(check: Check, acc, size: int, n: int) -> float:
+def _seconds_per_call(check: ProfileCheck, acc, size: int, n: int) -> float:
     absolute = check.vs == "absolute" and (check.warn or check.fail)
     if check.metric == "time_us":
         us = (check.fail or check.warn) if absolute else ASSUMED_LATENCY_US[check.scope]
@@ -343,7 +345,7 @@ def _seconds_per_call(check: Check, acc, size: int, n: int) -> float:
     return size * (bus / algbw) / (busbw * 1e9)
 
 
-def floors_line(check: Check, nodes: int) -> str:
+def floors_line(check: ProfileCheck, nodes: int) -> str:
     """Which floors an absolute check with floors by node count judges a target of `nodes`
     nodes by, and the lines: "the profile's floor for 4 nodes (fail below 336, warn below 347
     GB/s)", and why that row where it is not the count's own."""
@@ -361,15 +363,16 @@ def floors_line(check: Check, nodes: int) -> str:
     return f"the profile's floor{floor_for} ({lines}){caveat}"
 
 
-def lines(plan: Itinerary) -> list[str]:
-    """The plan as an operator reads it before booking the nodes; the last line sums it up."""
-    lay = plan.cluster
+def lines(route: Itinerary) -> list[str]:
+    """The itinerary as an operator reads it before booking the nodes (the console calls it
+    the plan); the last line sums it up."""
+    lay = route.cluster
     per_node = {len(r) for r in lay.node_ranks}
-    out = [f"accept plan: profile {plan.profile.name}, {plural(len(lay.names), 'node')} of "
+    out = [f"accept plan: profile {route.profile.name}, {plural(len(lay.names), 'node')} of "
            f"{'/'.join(map(str, sorted(per_node)))} {'rank' if per_node == {1} else 'ranks'}, "
            f"{plural(lay.world, 'rank')}"
-           + (", --quick" if plan.quick else "")]
-    for c in plan.checks:
+           + (", --quick" if route.quick else "")]
+    for c in route.legs:
         rounds = c.rounds
         sizes = rounds.sizes() if rounds else []
         targets = rounds.targets if rounds else 0
@@ -387,13 +390,13 @@ def lines(plan: Itinerary) -> list[str]:
     out.append("  after each measurement: the cross-rank statistics in the target's group, a "
                "barrier on the host (the launcher's store), then one all_gather_object of the "
                "round's results on every rank")
-    out.append(f"  estimated: {plan.profile.warmup} warmup + {plan.profile.iters} timed + 1 "
+    out.append(f"  estimated: {route.profile.warmup} warmup + {route.profile.iters} timed + 1 "
                f"checked call per measurement at the profile's warn figure (checks against "
                f"peers: {ASSUMED_BUSBW_GBPS['node']:.0f} GB/s busbw in a node, "
                f"{ASSUMED_BUSBW_GBPS['pair']:.0f} between nodes), plus {SETUP_S:.0f} s per "
                f"measurement, {CREATE_S:.0f} s per group creation and {ROUND_S} s per round; "
                "retests add rounds (and group creations) only where a target fails")
-    out.append(f"plan: {plural(len(plan.checks), 'check')}, {plural(plan.rounds, 'round')}, "
-               f"{plural(plan.creations, 'group creation')} per rank, about "
-               f"{math.ceil(plan.seconds / 60)} min")
+    out.append(f"plan: {plural(len(route.legs), 'check')}, {plural(route.rounds, 'round')}, "
+               f"{plural(route.creations, 'group creation')} per rank, about "
+               f"{math.ceil(route.seconds / 60)} min")
     return out

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from distbench.accept.profiles import Check, NodeFacts, Profile
+from distbench.accept.profile_model import NodeFacts, Profile, ProfileCheck
 from distbench.accept.schedule import pack, retest_rounds
 from distbench.core import noise
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
@@ -23,7 +23,7 @@ from distbench.results import healthy
 class Result:
     """One measurement of a check on one target."""
 
-    check: Check
+    check: ProfileCheck
     target: str  # a node, "a+b" for a pair, "cluster"
     nodes: tuple[int, ...]  # node indices it ran on
     ranks: int
@@ -72,14 +72,14 @@ JUDGED = ("PASS", "WARN", "FAIL")
 TARGETS = {"node": ("node", "nodes"), "pair": ("pair", "pairs"), "cluster": ("target", "targets")}
 
 
-def _line(check: Check, reference: float, share: float | None) -> float | None:
+def _line(check: ProfileCheck, reference: float, share: float | None) -> float | None:
     """The measured value that does `share` as well as `reference` (the fraction's inverse)."""
     if share is None:
         return None
     return reference * share if check.higher_is_better else reference / share
 
 
-def _peers(check: Check, results: list[Result], names: list[str],
+def _peers(check: ProfileCheck, results: list[Result], names: list[str],
            unhealthy: Mapping[int, list[str]]) -> tuple[float | None, str]:
     """What the healthy targets of a check reach, in the metric's unit, and what it rests on;
     or None and why there is nothing to judge by. `unhealthy`: nodes that failed a node check,
@@ -117,7 +117,7 @@ def _first_measured(results: list[Result]) -> list[Result]:
 NO_PEERS = "one target: no peers to judge it against"
 
 
-def _against_baseline(check: Check, r: Result, base: float, tolerance: float,
+def _against_baseline(check: ProfileCheck, r: Result, base: float, tolerance: float,
                       spreads: list[float | None]) -> Verdict:
     """Worse than the baseline by more than the tolerance AND the noise both runs show (this
     measurement's spread, the baseline's for the target, each run's typical one) fails: on a
@@ -159,7 +159,7 @@ def _unfit(profile: Profile, r: Result, names: list[str]) -> str:
     return f"not judged: {profile.name}'s floor is for {plural(want, 'GPU')} per node; {where}"
 
 
-def _absolute(check: Check, profile: Profile, r: Result, names: list[str]) -> Verdict:
+def _absolute(check: ProfileCheck, profile: Profile, r: Result, names: list[str]) -> Verdict:
     """Against the profile's floors: for the target's node count where the check has floors
     by node count (the row's note names the count, and says so where the table has no row
     for it); those for NVLS where every node of the target has it, the ones without where any
@@ -188,7 +188,7 @@ def _absolute(check: Check, profile: Profile, r: Result, names: list[str]) -> Ve
                    graded.fraction(r.value, floor), why)
 
 
-def _judge_check(check: Check, results: list[Result], names: list[str], profile: Profile,
+def _judge_check(check: ProfileCheck, results: list[Result], names: list[str], profile: Profile,
                  baseline: Baseline | None, typical: float | None,
                  unhealthy: Mapping[int, list[str]]) -> list[Verdict]:
     """Every result of the check, retests too; what the peers reach comes from the first
@@ -232,8 +232,8 @@ class Judged:
     notes: list[str] = field(default_factory=list)
     # check name -> targets (tuples of nodes) to measure again: a suspect node paired with a
     # node that passed, or a failing target as it was
-    plan: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
-    checks: list[Check] = field(default_factory=list)  # those judged, in the profile's order
+    to_retest: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    checks: list[ProfileCheck] = field(default_factory=list)  # those judged, in the profile's order
     # checks judged on fewer targets than their scope holds: "node x on 2 of 4 nodes"
     partial: list[str] = field(default_factory=list)
     # nodes with fewer GPUs than the profile is for, NVML counting: the run fails on them,
@@ -242,7 +242,7 @@ class Judged:
 
     def retests(self) -> list[tuple[str, list[list[tuple[int, ...]]]]]:
         """(check name, rounds of targets that share no node)."""
-        return [(check, pack(targets)) for check, targets in self.plan.items() if targets]
+        return [(check, pack(targets)) for check, targets in self.to_retest.items() if targets]
 
     def applicable(self, scope: str) -> bool:
         """Whether this cluster has a target of the scope: one node has no pair of nodes, so
@@ -356,7 +356,7 @@ def _retested(again: list[Verdict]) -> str:
     return "warned" if "WARN" in measured else "passed"
 
 
-def _settle(check: Check, verdicts: list[Verdict], names: list[str], judged: Judged) -> None:
+def _settle(check: ProfileCheck, verdicts: list[Verdict], names: list[str], judged: Judged) -> None:
     """What the first pass's failures mean, once retests exist: a failure whose retests all
     passed cleanly was noise (WARN, said so); one whose retest failed or warned stands. Names
     the node at fault and plans the retests when there are none yet."""
@@ -371,10 +371,10 @@ def _settle(check: Check, verdicts: list[Verdict], names: list[str], judged: Jud
                             "the node checks, to tell")
     suspects, healthy_nodes = _suspects(first) if check.scope == "pair" and len(names) > 2 \
         else ([], [])
-    if not again:  # plan: suspects against nodes that passed, other failures as they were
-        plan = [p for p in retest_rounds(suspects, healthy_nodes) for p in p]
-        plan += [v.result.nodes for v in failing if not set(v.result.nodes) & set(suspects)]
-        judged.plan[check.name] = plan
+    if not again:  # suspects against nodes that passed, other failures as they were
+        targets = [p for p in retest_rounds(suspects, healthy_nodes) for p in p]
+        targets += [v.result.nodes for v in failing if not set(v.result.nodes) & set(suspects)]
+        judged.to_retest[check.name] = targets
     for i in suspects:
         said = _retested([v for v in again if i in v.result.nodes])
         how = {"failed": " (confirmed against a node that passed)",
@@ -418,7 +418,7 @@ def _passing(fine: int, partners: int) -> str:
     return f"{fine} of its {plural(partners, 'partner')} {'passes' if fine == 1 else 'pass'}"
 
 
-def _coverage(check: Check, verdicts: list[Verdict], judged: Judged) -> None:
+def _coverage(check: ProfileCheck, verdicts: list[Verdict], judged: Judged) -> None:
     """Says so where a check judged nothing, or fewer targets than it measured for."""
     first = [v for v in verdicts if not v.result.retest]
     done = [v for v in first if v.verdict in JUDGED]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def judge(s: Session) -> None:
     """Every rank, once every row is written."""
     worse: list[compare.Row] = []
-    s.step("comparison with --baseline", s.opts.timeout)
+    s.phase("comparison with --baseline", s.opts.timeout)
     if s.run_dir is not None:
         c = print_comparison(s, compare.DEFAULT_THRESHOLD)
         if isinstance(c, str):

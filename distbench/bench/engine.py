@@ -91,12 +91,12 @@ def _run_series(s: Session, m: Settings, ser: Series, sizes: list[int], bad: lis
     sized = [(size, buffer_of(ser.accounting, size, ser.elt, n)) for size in sizes]
     skip = ser.skip
     if not skip and ser.probe is not None:
-        s.step(f"{ser.name} probe", s.opts.timeout)
+        s.phase(f"{ser.name} probe", s.opts.timeout)
         skip = _probe(ser.probe, s.rt.device)
     bufs, fitted = None, 0
     counts = [lay.per_rank_count for _, lay in sized if lay]
     if not skip and counts:
-        s.step(f"{ser.name} allocation", s.opts.timeout)
+        s.phase(f"{ser.name} allocation", s.opts.timeout)
         bufs, fitted = allocate_fitting(ser.alloc, counts, s.rt.device, s.opts.headroom)
     for size, lay in sized:
         reason = skip or (ser.too_small if lay is None else

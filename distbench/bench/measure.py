@@ -36,8 +36,8 @@ class Settings:
     timeout: float  # seconds each stage may take (setup, warmup, check, statistics): --timeout
     warmup: int  # untimed iterations first (one runs whatever this says)
     iters: int | None  # timed iterations; None: calibrated to fill min_time
-    # names what runs now and how long it may take: errors and timeouts quote it (Session.step)
-    step: Callable[[str, float], None]
+    # names what runs now and how long it may take: errors and timeouts quote it (Session.phase)
+    phase: Callable[[str, float], None]
     faults: Faults = Faults()  # the test suite's, applied to each case before it runs
     peers: Peers | None = None  # the launcher's store, for host barriers; None: no store
     min_time: float = 0.0  # seconds the timed loop should fill when iters is None
@@ -52,7 +52,7 @@ class Settings:
         (acceptance's profile sets its own iterations)."""
         opts = {name: getattr(s.opts, name) for name in OPTIONS if hasattr(s.opts, name)}
         # a test's stand-in runtime may have no store
-        return cls(device=s.rt.device, step=s.step, faults=s.faults,
+        return cls(device=s.rt.device, phase=s.phase, faults=s.faults,
                    peers=getattr(s.rt, "peers", None), **{**opts, **given})
 
 
@@ -70,12 +70,12 @@ def timed_samples(m: Settings, fn: Callable[[], object], what: str,
     from distbench.run.peers import agree
 
     device = m.device
-    m.step(f"{what} (warmup)", m.timeout)
+    m.phase(f"{what} (warmup)", m.timeout)
     warm = timing.warm_up(fn, m.warmup, m.iters, m.min_time, device, group)
     iters, per_op = warm.iters, warm.typical
     captured = None
     if m.cuda_graph:
-        m.step(f"{what} (CUDA graph capture)", m.timeout)
+        m.phase(f"{what} (CUDA graph capture)", m.timeout)
         reason = ""
         try:
             captured = timing.capture(fn, iters, device)
@@ -90,7 +90,7 @@ def timed_samples(m: Settings, fn: Callable[[], object], what: str,
     # wait on the host for the others'. The loop itself runs as long as it moves, and ends
     # --timeout after it stops (a peer stopped): the session's watchdog watches timing.LOOP.
     budget = m.timeout + 2 * iters * per_op
-    m.step(what, budget)
+    m.phase(what, budget)
     longest = max(noise.rep_lengths(iters, m.reps)) * per_op
     settle = _host_barrier(m.peers, group, budget) \
         if longest > timing.QUEUE_SHARE * m.timeout else None
@@ -129,18 +129,18 @@ def measure_case(m: Settings, case: Case, what: str, size: int, scale: float = 1
     """`scale` turns a timed call into the quantity reported (0.5: one way of a round trip).
     The faults (tests only) apply here, the one hook point, before anything runs. `group`: the
     ranks the case runs on (a node, a pair of nodes); None: every rank."""
-    m.step(f"{what} (setup)", m.timeout)
+    m.phase(f"{what} (setup)", m.timeout)
     case = m.faults.apply(case, size)
     case.prepare()
     timed = timed_samples(m, case.run, what, group=group)
     wrong = 0
     if m.check:
-        m.step(f"{what} (check)", m.timeout)
+        m.phase(f"{what} (check)", m.timeout)
         case.prepare()
         case.run()
         timing.sync(m.device)
         wrong = case.check()
-    m.step(f"{what} (statistics)", m.timeout)
+    m.phase(f"{what} (statistics)", m.timeout)
     samples = timed.samples if scale == 1.0 else [x * scale for x in timed.samples]
     return timing.summarize(samples, wrong, m.device, active=case.active,
                             host_share=timed.host_share, group=group,

@@ -17,20 +17,24 @@ from typing import Annotated
 
 import typer
 
-from distbench.cli.commands import COMMANDS, TOOLS, Command
+import distbench
 from distbench.core.errors import ReadError, one_line
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
 from distbench.core.options import (
     DEFAULT_TIMEOUT_S,
     OptionError,
     build,
+    choices_of,
     cli_types,
     example_of,
     flag,
     load_config,
+    negatable,
     option_fields,
     path_options,
 )
+from distbench.kinds import KINDS, commands
+from distbench.kinds.kind import Kind
 from distbench.platform import env, lifeline, limits, slurm_mpi
 from distbench.run import faults
 
@@ -41,23 +45,26 @@ def epilog(examples: tuple[str, ...]) -> str:
     return "\n\n".join(["Examples:", *examples])
 
 
+# -h as well as --help, on the root and every command
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
 app = typer.Typer(
     name="distbench",
     help="Benchmarks for the communication distributed training runs on.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion: choices and options completed by the shell
     pretty_exceptions_enable=False,
+    context_settings=CONTEXT,
     epilog=epilog(("distbench collective --op all_reduce --workers 2",
                    "distbench step --workers 4",
                    "distbench plan --help     # a command's options and examples")),
 )
 
 
-
 def dispatch(name: str, opts) -> int:
     """Where a command runs: under a launcher, as one rank of a session; with --dry-run, or
     for a command that needs no workers, here; else on local workers we start."""
-    entry = COMMANDS[name]
+    entry = KINDS[name]
     if entry.dry_run is not None and getattr(opts, "dry_run", False):
         return entry.dry_run(opts)
     if env.under_launcher():
@@ -76,12 +83,12 @@ def _machine_check(name: str) -> Callable[[object, int | None], None]:
     """What this machine can hold, checked as the options are built, for a run that will start
     local workers (not a dry run, and not a command that runs here alone: topo, or plan from
     earlier runs)."""
-    entry = COMMANDS[name]
+    entry = KINDS[name]
 
     def check(opts, world: int | None) -> None:
         if entry.dry_run is not None and getattr(opts, "dry_run", False):
             return
-        if entry.run_local is not None and getattr(opts, "pure", True):
+        if entry.run_local is not None and (entry.local is None or entry.local(opts)):
             return
         from distbench.run import launch
 
@@ -101,10 +108,10 @@ def _flag_name(py_name: str) -> str:
 def _config_callback(ctx: typer.Context, param: typer.CallbackParam, value: Path | None):
     if value is not None:
         name = ctx.command.name or ""
-        known = {spec.flag: cli_types(COMMANDS[name].options)[f.name]
-                 for f, spec in option_fields(COMMANDS[name].options)}
-        loaded = load_config(value, name, known, set(COMMANDS),
-                             path_options(COMMANDS[name].options))
+        known = {spec.flag: cli_types(KINDS[name].options)[f.name]
+                 for f, spec in option_fields(KINDS[name].options)}
+        loaded = load_config(value, name, known, set(commands()),
+                             path_options(KINDS[name].options))
         ctx.default_map = {**(ctx.default_map or {}),
                            **{_py_name(k): v for k, v in loaded.items()}}
     return value
@@ -117,30 +124,62 @@ CONFIG = inspect.Parameter(
         callback=_config_callback)])
 
 
+def _completer(choices: Callable[[], tuple[str, ...]], many: bool):
+    """What the shell offers for an option of fixed choices: those that start as typed; for a
+    comma list, the last item completed after those already typed (`all` only alone)."""
+    def complete(incomplete: str) -> list[str]:
+        head, comma, last = incomplete.rpartition(",") if many else ("", "", incomplete)
+        given = {n.strip().lower() for n in head.split(",")} if comma else set()
+        return [head + comma + c for c in choices() if c.startswith(last.lower())
+                and c not in given and not (comma and c == "all")]
+    return complete
+
+
+def _choice_help(check, text: str) -> dict:
+    """typer.Option's arguments for an option of fixed choices: the help text names them all
+    (added where it does not already, and for a comma list of them that it is one), the shell
+    completes them, and the value shows as <name>, or <list> for a comma list. Not in brackets
+    beside the option ([auto|nccl|gloo]): at 80 columns that column would squeeze every
+    option's help."""
+    found = choices_of(check)
+    if found is None:
+        return {"help": text}
+    shown, many = found
+    words = {w.strip(".,;:()'\"") for w in text.replace(",", " ").replace("/", " ").split()}
+    if any(c not in words for c in shown):
+        text = f"{text.rstrip()} Choices: {', '.join(shown)}."
+    if many and "comma" not in text:  # the one list syntax, said where the text does not
+        text = f"{text.rstrip()} A comma list takes several."
+    return {"help": text, "metavar": "<list>" if many else "<name>",
+            "autocompletion": _completer(lambda: choices_of(check)[0], many)}
+
+
 def _parameters(options: type) -> list[inspect.Parameter]:
     types = cli_types(options)
     params = []
     for f, spec in option_fields(options):
         text = spec.help() if callable(spec.help) else spec.help
-        declared = [flag(spec.flag)] if keyword.iskeyword(spec.flag) else []
+        # a flag off by default only turns on: --once, not --once/--no-once
+        plain_flag = types[f.name] is bool and not negatable(f)
+        declared = [flag(spec.flag)] if keyword.iskeyword(spec.flag) or plain_flag else []
         params.append(inspect.Parameter(
             _py_name(spec.flag), inspect.Parameter.KEYWORD_ONLY, default=f.default,
             annotation=Annotated[types[f.name], typer.Option(
-                *declared, help=text, show_default=spec.show_default)]))
+                *declared, show_default=spec.show_default, **_choice_help(spec.check, text))]))
     return params
 
 
-def _add(name: str, command: Command) -> None:
+def _add(name: str, command: Kind) -> None:
     def handler(**raw) -> None:
         raw.pop("config")
         raw = {_flag_name(k): v for k, v in raw.items()}
         if raw.get("workers") is not None and env.under_launcher() \
                 and not env.started_by_us():  # ours: what we started, kept for run.json
-            # the launcher decided the world; refusing would fail a run that can go ahead
-            if env.rank_text() == "0":
-                print(f"distbench: warning: --workers is ignored under a launcher (it started "
-                      f"{env.world_size_text()} ranks)", file=sys.stderr, flush=True)
-            raw["workers"] = None
+            # the launcher decided the world: a count that says otherwise is a mistake
+            per_node = env.local_world_size() or env.world_size_text()
+            raise OptionError("--workers", f"not with a launcher (torchrun, srun): it started "
+                              f"{env.world_size_text()} ranks already",
+                              f"torchrun --nproc-per-node {per_node} -m distbench {name}")
         if isinstance(raw.get("workers"), int) and raw["workers"] >= 1 \
                 and not env.under_launcher():
             # first of all, before torch loads: a count past the machine is refused at once
@@ -153,20 +192,35 @@ def _add(name: str, command: Command) -> None:
     handler.__signature__ = inspect.Signature(params)
     handler.__annotations__ = {p.name: p.annotation for p in params}
     handler.__name__ = name
-    app.command(name=name, help=command.help, epilog=epilog(command.examples))(handler)
+    app.command(name=name, help=command.help, epilog=epilog(command.examples),
+                context_settings=CONTEXT)(handler)
 
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"distbench {distbench.__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback()
-def _root() -> None:
+def _root(version: Annotated[bool, typer.Option(
+        "--version", help="Print the version and exit.", is_eager=True,
+        callback=_version)] = False) -> None:
     """Run a benchmark under torchrun, or alone (it then starts local workers itself)."""
 
 
-for _name, _command in COMMANDS.items():
-    _add(_name, _command)
-for _tool in TOOLS:  # they read results back: no launcher, no option dataclass
-    app.command(name=_tool.__name__.rsplit(".", 1)[1], help=_tool.HELP,
-                epilog=epilog(_tool.EXAMPLES))(_tool.command)
+def add(kind: Kind) -> None:
+    """The kind's command on the application: its options' handler, or a tool's own function
+    (they read results back: no launcher, no option dataclass)."""
+    if kind.command is not None:
+        app.command(name=kind.name, help=kind.help, epilog=epilog(kind.examples),
+                    context_settings=CONTEXT)(kind.command)
+    else:
+        _add(kind.name, kind)
+
+
+for _kind in KINDS.values():
+    add(_kind)
 
 
 def _usage_error(e: typer.TyperException, argv: list[str]) -> str:
@@ -174,7 +228,7 @@ def _usage_error(e: typer.TyperException, argv: list[str]) -> str:
     (`--iters 1.5`), the value given and a valid example, as our own checks give."""
     param, ctx = getattr(e, "param", None), getattr(e, "ctx", None)
     if isinstance(e, typer.BadParameter) and param is not None and ctx is not None:
-        command = COMMANDS.get(ctx.command.name or "")
+        command = commands().get(ctx.command.name or "")
         fields = {spec.flag: (f, spec) for f, spec in option_fields(command.options)
                   } if command else {}
         if param.name and _flag_name(param.name) in fields:
@@ -196,7 +250,7 @@ def _refuse(message: str, args: list[str] | None = None) -> int:
     """Bad input: one line and exit 2 (with watch --npd, node-problem-detector's line on stdout
     too). Under a launcher the other ranks would wait for this one in process-group setup until
     their timeout: they are told first, and each node says it once (from its local rank 0)."""
-    from distbench.cli.commands.watch import npd_asked
+    from distbench.kinds.watch.options import npd_asked
     from distbench.watch.health import npd_refusal
 
     speaks = not env.under_launcher() or env.local_rank() == 0

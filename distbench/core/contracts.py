@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distbench.core.layout_label import EXTRA_COLUMNS
+from distbench.core.layout_label import EXTRA_COLUMNS, row_label
 from distbench.core.tables import Column, Output, fmt_us, us_as_ms
 
 # collective
@@ -43,7 +43,8 @@ COLLECTIVE = Output("collective.csv", csv=(
 ), identity=("op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes",
              "group_size", "group_stride"),
     read=("time_us", "p99_us", "algbw_gbps", "busbw_gbps", "status"),
-    identity_since=("group_size", "group_stride"))
+    identity_since=("group_size", "group_stride"),
+    busbw="busbw_gbps", time="time_us", p99="p99_us", group=lambda row: str(row["op"]))
 
 
 # p2p
@@ -55,7 +56,8 @@ P2P = Output("p2p.csv", csv=(
     "spread_pct",
 ), console=(*SIZE_COLUMNS, *MEASURED_COLUMNS),
     identity=("pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes"),
-    read=("time_us", "p99_us", "busbw_gbps", "status"))
+    read=("time_us", "p99_us", "busbw_gbps", "status"),
+    busbw="busbw_gbps", time="time_us", p99="p99_us", group=lambda row: str(row["pattern"]))
 
 # Long form: one row per ordered pair, direction and size. On the console: N x N grids.
 P2P_MATRIX = Output("p2p_matrix.csv", csv=(
@@ -64,7 +66,8 @@ P2P_MATRIX = Output("p2p_matrix.csv", csv=(
     "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend", "reps", "spread_pct",
 ), identity=("direction", "src_rank", "dst_rank", "dtype", "world_size", "nnodes", "size_bytes"),
     read=("src_host", "dst_host", "src_local_rank", "dst_local_rank", "link", "time_us", "p99_us",
-          "gbps"))
+          "gbps"),
+    busbw="gbps", time="time_us", p99="p99_us", group=lambda row: f"matrix {row['direction']}")
 
 
 # tp
@@ -91,7 +94,8 @@ TP = Output("tp.csv", csv=(
     Column("max_abs_err", "max_err", "", 10, ".3g"),
 ), read=("block", "dtype", "world_size", "step_us", "compute_only_us", "comm_pct", "status"),
     identity=("block", "dtype", "world_size", "nnodes", "hidden_size", "seq_len",
-              "micro_batch_size", "layers"))
+              "micro_batch_size", "layers"),
+    time="step_us", p99="p99_us")  # a training step's figure is its step time
 
 
 # pp
@@ -120,7 +124,8 @@ PP = Output("pp.csv", csv=(
 ), read=("schedule", "dtype", "world_size", "micro_batches", "step_us", "bubble_measured",
          "bubble_analytic", "status"),
     identity=("schedule", "dtype", "world_size", "nnodes", "stages", "micro_batches",
-              "micro_batch_size"))
+              "micro_batch_size"),
+    time="step_us", p99="p99_us")
 
 
 # dp
@@ -150,7 +155,8 @@ DP = Output("dp.csv", csv=(
 ), read=("mode", "bucket_cap_mb", "dtype", "world_size", "step_us", "compute_only_us",
          "comm_alone_us", "exposed_comm_us", "overlap_pct", "state_bytes_per_rank", "status"),
     identity=("mode", "bucket_cap_mb", "dtype", "world_size", "nnodes", "block",
-              "micro_batch_size", "layers"))
+              "micro_batch_size", "layers"),
+    time="step_us", p99="p99_us")
 
 
 # A layout's columns as step and validation show them (plan's rank first, its own widths)
@@ -194,7 +200,10 @@ STEP = Output("step.csv", csv=(
           "exposed_comm_us", "status"),
     # a layout recomputed, interleaved, sequence-parallel or synced otherwise is another
     # layout; older runs lack the columns
-    identity_since=("recompute", "virtual_stages", *EXTRA_COLUMNS))
+    identity_since=("recompute", "virtual_stages", *EXTRA_COLUMNS),
+    time="step_us", p99="p99_us",
+    # a layout reads as its label, not as five bare numbers
+    label=lambda row: f"{row_label(row)} {row.get('dtype')}")
 
 
 
@@ -227,7 +236,8 @@ PLAN = Output("plan.csv", csv=(
     Column("optimizer_ms", "optim", "(ms)", 9, ".2f"),
     Column("memory_per_rank_bytes", "memory", "(GiB)", 9, lambda b: f"{b / 2**30:.1f}"),
     Column("fits", "fits", "", 5, lambda v: "yes" if v else "no"),
-), read=("tp", "pp", "dp", "zero", "micro_batches", "predicted_step_ms", "fits"))
+), read=("tp", "pp", "dp", "zero", "micro_batches", "predicted_step_ms", "fits"),
+    not_compared="predictions, not measurements: plan --validate measures step.csv")
 
 # validation
 # One row per layout `plan --validate K` ran for real: what was predicted against what a real
@@ -241,7 +251,8 @@ VALIDATION = Output("validation.csv", csv=(
     Column("predicted_step_ms", "predicted", "(ms)", 11, ".2f"),
     Column("measured_step_ms", "measured", "(ms)", 11, ".2f"),
     Column("error_pct", "error", "(%)", 8, ".1f"),
-), read=("predicted_step_ms", "measured_step_ms", "status"))
+), read=("predicted_step_ms", "measured_step_ms", "status"),
+    not_compared="each prediction against one measurement: its step.csv is compared")
 
 # accept
 # One row per check and target (a node, a pair of nodes, the cluster), retests included; its
@@ -260,7 +271,10 @@ ACCEPT = Output("accept.csv", csv=(
     Column("ratio", "ratio", "", 8, ".3g"),
     Column("verdict", "verdict", "", 8),
 ), identity=("check", "scope", "target", "metric", "retest"),
-    read=("measured", "expected", "ratio", "verdict"))
+    read=("measured", "expected", "ratio", "verdict"),
+    # each check is judged by its own metric: `measured` is whatever the profile judged
+    busbw="measured", time="measured", p99="measured", row_metric="metric",
+    group=lambda row: str(row["check"]), grouped_by="check")
 
 # watch: one row per probe per cycle, flushed as each cycle ends (distbench/watch)
 WATCH = Output("watch.csv", csv=(
@@ -268,10 +282,26 @@ WATCH = Output("watch.csv", csv=(
     "nnodes", "status", "time_us", "busbw_gbps", "spread_pct", "late_rank", "lateness_us",
     "state", "median_us", "p95_us", "cv", "baseline_us", "verdict", "stragglers", "note",
 ), identity=("cycle", "op", "size_bytes", "scope", "dtype"),
-    read=("time_us", "busbw_gbps", "state", "verdict"))
+    read=("time_us", "busbw_gbps", "state", "verdict"),
+    not_compared="cycles watch judges itself, against its own baseline")
 
-# Every CSV, in the order report shows a run's tables and compare compares them.
-OUTPUTS = (COLLECTIVE, P2P, P2P_MATRIX, TP, PP, DP, STEP, PLAN, VALIDATION, ACCEPT)
+# Every CSV, in the order report shows a run's tables and compare compares them: these, then
+# any a kind registers (its own folder's contracts: kinds.register).
+_REGISTERED: list[Output] = [COLLECTIVE, P2P, P2P_MATRIX, TP, PP, DP, STEP, PLAN, VALIDATION,
+                             ACCEPT, WATCH]
+
+
+def outputs() -> tuple[Output, ...]:
+    return tuple(_REGISTERED)
+
+
+def register(output: Output) -> Output:
+    """A contract declared outside this file (a kind's own); one file name, one contract."""
+    if any(o.file == output.file and o is not output for o in _REGISTERED):
+        raise ValueError(f"{output.file} has a contract already")
+    if output not in _REGISTERED:
+        _REGISTERED.append(output)
+    return output
 
 # The columns report and compare read as numbers, in whichever CSV: a cell that is none is
 # refused, naming the file, column and row. Checked in this order (the first bad cell is named).
@@ -290,7 +320,7 @@ NONNEGATIVE = frozenset({
     "p99_us", "cv_pct", "algbw_gbps", "busbw_gbps", "gbps", "step_us", "compute_only_us",
     "micro_batches", "comm_alone_us", "state_bytes_per_rank", "state_bytes_formula",
     "group_size", "groups", "per_node"})
-_unknown = [c for c in NUMBERS if not any(c in o.csv for o in OUTPUTS)]
+_unknown = [c for c in NUMBERS if not any(c in o.csv for o in _REGISTERED)]
 if _unknown or not NONNEGATIVE <= set(NUMBERS):
     raise ValueError(f"NUMBERS names no CSV's column: {_unknown}, or NONNEGATIVE a column "
                      f"not in NUMBERS: {sorted(NONNEGATIVE - set(NUMBERS))}")

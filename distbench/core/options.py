@@ -1,43 +1,51 @@
 """The option schema: each command's options are one dataclass whose fields carry their default,
 help text and validation (`option()`); the command line, the TOML `--config` keys and run.json's
-`options` all derive from it. No torch import: bad input must fail fast, before any worker."""
+`options` all derive from it. The checks are in core/option_checks.py, the config file's reading
+in core/config_file.py; both are named here too, for the commands that declare options. No torch
+import: bad input must fail fast, before any worker."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
-import tomllib
 import typing
 from collections.abc import Callable
 from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from distbench.core.config_file import load_config
 from distbench.core.dtypes import ALIASES as DTYPE_ALIASES
 from distbench.core.dtypes import FLOATS as FLOAT_DTYPES
 from distbench.core.dtypes import NAMES as DTYPES
 from distbench.core.dtypes import element_bytes
 from distbench.core.noise import MAX_REPS, REPS
-from distbench.core.sizes import SizeError, parse_size, parse_sizes
+from distbench.core.option_checks import (
+    MAX_ITERS,
+    OptionError,
+    Validator,
+    at_least,
+    check_writable_dir,
+    choices_of,
+    fraction,
+    headroom,
+    iterations,
+    one_float_dtype,
+    one_of,
+    optional,
+    parse_headroom,
+    pick,
+    require,
+    sizes,
+    with_choices,
+    with_example,
+)
 
-
-class OptionError(Exception):
-    """One bad option: printed as a single line with a valid example, exit code 2."""
-
-    def __init__(self, option: str, message: str, example: str):
-        super().__init__(f"{option}: {message} (example: {example})")
-
-
-Check = Callable[[str, Any], Any]  # (--flag, raw value) -> value; raises OptionError
-
-
-def with_example(check: Check, example: str) -> Check:
-    """The valid example a check quotes, kept on it for errors found before it runs (a value
-    the command line could not even parse)."""
-    check.example = example
-    return check
+# Named here for the commands and the command line, defined in the modules split from this one.
+__all__ = [
+    "DTYPE_ALIASES", "DTYPES", "FLOAT_DTYPES", "MAX_ITERS", "OptionError", "Validator", "at_least",
+    "check_writable_dir", "choices_of", "fraction", "headroom", "iterations", "load_config",
+    "one_float_dtype", "one_of", "optional", "parse_headroom", "pick", "require", "sizes",
+    "with_choices", "with_example"]
 
 
 def example_of(spec: Spec) -> str | None:
@@ -50,13 +58,13 @@ class Spec:
 
     help: str | Callable[[], str]  # a function when the text depends on a registry
     flag: str  # the command-line and TOML name (underscores; dashes on the command line)
-    check: Check | None
+    check: Validator | None
     cli_type: Any  # what the command line parses into, when the stored field differs
     show_default: bool
 
 
 def option(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
-           check: Check | None = None, cli_type: Any = None, show_default: bool = True) -> Any:
+           check: Validator | None = None, cli_type: Any = None, show_default: bool = True) -> Any:
     """A dataclass field that is a command-line option. `default` is the value as typed on the
     command line; `check` validates it and turns it into the stored value."""
     return field(default=default, metadata={"option": Spec(help, flag or "", check, cli_type,
@@ -73,155 +81,15 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-# ---------------------------------------------------------------------------------------------
-# Checks: each returns the value to store or raises OptionError with a valid example.
-
-def require(test: Callable[[Any], bool], message: str, example: str,
-            convert: Callable[[Any], Any] = lambda v: v, optional: bool = False) -> Check:
-    """`message` may name the value as {value}."""
-    def check(option: str, value):
-        if optional and value is None:
-            return None
-        if not test(value):
-            raise OptionError(option, message.format(value=value), example)
-        return convert(value)
-    return with_example(check, example)
-
-
-def at_least(low: int, example: str, optional: bool = False) -> Check:
-    text = f"must be at least {low}, got {{value}}" if low else "must be 0 or more, got {value}"
-    return require(lambda v: v >= low, text, example, optional=optional)
-
-
-def iterations(example: str, optional: bool = False) -> Check:
-    """At least 1, and at most what a timed loop can keep a sample of."""
-    low = at_least(1, example, optional)
-    high = require(lambda v: v <= MAX_ITERS, f"must be at most {MAX_ITERS} (one sample is kept "
-                   "per iteration), got {value}", example, optional=optional)
-    return with_example(lambda option, value: high(option, low(option, value)), example)
-
-
-def fraction(example: str, optional: bool = False) -> Check:
-    return require(lambda v: 0 < v <= 1, "must be a fraction in (0, 1], got {value}", example,
-                   float, optional)
-
-
-def one_of(valid: tuple[str, ...], example: str) -> Check:
-    def check(option: str, value) -> str:
-        value = str(value).strip().lower()
-        if value not in valid:
-            raise OptionError(option, f"unknown value {value!r} (valid: {', '.join(valid)})",
-                              example)
-        return value
-    return with_example(check, example)
-
-
-def pick(valid: tuple[str, ...] | Callable[[], tuple[str, ...]], example: str,
-         aliases: dict[str, str] | None = None) -> Check:
-    """A comma list of names from `valid` (or 'all'), order kept, duplicates dropped."""
-    def check(option: str, text) -> list[str]:
-        names_ok = valid() if callable(valid) else valid
-        names = [t.strip().lower() for t in str(text).split(",")]
-        if names == ["all"]:
-            return list(names_ok)
-        out: list[str] = []
-        for name in names:
-            canon = (aliases or {}).get(name, name)
-            if canon not in names_ok:
-                raise OptionError(option, f"unknown value {name!r} (valid: "
-                                  f"{', '.join(names_ok)}, all)", example)
-            if canon not in out:
-                out.append(canon)
-        return out
-    return with_example(check, example)
-
-
-def parse_headroom(text: str) -> tuple[int, float]:
-    """--headroom as (bytes, fraction of the device), one of them 0: "512M" or "0.05"; "0" for
-    none. Raises SizeError."""
-    s = str(text).strip()
-    try:
-        value = float(s)
-    except ValueError:
-        return parse_size(s), 0.0
-    if 0 < value < 1:
-        return 0, value
-    if value == 0:
-        return 0, 0.0
-    return parse_size(s), 0.0
-
-
-def headroom(example: str) -> Check:
-    def check(option: str, text) -> str:
-        try:
-            parse_headroom(text)
-        except SizeError as e:
-            raise OptionError(option, f"{e}; or a fraction of the device below 1", example) \
-                from None
-        return str(text).strip()
-    return with_example(check, example)
-
-
-def sizes(example: str) -> Check:
-    def check(option: str, text) -> list[int]:
-        try:
-            return parse_sizes(str(text))
-        except SizeError as e:
-            raise OptionError(option, str(e), example) from None
-    return with_example(check, example)
+def negatable(f: Field) -> bool:
+    """A bool option on by default: the command line turns it off with --no-NAME. One off by
+    default is a plain flag that only turns it on (--once, never --no-once)."""
+    return f.default is True
 
 
 BACKENDS = ("auto", "nccl", "gloo")
 MAX_TIMEOUT_S = 7 * 24 * 3600
 DEFAULT_TIMEOUT_S = 300.0
-# A timed loop keeps one sample per iteration on every rank (and all-reduces them once).
-MAX_ITERS = 10_000_000
-
-
-def one_float_dtype(option: str, text) -> str:
-    """One floating-point dtype (an alias such as bf16 allowed): not a list, nor "all", and
-    the refusal lists only what it takes."""
-    names = [t.strip().lower() for t in str(text).split(",")]
-    if len(names) != 1 or names == ["all"]:
-        raise OptionError(option, f"takes one floating-point dtype ({', '.join(FLOAT_DTYPES)}),"
-                          f" got {str(text)!r}", "--dtype bfloat16")
-    return one_of(FLOAT_DTYPES, "--dtype bfloat16")(option, DTYPE_ALIASES.get(names[0],
-                                                                              names[0]))
-
-
-with_example(one_float_dtype, "--dtype bfloat16")
-
-
-def check_writable_dir(option: str, path: Path, example: str) -> Path:
-    """Prove the directory could be created and written, before any work starts, without
-    creating anything: a run refused later (a root outside the world) leaves nothing behind."""
-    probe = Path(os.path.abspath(path))
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        why = "Not a directory"
-    elif not os.access(probe, os.W_OK | os.X_OK):
-        why = "Read-only file system" if _read_only(probe) else "Permission denied"
-    else:
-        why = _cannot_make_in(probe)
-        if why is None:
-            return path
-    raise OptionError(option, f"cannot write to {str(path)!r}: {why}", example)
-
-
-def _cannot_make_in(directory: Path) -> str | None:
-    """Why no directory can be made in `directory`, found by making one and removing it at
-    once: root passes every access() test, and /proc or /sys refuse whatever the mode bits
-    say. None when it can."""
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".distbench-probe-", dir=directory))
-    except OSError as e:
-        return e.strerror or str(e)
-    return None
-
-
-def _read_only(path: Path) -> bool:
-    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,8 +118,9 @@ class RunOptions:
                       f"{MAX_TIMEOUT_S} seconds (one week), got {{value}}", "--timeout 300",
                       float))
     workers: int | None = option(
-        None, "Local workers to start when not under torchrun. Default: one per GPU, or 2 on "
-        "CPU.", check=at_least(1, "--workers 2", optional=True), show_default=False)
+        None, "Local workers to start; not under a launcher (torchrun, srun), which starts the "
+        "ranks itself. Default: one per GPU, or 2 on CPU.",
+        check=at_least(1, "--workers 2", optional=True), show_default=False)
     argv: list[str] = field(default_factory=list)  # as typed; run.json records it at top level
 
     def validate(self) -> None:
@@ -468,83 +337,11 @@ def to_argv(opts) -> list[str]:
             continue
         name = flag(spec.flag)
         if isinstance(value, bool):
-            flags.append(name if value else f"--no-{name[2:]}")
+            if value:
+                flags.append(name)
+            elif negatable(f):  # off by default needs no flag: a plain one has no --no- form
+                flags.append(f"--no-{name[2:]}")
         else:
             text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
             flags += [name, text]
     return flags
-
-
-def _toml_type_ok(value, kind) -> bool:
-    """A TOML value fits an option of type `kind`: booleans are not numbers and numbers are not
-    booleans; text (or a list, joined with commas) goes to text options only. A text option
-    takes a number or a boolean too, as its own check reads them (`bucket-cap-mb = 10`,
-    `reshard-after-forward = false`)."""
-    if _repeatable(kind):
-        return isinstance(value, str) or (isinstance(value, list)
-                                          and all(isinstance(v, str) for v in value))
-    base = {t for t in typing.get_args(kind) if t is not type(None)} or {kind}
-    text = bool(base & {str, Path})
-    if isinstance(value, bool):
-        return bool in base or text
-    if isinstance(value, int | float):
-        return float in base or (int in base and isinstance(value, int)) or text
-    if isinstance(value, str | list):
-        return bool(base & {str, Path})
-    return False
-
-
-def _repeatable(kind) -> bool:
-    """An option given once per value on the command line (plan's --layout): list[str]."""
-    return any(typing.get_origin(t) is list for t in (kind, *typing.get_args(kind)))
-
-
-def load_config(path: Path, command: str, known: dict[str, Any], commands: set[str],
-                paths: frozenset[str] = frozenset()) -> dict:
-    """Options from a TOML file: top-level keys, then the [command] table over them (tables of
-    other commands are skipped: one file may serve several). Keys as on the command line
-    (`min-time` or `min_time`), `known` maps each to its type; list values are joined with
-    commas, but for an option the command line repeats (list[str]) each is one value. `paths`:
-    the options that name a file or directory (declared Path), which take text alone: `baseline
-    = 5` is a mistake, not a directory named "5"."""
-    example = "--config configs/smoke-gloo.toml"
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise OptionError("--config", f"no such file {str(path)!r}", example) from None
-    except OSError as e:
-        raise OptionError("--config", f"cannot read {str(path)!r}: {e.strerror}", example) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise OptionError("--config", f"{path} is not valid TOML: {e}", example) from None
-    if not data:  # empty, or comments only: a config that says nothing is a mistake
-        raise OptionError("--config", f"{path} holds no options (an empty file?)", example)
-    tables = {k for k, v in data.items() if isinstance(v, dict)}
-    unknown = sorted(tables - commands)
-    if unknown:
-        raise OptionError("--config", f"unknown table [{unknown[0]}] in {path} (tables: "
-                          f"{', '.join(sorted(commands))})", example)
-    top = {k: v for k, v in data.items() if k not in tables}
-    table = data.get(command, {})
-    if not top and not table and tables:
-        raise OptionError("--config", f"{path} has no [{command}] table and no top-level keys "
-                          f"(it has {', '.join(f'[{t}]' for t in sorted(tables))})", example)
-    out: dict = {}
-    for key, value in {**top, **table}.items():
-        name = key.replace("-", "_")
-        if name not in known:
-            valid = ", ".join(sorted(k.replace("_", "-") for k in known))
-            raise OptionError("--config", f"unknown key {key!r} in {path} (valid: {valid})",
-                              example)
-        if not _toml_type_ok(value, known[name]) or (name in paths
-                                                      and not isinstance(value, str)):
-            raise OptionError("--config", f"{key} = {json.dumps(value)} in {path} is the wrong "
-                              f"type for {flag(name)}", example)
-        if _repeatable(known[name]):  # one value per entry, as the option repeated
-            value = [value] if isinstance(value, str) else list(value)
-        elif isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        elif isinstance(value, bool) and bool not in typing.get_args(known[name]) + (
-                known[name],):
-            value = str(value).lower()
-        out[name] = value
-    return out

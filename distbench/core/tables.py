@@ -68,14 +68,36 @@ class Output:
     # identity columns added after runs were written without them: compare matches on them
     # where both runs record them, and a run without them is still read
     identity_since: tuple[str, ...] = ()
+    # How compare reads it: the column each metric reads (--metric busbw, time, p99; auto is
+    # busbw where there is one, else time); none of them, and `not_compared` says why not.
+    busbw: str | None = None
+    time: str | None = None
+    p99: str | None = None
+    not_compared: str = ""
+    # a row's own metric column, where each row is judged in its own unit and direction (an
+    # accept check's), instead of the metric asked for
+    row_metric: str | None = None
+    # what a row is grouped under in compare's table (the op), and what names it within the
+    # group; None: the file's name, and the identity cells compare does not group on
+    group: Callable[[dict], str] | None = None
+    label: Callable[[dict], str] | None = None
+    grouped_by: str = "op"  # what a group is, as compare's header names it
 
     def __post_init__(self):
         for what, keys in (("console", [c.key for c in self.console]),
                            ("identity", self.identity), ("read", self.read),
-                           ("identity_since", self.identity_since)):
+                           ("identity_since", self.identity_since),
+                           ("metrics", [c for c in (self.busbw, self.time, self.p99,
+                                                    self.row_metric) if c])):
             unknown = [k for k in keys if k not in self.csv]
             if unknown:
                 raise ValueError(f"{self.file}: {what} columns not in the CSV: {unknown}")
+
+    def metric(self, name: str) -> str | None:
+        """The column --metric `name` reads here (None: not compared by it)."""
+        if self.not_compared:
+            return None
+        return (self.busbw or self.time) if name == "auto" else getattr(self, name)
 
     @property
     def required(self) -> tuple[str, ...]:

@@ -1,5 +1,5 @@
-"""A plan from its inputs to its files: the one path `plan --from` (cli/commands/plan.py) and
-plan's workers (steps/plan_run.py) both take. The rows (every layout, predicted and ranked:
+"""A plan from its inputs to its files: the one path `plan --from` (kinds/plan/body.py) and
+plan's workers (kinds/plan/workers.py) both take. The rows (every layout, predicted and ranked:
 planner.plan), compute from a GPU's datasheet where none was measured (planner.gpus), every
 refusal one line; then plan.csv through the results writer, inputs.json, plan.md and the
 figures (results/plots). Torch-free, as all of planner/."""

@@ -37,9 +37,10 @@ class GPU:
     measured: Measured | None = None
 
 
-# benchmarks/gpu_first_contact.sh's plan item on the first H100 lent (docs/gpu-checklist.md,
-# "Figures"): a layer of hidden 2048, ffn 8192, 16 heads, 16,384 tokens in bfloat16 took
-# 10.69 ms for 5.77 TFLOP, 540 TFLOP/s; the step's AdamW 34.9 us a layer + 15.3 ps a parameter
+# benchmarks/gpu_first_contact.sh's plan item on the first H100 lent
+# (docs/measurements/gpu-first-contact.md): a layer of hidden 2048, ffn 8192, 16 heads, 16,384
+# tokens in bfloat16 took 10.69 ms for 5.77 TFLOP, 540 TFLOP/s; the step's AdamW 34.9 us a
+# layer + 15.3 ps a parameter
 H100_MEASURED = Measured(
     layer_fraction=0.546, optimizer_us_per_param=15.27e-6, optimizer_us_per_layer=34.9,
     source="measured by distbench on one H100 80GB HBM3 (torch 2.11, 2026-11-26): a 2048-wide "

@@ -16,11 +16,11 @@ from distbench.core.options import OptionError
 FLAG = "--from"
 EXAMPLE = "--from results/20250101T000000Z-plan"
 
-Check = Callable[[object], str | None]  # the value -> why it is bad, or None
+InputRule = Callable[[object], str | None]  # the value -> why it is bad, or None
 
 
 def _number(low: float, high: float = math.inf, *, above: bool = False,
-            whole: bool = False, optional: bool = False) -> Check:
+            whole: bool = False, optional: bool = False) -> InputRule:
     """A finite number (an int when `whole`) from `low` (excluded when `above`) to `high`."""
     kind = "a whole number" if whole else "a finite number"
     bound = (f"above {low:g}" if above else f"at least {low:g}") + (

@@ -1,8 +1,8 @@
 """The most memory one rank holds in a step of a layout, torch-free: its share of the
 parameters, gradients and AdamW states (ZeRO divides them over the data-parallel replicas),
 what FSDP holds gathered, and the activations it keeps for backward, at the step's peak.
-docs/plan.md states the model, what it leaves out, and how far it is from what `distbench step`
-measures. core.transformer holds the per-layer facts it counts from.
+docs/plan-model.md states the model, what it leaves out, and how far it is from what
+`distbench step` measures. core.transformer holds the per-layer facts it counts from.
 
 Parameters of one rank: its stage's layers (layers / pp) over tp, and the embedding on the
 first stage and the LM head on the last, `P` below.
@@ -50,7 +50,7 @@ LM head (the same), its input (h) and, per token, the logits (vocab / tp, in the
 the cross-entropy's log-probabilities (vocab / tp, fp32 at least).
 
 The peak, not a sum of everything (what `distbench step` measures, within 10% on every
-layout of `step --workers 4`; docs/plan.md gives the figures): a rank holds its parameters
+layout of `step --workers 4`; docs/plan-model.md gives the figures): a rank holds its parameters
 and optimizer states (and DDP's gradients, views of its buckets) throughout; a micro-batch is
 micro_batch_size x seq tokens, and stage i holds min(pp - i, m) micro-batches' activations at
 once under 1F1B (one without a pipeline: accumulation runs one at a time), each with the
@@ -137,7 +137,7 @@ def layer_activation_bytes(model: ModelSpec, tp: int, elt_bytes: int,
     recomputation only its input (a sequence shard of it with sequence parallelism, `sp`,
     which means nothing at tp 1). Sequence parallelism changes nothing else here: the layers
     have no norms, and torch's column-wise linears keep the input they gathered, the whole
-    sequence (core.transformer; docs/plan.md#memory)."""
+    sequence (core.transformer; docs/plan-model.md#memory)."""
     sp = sp and tp > 1
     if recompute == "full":
         return model.hidden_size * elt_bytes / (tp if sp else 1)

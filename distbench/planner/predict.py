@@ -1,5 +1,5 @@
 """The step time of a layout, predicted from measured inputs (planner.inputs), term by term.
-Torch-free: docs/plan.md states each term, where its input comes from and what it ignores.
+Torch-free: docs/plan-model.md states each term, where its input comes from and what it ignores.
 
 Per micro-batch, a pipeline stage runs its layers' forward and backward (`compute`) and the TP
 collectives of those layers (two in forward, two in backward, of the micro-batch's activations:

@@ -79,7 +79,7 @@ def print_comparison(s, threshold: float):
     """Rank 0 (the rank with a run directory): this run beside --baseline, as distbench compare
     shows it. The Comparison, or why nothing could be compared (said on the console too)."""
     from distbench.core.errors import ReadError
-    from distbench.results import compare, reader
+    from distbench.results import compare, comparison_text, reader
 
     try:
         base, new = reader.load(Path(s.opts.baseline)), reader.load(s.run_dir)
@@ -87,5 +87,5 @@ def print_comparison(s, threshold: float):
     except ReadError as e:  # nothing in common: said, not a failure of the run
         s.console.log(f"warning: --baseline: cannot compare: {e}")
         return str(e)
-    s.console.lines(compare.format_text(c, base, new))
+    s.console.lines(comparison_text.format_text(c, base, new))
     return c

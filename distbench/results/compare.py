@@ -7,23 +7,16 @@ run whose samples contradict its CSV is refused, not compared. Torch-free."""
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from dataclasses import dataclass, replace
 
 import pandas as pd
 
 from distbench.core import noise
-from distbench.core.contracts import OUTPUTS, measure_of
+from distbench.core.contracts import measure_of, outputs
 from distbench.core.errors import ReadError
-from distbench.core.layout_label import row_label
 from distbench.core.tables import (
-    Column,
-    format_row,
-    format_table,
-    markdown_table,
-    percent,
+    Output,
     plural,
 )
 from distbench.results import samples
@@ -40,15 +33,14 @@ from distbench.results.reader import (
 
 DEFAULT_THRESHOLD = 0.05
 
-# The files compare reads: those whose rows have an identity to match them on (core.contracts).
-IDENTITY: dict[str, tuple[str, ...]] = {o.file: o.identity for o in OUTPUTS if o.identity}
-# identity columns added since older runs were written: left out in silence when neither side
-# records them (two runs made before them match as they always did)
-SINCE: dict[str, tuple[str, ...]] = {o.file: o.identity_since for o in OUTPUTS}
+# --metric's choices; which column each reads in a file is the file's contract's (Output.metric)
+METRICS = ("auto", "busbw", "time", "p99")
 
 
-# A training step's figure is its step time: those files record no time_us of one call.
-STEP_TIMES = dict.fromkeys(("tp.csv", "pp.csv", "dp.csv", "step.csv"), "step_us")
+def compared() -> dict[str, Output]:
+    """The files compare reads, by name: those whose rows have an identity to match them on
+    (core.contracts, and any a kind registered), in the order compared."""
+    return {o.file: o for o in outputs() if o.identity and not o.not_compared}
 
 
 @dataclass(frozen=True)
@@ -56,21 +48,14 @@ class Metric:
     name: str
     columns: dict[str, str]  # file -> the column holding it; a file not here is not compared
 
+    @classmethod
+    def of(cls, name: str) -> Metric:
+        return cls(name, {f: o.metric(name) for f, o in compared().items() if o.metric(name)})
+
     def higher_is_better(self, file: str) -> bool:
         return measure_of(self.columns[file]).higher_is_better
 
 
-BUSBW = {"collective.csv": "busbw_gbps", "p2p.csv": "busbw_gbps", "p2p_matrix.csv": "gbps",
-         "accept.csv": "measured"}
-TIME = {"collective.csv": "time_us", "p2p.csv": "time_us", "p2p_matrix.csv": "time_us",
-        **STEP_TIMES, "accept.csv": "measured"}
-METRICS = {
-    # each file by what it is read for: a bandwidth where it records one, else its time
-    "auto": Metric("auto", {**TIME, **BUSBW}),
-    "busbw": Metric("busbw", BUSBW),
-    "time": Metric("time", TIME),
-    "p99": Metric("p99", {**{f: "p99_us" for f in IDENTITY}, "accept.csv": "measured"}),
-}
 MARKS = {"better": "+", "worse": "-", "same": "~", "incomparable": "x"}
 
 
@@ -138,28 +123,23 @@ class Comparison:
 
 
 def _higher_is_better(metric: Metric, file: str, row) -> bool:
-    """An acceptance check's own metric decides (its `measured` is whatever the profile
-    judged); elsewhere the metric asked for."""
-    if file == "accept.csv":
-        return check_metric(row["metric"])[1]
+    """A row with its own metric (an acceptance check's: its `measured` is whatever the
+    profile judged) is judged by it; elsewhere the metric asked for decides."""
+    own = compared()[file].row_metric
+    if own:
+        return check_metric(row[own])[1]
     return metric.higher_is_better(file)
 
 
 def _group(file: str, row) -> str:
-    if file == "accept.csv":
-        return str(row["check"])
-    if file == "collective.csv":
-        return str(row["op"])
-    if file == "p2p.csv":
-        return str(row["pattern"])
-    if file == "p2p_matrix.csv":
-        return f"matrix {row['direction']}"
-    return file.removesuffix(".csv")  # a training step: one group per command
+    group = compared()[file].group
+    return group(row) if group else file.removesuffix(".csv")  # a training step: its command
 
 
 def _label(file: str, keys: tuple[str, ...], row) -> str:
-    if file == "step.csv":  # a layout reads as its label, not as five bare numbers
-        return f"{row_label(row)} {row.get('dtype')}"
+    label = compared()[file].label
+    if label:
+        return label(row)
     skip = {"op", "pattern", "direction", "world_size", "nnodes", "check", "scope", "metric"}
     parts = []
     for k in keys:
@@ -193,10 +173,10 @@ def _keys(file: str, base: pd.DataFrame, new: pd.DataFrame, notes: list[str]
     """The identity columns both sides record; one side that records none of a column (an
     nccl-tests log printed without its device list: no world size) matches on the rest."""
     keys = []
-    for k in IDENTITY[file]:
+    for k in compared()[file].identity:
         gone = [side for side, f in (("BASE", base), ("NEW", new))
                 if k not in f.columns or f[k].isna().all()]
-        if len(gone) == 2 and k in SINCE.get(file, ()):
+        if len(gone) == 2 and k in compared()[file].identity_since:
             continue
         if gone:
             notes.append(f"{file}: matched without {k} ({' and '.join(gone)} does not "
@@ -273,11 +253,10 @@ def _reps(run: Run, file: str, index: int) -> list[float]:
 def typical_noise(run: Run) -> float | None:
     """The noise a run shows: the median spread of its rows' repetitions (or of accept.csv's
     spread column)."""
-    spreads = [noise.spread(_reps(run, f, i)) for f in IDENTITY if f in run.tables
-               for i in run.samples.get(f, {})]
-    accept = run.tables.get("accept.csv")
-    if accept is not None and "spread" in accept.columns:
-        spreads += [float(v) for v in accept["spread"].dropna()]
+    files = [f for f in compared() if f in run.tables]
+    spreads = [noise.spread(_reps(run, f, i)) for f in files for i in run.samples.get(f, {})]
+    spreads += [float(v) for f in files if "spread" in run.tables[f].columns
+                for v in run.tables[f]["spread"].dropna()]
     return noise.typical(spreads)
 
 
@@ -295,8 +274,9 @@ def check_samples(run: Run) -> None:
             row = table.iloc[index]
             why = samples.contradiction(row.to_dict(), row_samples)
             if why is not None:
-                raise ReadError(run.path / file, f"row {index} ({_label(file, IDENTITY[file], row)}"
-                                f") contradicts its samples: {why}; refusing to compare it")
+                label = _label(file, compared()[file].identity, row)
+                raise ReadError(run.path / file, f"row {index} ({label}) contradicts its samples: "
+                                f"{why}; refusing to compare it")
 
 
 def _compare_table(file: str, base: Run, new: Run, metric: Metric, threshold: float,
@@ -357,11 +337,6 @@ def setup_differences(base: Run, new: Run) -> list[tuple[str, str, str]]:
 
 
 # Tables a run may hold that compare does not read, and why: said where a run holds only these
-NOT_COMPARED = {
-    "plan.csv": "predictions, not measurements: plan --validate measures step.csv",
-    "validation.csv": "each prediction against one measurement: its step.csv is compared",
-    "watch.csv": "cycles watch judges itself, against its own baseline",
-}
 
 
 def _holds(run: Run) -> str:
@@ -369,21 +344,23 @@ def _holds(run: Run) -> str:
     (topo) says what made it."""
     if not run.tables:
         return f"none (`distbench {run.command}` writes none)" if run.meta else "none"
-    return ", ".join(f"{f} ({NOT_COMPARED[f]})" if f in NOT_COMPARED else f for f in run.tables)
+    why = {o.file: o.not_compared for o in outputs() if o.not_compared}
+    return ", ".join(f"{f} ({why[f]})" if f in why else f for f in run.tables)
 
 
 def compare(base: Run, new: Run, metric: str = "auto",
             threshold: float = DEFAULT_THRESHOLD) -> Comparison:
     """Raises ReadError when the two runs have no row in common."""
-    chosen = METRICS[metric]
-    shared = [f for f in IDENTITY if f in base.tables and f in new.tables]
+    chosen = Metric.of(metric)
+    shared = [f for f in compared() if f in base.tables and f in new.tables]
     if not shared:
         raise ReadError(new.path, "shares no table compare reads with "
-                        f"{base.path} (it reads {', '.join(IDENTITY)}; BASE has "
+                        f"{base.path} (it reads {', '.join(compared())}; BASE has "
                         f"{_holds(base)}, NEW has {_holds(new)})")
     files = [f for f in shared if f in chosen.columns]
     if not files:
-        others = sorted(m for m, x in METRICS.items() if all(f in x.columns for f in shared))
+        others = sorted(m for m in METRICS
+                        if all(f in Metric.of(m).columns for f in shared))
         raise ReadError(new.path, f"--metric {metric}: {', '.join(shared)} records none; "
                         f"compare these runs with --metric {' or '.join(others)}")
     for run in (base, new):
@@ -394,141 +371,7 @@ def compare(base: Run, new: Run, metric: str = "auto",
     rows = [r for f in files
             for r in _compare_table(f, base, new, chosen, threshold, notes, typical)]
     if not rows:
-        why = "; ".join([", ".join(IDENTITY[files[0]])] + notes)
+        why = "; ".join([", ".join(compared()[files[0]].identity)] + notes)
         raise ReadError(new.path, f"no row in common with {base.path} (rows are matched on "
                         f"{why})")
     return Comparison(chosen, threshold, rows, setup_differences(base, new), notes, typical)
-
-
-# ---------------------------------------------------------------------------------------------
-# Presentation: lines, the caller prints them.
-
-COLUMNS = (
-    Column("group", "op", "", 16), Column("label", "row", "", 30),  # see _columns
-    Column("base", "BASE", "", 11, ".4g"), Column("new", "NEW", "", 11, ".4g"),
-    Column("ratio", "ratio", "", 8, ".3f"), Column("noise", "noise", "", 7, ".0%"),
-    Column("p", "p", "", 9, ".2g"), Column("mark", "", "", 3),
-)
-
-
-def _per(c: Comparison) -> str:
-    """What a group is: accept.csv's rows are grouped by check, the others by op."""
-    return "check" if {r.file for r in c.rows} == {"accept.csv"} else "op"
-
-
-def _columns(c: Comparison) -> tuple[Column, ...]:
-    """COLUMNS, the op column named for its groups and widened to the longest (accept's check
-    names run past 16)."""
-    wide = max([len(r.group) for r in c.rows] + [16])
-    return (replace(COLUMNS[0], header=_per(c), width=wide), *COLUMNS[1:])
-
-
-def _cells(r: Row) -> dict:
-    return {"group": r.group, "label": r.label, "base": r.base, "new": r.new, "ratio": r.ratio,
-            "noise": r.noise, "p": r.p_value, "mark": r.mark}
-
-
-def _what(c: Comparison) -> str:
-    """The metric and its unit; accept.csv's rows are each in their check's own unit. `auto`
-    is named by what it read (busbw, or a training step's time)."""
-    files = {r.file for r in c.rows}
-    name = " and ".join(sorted({_metric_name(c.metric, f) for f in files}))
-    if files == {"accept.csv"}:
-        return f"{name} (each check in its own unit)"
-    unit = ", ".join(sorted({measure_of(c.metric.columns[f]).unit
-                             for f in files - {"accept.csv"}}))
-    if "accept.csv" in files:
-        return f"{name} ({unit}; accept.csv rows each in their check's own unit)"
-    return f"{name} ({unit})"
-
-
-def _rule(c: Comparison) -> str:
-    shown = [noise.shown(x, c.threshold) if x is not None else "unknown" for x in c.noise]
-    return (f"threshold {percent(c.threshold)}, and beyond the noise (repetitions' spread; typical "
-            f"BASE {shown[0]}, NEW {shown[1]})")
-
-
-def format_text(c: Comparison, base: Run, new: Run) -> list[str]:
-    lines = [f"# compare {_what(c)}: BASE {base.name} vs NEW {new.name}, {_rule(c)}"]
-    lines += _setup_lines(c)
-    lines += [f"# note: {n}" for n in c.unmatched]
-    columns = _columns(c)
-    lines += format_table(columns, [], title="rows")
-    lines += [format_row(columns, _cells(r)) + (f"  {r.note}" if r.note else "")
-              for r in c.rows]
-    width = max([len(g) for _, g, _, _ in c.geomeans()] + [24])
-    lines += ["#", f"# geometric mean of NEW/BASE per {_per(c)}"]
-    lines += [f"#   {g:<{width}} {gm:8.3f}  ({plural(k, 'row')})" for _, g, gm, k in c.geomeans()]
-    lines.append(_verdict(c))
-    return lines
-
-
-def _setup_lines(c: Comparison) -> list[str]:
-    if not c.setup:
-        return ["# setup: the same (torch, NCCL, driver, CUDA, world size, nodes, backend, GPU, "
-                "topology)"]
-    return ["# setup differs:"] + [f"#   {k}: {b} -> {n}" for k, b, n in c.setup]
-
-
-def _verdict(c: Comparison) -> str:
-    counts = {m: sum(r.mark == m for r in c.rows) for m in MARKS.values()}
-    summary = (f"{counts['+']} +, {counts['-']} -, {counts['~']} ~, {counts['x']} x")
-    noisy = sum(r.mark == "x" and r.ratio is not None for r in c.rows)
-    tail = f"; {noisy} of the x too noisy to tell" if noisy else ""
-    alone = sum(r.by_threshold and r.mark == "-" for r in c.rows)
-    how = (f" ({alone} of them by the threshold alone: no repetitions to measure the noise)"
-           if alone else "")
-    if c.worse:
-        return (f"# {plural(len(c.worse), 'row')} worse by more than {percent(c.threshold)} and "
-                f"beyond the noise{how} ({summary}{tail})")
-    return (f"# no row worse by more than {percent(c.threshold)} and beyond the noise "
-            f"({summary}{tail})")
-
-
-def format_markdown(c: Comparison, base: Run, new: Run) -> list[str]:
-    """Every block (table, list, paragraph) stands apart by a blank line: GitHub renders a table
-    that follows a list line as more of the list item's text."""
-    lines = [f"**compare {_what(c)}**: BASE `{base.name}` vs NEW `{new.name}`, {_rule(c)}", ""]
-    if c.setup:
-        lines += markdown_table(["setup", "BASE", "NEW"], c.setup) + [""]
-    if c.unmatched:
-        lines += [f"- {n}" for n in c.unmatched] + [""]
-    lines += markdown_table([_per(c), "row", "BASE", "NEW", "ratio", "noise", "p", ""],
-                            [_md_cells(r) for r in c.rows], align="llrrrrrl")
-    lines += [""] + markdown_table([_per(c), "geometric mean NEW/BASE", "rows"],
-                                   [[g, f"{gm:.3f}", k] for _, g, gm, k in c.geomeans()],
-                                   align="lrr")
-    lines += ["", _verdict(c).lstrip("# ")]
-    return lines
-
-
-def _md_cells(r: Row) -> list[str]:
-    """A row's cells as the text table shows them ("-" for none), its mark with its note."""
-    cells = _cells(r)
-    shown = ["-" if cells[col.key] is None else format(cells[col.key], col.fmt)
-             for col in COLUMNS[:-1]]
-    return [*shown, f"{r.mark} {r.note}".rstrip()]
-
-
-def format_csv(c: Comparison) -> list[str]:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["file", "op", "row", "metric", "base", "new", "ratio", "p_value", "mark",
-                "note", "noise"])
-    for r in c.rows:
-        w.writerow([r.file, r.group, r.label, _metric_name(c.metric, r.file), _csv_num(r.base),
-                    _csv_num(r.new),
-                    _csv_num(r.ratio), _csv_num(r.p_value), r.mark, r.note, _csv_num(r.noise)])
-    return buf.getvalue().splitlines()
-
-
-def _metric_name(metric: Metric, file: str) -> str:
-    """What `auto` read in `file`, named as the metric that reads the same column."""
-    if metric.name != "auto":
-        return metric.name
-    return next(m.name for m in METRICS.values()
-                if m.name != "auto" and m.columns.get(file) == metric.columns[file])
-
-
-def _csv_num(v: float | None) -> str:
-    return "" if v is None else f"{v:.6g}"

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from distbench import __version__
-from distbench.platform import topo
+from distbench.platform import topo_parse, topo_render
 from distbench.results import samples
 
 SCHEMA_VERSION = 1
@@ -251,8 +251,8 @@ def write_topology(run_dir: Path, snapshots: list[dict], ranks: list[dict] | Non
                    ) -> None:
     """topo.txt for people, topo.json for tools: the same snapshot in every run directory, and
     in topo.json which physical GPU each rank ran on."""
-    (run_dir / "topo.txt").write_text(topo.render_text(snapshots))
-    nodes = [{**snap, "gpu_links": topo.parse_topo_matrix(snap.get("nvidia_smi_topo") or "")}
+    (run_dir / "topo.txt").write_text(topo_render.render_text(snapshots))
+    nodes = [{**snap, "gpu_links": topo_parse.parse_topo_matrix(snap.get("nvidia_smi_topo") or "")}
              for snap in snapshots]
     placed = [{k: r.get(k) for k in ("rank", "host", "node", "local_rank", "gpu_uuid",
                                      "gpu_bus_id")} for r in ranks or []]

@@ -3,7 +3,7 @@ links, so tests can prove each is caught; and fake nodes, so tests can judge man
 processes. Read from the environment once per run, when the session starts (the fake nodes when
 the ranks are grouped into nodes, runtime.start); the engine applies the faults at one point
 (Faults.apply), so nothing here runs in timed code unless a fault was asked for, and ops and
-strategies know nothing of it.
+the parallel/ wrappers know nothing of it.
 
     DISTBENCH_TEST_CORRUPT_RANK=1        rank 1 flips an element of what its check reads
     DISTBENCH_TEST_STALL=1:65536         rank 1 hangs when it reaches that size in bytes

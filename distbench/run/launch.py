@@ -178,7 +178,7 @@ def forks_workers(backend: str) -> bool:
     process has initialized the CUDA driver already (resolve_backend asks torch whether CUDA is
     there), and a gloo worker forked from it fails with "CUDA error: initialization error" as
     soon as torch touches CUDA on its behalf, as dp's and step's did on an H100 (2026-11-27,
-    docs/gpu-checklist.md)."""
+    docs/measurements/gpu-first-contact.md)."""
     return backend != "nccl" and env.fork_workers() and not limits.nvidia_devices()
 
 

@@ -108,17 +108,17 @@ class Lost:
         if not self.name:
             object.__setattr__(self, "name", f"{self.host}:{self.local_rank}")
 
-    def describe(self, step: str | None, signum: int | None = None) -> str:
+    def describe(self, phase: str | None, signum: int | None = None) -> str:
         how = {"dead": "died" + (f" (signal {signum})" if signum else ""),
                "stopped": "was suspended (SIGSTOP or a debugger)",
                "silent": "stopped answering (hung, dead, or its node unreachable)"}
-        during = f" during {step}" if step else ""
+        during = f" during {phase}" if phase else ""
         return f"rank {self.rank} ({self.name}) {how[self.state]}{during}"
 
 
-def describe_lost(lost: list[Lost], step: str, signals: dict[int, int] | None = None) -> str:
+def describe_lost(lost: list[Lost], phase: str, signals: dict[int, int] | None = None) -> str:
     signals = signals or {}
-    shown = "; ".join(x.describe(step, signals.get(x.rank)) for x in lost[:4])
+    shown = "; ".join(x.describe(phase, signals.get(x.rank)) for x in lost[:4])
     return shown + (f" (+{plural(len(lost) - 4, 'more rank')})" if len(lost) > 4 else "")
 
 
@@ -184,7 +184,7 @@ class Peers:
         self.store = store  # the rendezvous store, which the process group uses too
         self.rank = rank
         self.world = world
-        self.step = "startup"  # what this rank is doing: a roll call answer says it
+        self.phase = "startup"  # what this rank is doing: a roll call answer says it
         self.everyone: list[dict] = []  # every rank's startup post, by rank
         # A connection of our own, opened now: a failure path should not have to open one, and
         # a client serialises its operations, so a roll call made from the watchdog's thread
@@ -300,7 +300,7 @@ class Peers:
         """This rank's answer, once (its listener and its main thread may both try)."""
         if s.compare_set(f"{self._run}answered/{self.rank}", "", who) != who.encode():
             return
-        s.append(self._run + "answers", json.dumps([self.rank, self.step]) + "\n")
+        s.append(self._run + "answers", json.dumps([self.rank, self.phase]) + "\n")
         s.add(self._run + "count", 1)
 
     def wait_on_host(self, name: str, members: int, timeout_s: float) -> bool:
@@ -381,13 +381,13 @@ class Peers:
         return Lost(rank, them["host"], them["local_rank"], state,
                     self.names[rank] if self.names else "")
 
-    def timed_out(self, error: str, step: str) -> dict | None:
+    def timed_out(self, error: str, phase: str) -> dict | None:
         """Say that this rank's watchdog fired, unless another rank's said so first: then what
         that one said, {"rank", "error", "step"}, which is how the run ended (None: ours is).
         A rank that timed out leaves, and the others then fail on the connection it closed, or
         on their launcher's SIGTERM (first_timeout): whichever watchdog fired first, the run
         ends the same way."""
-        mine = json.dumps({"rank": self.rank, "error": error, "step": step})
+        mine = json.dumps({"rank": self.rank, "error": error, "step": phase})
         try:
             return self._not_ours(self._own.compare_set(self._run + "timeout", "", mine))
         except dist.DistError:

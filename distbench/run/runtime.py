@@ -22,7 +22,7 @@ import torch.distributed as dist
 from distbench.core.errors import one_line
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED
 from distbench.core.options import OptionError
-from distbench.platform import env, topo
+from distbench.platform import env, topo_probe
 from distbench.run import faults
 from distbench.run.peers import READ_WAIT_S, Peers, StartFailure, machine_key, node_name, rank_names
 from distbench.run.peers import node_names as node_names  # where reports import it from
@@ -156,16 +156,16 @@ def gpu_identity(device: torch.device) -> dict:
 
 def start(backend_choice: str, timeout_s: float, identity: dict,
           check_backend: Callable[[str], None] | None = None,
-          step: Callable[[float, str], None] | None = None) -> Runtime:
+          phase: Callable[[float, str], None] | None = None) -> Runtime:
     """Join the run: agree with every rank that it can start (the same options, none refused),
     then set up the process group. Raises RunFailure, on every rank alike, when it cannot.
-    check_backend: the options' rules for the backend `auto` resolves to (OptionError). step:
+    check_backend: the options' rules for the backend `auto` resolves to (OptionError). phase:
     a watchdog's arm(seconds, what), told each part of the startup and how long it may take."""
-    step = step or (lambda seconds, what: None)
+    phase = phase or (lambda seconds, what: None)
     pg_timeout = timeout_s + PG_TIMEOUT_GRACE_S
     local_rank = env.local_rank()
     where = env.store_address()
-    step(timeout_s, f"startup (reaching the launcher's store at {where})")
+    phase(timeout_s, f"startup (reaching the launcher's store at {where})")
     try:
         peers = Peers.connect(pg_timeout)
     except (dist.DistError, ValueError) as e:
@@ -173,7 +173,7 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
                          f"{one_line(e)}") from None
     # Local work, not a wait on peers: no deadline of ours (the others' wait for this rank's
     # startup post bounds it, and nvidia-smi runs under a timeout of its own).
-    step(math.inf, "startup (devices and topology)")
+    phase(math.inf, "startup (devices and topology)")
     mine: dict = {"rank": peers.rank, "node_name": node_name(), "pid": os.getpid()}
     refusal = None
     try:
@@ -203,8 +203,8 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
             raise
         refusal = e
         mine["refused"] = str(e)
-    snapshot = topo.node_snapshot() if local_rank == 0 and refusal is None else None
-    step(timeout_s + min(timeout_s, READ_WAIT_S) + START_SLACK_S,
+    snapshot = topo_probe.node_snapshot() if local_rank == 0 and refusal is None else None
+    phase(timeout_s + min(timeout_s, READ_WAIT_S) + START_SLACK_S,
          "startup (waiting for every rank to start)")
     try:
         everyone = peers.agree_to_start(mine, timeout_s, snapshot)
@@ -213,7 +213,7 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
             raise refusal from None
         raise RunFailure(str(e), status="bad_input" if e.refused else "timeout",
                          exit_code=EXIT_BAD_INPUT if e.refused else EXIT_FAILED) from None
-    step(timeout_s, "startup (process group setup)")
+    phase(timeout_s, "startup (process group setup)")
     kwargs: dict = {"timeout": timedelta(seconds=pg_timeout)}
     if backend == "nccl":
         kwargs["device_id"] = device
@@ -234,7 +234,7 @@ def start(backend_choice: str, timeout_s: float, identity: dict,
                  "gpu_uuid": e["gpu_uuid"], "gpu_bus_id": e["gpu_bus_id"]}
                 for e in everyone]
     peers.names = rank_names(rt.ranks)
-    rt.snapshots = topo.dedupe_by_node(peers.snapshots()) if peers.rank == 0 else []
+    rt.snapshots = topo_probe.dedupe_by_node(peers.snapshots()) if peers.rank == 0 else []
     return rt
 
 

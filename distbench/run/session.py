@@ -123,11 +123,11 @@ class Session:
                 else writer.CsvSink(self.run_dir / output.file, list(output.csv)))
         return self._sinks[output.file]
 
-    def step(self, what: str, seconds: float) -> None:
+    def phase(self, what: str, seconds: float) -> None:
         """Name what runs now (errors and timeouts quote it) and how long it may take."""
         self.current = what
         if self.rt.peers is not None:
-            self.rt.peers.step = what  # what a roll call answer says this rank was doing
+            self.rt.peers.phase = what  # what a roll call answer says this rank was doing
         self.watchdog.arm(seconds, what)
 
     @contextmanager
@@ -224,18 +224,18 @@ class Session:
                 answered, lost, first = [self.rt.rank], [], None
                 status, code, error = "terminated", EXIT_TERMINATED, self._orphan_message(parent)
         status, code, error = _with_lost_ranks(status, code, error, lost, self.current)
-        step = self.current
+        phase = self.current
         if first is not None:  # it said so already, or its voice is the one below
-            status, code, error, step = "timeout", EXIT_FAILED, first["error"], first["step"]
-        self._say(status, code, error, answered, lost, step, told=first is not None,
+            status, code, error, phase = "timeout", EXIT_FAILED, first["error"], first["step"]
+        self._say(status, code, error, answered, lost, phase, told=first is not None,
                   agreed=agreed)
         return status, code
 
     def _say(self, status: str, code: int, error: str | None, answered: list[int],
-             lost: list[Lost], step: str, told: bool, agreed: bool = False) -> None:
+             lost: list[Lost], phase: str, told: bool, agreed: bool = False) -> None:
         """How the run ended, on stderr by one voice and in run.json. `told`: the rank that
         timed out first said it already."""
-        fields = {"lost_ranks": lost_to_json(lost), "failed_step": step} if lost else {}
+        fields = {"lost_ranks": lost_to_json(lost), "failed_step": phase} if lost else {}
         if lost:  # one voice: the lowest rank left, or our own launcher, which knows the signals
             speaks = self.rt.rank == answered[0] and not env.started_by_us()
         else:  # other failures are local, and the rank that saw one may be the only one to tell
@@ -289,13 +289,13 @@ def _within(seconds: float, ask: Callable[[], T], default: T) -> T:
     return default if asking.is_alive() else got[0]
 
 
-def _first_timeout(peers, status: str, error: str | None, step: str) -> dict | None:
+def _first_timeout(peers, status: str, error: str | None, phase: str) -> dict | None:
     """Another rank's timeout, when it came first: it decides how the run ended. This rank's
     own failure (the connection the timed-out rank closed as it left, the launcher's SIGTERM
     that followed) is its consequence; this rank's own timeout, at the same moment, says the
     same in other words. None: this rank's ending stands."""
     if status == "timeout":
-        return peers.timed_out(error, step)
+        return peers.timed_out(error, phase)
     if status in ("failed", "terminated"):
         return peers.first_timeout()
     return None  # a Ctrl-C stays one
@@ -440,14 +440,14 @@ def run(command: str, opts, body: Callable[[Session], int]) -> int:
 
 
 def _with_lost_ranks(status: str, code: int, error: str | None, lost: list[Lost],
-                     step: str) -> tuple[str, int, str | None]:
+                     phase: str) -> tuple[str, int, str | None]:
     """How the run ended, once the roll call has said which ranks are gone: a lost rank is the
     cause of whatever this rank saw (a reset connection, a launcher's SIGTERM), so the run
     failed; a timeout or a Ctrl-C stays what it was, and names them."""
     if status == "timeout":
-        return status, code, f"{error}: {describe_lost(lost, step) if lost else NO_LOST_RANK}"
+        return status, code, f"{error}: {describe_lost(lost, phase) if lost else NO_LOST_RANK}"
     if not lost:
         return status, code, error
     if status == "interrupted":
-        return status, code, f"{error}; {describe_lost(lost, step)}"
-    return "failed", EXIT_FAILED, describe_lost(lost, step)
+        return status, code, f"{error}; {describe_lost(lost, phase)}"
+    return "failed", EXIT_FAILED, describe_lost(lost, phase)

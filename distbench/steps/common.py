@@ -33,7 +33,7 @@ def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], 
     seconds on every rank; None on every rank when the whole problem does not fit on rank 0,
     built or stepped (a model that fits may not fit its activations and gradients)."""
     rt, opts = s.rt, s.opts
-    s.step(f"{what} (build and step 1)", opts.timeout)
+    s.phase(f"{what} (build and step 1)", opts.timeout)
     step, fits = None, True
     if rt.rank == 0:
         try:
@@ -50,7 +50,7 @@ def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], 
     warm = max(1, opts.warmup) - 1  # one ran above
     samples: list[float] = []
     for i in range(warm + opts.iters):
-        s.step(f"{what} step {i + 2}", opts.timeout)  # step 1 ran in the build
+        s.phase(f"{what} step {i + 2}", opts.timeout)  # step 1 ran in the build
         if step is not None:
             if i < warm:
                 step()
@@ -68,8 +68,8 @@ def time_on_rank0_alone(s: Session, what: str, build: Callable[[], Callable[[], 
 
 def check_against_reference(s: Session, pairs: list[TensorPair], rtol: float) -> TensorCheck:
     """`pairs` compared by reference.check_tensors, then agreed across ranks. The session's fault
-    (tests only) lands on a copy of the first distributed tensor, since strategies hand out
-    live tensors (a model's own gradients)."""
+    (tests only) lands on a copy of the first distributed tensor, since the parallel/ wrappers
+    hand out live tensors (a model's own gradients)."""
     if pairs:
         name, got, ref = pairs[0]
         got = got.detach().clone()

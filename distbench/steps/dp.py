@@ -96,7 +96,7 @@ def run(s: Session, output: Output) -> int:
         s.console.log(f"check: every mode vs one rank on the global batch, "
                       f"{check_sh.describe()}" + ("" if on_configured else
                                                   " (the configured shapes are too large)"))
-        s.step("dp single-rank reference (check)", opts.timeout)
+        s.phase("dp single-rank reference (check)", opts.timeout)
         ref = strat.reference(opts.block, check_sh, SEED, rt.world, dtype)
     s.console.lines(format_table(output.console, [], title=(
         f"dp  {opts.dtype}  ranks {rt.world}  nodes {rt.nnodes}  backend {rt.backend}  "
@@ -151,13 +151,13 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     # Agreed twice (recipe.agreed): after the build (no rank steps into a collective a peer
     # will never join) and after the first steps (a backend that lacks a collective fails
     # there, on every rank).
-    s.step(f"dp {label} (build)", opts.timeout)
+    s.phase(f"dp {label} (build)", opts.timeout)
     trainer, reason = recipe.agreed(s, f"dp {label} (build)", lambda: strat.build(
         mode, opts.block, shape, SEED, device, dtype, bucket, batch,
         before_allreduce=slow))
     if not reason:
         strat.hold_still(trainer.optimizer)  # checked apart (mode_vs_reference): timed as built
-        s.step(f"dp {label} (first steps)", opts.timeout)
+        s.phase(f"dp {label} (first steps)", opts.timeout)
         _, reason = recipe.agreed(s, f"dp {label} (first steps)",
                                   lambda: _first_steps(trainer.step, device))
     if reason:
@@ -176,7 +176,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     state_bytes = recipe.max_over_ranks([sum(state.values())], device)[0]
     st, peak = recipe.timed_with_peak(s, f"dp {label} step", trainer.step)
 
-    s.step(f"dp {label} compute-only (build)", opts.timeout)
+    s.phase(f"dp {label} compute-only (build)", opts.timeout)
     plan = strat.compute_plan(trainer)
     trainer = None  # the mode's model and states go before compute-only's are built
     recipe.free(device)
@@ -192,7 +192,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
         notes.append(f"not replayed alone: {left}")
     alone_us = None
     if ok_calls:
-        s.step(f"dp {label} communication alone (setup)", opts.timeout)
+        s.phase(f"dp {label} communication alone (setup)", opts.timeout)
         alone_us = recipe.timed(s, f"dp {label} communication alone",
                                 replay(ok_calls, device, slow)).time_us
         recipe.free(device)
@@ -215,7 +215,7 @@ def _measure(s: Session, mode: str, bucket: float | None, shape: StackShape, dty
     max_err = None
     status = "ok"
     if opts.check:
-        s.step(f"dp {label} (check)", opts.timeout)
+        s.phase(f"dp {label} (check)", opts.timeout)
         rtol = RTOL["dp"][opts.dtype]
         pairs = strat.mode_vs_reference(mode, opts.block, check_sh, SEED, rt.rank, n, device,
                                         dtype, check_bucket(bucket, shape, check_sh, opts.block),

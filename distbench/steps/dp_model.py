@@ -1,11 +1,9 @@
-"""Data parallelism through torch's own APIs, one Trainer per mode:
+"""dp's model: the stack of distbench.steps.stacks with AdamW, one Trainer per mode, wrapped by
+parallel.data_parallel:
 
-- ddp: `DistributedDataParallel` (gradient buckets of `bucket_cap_mb`, gradients as views of the
-  buckets, so each rank holds one gradient copy) and AdamW;
-- zero1: the same DDP with `ZeroRedundancyOptimizer` over AdamW: each rank steps its partition
-  of the parameters and broadcasts them;
-- zero2 / zero3: FSDP2, `fully_shard` on every block and on the root, with
-  reshard_after_forward False / True, and AdamW on the shards.
+- ddp: DDP (gradient buckets of `bucket_cap_mb`) and AdamW;
+- zero1: the same DDP with ZeroRedundancyOptimizer over AdamW;
+- zero2 / zero3: FSDP2 on every block and on the root, and AdamW on the shards.
 
 Beside each: the same per-rank work with the communication removed (compute-only), the state a
 rank holds measured on the tensors themselves, and the check against a single-rank reference
@@ -21,6 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from distbench.parallel.data_parallel import (
+    ddp,
+    fully_sharded,
+    gathered,
+    no_allreduce,
+    slowed_allreduce,
+    zero_redundancy,
+)
+from distbench.parallel.device_mesh import world_mesh
 from distbench.steps.dp_formulas import HALF
 from distbench.steps.reference import Reference, TensorPair
 from distbench.steps.stacks import StackShape, build_stack
@@ -200,35 +207,6 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> list:
     return [t for state in opt.state.values() for t in state.values()]
 
 
-def ddp(module: nn.Module, device: torch.device, bucket_mb: float | None = None, group=None):
-    """DDP as trainers run it (and as the planner's memory counts it): gradients as views of
-    its buckets, so each rank holds one copy of them, not two."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(module, device_ids=ids, bucket_cap_mb=bucket_mb,
-                                   process_group=group, gradient_as_bucket_view=True)
-
-
-def _slowed_allreduce(before: Callable[[], None]):
-    """DDP's own all-reduce hook with the fault's delay ahead of every bucket (tests only)."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    def hook(state, bucket):
-        before()
-        return allreduce_hook(state, bucket)
-
-    return hook
-
-
-def _fully_shard():
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    except ImportError:  # torch < 2.6
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-    return fully_shard, MixedPrecisionPolicy
-
-
 def build(mode: str, kind: str, shape: StackShape, seed: int, device: torch.device, dtype,
           bucket_mb: float | None, batch: tuple[torch.Tensor, torch.Tensor], eps: float = 1e-8,
           before_allreduce: Callable[[], None] | None = None) -> Trainer:
@@ -240,31 +218,20 @@ def build(mode: str, kind: str, shape: StackShape, seed: int, device: torch.devi
         inner = inner.float()  # FSDP2's shards are the fp32 masters; it computes in dtype
     names = [name for name, _ in inner.named_parameters()]
     if not fsdp:
-        model = ddp(inner, device, bucket_mb)
-        if before_allreduce is not None:
-            model.register_comm_hook(None, _slowed_allreduce(before_allreduce))
+        hook = None if before_allreduce is None else slowed_allreduce(before_allreduce)
+        model = ddp(inner, device, bucket_mb, hook=hook)
         params = list(inner.parameters())
         if mode == "ddp":
             opt = adamw(params, device, dtype, eps)
         else:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
-            opt = ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class(dtype), lr=LR,
-                                          eps=eps, **_fused(device))
+            opt = zero_redundancy(params, optimizer_class(dtype), lr=LR, eps=eps,
+                                  **_fused(device))
     else:
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import DeviceMesh
-
-        fully_shard, policy = _fully_shard()
-        # FSDP2 without a mesh makes one on torch's default accelerator: on a GPU machine a gloo
-        # run's CPU trainer would then be sharded onto cuda:0 (seen on the first GPU, issue 34)
-        kwargs = {"reshard_after_forward": mode == "zero3",
-                  "mesh": DeviceMesh.from_group(dist.group.WORLD, device.type)}
-        if needs_master(dtype):
-            kwargs["mp_policy"] = policy(param_dtype=dtype, reduce_dtype=dtype)
+        shard = fully_sharded(world_mesh(device), mode == "zero3",
+                              dtype if needs_master(dtype) else None)
         for block in inner.blocks:
-            fully_shard(block, **kwargs)
-        model = fully_shard(inner, **kwargs)
+            shard(block)
+        model = shard(inner)
         params = list(inner.parameters())
         opt = adamw(params, device, torch.float32, eps)
     return Trainer(mode, model, inner, params, names, opt, *batch)
@@ -299,18 +266,15 @@ def build_compute_only(plan: ComputePlan, kind: str, shape: StackShape, seed: in
                        device: torch.device, dtype, bucket_mb: float | None
                        ) -> Callable[[], None]:
     """The same per-rank work as `trainer`'s step with the communication removed:
-    - ddp, zero1: the same DDP with torch's no-op comm hook (docs: "to see whether all-reduce is
-      the bottleneck") and AdamW over what the rank steps (zero1: its own partition);
+    - ddp, zero1: the same DDP with torch's no-op comm hook, and AdamW over what the rank steps
+      (zero1: its own partition);
     - zero2, zero3: the same blocks unsharded on the rank's batch, and AdamW over tensors shaped
       like the rank's shards."""
     inner = build_stack(kind, shape, seed, device, dtype)
     model: nn.Module = inner
     params = list(inner.parameters())
     if plan.shards is None:
-        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
-
-        model = ddp(inner, device, bucket_mb)
-        model.register_comm_hook(None, noop_hook)
+        model = ddp(inner, device, bucket_mb, hook=no_allreduce())
         stepped = params if plan.stepped is None else [params[i] for i in plan.stepped]
         opt = adamw(stepped, device, dtype)
     else:
@@ -369,10 +333,8 @@ def mode_vs_reference(mode: str, kind: str, shape: StackShape, seed: int, rank: 
     """CHECK_STEPS steps of `mode` on this rank's share of the reference's batch, from the same
     seed. (name, mode's, reference's) for every gradient of the last step and every parameter
     after it, sharded ones gathered whole, all on the CPU."""
-    from torch.distributed.tensor import DTensor
-
     def whole(t: torch.Tensor) -> torch.Tensor:
-        return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+        return gathered(t).detach().cpu()
 
     trainer = build(mode, kind, shape, seed, device, dtype, bucket_mb,
                     local_batch(shape, seed, rank, device, dtype), ref.eps)

@@ -1,24 +1,22 @@
 """One training step of planner.models' transformer stack laid out on a 3-D device mesh, composed
-the way torchtitan composes torch's own APIs:
+the way torchtitan composes torch's own APIs, each through distbench.parallel:
 
-1. the mesh: init_device_mesh(device, (pp, dp, tp)) with dimensions named pp, dp and tp (made
-   unique per mesh: FreshMesh), tp fastest, its groups destroyed once the layout is done;
+1. the mesh: (pp, dp, tp), tp fastest, fresh for each layout (parallel.device_mesh), its
+   groups destroyed once the layout is done;
 2. each rank builds only its pipeline stage's layers, layer i's weights from (seed, i), in a
    ModuleDict keyed by the global index, so parameter names are the whole model's;
-3. TP: parallelize_module on mesh["tp"], column-wise qkv, up and the gate, row-wise out and
-   down; with sequence parallelism (the layout's sp, on by default), torchtitan's plan: the
-   residual stream, the stage's input and output, the samples and the targets sharded along
-   the sequence over the TP ranks (local tensors), gathered into qkv and the MLP, and the
-   row-wise outputs reduce-scattered back to the shards;
-4. DP on mesh["dp"]: zero 0 DDP, zero 1 DDP with ZeroRedundancyOptimizer, zero 2 / 3 FSDP2
-   (fully_shard per layer, then the stage; reshard_after_forward false / true);
-5. PP on mesh["pp"]: a PipelineStage around the DP-wrapped stage and Schedule1F1B with an MSE
-   loss; interleaved (v virtual stages), one PipelineStage per chunk of the rank's layers
-   (stage index rank + k x pp, planner.layouts.rank_chunks: pp need not divide the layers,
-   the ends hold fewer), each chunk DP-wrapped on its own as torchtitan wraps its model parts,
-   and ScheduleInterleaved1F1B; with pp 1, the micro-batches are accumulated by hand. The
-   gradients are synchronised as the layout's grad_sync says: after every micro-batch (FSDP2's
-   default) or on the last one only (DDP no_sync, FSDP set_requires_gradient_sync(False));
+3. TP on mesh["tp"], layer by layer (parallel.tensor_parallel's plan); with sequence
+   parallelism (the layout's sp, on by default), the residual stream, the stage's input and
+   output, the samples and the targets sharded along the sequence over the TP ranks;
+4. DP on mesh["dp"] (parallel.data_parallel): zero 0 DDP, zero 1 DDP with
+   ZeroRedundancyOptimizer, zero 2 / 3 FSDP2 (per layer, then the stage);
+5. PP on mesh["pp"] (parallel.pipeline): a PipelineStage around the DP-wrapped stage and 1F1B
+   with an MSE loss; interleaved (v virtual stages), one PipelineStage per chunk of the rank's
+   layers (stage index rank + k x pp, planner.layouts.rank_chunks: pp need not divide the
+   layers, the ends hold fewer), each chunk DP-wrapped on its own as torchtitan wraps its
+   model parts; with pp 1, the micro-batches are accumulated by hand. The gradients are
+   synchronised as the layout's grad_sync says: after every micro-batch (FSDP2's default) or
+   on the last one only (DDP no_sync, FSDP set_requires_gradient_sync(False));
 6. AdamW (ZeroRedundancyOptimizer's inner optimizer at zero 1).
 
 Beside it: the single-rank reference the check compares with, and the same per-rank work with no
@@ -27,10 +25,7 @@ communication (compute-only).
 
 from __future__ import annotations
 
-import itertools
-import logging
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -39,12 +34,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from distbench.bench import timing
+from distbench.parallel.data_parallel import (
+    accumulate,
+    fully_sharded,
+    gathered,
+    wrap_stage,
+    zero_redundancy,
+)
+from distbench.parallel.device_mesh import layout_mesh
+from distbench.parallel.pipeline import torch_schedule, torch_stages
+from distbench.parallel.tensor_parallel import sequence_loss, sequence_shard, shard_layer
 from distbench.planner.layouts import Layout, rank_chunks
 from distbench.planner.models import ModelSpec
 from distbench.steps.dp_model import (
     CHECK_EPS_SHARE,
     LR,
-    ddp,
+    adamw,
     needs_master,
     optimizer_class,
     optimizer_tensors,
@@ -186,60 +191,6 @@ def samples(model: ModelSpec, first: int, count: int, device, dtype, targets: bo
     return out
 
 
-def layer_tp_plan(gated: bool = False, sequence_parallel: bool = False) -> dict:
-    """One layer's TP plan (Megatron's): qkv, up and the gate column-wise, out and down
-    row-wise: an all-reduce after each row-wise layer in forward, and of the block input's
-    gradient in backward. Sequence-parallel (torchtitan's plan, torch's styles): the layer's
-    input and output are its TP rank's part of the sequence (Shard(1)), all-gathered into qkv
-    and, once for up and the gate, at the MLP's gather point (PrepareModuleInput, a DTensor
-    kept so that the two gradients add up before one reduce-scatter), and each row-wise
-    output reduce-scattered back to the shards: an all-reduce is a reduce-scatter and an
-    all-gather, so the bus carries what it carried, split either side of the layer's work."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-    )
-
-    if not sequence_parallel:
-        plan = {"attn.qkv": ColwiseParallel(), "attn.out": RowwiseParallel(),
-                "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
-    else:
-        seq = Shard(1)
-        plan = {"attn.qkv": ColwiseParallel(input_layouts=seq),
-                "attn.out": RowwiseParallel(output_layouts=seq),
-                "mlp.gather": PrepareModuleInput(input_layouts=seq,
-                                                 desired_input_layouts=Replicate()),
-                "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel(output_layouts=seq)}
-    if gated:
-        plan["mlp.gate"] = ColwiseParallel()
-    return plan
-
-
-def sequence_shard(t: torch.Tensor, layout: Layout, tp_rank: int) -> torch.Tensor:
-    """`t` (samples, sequence, hidden) as TP rank `tp_rank` holds it: its part of the sequence
-    with sequence parallelism (a copy: the whole goes), else the whole."""
-    if not layout.sequence_parallel:
-        return t
-    return t.chunk(layout.tp, dim=1)[tp_rank].clone()
-
-
-def sequence_loss(layout: Layout):
-    """The step's loss on what a rank holds: the mean squared error, divided by tp where each
-    TP rank holds a part of the sequence, so that the TP ranks' losses add up to the whole
-    batch's mean (equal parts: the mean of the parts' means) and backward, which sums each
-    rank's share through the reduce-scatters, gives the whole mean's gradients."""
-    if not layout.sequence_parallel:
-        return F.mse_loss
-    tp = layout.tp
-
-    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.mse_loss(output, target) / tp
-
-    return loss
-
-
 # ---------------------------------------------------------------------------------------------
 # One layout on a fresh mesh
 
@@ -301,15 +252,7 @@ class MeshModel:
         """A parameter or gradient whole, on the CPU: a DTensor (TP, FSDP) gathered, a TP shard
         that DDP holds as a plain tensor made a DTensor again first. Collective over the tensor's
         mesh: every rank of the stage calls it for the same names in the same order."""
-        from torch.distributed.tensor import DTensor
-
-        spec = self.localized.get(name)
-        if spec is not None and not isinstance(t, DTensor):
-            t = DTensor.from_local(t, spec.mesh, spec.placements, run_check=False,
-                                   shape=spec.shape, stride=spec.stride)
-        if isinstance(t, DTensor):
-            with _quiet_redistribute():
-                t = t.full_tensor()
+        t = gathered(t, self.localized.get(name))
         return t.detach().cpu().clone()  # a copy: the next steps train on in place
 
     def state_bytes(self) -> int:
@@ -333,120 +276,11 @@ class MeshModel:
         return out
 
 
-@contextmanager
-def _quiet_redistribute():
-    """Gathering a TP + FSDP tensor whole takes two all-gathers, and torch warns on every rank
-    that one would be faster: true, and beside the point of a check that runs once."""
-    log = logging.getLogger("torch.distributed.tensor._redistribute")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
-def accumulate(model: nn.Module, layout: Layout, x: torch.Tensor, target: torch.Tensor,
-               loss_fn=F.mse_loss) -> torch.Tensor:
-    """pp 1: the micro-batches one after another, each loss divided by their count (the mean of
-    equal means is the whole mean), gradients synchronised across replicas after each one
-    (grad_sync micro: FSDP2 reduce-scatters them, DDP all-reduces) or on the last only (DDP's
-    no_sync, FSDP2's set_requires_gradient_sync(False) before it)."""
-    from contextlib import nullcontext
-
-    m = layout.micro_batches
-    every = layout.grad_sync == "micro"
-    xs, ts = x.chunk(m), target.chunk(m)
-    sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2
-    total = torch.zeros((), dtype=x.dtype, device=x.device)
-    for j in range(m):
-        syncs = every or j == m - 1
-        if sync is not None:
-            sync(syncs)
-        no_sync = getattr(model, "no_sync", None)  # DDP
-        with nullcontext() if syncs or no_sync is None else no_sync():
-            loss = loss_fn(model(xs[j]), ts[j])
-            (loss / m).backward()
-        total += loss.detach() / m
-    return total
-
-
-_STAGE_CLASSES: dict = {}
-
-
-def pipeline_stage_class(layout: Layout):
-    """torch's PipelineStage, or, where the layout syncs the gradients of every micro-batch
-    (grad_sync micro, with replicas), one whose DP wrapper does so. torch 2.13's stage holds
-    them to the last backward itself (backward_maybe_with_nosync): DDP under no_sync but there,
-    FSDP2 with set_requires_gradient_sync(False) before every backward, its gradients then
-    reduce-scattered once by perform_reduce_grad. This one runs every backward as DDP's last
-    (prepare_for_backward, then the all-reduce), and as FSDP2 runs a backward of its own (the
-    sync on, the backward finalized), so each micro-batch's gradients are reduced as they
-    come and the sharded gradients accumulate; the stage stays gathered between micro-batches
-    as torch's schedule keeps it (reshard_after_backward false; perform_reduce_grad reshards
-    and scales at the end)."""
-    from torch.distributed.pipelining import PipelineStage
-
-    if not layout.syncs_every_micro_batch:
-        return PipelineStage
-    if "micro" not in _STAGE_CLASSES:
-        from torch.distributed.fsdp import FSDPModule
-        from torch.distributed.pipelining._backward import stage_backward
-
-        class EveryMicroBatch(PipelineStage):
-            def backward_maybe_with_nosync(self, backward_type, bwd_kwargs,
-                                           last_backward=False):
-                if backward_type != "full":  # the split backwards of zero-bubble schedules
-                    return super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
-                                                              last_backward)
-                if isinstance(self.submod, FSDPModule):
-                    self.submod.set_is_last_backward(True)
-                    self.submod.set_reshard_after_backward(False)
-                    self.submod.set_requires_gradient_sync(True)
-                    return stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
-                                          bwd_kwargs["input_values"]), None
-                # DDP rebuilds its buckets from the order the first synced backward readied
-                # the parameters in, at its next forward; two synced backwards of one chunk
-                # with no forward between (interleaved 1F1B) would record the order twice
-                # and fail its assert, so it rebuilds here first, as that forward would
-                self.submod.reducer._rebuild_buckets()
-                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, True)
-
-        _STAGE_CLASSES["micro"] = EveryMicroBatch
-    return _STAGE_CLASSES["micro"]
-
-
-class FreshMesh:
-    """A device mesh of its own, its dimensions reached by their plain names (mesh["tp"]), ended
-    by release_groups. torch's DeviceMesh underneath names them uniquely ("tp3"): DTensor caches
-    its sharding decisions keyed by a mesh's equality, which its shape and names decide, so a
-    later mesh of the same shape would run its collectives on an earlier mesh's groups, which
-    are destroyed by then ("Could not resolve the process group registered under the name 63")."""
-
-    _made = itertools.count()
-
-    def __init__(self, device: torch.device, dims: dict[str, int]):
-        from torch.distributed.device_mesh import init_device_mesh
-
-        k = next(FreshMesh._made)
-        self.names = {d: f"{d}{k}" for d in dims}
-        self.device_mesh = init_device_mesh(device.type, tuple(dims.values()),
-                                            mesh_dim_names=tuple(self.names.values()))
-
-    def __getitem__(self, dim: str):
-        return self.device_mesh[self.names[dim]]
-
-
-def device_mesh(layout: Layout, device: torch.device) -> FreshMesh:
-    """A fresh (pp, dp, tp) device mesh for `layout`, tp fastest (release_groups ends it)."""
-    return FreshMesh(device, {"pp": layout.pp, "dp": layout.dp, "tp": layout.tp})
-
-
 def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: float = 1e-8,
           mesh=None) -> MeshModel:
     """This rank's part of `layout` on `mesh` (a fresh one when None), from SEED."""
     t, p = layout.tp, layout.pp
-    mesh = mesh if mesh is not None else device_mesh(layout, device)
+    mesh = mesh if mesh is not None else layout_mesh(layout, device)
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
     chunks = rank_chunks(model.layers, pp_rank, p, layout.virtual_stages)
     shard = _fsdp(layout, mesh, dtype)
@@ -457,10 +291,7 @@ def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: fl
         # whole one layer at a time: the stage whole would not fit where it runs
         layer = make_layer(model, i, device, built, recompute=kinds[i])
         if t > 1:
-            from torch.distributed.tensor.parallel import parallelize_module
-
-            parallelize_module(layer, mesh["tp"],
-                               layer_tp_plan(model.gated, layout.sequence_parallel))
+            shard_layer(layer, mesh["tp"], model.gated, layout.sequence_parallel)
         if shard is not None:
             shard(layer)
         layers[str(i)] = layer
@@ -472,23 +303,17 @@ def build(model: ModelSpec, layout: Layout, device: torch.device, dtype, eps: fl
     localized: dict = {}
     wrapped = []
     for part in parts:
-        w, loc = _data_parallel(part, layout, mesh, device, shard)
+        w, loc = wrap_stage(part, layout, mesh, device, shard)
         wrapped.append(w)
         localized.update(loc)
     opt = _optimizer(stage, layout, mesh, device, dtype, eps)
     schedule = None
     if p > 1:
-        from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
-
-        n = p * layout.virtual_stages
-        stage_class = pipeline_stage_class(layout)
-        pipes = [stage_class(w, index, n, device, group=mesh["pp"].get_group())
-                 for w, (index, _) in zip(wrapped, chunks, strict=True)]
-        loss = sequence_loss(layout)
-        if layout.virtual_stages > 1:
-            schedule = ScheduleInterleaved1F1B(pipes, layout.micro_batches, loss_fn=loss)
-        else:
-            schedule = Schedule1F1B(pipes[0], layout.micro_batches, loss_fn=loss)
+        parts = [(index, w) for w, (index, _) in zip(wrapped, chunks, strict=True)]
+        pipes = torch_stages(parts, p * layout.virtual_stages, device, mesh["pp"].get_group(),
+                             layout.syncs_every_micro_batch)
+        schedule = torch_schedule(layout.schedule, pipes, layout.micro_batches,
+                                  sequence_loss(layout))
     x, target = replica_inputs(model, layout, pp_rank, dp_rank, device, dtype,
                                mesh["tp"].get_local_rank())
     return MeshModel(layout, mesh, stage, wrapped[0], opt, x, target, schedule, localized)
@@ -517,58 +342,12 @@ def replica_inputs(model: ModelSpec, layout: Layout, pp_rank: int, dp_rank: int,
     return x, target
 
 
-def release_groups(mesh) -> None:
-    """The mesh's process groups destroyed, once its layout is done: NCCL's communicators hold
-    device memory the caching allocator does not see, and a sweep of layouts would otherwise
-    keep every layout's. The default group, which a dimension spanning the whole world reuses,
-    stays. Every rank calls it at the same point."""
-    world = dist.group.WORLD
-    for name in mesh.names:
-        group = mesh[name].get_group()
-        if group is not None and group is not world:
-            dist.destroy_process_group(group)
-
-
 def _fsdp(layout: Layout, mesh, dtype) -> Callable[[nn.Module], object] | None:
     """fully_shard on mesh["dp"] as the layout's ZeRO stage asks (2: reshard_after_forward
     false, 3: true; computing in half precision on fp32 masters), or None below ZeRO 2."""
     if layout.dp == 1 or layout.zero < 2:
         return None
-    from distbench.steps.dp_model import _fully_shard
-
-    fully_shard, policy = _fully_shard()
-    kwargs = {"mesh": mesh["dp"], "reshard_after_forward": layout.zero == 3}
-    if needs_master(dtype):
-        kwargs["mp_policy"] = policy(param_dtype=dtype, reduce_dtype=dtype)
-    return lambda module: fully_shard(module, **kwargs)
-
-
-def _data_parallel(stage: Stage, layout: Layout, mesh, device: torch.device,
-                   shard: Callable[[nn.Module], object] | None) -> tuple[nn.Module, dict]:
-    """The stage wrapped for the layout's data parallelism on mesh["dp"]: FSDP2's root over
-    layers `shard` has wrapped already (in place), or DDP; and the DTensor specs of the TP
-    shards DDP holds as plain tensors."""
-    if layout.dp == 1:
-        return stage, {}
-    if shard is not None:
-        shard(stage)
-        return stage, {}
-    localized = {}
-    if layout.tp > 1:
-        localized = _localize_tp_shards(stage)
-    return ddp(stage, device, group=mesh["dp"].get_group()), localized
-
-
-def _localize_tp_shards(stage: Stage) -> dict:
-    """DDP cannot broadcast or bucket DTensor parameters (c10d.broadcast_ has no DTensor rule):
-    torch's TP+DDP composition turns them into their local shards, made DTensors again around
-    each forward. That function is private (torch.distributed.tensor.parallel.ddp); this is
-    the one place that calls it, so a torch that moves it breaks here only. Returns each
-    parameter's DTensor spec, kept on the parameter as `_st_info`, for the check."""
-    from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
-
-    _pre_dp_module_transform(stage)
-    return {n: p._st_info for n, p in stage.named_parameters() if hasattr(p, "_st_info")}
+    return fully_sharded(mesh["dp"], layout.zero == 3, dtype if needs_master(dtype) else None)
 
 
 def _optimizer(stage: Stage, layout: Layout, mesh, device: torch.device, dtype, eps: float
@@ -576,10 +355,8 @@ def _optimizer(stage: Stage, layout: Layout, mesh, device: torch.device, dtype, 
     params = list(stage.parameters())
     fused = {"fused": True} if device.type == "cuda" else {}
     if layout.dp > 1 and layout.zero == 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class(dtype), lr=LR,
-                                       eps=eps, process_group=mesh["dp"].get_group(), **fused)
+        return zero_redundancy(params, optimizer_class(dtype), mesh["dp"].get_group(), lr=LR,
+                               eps=eps, **fused)
     # FSDP's shards are fp32 masters in half precision: plain AdamW on them
     cls = torch.optim.AdamW if layout.dp > 1 and layout.zero >= 2 else optimizer_class(dtype)
     return cls(params, lr=LR, eps=eps, **fused)
@@ -619,8 +396,6 @@ class ComputeOnly:
 
 def build_compute_only(model: ModelSpec, layout: Layout, pp_rank: int, shards: list,
                        device: torch.device, dtype) -> ComputeOnly:
-    from distbench.steps.dp_model import adamw
-
     indices = rank_layers(model, layout, pp_rank)
     stage = make_stage(model, indices, device, dtype, layout.tp,
                        layer_recompute(model, layout, pp_rank))
@@ -650,8 +425,6 @@ def reference(model: ModelSpec, dtype) -> Reference:
     """The whole stack on the whole batch on the CPU, one step. AdamW's eps is a share of the
     largest gradient, as dp's check takes it (a gradient near zero, whose sign rounding may flip,
     then moves its parameter by a rounding-sized step, not by +-lr)."""
-    from distbench.steps.dp_model import adamw
-
     cpu = torch.device("cpu")
     whole = make_stage(model, range(model.layers), cpu, dtype)
     x = samples(model, 0, model.batch, cpu, dtype)

@@ -17,6 +17,7 @@ from distbench.bench.measure import Settings, fail_if_wrong, timed_samples, timi
 from distbench.core.errors import one_line
 from distbench.core.exitcodes import EXIT_OK
 from distbench.core.tables import Output, format_table
+from distbench.parallel.pipeline import Pipeline, num_stages
 from distbench.run.peers import agree
 from distbench.run.session import Session
 from distbench.steps import pp_model
@@ -61,7 +62,7 @@ def run(s: Session, output: Output) -> int:
                              lambda: pp_model.SingleRank(shape, rt.device).step)
     ref = None
     if opts.check:
-        s.step("pp single-rank reference (check)", opts.timeout)
+        s.phase("pp single-rank reference (check)", opts.timeout)
         ref = pp_model.SingleRank(cshape, rt.device)
         ref.step()
         timing.sync(rt.device)
@@ -78,7 +79,7 @@ def run(s: Session, output: Output) -> int:
 def _base_row(s: Session, schedule: str, shape: PipelineShape) -> dict:
     rt = s.rt
     v = shape.virtual_stages if schedule == "interleaved-1f1b" else 1
-    stages = pp_model.num_stages(schedule, rt.world, v)
+    stages = num_stages(schedule, rt.world, v)
     row = {
         "schedule": schedule, "dtype": shape.dtype, "world_size": rt.world, "nnodes": rt.nnodes,
         "stages": stages, "virtual_stages": v, "layers": shape.layers, "layers_per_stage": "",
@@ -94,10 +95,10 @@ def _base_row(s: Session, schedule: str, shape: PipelineShape) -> dict:
     return row
 
 
-def _build(s: Session, schedule: str, shape: PipelineShape) -> tuple[pp_model.Pipeline | None, str]:
+def _build(s: Session, schedule: str, shape: PipelineShape) -> tuple[Pipeline | None, str]:
     rt = s.rt
     v = shape.virtual_stages if schedule == "interleaved-1f1b" else 1
-    stages = pp_model.num_stages(schedule, rt.world, v)
+    stages = num_stages(schedule, rt.world, v)
     reason, pipe = "", None
     if shape.layers < stages:
         reason = f"{shape.layers} layers cannot fill {stages} stages ({rt.world} ranks x {v})"
@@ -116,7 +117,7 @@ def _measure_schedule(s: Session, schedule: str, shape: PipelineShape,
     device, n = rt.device, rt.world
     row = _base_row(s, schedule, shape)
     what = f"pp {schedule}"
-    s.step(f"{what} (setup)", opts.timeout)
+    s.phase(f"{what} (setup)", opts.timeout)
     pipe, reason = _build(s, schedule, shape)
     if reason:
         row.update(status="skipped", note=reason)
@@ -127,7 +128,7 @@ def _measure_schedule(s: Session, schedule: str, shape: PipelineShape,
 
     err, wrong = 0.0, 0
     if opts.check:
-        s.step(f"{what} (check)", opts.timeout)
+        s.phase(f"{what} (check)", opts.timeout)
         check = pipe
         if cshape != shape:
             del pipe
@@ -138,7 +139,7 @@ def _measure_schedule(s: Session, schedule: str, shape: PipelineShape,
                                           RTOL["pp"][cshape.dtype])
         err, wrong = result.max_abs_err, result.wrong
         del check
-    s.step(f"{what} (statistics)", opts.timeout)
+    s.phase(f"{what} (statistics)", opts.timeout)
     st = timing.summarize(samples, 0, device)
     per_rank = torch.zeros(n, dtype=torch.float64, device=device)
     per_rank[rt.rank] = compute

@@ -1,20 +1,8 @@
-"""Pipeline parallelism: pp's residual stack (distbench.steps.stacks) split into stages, the
-schedules that run them, and their accounting. Stage s holds a contiguous run of layers; every
-rank builds its own layers from the shape's seed, so no weights travel.
-
-Schedules:
-- naive: the whole batch (all micro-batches at once) goes through one stage at a time forward,
-  then backward in reverse, by hand with one send or receive at a time. One stage is busy at
-  any moment.
-- gpipe, 1f1b: torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B, one stage per rank.
-- interleaved-1f1b: ScheduleInterleaved1F1B with v stages per rank (world x v stages, stage s on
-  rank s % world).
-
-Compute time (for the measured bubble) is taken by timers wrapped around each stage's forward and
-backward compute *inside* the schedule: PipelineStage.forward_one_chunk / backward_one_chunk for
-torch's schedules (their receives are posted and waited on by the schedule outside those calls),
-and the stage's own forward / backward calls in the naive schedule. perf_counter on CPU; CUDA
-events on the current stream on GPU, read once at the end of the timed loop.
+"""pp's model: the residual stack of distbench.steps.stacks split into pipeline stages, each
+rank building its own stages' layers from the shape's seed (so no weights travel) and handing them
+to parallel.pipeline's schedules; the accounting pp.csv reports beside the measured step (the
+analytic bubble, the bytes crossing stage boundaries); and the single-rank reference the check
+compares the pipelined gradients and loss with.
 """
 
 from __future__ import annotations
@@ -23,8 +11,15 @@ from dataclasses import replace
 
 import torch
 
-from distbench.bench import timing
-from distbench.ops import p2p
+from distbench.parallel.pipeline import (
+    NaivePipeline,
+    Pipeline,
+    TorchPipeline,
+    num_stages,
+    split_layers,
+    stage_ranges,
+    stages_of_rank,
+)
 from distbench.steps.reference import TensorPair
 from distbench.steps.stacks import Block, PipelineShape, loss_fn, make_batch, make_stage
 
@@ -38,35 +33,8 @@ SMALL_HIDDEN, SMALL_SEQ = 64, 8
 # Pure accounting
 
 
-def split_layers(layers: int, stages: int) -> list[int]:
-    """Layers per stage, contiguous and as even as possible; the first stages take the extra
-    ones (5 layers on 2 stages -> [3, 2])."""
-    if stages < 1 or layers < stages:
-        raise ValueError(f"{layers} layers cannot fill {stages} stages")
-    base, extra = divmod(layers, stages)
-    return [base + (1 if s < extra else 0) for s in range(stages)]
-
-
-def stage_ranges(layers: int, stages: int) -> list[range]:
-    """The global layer indices of each stage."""
-    out, start = [], 0
-    for count in split_layers(layers, stages):
-        out.append(range(start, start + count))
-        start += count
-    return out
-
-
 def layers_per_stage_text(layers: int, stages: int) -> str:
     return "/".join(str(c) for c in split_layers(layers, stages))
-
-
-def num_stages(schedule: str, world: int, virtual_stages: int) -> int:
-    return world * virtual_stages if schedule == "interleaved-1f1b" else world
-
-
-def stages_of_rank(schedule: str, rank: int, world: int, virtual_stages: int) -> list[int]:
-    """Stage indices a rank holds: stage s lives on rank s % world."""
-    return list(range(rank, num_stages(schedule, world, virtual_stages), world))
 
 
 def analytic_bubble(schedule: str, p: int, m: int, v: int = 1) -> float:
@@ -103,132 +71,23 @@ def check_shape(shape: PipelineShape) -> PipelineShape:
 
 
 # ---------------------------------------------------------------------------------------------
-# Compute timing
-
-
-# ---------------------------------------------------------------------------------------------
-# Pipelines: one object per schedule on each rank, with the same surface
-
-
-class Pipeline:
-    """One rank's part of a pipelined training step (forward + backward, no optimizer)."""
-
-    schedule: str
-    shape: PipelineShape
-    clock: timing.Spans  # the rank's compute inside the step, on the device's clock
-    layers: dict[int, Block]  # global layer index -> the block this rank holds
-    holds_last: bool
-    loss: torch.Tensor | None  # the step's loss, on the rank holding the last stage
-
-    def step(self) -> None:
-        raise NotImplementedError
-
-    def zero_grad(self) -> None:
-        for block in self.layers.values():
-            for p in block.parameters():
-                p.grad = None
-
-
-class NaivePipeline(Pipeline):
-    """The whole batch through stage 0, then stage 1, ... forward; backward in reverse. Written by
-    hand with blocking sends and receives: the baseline the schedules are judged against."""
-
-    def __init__(self, shape: PipelineShape, rank: int, world: int, device: torch.device):
-        self.schedule = "naive"
-        self.shape, self.rank, self.world = shape, rank, world
-        self.clock = timing.Spans(device)
-        rng = stage_ranges(shape.layers, world)[rank]
-        self.module = make_stage(rng, shape, device)
-        self.layers = dict(zip(rng, self.module, strict=True))
-        self.holds_last = rank == world - 1
-        self.x, self.target = make_batch(shape, device)
-        self.recv_buf = torch.empty_like(self.x)
-        self.grad_buf = torch.empty_like(self.x)
-        self.loss = None
-        self._forward = self.clock.wrap(self.module)
-        self._backward = self.clock.wrap(torch.autograd.backward)
-
-    def step(self) -> None:
-        self.zero_grad()
-        first, last = self.rank == 0, self.rank == self.world - 1
-        if first:
-            inp = self.x
-        else:
-            p2p.recv(self.recv_buf, self.rank - 1)
-            inp = self.recv_buf.detach().requires_grad_(True)
-        out = self._forward(inp)
-        if last:
-            # the loss is left out of the compute time, as in torch's schedules
-            self.loss = loss_fn(out, self.target)
-            self._backward(self.loss)
-        else:
-            p2p.send(out.detach(), self.rank + 1)
-            p2p.recv(self.grad_buf, self.rank + 1)
-            self._backward(out, self.grad_buf)
-        if not first:
-            p2p.send(inp.grad, self.rank - 1)
-
-
-class TorchPipeline(Pipeline):
-    """gpipe, 1f1b, interleaved-1f1b through torch.distributed.pipelining."""
-
-    def __init__(self, schedule: str, shape: PipelineShape, rank: int, world: int,
-                 device: torch.device):
-        from torch.distributed.pipelining import (
-            PipelineStage,
-            Schedule1F1B,
-            ScheduleGPipe,
-            ScheduleInterleaved1F1B,
-        )
-
-        self.schedule = schedule
-        self.shape = shape
-        self.clock = timing.Spans(device)
-        v = shape.virtual_stages if schedule == "interleaved-1f1b" else 1
-        n_stages = world * v
-        ranges = stage_ranges(shape.layers, n_stages)
-        self.layers = {}
-        self.stages = []
-        for s in stages_of_rank(schedule, rank, world, v):
-            module = make_stage(ranges[s], shape, device)
-            self.layers.update(zip(ranges[s], module, strict=True))
-            stage = PipelineStage(module, s, n_stages, device)
-            # the compute timers: the schedule looks these up on the instance
-            stage.forward_one_chunk = self.clock.wrap(stage.forward_one_chunk)
-            stage.backward_one_chunk = self.clock.wrap(stage.backward_one_chunk)
-            stage.backward_weight_one_chunk = self.clock.wrap(stage.backward_weight_one_chunk)
-            self.stages.append(stage)
-        self.holds_first = any(st.is_first for st in self.stages)
-        self.holds_last = any(st.is_last for st in self.stages)
-        m = shape.micro_batches
-        # ValueError here is the schedule refusing the configuration (micro-batch counts)
-        if schedule == "gpipe":
-            self.sched = ScheduleGPipe(self.stages[0], m, loss_fn=loss_fn)
-        elif schedule == "1f1b":
-            self.sched = Schedule1F1B(self.stages[0], m, loss_fn=loss_fn)
-        elif schedule == "interleaved-1f1b":
-            self.sched = ScheduleInterleaved1F1B(self.stages, m, loss_fn=loss_fn)
-        else:
-            raise ValueError(f"unknown schedule {schedule!r}")
-        x, target = make_batch(shape, device)
-        self.args = (x,) if self.holds_first else ()
-        self.target = target if self.holds_last else None
-        self.losses: list[torch.Tensor] = []
-        self.loss = None
-
-    def step(self) -> None:
-        self.zero_grad()
-        losses = self.losses if self.holds_last else None
-        self.sched.step(*self.args, target=self.target, losses=losses, return_outputs=False)
-        if self.holds_last:
-            self.loss = torch.stack([t.detach() for t in self.losses]).mean()
+# The pipelines
 
 
 def build_pipeline(schedule: str, shape: PipelineShape, rank: int, world: int,
                    device: torch.device) -> Pipeline:
+    """This rank's stages of pp's stack, from the shape's seed, run by `schedule`. ValueError:
+    the schedule refusing the configuration (micro-batch counts)."""
     if schedule == "naive":
-        return NaivePipeline(shape, rank, world, device)
-    return TorchPipeline(schedule, shape, rank, world, device)
+        indices = stage_ranges(shape.layers, world)[rank]
+        return NaivePipeline(make_stage(indices, shape, device), indices, rank, world,
+                             make_batch(shape, device), loss_fn, device)
+    v = shape.virtual_stages if schedule == "interleaved-1f1b" else 1
+    ranges = stage_ranges(shape.layers, num_stages(schedule, world, v))
+    modules = {s: make_stage(ranges[s], shape, device)
+               for s in stages_of_rank(schedule, rank, world, v)}
+    return TorchPipeline(schedule, modules, ranges, shape.micro_batches,
+                         make_batch(shape, device), loss_fn, device)
 
 
 # ---------------------------------------------------------------------------------------------

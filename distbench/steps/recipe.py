@@ -96,7 +96,7 @@ def fits_here(s: Session, need_bytes: float, what: str) -> str:
 
 def counted(s: Session, label: str, fn: Callable[[], T]) -> tuple[T, list[CommCall]]:
     """fn() once under the collective counter, and what it issued, in order."""
-    s.step(f"{label} (communication count)", s.opts.timeout)
+    s.phase(f"{label} (communication count)", s.opts.timeout)
     with CommCounter() as counter:
         value = fn()
     timing.sync(s.rt.device)
@@ -106,7 +106,7 @@ def counted(s: Session, label: str, fn: Callable[[], T]) -> tuple[T, list[CommCa
 def timed(s: Session, what: str, step: Callable[[], object]) -> timing.Stats:
     """warmup (fixed count), barrier, timed loop, cross-rank statistics: as every command."""
     samples = timed_samples(Settings.of(s), step, what).samples
-    s.step(f"{what} (statistics)", s.opts.timeout)
+    s.phase(f"{what} (statistics)", s.opts.timeout)
     return timing.summarize(samples, 0, s.rt.device)
 
 
@@ -133,7 +133,7 @@ def host_peak(s: Session, label: str, step: Callable[[], object], held: list,
         return None
     from distbench.steps.host_memory import peak_bytes
 
-    s.step(f"{label} (peak memory)", s.opts.timeout)
+    s.phase(f"{label} (peak memory)", s.opts.timeout)
     return int(max_over_ranks([peak_bytes(step, held, ignore)], device)[0])
 
 

@@ -21,7 +21,7 @@ RTOL: dict[str, dict[str, float]] = {
     # once, so the two differ by rounding only
     "pp": {"float32": 1e-4, "float64": 1e-10, "bfloat16": 5e-2, "float16": 1e-2},
     # tp's: the data-parallel modes sum the ranks' gradients in another order than one rank on
-    # the global batch, rounding of the same kind (docs/commands.md says "as tp")
+    # the global batch, rounding of the same kind (docs/commands/dp.md says "as tp")
     "dp": _TP_RTOL,
     # step composes them: TP's sharded sums and the pipeline's micro-batches, so pp's
     "step": {"float32": 1e-4, "float64": 1e-10, "bfloat16": 5e-2, "float16": 1e-2},

@@ -1,7 +1,7 @@
 """The toy models tp and pp train, and the shapes that size them, in the command line's own words
 (hidden_size, ffn_size, heads, seq_len, micro_batch_size, layers, ...). Plain torch modules
-built from a seed: how they are split over ranks is the strategies' business, so nothing here
-knows of process groups.
+built from a seed: how they are split over ranks is the parallel/ wrappers' business, so
+nothing here knows of process groups.
 
 - tp's stack: `layers` residual blocks of one kind, each `x + f(x)` with no bias and no norm,
   so the linear layers and the attention matmuls are all the work and FLOPs and communication

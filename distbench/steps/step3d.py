@@ -32,6 +32,7 @@ from distbench.bench import timing
 from distbench.bench.measure import Settings, timed_samples, timing_cells
 from distbench.core.tables import Output, format_table, plural
 from distbench.ops.torch_dtypes import TORCH_DTYPES
+from distbench.parallel.device_mesh import layout_mesh, release_groups
 from distbench.planner.layouts import Layout
 from distbench.planner.memory import held_by_step, memory, step_inputs_bytes
 from distbench.planner.models import ModelSpec, model_text, parse_model
@@ -93,14 +94,14 @@ def measure_layout(s: Session, model: ModelSpec, layout: Layout, dtype, bad: lis
     device = s.rt.device
     dtype_name = str(dtype).removeprefix("torch.")
     row = _base_row(s, model, layout, dtype_name)
-    s.step(f"step {layout.label()} (memory)", s.opts.timeout)
+    s.phase(f"step {layout.label()} (memory)", s.opts.timeout)
     reason = recipe.fits_here(s, held_by_step(model, layout, dtype.itemsize), layout.label())
     if reason:
         return _skipped(row, reason)
-    mesh = mesh_model.device_mesh(layout, device)
+    mesh = layout_mesh(layout, device)
     measured = _measure_on(s, mesh, model, layout, dtype, row, bad, check)
     recipe.free(device)
-    mesh_model.release_groups(mesh)
+    release_groups(mesh)
     return measured
 
 
@@ -119,7 +120,7 @@ def _measure_on(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, row: 
         if cmodel != model:
             notes.append(f"checked on {model_text(cmodel)} (the model is too large for a "
                          "single-rank reference on every rank)")
-            s.step(f"{label} (check)", timeout)
+            s.phase(f"{label} (check)", timeout)
             built, reason = _checked_build(s, mesh, cmodel, layout, dtype, ref,
                                            f"{label} (check)")
             if reason:
@@ -128,7 +129,7 @@ def _measure_on(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, row: 
             built = None
             recipe.free(device)
 
-    s.step(f"{label} (build and first steps)", timeout)
+    s.phase(f"{label} (build and first steps)", timeout)
     built, reason = _checked_build(s, mesh, model, layout, dtype,
                                    ref if cmodel == model else None,
                                    f"{label} (build and first steps)")
@@ -165,7 +166,7 @@ def _measure_on(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, row: 
         notes.append("the loss is not finite: timed on infs or NaNs, which a GPU multiplies "
                      "faster than numbers")
 
-    s.step(f"{label} compute-only (build)", timeout)
+    s.phase(f"{label} compute-only (build)", timeout)
     pp_rank, shards = mm.pp_rank, mm.optimizer_shards()
     mm = None  # the layout's model and states go before compute-only's are built
     recipe.free(device)
@@ -345,7 +346,7 @@ def _alone(s: Session, dim: str, calls: list[CommCall], mesh, layout: Layout, la
     else:
         ok, left = replayable(calls)
         fn = replay(ok, s.rt.device, group=group)
-    s.step(f"{label} {dim} communication alone (setup)", s.opts.timeout)
+    s.phase(f"{label} {dim} communication alone (setup)", s.opts.timeout)
     return recipe.timed(s, f"{label} {dim} communication alone", fn).time_us, left
 
 
@@ -386,7 +387,7 @@ def _compute_only(s: Session, model: ModelSpec, layout: Layout, dtype, pp_rank: 
     samples = timed_samples(settings, co.step, f"{label} compute-only",
                             before_loop=lambda: co.forward_backward.reset(settings.iters or 0)
                             ).samples
-    s.step(f"{label} compute-only (statistics)", s.opts.timeout)
+    s.phase(f"{label} compute-only (statistics)", s.opts.timeout)
     st = timing.summarize(samples, 0, rt.device)
     fb = torch.tensor([co.forward_backward.seconds() / len(samples) * 1e6],
                       dtype=torch.float64, device=rt.device)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from distbench.bench.measure import timing_cells
 from distbench.core.tables import Output, format_table, plural
 from distbench.ops.torch_dtypes import TORCH_DTYPES
+from distbench.parallel.device_mesh import flat_mesh
 from distbench.run.buffers import release
 from distbench.run.session import Session
 from distbench.steps import recipe
@@ -36,8 +37,8 @@ def run(s: Session, output: Output) -> int:
     rt, opts = s.rt, s.opts
     shape = StackShape.from_options(opts)
     dtype = TORCH_DTYPES[opts.dtype]
-    s.step("tp device mesh", opts.timeout)
-    mesh = strat.device_mesh(rt.device, rt.world)
+    s.phase("tp device mesh", opts.timeout)
+    mesh = flat_mesh(rt.device, rt.world)
     check_sh, on_configured = strat.check_shape(shape, rt.world)
     sink = s.sink(output)
     s.console.log(f"tp: {', '.join(opts.blocks)} x {plural(shape.layers, 'layer')} on "
@@ -66,7 +67,7 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
     n, device = rt.world, rt.device
     base = {"block": kind, "dtype": opts.dtype, "world_size": n, "nnodes": rt.nnodes,
             **shape.to_json(), "backend": rt.backend}
-    s.step(f"tp {kind} (build)", opts.timeout)
+    s.phase(f"tp {kind} (build)", opts.timeout)
     built, reason = recipe.agreed(s, f"tp {kind} (build)", lambda: (
         strat.build_sharded(kind, shape, mesh, device, dtype, SEED),
         strat.build_local_shard(kind, shape, n, device, dtype, SEED),
@@ -118,7 +119,7 @@ def _measure_block(s: Session, kind: str, shape: StackShape, mesh, dtype,
             "collectives_counted": counts,
             "flops_per_rank_per_step": strat.flops_per_rank(kind, shape, n)}
     if opts.check:
-        s.step(f"tp {kind} (check)", opts.timeout)
+        s.phase(f"tp {kind} (check)", opts.timeout)
         rtol = RTOL["tp"][opts.dtype]
         pairs = strat.tp_vs_reference(kind, check_sh, SEED, device, dtype, mesh)
         c = check_against_reference(s, pairs, rtol)

@@ -1,16 +1,8 @@
-"""Megatron-style tensor parallelism over a 1-D DeviceMesh, applied the way production code
-applies it: the stack of distbench.steps.stacks is built on the meta device, parallelize_module
-(torch.distributed.tensor.parallel) shards it, and only then is each rank's shard materialised,
-as torchtitan does, so a model that needs TP to fit never exists whole on one GPU.
-
-- MLP: up-projection ColwiseParallel (h -> f/n on each rank), GELU, down-projection
-  RowwiseParallel (f/n -> h, outputs summed by one all-reduce). Backward: one all-reduce of the
-  input gradient of the column-parallel layer (DTensor's from_local backward turns the partial
-  input gradient into a replicated one).
-- Attention: the fused QKV projection ColwiseParallel (h -> 3h/n: its rows are grouped per
-  head, so a contiguous row shard holds whole heads), scaled_dot_product_attention on the
-  rank's heads, output projection RowwiseParallel. Separate q/k/v projections would cost three
-  backward all-reduces instead of one.
+"""tp's model: the stack of distbench.steps.stacks, tensor-parallel as production code applies
+it: built on the meta device, sharded by parallel.tensor_parallel's plan (MLP: up column-wise,
+down row-wise; attention: the fused QKV column-wise, out row-wise), and only then each rank's
+shard materialised, as torchtitan does, so a model that needs TP to fit never exists whole on one
+GPU. Beside it, its closed forms (parameters, FLOPs and all-reduced bytes per rank).
 
 The same model classes with per-rank shard shapes and no DTensor make the compute-only
 baseline; with full shapes on rank 0 alone, the scaling view's t1; and at the check's small
@@ -24,6 +16,8 @@ import math
 
 import torch
 
+from distbench.parallel.data_parallel import gathered
+from distbench.parallel.tensor_parallel import shard_stack
 from distbench.steps.reference import TensorPair
 from distbench.steps.stacks import (
     Stack,
@@ -120,37 +114,13 @@ def check_shape(shape: StackShape, world: int) -> tuple[StackShape, bool]:
 # Sharding
 # ------------------------------------------------------------------------------------------
 
-def _sharded_layers(kind: str) -> tuple[str, str]:
-    """The names of a block's column-parallel and row-parallel projections."""
-    return ("up", "down") if kind == "mlp" else ("qkv", "out")
-
-
-def tp_plan(kind: str, layers: int) -> dict:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    col, row = _sharded_layers(kind)
-    plan = {}
-    for i in range(layers):
-        plan[f"blocks.{i}.{col}"] = ColwiseParallel()
-        plan[f"blocks.{i}.{row}"] = RowwiseParallel()
-    return plan
-
-
-def device_mesh(device: torch.device, world: int):
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(device.type, (world,))
-
-
 def apply_tp(full: Stack, kind: str, shape: StackShape, mesh, device=None) -> Stack:
-    """A deep copy of `full` (on `device` when given), sharded by parallelize_module: full
+    """A deep copy of `full` (on `device` when given), sharded by the TP plan: full
     stays the reference. For the check's small shapes; the timed model is build_sharded's."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
     model = copy.deepcopy(full)
     if device is not None:
         model = model.to(device)
-    return parallelize_module(model, mesh, tp_plan(kind, shape.layers))
+    return shard_stack(model, kind, shape.layers, mesh)
 
 
 def init_weights(model: Stack, seed: int) -> None:
@@ -169,11 +139,9 @@ def init_weights(model: Stack, seed: int) -> None:
 
 def build_sharded(kind: str, shape: StackShape, mesh, device, dtype, seed: int) -> Stack:
     """The TP stack with only this rank's shards ever allocated."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
     with torch.device("meta"):
         model = make_stack(kind, shape).to(dtype)
-    model = parallelize_module(model, mesh, tp_plan(kind, shape.layers))
+    model = shard_stack(model, kind, shape.layers, mesh)
     model.to_empty(device=device)
     init_weights(model, seed)
     return model
@@ -201,8 +169,6 @@ def tp_vs_reference(kind: str, shape: StackShape, seed: int, device, dtype, mesh
     cheap), so no GPU ever holds the whole model twice; the sharded stack is a copy of it on
     `device`. (name, tp, reference) for the output, the input gradient and every weight
     gradient (the sharded ones gathered whole), all on the CPU."""
-    from torch.distributed.tensor import DTensor
-
     cpu = torch.device("cpu")
     ref = build_stack(kind, shape, seed, cpu, dtype)
     tp = apply_tp(ref, kind, shape, mesh, device)
@@ -212,6 +178,5 @@ def tp_vs_reference(kind: str, shape: StackShape, seed: int, device, dtype, mesh
     y_ref = make_step(ref, x_ref, dy_ref)().detach()
     pairs = [("output", y, y_ref), ("input gradient", x.grad.cpu(), x_ref.grad)]
     for (name, p), (_, p_ref) in zip(tp.named_parameters(), ref.named_parameters(), strict=True):
-        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-        pairs.append((f"{name} gradient", grad.cpu(), p_ref.grad))
+        pairs.append((f"{name} gradient", gathered(p.grad).cpu(), p_ref.grad))
     return pairs

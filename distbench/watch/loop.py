@@ -148,7 +148,7 @@ def rank_infos(ranks: list[dict], snapshots: list[dict], world: int) -> list[Ran
 
 def nvml_index(uuid: str, snapshots: list[dict]) -> str:
     """The NVML index of the GPU with this UUID, as text, from the nodes' topology snapshots
-    (platform/topo lists each node's GPUs by NVML index); "" when not found."""
+    (platform/topo_probe lists each node's GPUs by NVML index); "" when not found."""
     if not uuid:
         return ""
     for snap in snapshots:
@@ -234,7 +234,7 @@ def _watch(s: Session, stop: HeldStops) -> int:
         _textfile(s, textfile.write_down, prom, hostname=hostname, why="starting")
     lines = Appender(s.run_dir / "watch.jsonl") if s.run_dir is not None else None
     sink = s.sink(contracts.WATCH)
-    s.step("watch: building the probes", opts.timeout)
+    s.phase("watch: building the probes", opts.timeout)
     built = [_Probe(s, p, opts.iters) for p in probes]
     s.console.log(f"watch: {', '.join(f'{p.op} {format_size(p.size_bytes)}' for p in probes)} "
                   f"every {opts.interval:g} s on {rt.world} ranks, {rt.nnodes} node(s), backend "
@@ -245,7 +245,7 @@ def _watch(s: Session, stop: HeldStops) -> int:
     # "no more cycles" and the seconds until the next cycle starts (the others give 0)
     said = torch.zeros(3, dtype=torch.float64, device=rt.device)
     while True:
-        s.step(f"watch: the boundary after cycle {index - 1}" if index else
+        s.phase(f"watch: the boundary after cycle {index - 1}" if index else
                "watch: the boundary before cycle 0", opts.timeout)
         now = time.monotonic()
         said.zero_()
@@ -267,7 +267,7 @@ def _watch(s: Session, stop: HeldStops) -> int:
         if wait_s > 0:
             # then back to the boundary, whoever woke first and why: every rank decides
             # there, alike, whether the cycle runs
-            s.step(f"watch: waiting for cycle {index}" if not done else
+            s.phase(f"watch: waiting for cycle {index}" if not done else
                    f"watch: the last cycle's file stands (after cycle {index - 1})",
                    wait_s + opts.timeout)
             _wait(s, stop, wait_s)
@@ -275,7 +275,7 @@ def _watch(s: Session, stop: HeldStops) -> int:
         if done:
             break
         t0, wall0 = time.monotonic(), time.time()
-        s.step(f"watch cycle {index}", opts.timeout)
+        s.phase(f"watch cycle {index}", opts.timeout)
         delay = s.faults.before_collective() if index >= s.faults.slow_from else None
         results = tuple(b.measure(s, opts.iters, delay) for b in built)
         duration = time.monotonic() - t0

@@ -1,0 +1,11 @@
+"""`distbench dp`: the command, as the registry (distbench/kinds/__init__.py) takes it."""
+
+from __future__ import annotations
+
+from distbench.kinds.dp import body, options, output
+from distbench.kinds.kind import Kind
+from distbench.run.forked_workers import TRAINING
+
+KIND = Kind("dp", help=options.HELP, options=options.DPOptions, run=body.run,
+            examples=options.EXAMPLES, preload=TRAINING, outputs=(output.OUTPUT,),
+            section=output.section, plots=output.draw)

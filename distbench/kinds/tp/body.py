@@ -1,0 +1,18 @@
+"""`distbench tp`'s runs: what each rank does under a launcher, and what runs here
+without workers. torch is imported inside them, when a run starts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from distbench.kinds.tp.output import OUTPUT
+
+if TYPE_CHECKING:
+    from distbench.run.session import Session
+
+
+def run(s: Session) -> int:
+    """Per rank, under a launcher."""
+    from distbench.steps import tp
+
+    return tp.run(s, OUTPUT)
