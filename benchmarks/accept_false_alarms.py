@@ -58,7 +58,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from distbench.accept.profile_files import resolve
+from distbench.kinds.accept.profile_files import resolve
 
 PROFILE = "cpu-gloo"
 WORLD = 4

@@ -168,8 +168,8 @@ def accept_in_progress(path: Path):
     and the run.json beside it: (files, record)."""
     from fake_session import fake_runtime
 
-    from distbench.accept import files
-    from distbench.accept.profile_files import load
+    from distbench.kinds.accept import files
+    from distbench.kinds.accept.profile_files import load
     from distbench.results import writer
 
     profile = load(Path(__file__).parent.parent / "configs" / "profiles" / "cpu-gloo.toml")

@@ -19,7 +19,7 @@ from helpers import assert_one_line_error, distbench, distbench_lines, torchrun_
 from runs import rewrite_csv
 from test_accept_nodes import NAMED, SLOW_S, accept_here
 
-from distbench.accept.profile_files import load
+from distbench.kinds.accept.profile_files import load
 
 PROFILES = Path(__file__).parent.parent / "configs" / "profiles"
 

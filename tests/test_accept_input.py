@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, cli
 
-from distbench.accept import profile_files, profile_toml
-from distbench.accept.files import read_baseline
-from distbench.accept.profile_model import ProfileError
 from distbench.core import dtypes
 from distbench.core.options import DTYPES
+from distbench.kinds.accept import profile_files, profile_toml
+from distbench.kinds.accept.files import read_baseline
+from distbench.kinds.accept.profile_model import ProfileError
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_DIR = ROOT / "configs" / "profiles"

@@ -24,13 +24,13 @@ from fake_group import ThreadWorld, on_threads
 from fake_session import FakeSession, fake_runtime
 from helpers import distbench_lines
 
-from distbench.accept import acceptance, itinerary
-from distbench.accept.itinerary import Cluster
-from distbench.accept.profile_files import resolve
 from distbench.bench import series, timing
 from distbench.core import contracts, noise
 from distbench.core.accounting import buffer_of
 from distbench.core.dtypes import element_bytes
+from distbench.kinds.accept import acceptance, itinerary
+from distbench.kinds.accept.itinerary import Cluster
+from distbench.kinds.accept.profile_files import resolve
 from distbench.results import writer
 from distbench.run.console import Console
 from distbench.run.runtime import RunFailure

@@ -20,9 +20,9 @@ from fake_group import ThreadWorld, on_threads
 from fake_session import FakeSession, fake_runtime
 from helpers import cli
 
-from distbench.accept import acceptance, itinerary
-from distbench.accept.itinerary import Cluster, Groups
-from distbench.accept.profile_files import resolve
+from distbench.kinds.accept import acceptance, itinerary
+from distbench.kinds.accept.itinerary import Cluster, Groups
+from distbench.kinds.accept.profile_files import resolve
 
 H100 = resolve("h100-sxm-8")
 CPU = resolve("cpu-gloo")

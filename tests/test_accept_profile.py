@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 from fake_session import fake_runtime
 
-from distbench.accept import profile_choice, profile_files
-from distbench.accept.verdicts import Result, judge
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
+from distbench.kinds.accept import profile_choice, profile_files
+from distbench.kinds.accept.verdicts import Result, judge
 from distbench.run.runtime import RunFailure, Runtime
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -20,8 +20,8 @@ import pytest
 from helpers import clean_env, free_port, power_off, processes_naming, start, torchrun_agent
 from runs import accept_in_progress
 
-from distbench.accept import files, verdicts
-from distbench.accept.profile_files import load
+from distbench.kinds.accept import files, verdicts
+from distbench.kinds.accept.profile_files import load
 from distbench.results import writer
 
 PROFILE = load(Path(__file__).parent.parent / "configs" / "profiles" / "cpu-gloo.toml")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from distbench.watch import metrics
+from distbench.kinds.watch import metrics
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "configs" / "grafana" / "distbench-watch.json"
 LABELS = {m.name: set(m.labels) for m in metrics.ALL}

@@ -20,7 +20,7 @@ LEVELS = {
     "run": 3,
     "bench": 4, "planner": 4,
     "parallel": 5,
-    "steps": 6, "accept": 6, "watch": 6,
+    "steps": 6,
     "kinds": 7,
     "cli": 8,
     "__main__": 9,
@@ -37,7 +37,7 @@ BANNED = {
 # Modules that must stay light in a box that need not be: accept's profiles are read by the
 # command line's validation and by accept --dry-run (which plans with accept's itinerary), and
 # none of them imports torch.
-BANNED_MODULES = {f"distbench.accept.{name}": {"torch"} for name in (
+BANNED_MODULES = {f"distbench.kinds.accept.{name}": {"torch"} for name in (
     "profile_model", "profile_toml", "profile_files", "itinerary", "schedule")}
 TOP_LEVEL = {"__init__", "__main__"}
 
@@ -180,11 +180,11 @@ def test_light_modules_stay_light(name):
 # turn, and what it may not have brought in checked before the next is imported.
 FRESH = [("distbench.core.sizes", "", ("torch", "numpy")),
          ("distbench.results.alphabeta", "", ("torch",)),
-         ("distbench.accept.profile_files", "m.available(); m.resolve('h100-sxm-8')",
+         ("distbench.kinds.accept.profile_files", "m.available(); m.resolve('h100-sxm-8')",
           ("torch",)),
-         ("distbench.accept.itinerary",
-          "m.lines(m.make(sys.modules['distbench.accept.profile_files'].resolve('h100-sxm-8'), "
-          "m.Cluster.uniform(4, 8), False))", ("torch",))]
+         ("distbench.kinds.accept.itinerary",
+          "m.lines(m.make(sys.modules['distbench.kinds.accept.profile_files']"
+          ".resolve('h100-sxm-8'), m.Cluster.uniform(4, 8), False))", ("torch",))]
 
 
 @pytest.mark.multiproc  # a fresh interpreter: what the modules import, from nothing

@@ -1,6 +1,6 @@
-"""Acceptance profiles (distbench/accept/profile_*.py, configs/profiles/*.toml): the built-ins load
-and cite their figures, auto picks the right one from the nodes' snapshots, and every kind of
-bad profile is one ProfileError naming the file and the key."""
+"""Acceptance profiles (distbench/kinds/accept/profile_*.py, configs/profiles/*.toml): the
+built-ins load and cite their figures, auto picks the right one from the nodes' snapshots, and
+every kind of bad profile is one ProfileError naming the file and the key."""
 
 import re
 import sys
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from distbench.accept import profile_choice, profile_files, profile_model, profile_toml
-from distbench.accept.profile_model import METRICS, NodeFloors, ProfileCheck, ProfileError
 from distbench.core.options import DTYPES, OptionError
+from distbench.kinds.accept import profile_choice, profile_files, profile_model, profile_toml
+from distbench.kinds.accept.profile_model import METRICS, NodeFloors, ProfileCheck, ProfileError
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_DIR = ROOT / "configs" / "profiles"

@@ -24,10 +24,10 @@ from test_report import _sensible
 from distbench.core.contracts import WATCH
 from distbench.kinds.watch import output as watch_output
 from distbench.kinds.watch.history import watch_history
+from distbench.kinds.watch.loop import csv_rows, cycle_line
+from distbench.kinds.watch.records import Cycle, Judgement, Probe, ProbeResult, ProbeState
 from distbench.results import plots, reader
 from distbench.results.writer import Appender, CsvSink
-from distbench.watch.loop import csv_rows, cycle_line
-from distbench.watch.records import Cycle, Judgement, Probe, ProbeResult, ProbeState
 
 AR, AG = Probe("all_reduce", 64 * 1024), Probe("all_gather", 1 << 20)
 AR_NAME, AG_NAME = "all_reduce 64 KiB cluster", "all_gather 1 MiB cluster"

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from distbench.accept.schedule import (
+from distbench.kinds.accept.schedule import (
     circle_count,
     circle_round,
     circle_rounds,

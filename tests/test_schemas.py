@@ -18,9 +18,9 @@ from runs import accept_in_progress
 from test_topo import NVMLError_NotSupported, _fake_pynvml, _no_nvidia_smi
 
 from distbench import schemas
-from distbench.accept import files, verdicts
-from distbench.accept.profile_files import load
 from distbench.core import exitcodes
+from distbench.kinds.accept import files, verdicts
+from distbench.kinds.accept.profile_files import load
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.platform import topo_probe
 from distbench.results import writer

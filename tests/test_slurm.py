@@ -29,7 +29,7 @@ import pytest
 from helpers import distbench, free_port, nccl_rules_held, processes_naming
 from slurm_cluster import missing, one_node_cluster
 
-from distbench.watch.probe_baseline import read_baseline
+from distbench.kinds.watch.probe_baseline import read_baseline
 
 WHY_NOT = missing()
 pytestmark = [pytest.mark.multiproc, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from distbench.accept.files import VERDICT_WORDS, read_baseline
-from distbench.accept.profile_files import load, resolve
-from distbench.accept.profile_model import NodeFacts
-from distbench.accept.verdicts import Baseline, Result, judge
 from distbench.core import noise
 from distbench.core.exitcodes import EXIT_INCONCLUSIVE
+from distbench.kinds.accept.files import VERDICT_WORDS, read_baseline
+from distbench.kinds.accept.profile_files import load, resolve
+from distbench.kinds.accept.profile_model import NodeFacts
+from distbench.kinds.accept.verdicts import Baseline, Result, judge
 
 PAIR_BW = """
 [[check]]

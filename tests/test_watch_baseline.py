@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, cli, distbench, refused, resolved
 
-from distbench.watch.probe_baseline import read_baseline
-from distbench.watch.records import Probe
+from distbench.kinds.watch.probe_baseline import read_baseline
+from distbench.kinds.watch.records import Probe
 
 MIB = 1 << 20
 AR_1M = Probe("all_reduce", MIB, "cluster", "float32")

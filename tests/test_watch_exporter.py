@@ -20,8 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from distbench.kinds import commands
-from distbench.watch import metrics
-from distbench.watch.records import STATES
+from distbench.kinds.watch import metrics
+from distbench.kinds.watch.records import STATES
 
 EXPORTER, WHY_NOT = binary()
 needs_exporter = pytest.mark.skipif(EXPORTER is None, reason=WHY_NOT)

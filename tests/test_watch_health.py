@@ -9,14 +9,14 @@ import shlex
 import pytest
 
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
-from distbench.watch.health import (
+from distbench.kinds.watch.health import (
     drain_command,
     drain_reason,
     exit_code,
     npd_result,
     should_drain,
 )
-from distbench.watch.records import Judgement, ProbeState
+from distbench.kinds.watch.records import Judgement, ProbeState
 
 AR, AG = "all_reduce/1048576/cluster", "all_gather/65536/cluster"
 

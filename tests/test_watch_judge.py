@@ -18,8 +18,8 @@ import statistics
 
 import pytest
 
-from distbench.watch.judge import LATE_CAP, LATE_FLOOR, WARM, Tracker
-from distbench.watch.records import Cycle, Probe, ProbeResult
+from distbench.kinds.watch.judge import LATE_CAP, LATE_FLOOR, WARM, Tracker
+from distbench.kinds.watch.records import Cycle, Probe, ProbeResult
 
 AR = Probe("all_reduce", 1 << 20)
 AG = Probe("all_gather", 1 << 16)

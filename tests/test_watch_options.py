@@ -10,8 +10,8 @@ from helpers import assert_one_line_error, refused, resolved
 
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
 from distbench.kinds.watch.body import exit_code
-from distbench.watch.probe_baseline import read_baseline
-from distbench.watch.records import Probe
+from distbench.kinds.watch.probe_baseline import read_baseline
+from distbench.kinds.watch.records import Probe
 
 
 @pytest.mark.parametrize("args,option", [

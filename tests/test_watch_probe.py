@@ -15,9 +15,9 @@ from fake_session import FakeSession, fake_runtime
 
 from distbench.bench import timing
 from distbench.core.accounting import bandwidth
+from distbench.kinds.watch.loop import _drain, _Probe, node_name, nvml_index, rank_infos, result_of
+from distbench.kinds.watch.records import Judgement, Probe, ProbeState, RankInfo, arrivals
 from distbench.ops.collectives import OPS
-from distbench.watch.loop import _drain, _Probe, node_name, nvml_index, rank_infos, result_of
-from distbench.watch.records import Judgement, Probe, ProbeState, RankInfo, arrivals
 
 CUDA = torch.device("cuda", 0)
 AR = Probe("all_reduce", 1 << 20)

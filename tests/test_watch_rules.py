@@ -16,7 +16,7 @@ import pytest
 from helpers import debian_tool
 from test_grafana_dashboard import uses
 
-from distbench.watch import metrics
+from distbench.kinds.watch import metrics
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "configs" / "prometheus" / "distbench-rules.yml"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from distbench.watch import metrics, textfile
-from distbench.watch.records import (
+from distbench.kinds.watch import metrics, textfile
+from distbench.kinds.watch.records import (
     STATES,
     Cycle,
     Judgement,

@@ -250,8 +250,8 @@ def _refuse(message: str, args: list[str] | None = None) -> int:
     """Bad input: one line and exit 2 (with watch --npd, node-problem-detector's line on stdout
     too). Under a launcher the other ranks would wait for this one in process-group setup until
     their timeout: they are told first, and each node says it once (from its local rank 0)."""
+    from distbench.kinds.watch.health import npd_refusal
     from distbench.kinds.watch.options import npd_asked
-    from distbench.watch.health import npd_refusal
 
     speaks = not env.under_launcher() or env.local_rank() == 0
     if speaks and npd_asked(args or []):

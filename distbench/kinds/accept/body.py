@@ -17,9 +17,9 @@ def dry_run(opts: AcceptOptions) -> int:
     """The plan, on this machine alone: the same planning code the run uses (itinerary.py),
     on a cluster of the size given."""
 
-    from distbench.accept import itinerary
-    from distbench.accept.profile_files import resolve
     from distbench.core.exitcodes import EXIT_OK
+    from distbench.kinds.accept import itinerary
+    from distbench.kinds.accept.profile_files import resolve
 
     if not env.reads_files():  # under a launcher: one rank says it
         return EXIT_OK
@@ -53,6 +53,6 @@ def _floors_not_judged(profile, per_node: int) -> str:
 
 def run(s: Session) -> int:
     """Per rank, under a launcher."""
-    from distbench.accept import acceptance
+    from distbench.kinds.accept import acceptance
 
     return acceptance.run(s, OUTPUT)

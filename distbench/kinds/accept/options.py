@@ -40,7 +40,7 @@ MAX_RANKS = 2**20
 def _profile(option_name: str, value) -> str:
     """A profile named on the command line is loaded and validated now, before any worker
     starts; auto is decided once the topology is known."""
-    from distbench.accept.profile_files import resolve
+    from distbench.kinds.accept.profile_files import resolve
 
     spec = str(value).strip()
     if spec != "auto" and env.reads_files():
@@ -54,7 +54,7 @@ with_example(_profile, "--profile auto")
 def _baseline(option_name: str, value) -> str | None:
     if value is None:
         return None
-    from distbench.accept.files import read_baseline
+    from distbench.kinds.accept.files import read_baseline
 
     path = Path(str(value))
     if not env.reads_files():
@@ -84,7 +84,7 @@ _nodes = with_example(lambda option, value: _most_nodes(option, _fewest_nodes(op
 
 
 def _profiles_help() -> str:
-    from distbench.accept.profile_files import available
+    from distbench.kinds.accept.profile_files import available
 
     return ("auto (from each node's GPUs), a built-in profile, or a profile file. Built in: "
             + ", ".join(available()) + ".")
@@ -145,8 +145,8 @@ class AcceptOptions(RunOptions):
     def _check_sizes(self, world: int, per_node: int | None, how: str) -> None:
         """A named profile's sizes against the ranks each check will run on: too small, every
         target would be skipped at run time. auto picks a built-in once the GPUs are known."""
-        from distbench.accept.profile_files import resolve
-        from distbench.accept.profile_toml import check_sizes
+        from distbench.kinds.accept.profile_files import resolve
+        from distbench.kinds.accept.profile_toml import check_sizes
 
         profile = resolve(self.profile) if env.reads_files() else None
         if profile is not None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
+from distbench.kinds.watch.health import NPD_OK, NPD_PROBLEM, NPD_UNKNOWN
 from distbench.kinds.watch.options import WatchOptions
-from distbench.watch.health import NPD_OK, NPD_PROBLEM, NPD_UNKNOWN
 
 if TYPE_CHECKING:
     from distbench.run.session import Session
@@ -23,6 +23,6 @@ def exit_code(opts: WatchOptions, code: int) -> int:
 
 
 def run(s: Session) -> int:
-    from distbench.watch.loop import run as loop
+    from distbench.kinds.watch.loop import run as loop
 
     return loop(s)

@@ -1,7 +1,7 @@
 """`distbench watch`: a small fixed set of probes measured every --interval by one launch that
 keeps its process group, judged against a baseline with hysteresis, the ranks the others wait
 for named, and the state written where operators look (a Prometheus textfile, watch.jsonl,
-watch.csv). The loop is distbench/watch/loop.py; this module holds the options."""
+watch.csv). The loop is distbench/kinds/watch/loop.py; this module holds the options."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ from distbench.core.options import (
     sizes,
 )
 from distbench.core.sizes import format_size
+from distbench.kinds.watch.judge import WARM
+from distbench.kinds.watch.records import Probe
 from distbench.ops.collectives import names
 from distbench.platform import env
-from distbench.watch.judge import WARM
-from distbench.watch.records import Probe
 
 if TYPE_CHECKING:
     pass
@@ -150,7 +150,7 @@ class WatchOptions(RunOptions):
         if self.textfile is not None:
             _check_textfile(self.textfile)
         if self.baseline is not None:
-            from distbench.watch import probe_baseline
+            from distbench.kinds.watch import probe_baseline
 
             # what needs no world size; check_world does the rest once it is known
             probe_baseline.check(self.baseline, probes, None, self.once)
@@ -161,7 +161,7 @@ class WatchOptions(RunOptions):
         WORLD_SIZE), else by each rank before it measures anything."""
         if self.baseline is None:
             return
-        from distbench.watch import probe_baseline
+        from distbench.kinds.watch import probe_baseline
 
         _warn(probe_baseline.check(self.baseline, self.probes(), world, self.once))
 
@@ -189,7 +189,7 @@ def profile_probes(spec: str) -> list[Probe]:
     dtype (two metrics of one measurement are one probe). A cycle measures one collective on
     every rank, which is what a cluster check measures; node and pair checks run on parts of
     the world, and p2p ones are no collective. Raises OptionError."""
-    from distbench.accept import profile_files, profile_model
+    from distbench.kinds.accept import profile_files, profile_model
 
     example = "--profile cpu-gloo"
     if str(spec).strip().lower() == profile_model.AUTO:

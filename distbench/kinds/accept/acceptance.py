@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from distbench.accept import files, itinerary, profile_choice, verdicts
-from distbench.accept.itinerary import Cluster, Groups, Target, by_machine, target_of
-from distbench.accept.profile_model import Profile, ProfileCheck
 from distbench.bench import series
 from distbench.bench.measure import Settings, Skipped
 from distbench.core import noise
 from distbench.core.accounting import bandwidth
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.core.tables import Output, format_row, format_table, plural
+from distbench.kinds.accept import files, itinerary, profile_choice, verdicts
+from distbench.kinds.accept.itinerary import Cluster, Groups, Target, by_machine, target_of
+from distbench.kinds.accept.profile_model import Profile, ProfileCheck
 from distbench.ops.collectives import OPS, Ctx
 from distbench.run import split
 from distbench.run.buffers import release

@@ -11,11 +11,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from distbench.accept.profile_model import NodeFacts, Profile, ProfileCheck
-from distbench.accept.schedule import pack, retest_rounds
 from distbench.core import noise
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.core.tables import percent, plural
+from distbench.kinds.accept.profile_model import NodeFacts, Profile, ProfileCheck
+from distbench.kinds.accept.schedule import pack, retest_rounds
 from distbench.results import healthy
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from distbench.accept.profile_files import builtin, builtin_paths, load, resolve
-from distbench.accept.profile_model import (
+from distbench.core.exitcodes import EXIT_BAD_INPUT
+from distbench.kinds.accept.profile_files import builtin, builtin_paths, load, resolve
+from distbench.kinds.accept.profile_model import (
     CPU_PROFILE,
     EXAMPLE,
     GENERIC_PROFILE,
@@ -23,8 +24,7 @@ from distbench.accept.profile_model import (
     Profile,
     ProfileError,
 )
-from distbench.accept.profile_toml import parse
-from distbench.core.exitcodes import EXIT_BAD_INPUT
+from distbench.kinds.accept.profile_toml import parse
 from distbench.run.runtime import RunFailure
 
 NAMED = "named on the command line"

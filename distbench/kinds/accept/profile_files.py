@@ -14,15 +14,17 @@ import stat
 import sys
 from pathlib import Path
 
-from distbench.accept.profile_model import AUTO, Profile, ProfileError
-from distbench.accept.profile_toml import parse, shown
+from distbench.kinds.accept.profile_model import AUTO, Profile, ProfileError
+from distbench.kinds.accept.profile_toml import parse, shown
 
 
 def _checkout_dir() -> Path | None:
     """configs/profiles of the repository this module runs from (a checkout, or an editable
     install of one); None when installed from a wheel. pyproject.toml beside it tells a
     repository from a site-packages that happens to hold a configs/ folder."""
-    root = Path(__file__).resolve().parents[2]
+    import distbench
+
+    root = Path(distbench.__file__).resolve().parents[1]  # the folder holding the package
     found = root / "configs" / "profiles"
     return found if (root / "pyproject.toml").is_file() and found.is_dir() else None
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from distbench.core import noise
 from distbench.core.sizes import format_size
-from distbench.watch.records import Cycle, Judgement, Probe, ProbeResult, ProbeState
+from distbench.kinds.watch.records import Cycle, Judgement, Probe, ProbeResult, ProbeState
 
 LEVELS = ("ok", "warn", "fail")  # a judged probe's states, by level 0, 1, 2
 # Cycles a probe's own baseline is the median of, their spread its noise. Not 3: a few cycles of

@@ -10,10 +10,10 @@ import sys
 import threading
 from pathlib import Path
 
-from distbench.accept.verdicts import Baseline, Judged
 from distbench.core import noise
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_WRONG
 from distbench.core.tables import markdown_table
+from distbench.kinds.accept.verdicts import Baseline, Judged
 from distbench.platform import topo_render
 from distbench.results import writer
 

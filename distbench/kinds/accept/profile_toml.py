@@ -15,7 +15,12 @@ import tomllib
 import unicodedata
 from pathlib import Path
 
-from distbench.accept.profile_model import (
+from distbench.core import dtypes
+from distbench.core.accounting import min_bytes
+from distbench.core.dtypes import element_bytes
+from distbench.core.options import MAX_ITERS
+from distbench.core.sizes import SizeError, parse_size
+from distbench.kinds.accept.profile_model import (
     COMMANDS,
     DEFAULT_DTYPE,
     METRICS,
@@ -27,11 +32,6 @@ from distbench.accept.profile_model import (
     ProfileCheck,
     ProfileError,
 )
-from distbench.core import dtypes
-from distbench.core.accounting import min_bytes
-from distbench.core.dtypes import element_bytes
-from distbench.core.options import MAX_ITERS
-from distbench.core.sizes import SizeError, parse_size
 from distbench.ops.collectives import OPS as COLLECTIVES
 from distbench.ops.collectives import names as collective_names
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, write_to_textfile
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from distbench.watch import metrics
-from distbench.watch.records import STATES, Cycle, Judgement, RankInfo
+from distbench.kinds.watch import metrics
+from distbench.kinds.watch.records import STATES, Cycle, Judgement, RankInfo
 
 WHY_CHARS = 200  # how much of write_down's reason goes into distbench_up's help
 

@@ -26,12 +26,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from distbench.accept import schedule
-from distbench.accept.profile_model import Profile, ProfileCheck
 from distbench.core.accounting import SENDRECV, bandwidth, buffer_of
 from distbench.core.dtypes import element_bytes
 from distbench.core.sizes import format_size
 from distbench.core.tables import plural
+from distbench.kinds.accept import schedule
+from distbench.kinds.accept.profile_model import Profile, ProfileCheck
 from distbench.ops.collectives import OPS
 
 # What the estimate assumes where the profile sets no absolute figure (a check judged against

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_INCONCLUSIVE, EXIT_OK
 from distbench.core.sizes import format_size
-from distbench.watch.records import STATES, Judgement
+from distbench.kinds.watch.records import STATES, Judgement
 
 NPD_OK, NPD_PROBLEM, NPD_UNKNOWN = 0, 1, 2
 NPD_CHARS = 80

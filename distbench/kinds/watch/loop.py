@@ -36,17 +36,10 @@ from distbench.core.exitcodes import (
 )
 from distbench.core.sizes import format_size
 from distbench.core.tables import plural
-from distbench.ops.collectives import OPS, Ctx
-from distbench.ops.torch_dtypes import TORCH_DTYPES
-from distbench.results.writer import Appender
-from distbench.run.faults import Faults
-from distbench.run.held_stops import HeldStops
-from distbench.run.runtime import RunFailure
-from distbench.run.session import Session
-from distbench.watch import health, textfile
-from distbench.watch.judge import Tracker
-from distbench.watch.probe_baseline import read_baseline
-from distbench.watch.records import (
+from distbench.kinds.watch import health, textfile
+from distbench.kinds.watch.judge import Tracker
+from distbench.kinds.watch.probe_baseline import read_baseline
+from distbench.kinds.watch.records import (
     SCHEMA_VERSION,
     Cycle,
     Judgement,
@@ -55,6 +48,13 @@ from distbench.watch.records import (
     RankInfo,
     arrivals,
 )
+from distbench.ops.collectives import OPS, Ctx
+from distbench.ops.torch_dtypes import TORCH_DTYPES
+from distbench.results.writer import Appender
+from distbench.run.faults import Faults
+from distbench.run.held_stops import HeldStops
+from distbench.run.runtime import RunFailure
+from distbench.run.session import Session
 
 WARMUP = 2  # untimed ops of each probe per cycle: the first after a pause is slow
 # Between cycles a rank sleeps in slices this long (a stop signal cuts the wait short) and

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from distbench.core.options import OptionError
 from distbench.core.sizes import format_size
-from distbench.watch.records import SCHEMA_VERSION, Probe
+from distbench.kinds.watch.records import SCHEMA_VERSION, Probe
 
 JSONL = "watch.jsonl"
 ACCEPT = "accept.json"
