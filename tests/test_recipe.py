@@ -14,7 +14,7 @@ import torch
 from fake_session import FakeSession, fake_runtime
 
 from distbench.bench import timing
-from distbench.kinds.plan import workers
+from distbench.kinds.plan import measurements
 from distbench.parallel import data_parallel
 from distbench.planner.layouts import Layout
 from distbench.planner.models import PRESETS, ModelSpec
@@ -235,7 +235,7 @@ def test_plans_optimizer_point_times_the_steps_adamw(monkeypatch, dtype, kind):
     """The step runs AdamW fused on a GPU and on fp32 masters in half precision: plan's
     calibration times that one, not a plain foreach AdamW."""
     made: list = []
-    real = workers.adamw
+    real = measurements.adamw
 
     def recording(params, device, dt, *args, **kwargs):
         made.append((device, dt))
@@ -243,8 +243,8 @@ def test_plans_optimizer_point_times_the_steps_adamw(monkeypatch, dtype, kind):
         made.append(opt)
         return opt
 
-    monkeypatch.setattr(workers, "adamw", recording)
-    monkeypatch.setattr(workers, "_time_us", lambda s, fn, **kw: (fn(), 100.0)[1])
+    monkeypatch.setattr(measurements, "adamw", recording)
+    monkeypatch.setattr(measurements, "_time_us", lambda s, fn, **kw: (fn(), 100.0)[1])
     s = _session(CPU)
-    workers.measure_optimizer(s, SMALL, dtype)
+    measurements.measure_optimizer(s, SMALL, dtype)
     assert made[0] == (CPU, dtype) and type(made[1]) is kind
