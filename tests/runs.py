@@ -13,7 +13,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from distbench.core import noise
-from distbench.core.contracts import COLLECTIVE, DP, P2P, Output
+from distbench.core.tables import Output
+from distbench.kinds.collective.output import OUTPUT as COLLECTIVE
+from distbench.kinds.dp.output import OUTPUT as DP
+from distbench.kinds.p2p.output import OUTPUT as P2P
 from distbench.results import samples
 
 DERIVED = "derived"  # a figure the builder works out from the row's samples

@@ -25,10 +25,11 @@ from fake_session import FakeSession, fake_runtime
 from helpers import distbench_lines
 
 from distbench.bench import series, timing
-from distbench.core import contracts, noise
+from distbench.core import noise
 from distbench.core.accounting import buffer_of
 from distbench.core.dtypes import element_bytes
 from distbench.kinds.accept import acceptance, itinerary
+from distbench.kinds.accept import output as accept_output
 from distbench.kinds.accept.itinerary import Cluster
 from distbench.kinds.accept.profile_files import resolve
 from distbench.results import writer
@@ -156,7 +157,7 @@ def accept_here(monkeypatch, capsys, run_dir: Path, nodes: int, per_node: int, s
         world.start(r)
         s = _session(r, ranks, run_dir, baseline)
         try:
-            return "ok", acceptance.run(s, contracts.ACCEPT)
+            return "ok", acceptance.run(s, accept_output.OUTPUT)
         except RunFailure as e:
             return e.status, e.exit_code
         finally:

@@ -84,3 +84,56 @@ def test_every_command_is_registered_once_in_the_kinds():
         assert all(p.__module__.startswith(home) for p in parts if p is not None), name
         folder = PACKAGE / "kinds" / name
         assert (folder / "options.py").is_file(), name
+
+
+GENERIC = ("core", "platform", "ops", "run", "bench", "results", "planner",
+           "parallel")
+# Words that are a command's name and something else in a generic box: a layout's dimensions,
+# the part of a run that failed (run.json's failed_step), nvidia-smi's own subcommand.
+OTHER_MEANINGS = {"tp": "a layout's tensor-parallel degree", "pp": "its pipeline degree",
+                  "dp": "its data-parallel degree", "step": "run.json's failed_step",
+                  "topo": "nvidia-smi topo -m"}
+
+
+def _strings(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module that are no docstring."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and n.body and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_the_generic_boxes_name_no_command_nor_a_file_of_one():
+    """A command is its kind's business: the boxes below the kinds are handed a kind's pieces
+    (its contract, its report section) and never name a command or a file one writes, so that
+    a new command needs no line in them."""
+    files = {o.file for kind in KINDS.values() for o in kind.outputs}
+    names = set(KINDS) - set(OTHER_MEANINGS)
+    assert "collective.csv" in files and "watch" in names  # the registry is read
+    named = [f"{where(path)}:{line}: {text!r}"
+             for box in GENERIC for path in sorted((PACKAGE / box).rglob("*.py"))
+             for line, text in _strings(path) if text in files or text in names]
+    assert not named, "generic boxes naming a command or its file: " + "; ".join(named)
+
+
+def test_options_classes_check_and_hold_values_only():
+    """An options class parses and checks (its fields' checks, validate, check_world,
+    check_backend), says what the run needs of this machine (host_bytes, buffer_multiple for
+    a sweep's) and serializes itself; what a command does with its values is its kind's
+    functions' (a PlanOptions.memory_per_gpu once called from a lower box)."""
+    from distbench.core.options import RunOptions
+
+    allowed = {"validate", "check_world", "check_backend", "host_bytes", "buffer_multiple",
+               "to_json", "identity"}
+    classes = {RunOptions, *RunOptions.__subclasses__()}
+    classes |= {c for k in KINDS.values() if k.options for c in k.options.__mro__
+                if issubclass(c, RunOptions)}
+    extra = {f"{c.__module__}.{c.__name__}.{name}"
+             for c in classes for name, value in vars(c).items()
+             if not name.startswith("_") and name not in allowed
+             and (callable(value) or isinstance(value, property))}
+    assert len(classes) >= 12  # every command's, and the shared bases
+    assert not extra, f"domain methods on options classes: {sorted(extra)}"

@@ -28,10 +28,11 @@ from runs import (
 )
 
 from distbench.core import noise
-from distbench.core.contracts import COLLECTIVE, P2P_MATRIX
-from distbench.core.contracts import P2P as P2P_OUTPUT
 from distbench.core.errors import ReadError
 from distbench.core.tables import markdown_row
+from distbench.kinds.collective.output import OUTPUT as COLLECTIVE
+from distbench.kinds.p2p.output import MATRIX_OUTPUT as P2P_MATRIX
+from distbench.kinds.p2p.output import OUTPUT as P2P_OUTPUT
 from distbench.results import compare, comparison_text, reader, samples
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl-tests"

@@ -15,10 +15,10 @@ import helpers
 import pytest
 from runs import planner_sources_run, write_csv, write_meta
 
-from distbench.core.contracts import ACCEPT
 from distbench.core.options import OptionError
+from distbench.kinds.accept.output import OUTPUT as ACCEPT
+from distbench.kinds.plan import sources
 from distbench.planner import memory as mem
-from distbench.planner import sources
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.planner.layouts import (
     Layout,
@@ -518,13 +518,13 @@ def test_the_plan_is_written_through_the_results_writer(tmp_path):
     columns (the writer's), one row per layout; inputs.json; plan.md; plan.png."""
     import csv as csvmod
 
-    from distbench.core.contracts import PLAN
+    from distbench.kinds.plan.output import OUTPUT as PLAN
     from distbench.planner.assemble import write
     from distbench.planner.plan import top_lines
 
     inputs = hand_inputs(mbs=4, overlap={"ddp": 0.5})
     rows = make_plan(MODEL, inputs, 8, 8, 40 * 2**30, "float32", zero_stages=(0,))
-    written = write(tmp_path, rows, MODEL, inputs, gpus=8, gpus_per_node=8,
+    written = write(tmp_path, PLAN, rows, MODEL, inputs, gpus=8, gpus_per_node=8,
                     memory_per_gpu=40 * 2**30, memory_from="--gpu-memory", dtype="float32",
                     top=2)
     assert [p.name for p in written] == ["plan.csv", "inputs.json", "plan.md", "plan.png"]
@@ -534,7 +534,7 @@ def test_the_plan_is_written_through_the_results_writer(tmp_path):
     assert read[0] == list(PLAN.csv) and len(read) == 1 + len(rows)
     text = (tmp_path / "plan.md").read_text()
     assert "8 GPUs, 8 per node, 40.0 GiB per GPU" in text and "float32" in text
-    lines = top_lines(rows, 2)
+    lines = top_lines(rows, 2, PLAN.console)
     assert len([line for line in lines if not line.startswith("#")]) == 2
 
 

@@ -12,7 +12,7 @@ import helpers
 import pytest
 
 from distbench.core.options import OptionError
-from distbench.planner import sources
+from distbench.kinds.plan import sources
 from distbench.results import nccltests
 
 LOGS = Path(__file__).parent / "fixtures" / "nccl-tests"

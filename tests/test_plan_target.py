@@ -10,7 +10,7 @@ from pathlib import Path
 import helpers
 import pytest
 
-from distbench.planner import sources
+from distbench.kinds.plan import sources
 from distbench.planner.gpus import GPUS
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.planner.models import parse_model

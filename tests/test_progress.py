@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from fake_session import FakeSession
 from rich.console import Console as RichConsole
 
-from distbench.core import contracts
+from distbench.kinds.step import output as step_output
 from distbench.results.writer import NullSink
 from distbench.run.console import Console, Eta
 from distbench.steps.common import write_rows
@@ -42,7 +42,7 @@ def test_each_layout_is_a_step_of_the_bar_named_as_it_runs():
         return label, measure
 
     labels = ["tp1 pp1 dp2", "tp1 pp2 dp1", "tp2 pp1 dp1"]
-    assert write_rows(session, NullSink(), contracts.STEP, {"layouts": {}}, "layouts",
+    assert write_rows(session, NullSink(), step_output.OUTPUT, {"layouts": {}}, "layouts",
                       [layout(x) for x in labels]) == 0
     assert [f.split(" 0:")[0] for f in seen] == [
         "tp1 pp1 dp2 0/3", "tp1 pp2 dp1 1/3", "tp2 pp1 dp1 2/3"]

@@ -17,10 +17,12 @@ import torch.distributed as dist
 from helpers import assert_one_line_error, refused, resolved
 
 from distbench.core import rank_groups
-from distbench.core.contracts import COLLECTIVE
 from distbench.core.options import OptionError
 from distbench.kinds import KINDS
-from distbench.planner import points, sources
+from distbench.kinds.collective.options import group_of
+from distbench.kinds.collective.output import OUTPUT as COLLECTIVE
+from distbench.kinds.plan import sources
+from distbench.planner import points
 from distbench.planner.inputs import CommFit, Inputs, Span
 from distbench.planner.layouts import Layout
 from distbench.planner.predict import dp_collectives_us, dp_ops, spans
@@ -130,10 +132,10 @@ def test_collective_refuses_a_bad_split_before_any_worker(in_process, tmp_path, 
 def test_collective_takes_a_split_and_sizes_buffers_by_the_group(tmp_path):
     opts = resolved(tmp_path, "collective", "--workers", "4", "--group-size", "2",
                     "--group-stride", "2", "--op", "all_gather")
-    assert (opts.group_size, opts.group_stride, opts.group_of(4)) == (2, 2, 2)
+    assert (opts.group_size, opts.group_stride, group_of(opts, 4)) == (2, 2, 2)
     assert opts.buffer_multiple(4) == 3  # all_gather's input and its output of 2 blocks
     whole = resolved(tmp_path, "collective", "--workers", "4", "--op", "all_gather")
-    assert (whole.group_size, whole.group_of(4), whole.buffer_multiple(4)) == (None, 4, 5)
+    assert (whole.group_size, group_of(whole, 4), whole.buffer_multiple(4)) == (None, 4, 5)
 
 
 class FakeDist:

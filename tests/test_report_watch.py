@@ -21,10 +21,10 @@ from matplotlib.colors import to_rgba
 from runs import write_meta
 from test_report import _sensible
 
-from distbench.core.contracts import WATCH
 from distbench.kinds.watch import output as watch_output
 from distbench.kinds.watch.history import watch_history
 from distbench.kinds.watch.loop import csv_rows, cycle_line
+from distbench.kinds.watch.output import OUTPUT as WATCH
 from distbench.kinds.watch.records import Cycle, Judgement, Probe, ProbeResult, ProbeState
 from distbench.results import plots, reader
 from distbench.results.writer import Appender, CsvSink

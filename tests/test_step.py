@@ -9,7 +9,7 @@ import pytest
 from helpers import LAUNCHER_VARS, assert_one_line_error
 
 from distbench.core.options import OptionError, build
-from distbench.kinds.step.options import StepCommandOptions
+from distbench.kinds.step.options import StepCommandOptions, layouts_of, model_of
 from distbench.planner.layouts import Layout, default_micro_batches
 from distbench.planner.models import PRESETS
 from distbench.steps.step3d import attribute_exposed, bubble_time, check_model
@@ -100,7 +100,7 @@ def test_bad_step_option_is_one_line_exit_2_and_nothing_on_disk(tmp_path, args, 
 
 
 def test_with_no_layout_flag_every_factorization_of_the_world_runs(no_launcher):
-    layouts, notes = _opts(zero="0,1,3").layouts(4)
+    layouts, notes = layouts_of(_opts(zero="0,1,3"), 4)
     shapes = [(x.tp, x.pp, x.dp, x.zero) for x in layouts]
     assert shapes == [(1, 1, 4, 0), (1, 1, 4, 1), (1, 1, 4, 3), (1, 2, 2, 0), (1, 2, 2, 1),
                       (1, 2, 2, 3), (1, 4, 1, 0), (2, 1, 2, 0), (2, 1, 2, 1), (2, 1, 2, 3),
@@ -114,7 +114,7 @@ def test_with_no_layout_flag_every_factorization_of_the_world_runs(no_launcher):
 def test_a_world_the_model_does_not_fit_everywhere_keeps_only_valid_layouts(no_launcher):
     # 2 heads: tp 4 does not fit, tp 2 does; 6 layers take pp 4 in stages of 1, 2, 2 and 1
     opts = _opts(model="layers=6,hidden=64,heads=2,seq=8,batch=8")
-    assert [(x.tp, x.pp, x.dp) for x in opts.layouts(4)[0]] == [(1, 1, 4), (1, 2, 2),
+    assert [(x.tp, x.pp, x.dp) for x in layouts_of(opts, 4)[0]] == [(1, 1, 4), (1, 2, 2),
                                                                  (1, 4, 1), (2, 1, 2),
                                                                  (2, 2, 1)]
 
@@ -159,7 +159,7 @@ def test_the_largest_batch_accepted_is_laid_out_at_once(tmp_path):
     (dict(tp=2, dp=1), (2, 2, 1)), (dict(tp=1, pp=1, dp=4), (1, 1, 4)),
 ])
 def test_the_first_unset_of_dp_tp_pp_takes_what_is_left(no_launcher, given, want):
-    (layout,), _ = _opts(**given).layouts(4)
+    (layout,), _ = layouts_of(_opts(**given), 4)
     assert (layout.tp, layout.pp, layout.dp) == want
 
 
@@ -218,10 +218,10 @@ def test_a_large_model_is_checked_on_a_small_one_the_layout_fits():
 
 
 def test_recompute_reaches_every_layout_and_the_vocabulary_is_left_out(no_launcher):
-    layouts, _ = _opts(recompute="full", zero="0,3").layouts(4)
+    layouts, _ = layouts_of(_opts(recompute="full", zero="0,3"), 4)
     assert layouts and {lay.recompute for lay in layouts} == {"full"}
     opts = _opts(model="7b")
-    assert opts.spec().vocab == 0 and opts.spec().params < PRESETS["7b"].params
+    assert model_of(opts).vocab == 0 and model_of(opts).params < PRESETS["7b"].params
 
 
 def test_virtual_stages_keep_the_pipelines_and_default_to_whole_rounds(no_launcher):
@@ -229,7 +229,7 @@ def test_virtual_stages_keep_the_pipelines_and_default_to_whole_rounds(no_launch
     to interleave; micro-batches default to 2 x pp x v (a multiple of pp, above pp x v)."""
     opts = _opts(model="layers=8,hidden=64,heads=4,seq=8,batch=16", virtual_stages=2,
                  zero="0,3")
-    layouts, _ = opts.layouts(4)
+    layouts, _ = layouts_of(opts, 4)
     got = [(x.tp, x.pp, x.dp, x.zero, x.micro_batches, x.virtual_stages) for x in layouts]
     assert got == [(1, 2, 2, 0, 8, 2), (1, 2, 2, 3, 8, 2), (1, 4, 1, 0, 16, 2),
                    (2, 2, 1, 0, 8, 2)]
@@ -271,30 +271,30 @@ def test_the_interleaved_bubble_is_pp_minus_one_over_v_slots():
 
 
 def test_the_layout_keys_reach_every_layout(no_launcher):
-    layouts, _ = _opts(zero="0,3", recompute="full", recompute_layers=1,
-                       sp=False, grad_sync="last").layouts(4)
+    layouts, _ = layouts_of(_opts(zero="0,3", recompute="full", recompute_layers=1, sp=False,
+                                  grad_sync="last"), 4)
     assert {(x.sp, x.recompute, x.recompute_layers, x.grad_sync) for x in layouts} == \
         {(False, "full", 1, "last")}
     # not given: each wrapper's default, FSDP2's sync of every micro-batch and DDP's at the last
-    layouts, _ = _opts(zero="0,3").layouts(4)
+    layouts, _ = layouts_of(_opts(zero="0,3"), 4)
     assert {(x.zero, x.grad_sync) for x in layouts} == {(0, "last"), (3, "micro")}
     assert all(x.sp for x in layouts) and {x.recompute for x in layouts} == {"none"}
     # without sequence parallelism a sequence tp does not split is run
     opts = _opts(tp=4, model="layers=2,hidden=64,heads=4,seq=6,batch=8", sp=False)
-    (lay,), _ = opts.layouts(4)
+    (lay,), _ = layouts_of(opts, 4)
     assert (lay.tp, lay.sequence_parallel) == (4, False)
-    assert _opts(recompute="op").layouts(4)[0][0].recompute == "op"
+    assert layouts_of(_opts(recompute="op"), 4)[0][0].recompute == "op"
 
 
 def test_a_pipeline_the_layers_do_not_divide_gives_the_ends_fewer(no_launcher):
     from distbench.steps.mesh_model import rank_layers
 
     toy = PRESETS["toy"]  # 4 layers
-    (lay,), _ = _opts(pp=3).layouts(3)
+    (lay,), _ = layouts_of(_opts(pp=3), 3)
     assert (lay.pp, lay.micro_batches) == (3, 8)
     assert [rank_layers(toy, lay, r) for r in range(3)] == [[0], [1, 2], [3]]
     # every layout of 3 ranks the model fits: the pipeline alone (dp 3 splits no batch of 16)
-    assert [(x.tp, x.pp, x.dp) for x in _opts().layouts(3)[0]] == [(1, 3, 1)]
+    assert [(x.tp, x.pp, x.dp) for x in layouts_of(_opts(), 3)[0]] == [(1, 3, 1)]
 
 
 def test_full_recomputation_of_k_layers_checkpoints_the_first_k_of_each_chunk():

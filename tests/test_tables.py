@@ -201,3 +201,15 @@ PINNED = {
 @pytest.mark.parametrize("output", OUTPUTS, ids=[o.file for o in OUTPUTS])
 def test_csv_contracts_are_pinned(output):
     assert list(output.csv) == PINNED[output.file]
+
+
+def test_every_number_column_is_a_registered_csvs_column():
+    """NUMBERS and NONNEGATIVE name columns of the contracts the kinds register: a column
+    renamed or dropped in a contract is renamed or dropped here too."""
+    from distbench.core.contracts import NONNEGATIVE, NUMBERS, outputs
+    from distbench.kinds import KINDS
+
+    assert KINDS and outputs()  # the kinds registered their contracts
+    columns = {c for o in outputs() for c in o.csv}
+    assert [c for c in NUMBERS if c not in columns] == []
+    assert NONNEGATIVE <= set(NUMBERS)

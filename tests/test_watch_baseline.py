@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, cli, distbench, refused, resolved
 
+from distbench.kinds.watch.options import probes_of
 from distbench.kinds.watch.probe_baseline import read_baseline
 from distbench.kinds.watch.records import Probe
 
@@ -150,7 +151,7 @@ def test_a_baseline_that_measured_more_probes_than_this_watch_is_read_for_those_
     base = watch_run(tmp_path / "base", [[probe_line(size=MIB, time_us=100.0),
                                           probe_line(size=64 << 10, time_us=20.0)]] * 3)
     opts = resolved(tmp_path, "watch", "--sizes", "1M", "--baseline", str(base))
-    assert read_baseline(base, opts.probes(), 2) == {AR_1M.key: (100.0, 0.0)}
+    assert read_baseline(base, probes_of(opts), 2) == {AR_1M.key: (100.0, 0.0)}
 
 
 def test_a_probe_the_baseline_lacks_is_warned_of_and_refused_under_once(tmp_path):
@@ -288,7 +289,7 @@ def test_an_accept_run_is_a_baseline_for_the_probes_its_checks_measured(tmp_path
                                               "all_reduce/1048576/cluster": (2655.4, 3.96),
                                               "all_gather/65536/cluster": (1959.4, 1.75)}
     opts = resolved(tmp_path, "watch", "--sizes", "4K", "--baseline", str(base), "--workers", "2")
-    assert read_baseline(base, opts.probes(), 2) == {"all_reduce/4096/cluster": (226.9, 0.498)}
+    assert read_baseline(base, probes_of(opts), 2) == {"all_reduce/4096/cluster": (226.9, 0.498)}
 
 
 def test_an_accept_row_that_failed_was_wrong_or_was_a_retest_is_no_baseline(tmp_path):

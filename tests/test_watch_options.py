@@ -10,6 +10,7 @@ from helpers import assert_one_line_error, refused, resolved
 
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
 from distbench.kinds.watch.body import exit_code
+from distbench.kinds.watch.options import probes_of
 from distbench.kinds.watch.probe_baseline import read_baseline
 from distbench.kinds.watch.records import Probe
 
@@ -96,7 +97,7 @@ def test_a_number_in_a_config_is_no_path(tmp_path, key):
 
 def test_the_default_probes_are_one_all_reduce_of_1_mib_and_run_json_says_so(tmp_path):
     opts = resolved(tmp_path, "watch")
-    assert opts.probes() == [Probe("all_reduce", 1 << 20, "cluster", "float32")]
+    assert probes_of(opts) == [Probe("all_reduce", 1 << 20, "cluster", "float32")]
     assert (opts.ops, opts.sizes, opts.dtype, opts.profile) == (["all_reduce"], [1 << 20],
                                                                "float32", None)
 
@@ -178,10 +179,10 @@ def test_a_profiles_cluster_collective_checks_are_the_probes(tmp_path):
     opts = resolved(tmp_path, "watch", "--profile", str(tmp_path / "site.toml"))
     # one probe per measurement (two metrics of one all_reduce are one probe); node scope and
     # p2p are not what a watch cycle measures
-    assert opts.probes() == [Probe("all_reduce", 4096, "cluster", "float32"),
+    assert probes_of(opts) == [Probe("all_reduce", 4096, "cluster", "float32"),
                              Probe("all_gather", 65536, "cluster", "bfloat16")]
     builtin = resolved(tmp_path, "watch", "--profile", "cpu-gloo")
-    assert builtin.probes() == [Probe("all_reduce", 4096, "cluster", "float32")]
+    assert probes_of(builtin) == [Probe("all_reduce", 4096, "cluster", "float32")]
 
 
 def test_the_workers_get_the_profiles_probes_back_from_the_command_line(tmp_path):
@@ -189,7 +190,7 @@ def test_the_workers_get_the_profiles_probes_back_from_the_command_line(tmp_path
 
     opts = resolved(tmp_path, "watch", "--profile", "cpu-gloo", "--workers", "2")
     again = resolved(tmp_path, "watch", *to_argv(opts))
-    assert again.probes() == opts.probes()
+    assert probes_of(again) == probes_of(opts)
 
 
 @pytest.mark.parametrize("args", [["--op", "all_gather"], ["--sizes", "64K"],
@@ -224,4 +225,4 @@ def test_a_profiles_probes_take_an_accept_run_of_it_as_their_baseline(tmp_path):
     base = accept_run(tmp_path / "acc", CPU_GLOO_ROWS)
     opts = resolved(tmp_path, "watch", "--profile", "cpu-gloo", "--baseline", str(base),
                     "--workers", "2")
-    assert read_baseline(base, opts.probes(), 2) == {"all_reduce/4096/cluster": (226.9, 0.498)}
+    assert read_baseline(base, probes_of(opts), 2) == {"all_reduce/4096/cluster": (226.9, 0.498)}

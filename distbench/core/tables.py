@@ -82,6 +82,7 @@ class Output:
     group: Callable[[dict], str] | None = None
     label: Callable[[dict], str] | None = None
     grouped_by: str = "op"  # what a group is, as compare's header names it
+    nccl_tests: bool = False  # nccl-tests logs are read into its rows (collective.csv's)
 
     def __post_init__(self):
         for what, keys in (("console", [c.key for c in self.console]),

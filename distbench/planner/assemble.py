@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distbench.core.contracts import PLAN
 from distbench.core.options import OptionError
+from distbench.core.tables import Output
 from distbench.planner import given, trainers
 from distbench.planner import gpus as gpu_table
 from distbench.planner.inputs import Inputs
@@ -81,9 +81,9 @@ def title(model: ModelSpec, gpus: int, per_node: int, dtype: str, device: str = 
     return f"{model.name} on {gpus} {what}, {per_node} a node ({dtype})"
 
 
-def write(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *, gpus: int,
-          gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str, top: int,
-          measured: Inputs | None = None, per_node_from: str = "", recompute=(),
+def write(run_dir: Path, output: Output, rows: list[dict], model: ModelSpec, inputs: Inputs,
+          *, gpus: int, gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str,
+          top: int, measured: Inputs | None = None, per_node_from: str = "", recompute=(),
           trainer: str = "torch") -> list[Path]:
     """plan.csv, inputs.json, plan.md and plan.png in `run_dir`; the paths written.
     `measured`: the inputs as measured, before any synthesis or lookup note, for inputs.json
@@ -91,10 +91,10 @@ def write(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *, 
     from distbench.results import plots, writer
 
     run_dir = Path(run_dir)
-    sink = writer.CsvSink(run_dir / PLAN.file, list(PLAN.csv))
+    sink = writer.CsvSink(run_dir / output.file, list(output.csv))
     try:
         for r in rows:
-            sink.append({k: r.get(k) for k in PLAN.csv})
+            sink.append({k: r.get(k) for k in output.csv})
     finally:
         sink.close()
     (measured or inputs).write(run_dir)
@@ -106,7 +106,7 @@ def write(run_dir: Path, rows: list[dict], model: ModelSpec, inputs: Inputs, *, 
     best = next((label(r) for r in rows if r.get("rank") == 1), None)
     plots.plan_figure(rows, run_dir / PLAN_PNG, title(model, gpus, gpus_per_node, dtype,
                                                       (measured or inputs).device), best)
-    return [run_dir / n for n in (PLAN.file, "inputs.json", PLAN_MD, PLAN_PNG)]
+    return [run_dir / n for n in (output.file, "inputs.json", PLAN_MD, PLAN_PNG)]
 
 
 def write_validation(run_dir: Path, validated: list[dict], model: ModelSpec, world: int,

@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Sequence
 
-from distbench.core.contracts import PLAN
 from distbench.core.layout_label import row_cell
-from distbench.core.tables import markdown_table, plural
+from distbench.core.tables import Column, markdown_table, plural
 from distbench.core.validation_table import validation_table
 from distbench.planner import memory as mem
 from distbench.planner import trainers
@@ -267,12 +266,14 @@ def validation_md(found: dict, notes: Sequence[str], lines: Sequence[str]) -> st
 # ---------------------------------------------------------------------------------------------
 # Writing
 
-def top_lines(rows: Sequence[dict], top: int, title: str | None = None) -> list[str]:
-    """The console's table of the `top` fastest layouts that fit."""
+def top_lines(rows: Sequence[dict], top: int, columns: Sequence[Column],
+              title: str | None = None) -> list[str]:
+    """The console's table of the `top` fastest layouts that fit, in plan.csv's console
+    `columns`."""
     from distbench.core.tables import format_table
 
     fitting = ranked(rows)[:top]
-    return format_table(PLAN.console, fitting, title=title or (
+    return format_table(columns, fitting, title=title or (
         f"plan: the {len(fitting)} fastest of {len(enumerated(rows))} layouts that fit in "
         "memory"))
 

@@ -58,23 +58,6 @@ def check_world(value: str | None, tables: tuple[str, ...], world: int) -> None:
                           "no row to compare", EXAMPLE)
 
 
-def check_groups(value: str | None, world: int, size: int, stride: int) -> None:
-    """A collective baseline measured on other groups (`--group-size`, `--group-stride`) has no
-    row to compare: refused now. A run that records no groups ran on the whole world."""
-    if value is None or not env.reads_files():
-        return
-    frame = load(value, ("collective.csv",)).tables["collective.csv"]
-    shapes = {(int(g), int(st)) for g, st in frame[["group_size", "group_stride"]].dropna()
-              .itertuples(index=False)} if "group_size" in frame.columns else set()
-    if not shapes:
-        shapes = {(int(w), 1) for w in frame["world_size"].dropna()}
-    if (size, stride) not in shapes:
-        said = ", ".join(f"groups of {g} at stride {st}" for g, st in sorted(shapes))
-        raise OptionError("--baseline", f"{value!r} was measured on {said or 'no groups'}, "
-                          f"this run on groups of {size} at stride {stride}: no row to compare",
-                          EXAMPLE)
-
-
 def print_comparison(s, threshold: float):
     """Rank 0 (the rank with a run directory): this run beside --baseline, as distbench compare
     shows it. The Comparison, or why nothing could be compared (said on the console too)."""

@@ -49,15 +49,21 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from distbench.core.contracts import COLLECTIVE
+from distbench.core import contracts
 from distbench.core.dtypes import ELEMENT_BYTES
 from distbench.core.errors import ReadError
+from distbench.core.tables import Output
 from distbench.ops.collectives import OPS
 from distbench.results.nccltests_json import json_run
 from distbench.results.nccltests_runs import PERF, TESTS, NcclRun, as_number
 from distbench.results.nccltests_text import text_runs
 
-COLUMNS = COLLECTIVE.csv
+
+def contract() -> Output:
+    """The contract an nccl-tests log's rows are read into (a registered Output that says so:
+    collective's), so that report, compare and plan read both alike."""
+    return next(o for o in contracts.outputs() if o.nccl_tests)
+
 
 BINARIES = tuple(f"{name}_perf" for name in (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "gather",
@@ -94,7 +100,8 @@ class Rank:
 
 def read_log(path: Path) -> tuple[list[dict], list[Rank]]:
     """`read`'s rows, and the ranks of the first run that lists its devices (none where no run
-    does): the hosts tell the nodes, the names the GPU (planner.sources reads both)."""
+    does): the hosts tell the nodes, the names the GPU (plan's --from reads both:
+    kinds/plan/sources.py)."""
     path = Path(path)
     text = _load(path)
     if text.lstrip().startswith("{"):
@@ -188,7 +195,7 @@ def _rows(test: NcclRun, op: str) -> list[dict]:
             ok = time_us is not None and time_us > 0
             if not ok:
                 notes.append(f"no valid time (nccl-tests gave {pl.time!r})")
-            row = dict.fromkeys(COLUMNS)
+            row = dict.fromkeys(contract().csv)
             row.update(
                 op=op, dtype=dtype, redop=redop, root=root, in_place=pl.in_place,
                 world_size=test.world_size, nnodes=test.nnodes, size_bytes=res.size,

@@ -17,7 +17,6 @@ from distbench.core.errors import ReadError, one_line
 from distbench.results import nccltests, samples
 
 NCCL_TESTS = "nccl-tests"
-NCCL_TESTS_TABLE = "collective.csv"  # the contract an nccl-tests log's rows are read into
 
 
 def required() -> dict[str, tuple[str, ...]]:
@@ -55,11 +54,12 @@ def load(path: Path) -> Run:
         raise ReadError(path, "no such file or directory (expected a distbench run directory "
                         "or an nccl-tests log)")
     rows = nccltests.read(path)  # raises ReadError when it is no nccl-tests output either
-    columns = required()[NCCL_TESTS_TABLE]
+    table = nccltests.contract().file
+    columns = required()[table]
     frame = pd.DataFrame(rows, columns=list(columns) + [
         k for k in (rows[0] if rows else {}) if k not in columns])
-    frame, dropped = _plausible(NCCL_TESTS_TABLE, _numbers(path, frame))
-    return Run(path, path.name, NCCL_TESTS, tables={NCCL_TESTS_TABLE: frame.reset_index(
+    frame, dropped = _plausible(table, _numbers(path, frame))
+    return Run(path, path.name, NCCL_TESTS, tables={table: frame.reset_index(
         drop=True)}, dropped=dropped)
 
 

@@ -51,14 +51,15 @@ DIMS = ("tp", "pp", "dp")
 CHECK_MAX_FLOPS = 1e10
 
 
-def run(s: Session, output: Output) -> int:
+def run(s: Session, output: Output, model: ModelSpec, layouts: list[Layout],
+        notes: list[str]) -> int:
+    """`model` and `layouts`: what the options select (kinds/step/options.py); `notes`, what
+    was left out of them and why."""
     # torch's own objects, loaded by now, are set aside: each layout's collection walks only
     # what the layout made
     gc.freeze()
     rt, opts = s.rt, s.opts
-    model = opts.spec()
     dtype = TORCH_DTYPES[opts.dtype]
-    layouts, notes = opts.layouts(rt.world)
     named = parse_model("--model", opts.model)
     if named.vocab:
         notes.append(f"the model's vocabulary ({named.vocab:,}) is left out: step builds no "

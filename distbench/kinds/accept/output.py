@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distbench.core import contracts
-from distbench.core.tables import markdown_table, number
+from distbench.core.tables import Column, Output, markdown_table, number
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -16,7 +15,27 @@ if TYPE_CHECKING:
 
     from distbench.results.reader import Run
 
-OUTPUT = contracts.ACCEPT
+# accept
+# One row per check and target (a node, a pair of nodes, the cluster), retests included; its
+# metric (a profile's choice) says which way is better, so it is part of the row's identity.
+# Stable contract: add columns at the end, never rename.
+OUTPUT = Output("accept.csv", csv=(
+    "check", "scope", "target", "command", "op", "dtype", "size_bytes", "ranks", "iters",
+    "time_us", "p99_us", "algbw_gbps", "busbw_gbps", "wrong", "metric", "measured", "expected",
+    "warn_at", "reference", "ratio", "verdict", "retest", "note", "p50_us", "spread",
+), console=(
+    Column("check", "check", "", 28, ident=True),
+    Column("scope", "scope", "", 8, ident=True),
+    Column("target", "target", "", 22, ident=True),
+    Column("measured", "measured", "", 11, ".4g"),
+    Column("expected", "expected", "", 11, ".4g"),
+    Column("ratio", "ratio", "", 8, ".3g"),
+    Column("verdict", "verdict", "", 8),
+), identity=("check", "scope", "target", "metric", "retest"),
+    read=("measured", "expected", "ratio", "verdict"),
+    # each check is judged by its own metric: `measured` is whatever the profile judged
+    busbw="measured", time="measured", p99="measured", row_metric="metric",
+    group=lambda row: str(row["check"]), grouped_by="check")
 
 # accept's verdicts in the order of how bad; one it does not know (a newer run's) goes last
 VERDICTS = ("FAIL", "INCONCLUSIVE", "WARN", "PASS", "SKIP")

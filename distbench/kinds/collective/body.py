@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from distbench.bench.combinations import combinations
 from distbench.core.exitcodes import EXIT_OK
 from distbench.core.tables import plural
+from distbench.kinds.collective.options import group_of
 from distbench.kinds.collective.output import OUTPUT
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ def run(s: Session) -> int:
         in_only = sorted({c.op.name for c in combos if c.in_place})
         s.console.log(f"{', '.join(in_only)}: in place only in torch.distributed; "
                       "their rows say in_place=1")
-    n = opts.group_of(rt.world)
+    n = group_of(opts, rt.world)
     with split(rt, n, opts.group_stride, opts.timeout) as part:
         groups = (f", in {plural(len(part.members), 'group')} of {n} at stride "
                   f"{part.stride} ({plural(part.per_node, 'rank')} a node) all at once"

@@ -18,7 +18,6 @@ from distbench.core.options import (
     require,
 )
 from distbench.ops.collectives import OPS, names
-from distbench.results.baseline import check_groups as baseline_groups
 from distbench.results.baseline import check_world as baseline_world
 from distbench.results.baseline import option_check
 
@@ -66,25 +65,45 @@ class CollectiveOptions(SweepOptions):
         "beyond the noise the two runs show.", check=option_check("collective.csv"),
         cli_type=str, show_default=False)
 
-    def group_of(self, world: int) -> int:
-        """The ranks each op runs on: --group-size, else the world."""
-        return self.group_size or world
-
     def buffer_multiple(self, world: int) -> int:
-        n = self.group_of(world)
+        n = group_of(self, world)
         return max(op.elements(op.in_mult, 1, n) + op.elements(op.out_mult, 1, n)
                    for op in (OPS[name] for name in self.ops))
 
     def check_world(self, world: int) -> None:
         if self.group_size is not None or self.group_stride != 1:
-            rank_groups.check(world, self.group_of(world), self.group_stride,
+            rank_groups.check(world, group_of(self, world), self.group_stride,
                               size_given=self.group_size is not None)
-        n = self.group_of(world)
+        n = group_of(self, world)
         if self.root >= n:
             where = (f"a group of {n} (the root is a rank of each group)" if n < world
                      else f"a world of {world}")
             raise OptionError("--root", f"rank {self.root} does not exist in {where}", "--root 0")
         baseline_world(self.baseline, ("collective.csv",), world)
-        baseline_groups(self.baseline, world, n, self.group_stride)
+        _baseline_groups(self.baseline, world, n, self.group_stride)
 
 
+def _baseline_groups(value: str | None, world: int, size: int, stride: int) -> None:
+    """A baseline measured on other groups (`--group-size`, `--group-stride`) has no
+    row to compare: refused now. A run that records no groups ran on the whole world."""
+    from distbench.platform import env
+
+    if value is None or not env.reads_files():
+        return
+    from distbench.results.baseline import EXAMPLE, load
+
+    frame = load(value, ("collective.csv",)).tables["collective.csv"]
+    shapes = {(int(g), int(st)) for g, st in frame[["group_size", "group_stride"]].dropna()
+              .itertuples(index=False)} if "group_size" in frame.columns else set()
+    if not shapes:
+        shapes = {(int(w), 1) for w in frame["world_size"].dropna()}
+    if (size, stride) not in shapes:
+        said = ", ".join(f"groups of {g} at stride {st}" for g, st in sorted(shapes))
+        raise OptionError("--baseline", f"{value!r} was measured on {said or 'no groups'}, "
+                          f"this run on groups of {size} at stride {stride}: no row to compare",
+                          EXAMPLE)
+
+
+def group_of(opts, world: int) -> int:
+    """The ranks each op runs on: --group-size, else the world."""
+    return opts.group_size or world

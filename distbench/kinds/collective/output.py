@@ -7,15 +7,32 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distbench.core import contracts
-from distbench.core.tables import markdown_table, missing, number
+from distbench.core.contracts import MEASURED_COLUMNS, SIZE_COLUMNS
+from distbench.core.tables import Column, Output, markdown_table, missing, number
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from distbench.results.reader import Run
 
-OUTPUT = contracts.COLLECTIVE
+# Stable contract: add columns at the end, never rename.
+OUTPUT = Output("collective.csv", csv=(
+    "op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes", "count",
+    "iters", "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us",
+    "cv_pct", "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound",
+    "reps", "spread_pct", "group_size", "group_stride", "groups", "per_node",
+), console=(
+    *SIZE_COLUMNS,
+    Column("redop", "redop", "", 6, ident=True),
+    Column("root", "root", "", 5, ident=True),
+    Column("in_place", "place", "", 6, fmt=lambda v: "in" if v else "out", ident=True),
+    *MEASURED_COLUMNS,
+), identity=("op", "dtype", "redop", "root", "in_place", "world_size", "nnodes", "size_bytes",
+             "group_size", "group_stride"),
+    read=("time_us", "p99_us", "algbw_gbps", "busbw_gbps", "status"),
+    identity_since=("group_size", "group_stride"),
+    busbw="busbw_gbps", time="time_us", p99="p99_us", group=lambda row: str(row["op"]),
+    nccl_tests=True)
 
 
 def fits(run: Run) -> list[dict]:

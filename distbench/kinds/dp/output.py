@@ -5,15 +5,42 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distbench.core import contracts
-from distbench.core.tables import number
+from distbench.core.tables import Column, Output, number, us_as_ms
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from distbench.results.reader import Run
 
-OUTPUT = contracts.DP
+# dp
+# Stable contract: add columns at the end, never rename.
+OUTPUT = Output("dp.csv", csv=(
+    "mode", "bucket_cap_mb", "dtype", "world_size", "nnodes", "block", "hidden_size",
+    "ffn_size", "heads", "seq_len", "micro_batch_size", "layers", "params", "iters", "step_us",
+    "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
+    "compute_only_us", "comm_alone_us", "exposed_comm_us", "overlap_pct", "bytes_per_step",
+    "bytes_counted", "implied_busbw_gbps", "state_bytes_per_rank", "state_bytes_formula",
+    "peak_mem_bytes",
+    "samples_per_s", "t1_us", "efficiency", "max_abs_err", "backend", "status", "note",
+), console=(
+    Column("mode", "mode", "", 7, ident=True),
+    Column("bucket_cap_mb", "bucket", "(MiB)", 8, "g", ident=True),
+    Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
+    Column("compute_only_us", "compute", "(ms)", 10, us_as_ms(".2f")),
+    Column("comm_alone_us", "comm", "alone(ms)", 10, us_as_ms(".2f")),
+    Column("exposed_comm_us", "exposed", "(ms)", 10, us_as_ms(".2f")),
+    Column("overlap_pct", "overlap", "(%)", 8, ".1f"),
+    Column("bytes_per_step", "bytes", "(/step)", 12),
+    Column("implied_busbw_gbps", "busbw", "(GB/s)", 8, ".3f"),
+    Column("state_bytes_per_rank", "state", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
+    Column("samples_per_s", "samples/s", "", 10, ".1f"),
+    Column("efficiency", "effic", "", 7, ".2f"),
+    Column("max_abs_err", "max_err", "", 10, ".3g"),
+), read=("mode", "bucket_cap_mb", "dtype", "world_size", "step_us", "compute_only_us",
+         "comm_alone_us", "exposed_comm_us", "overlap_pct", "state_bytes_per_rank", "status"),
+    identity=("mode", "bucket_cap_mb", "dtype", "world_size", "nnodes", "block",
+              "micro_batch_size", "layers"),
+    time="step_us", p99="p99_us")
 
 
 def section(run: Run) -> list[str]:

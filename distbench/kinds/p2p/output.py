@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distbench.core import contracts
+from distbench.core.contracts import MEASURED_COLUMNS, SIZE_COLUMNS
 from distbench.core.sizes import format_size
-from distbench.core.tables import markdown_table, number
+from distbench.core.tables import Output, markdown_table, number
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -17,8 +17,26 @@ if TYPE_CHECKING:
 
     from distbench.results.reader import Run
 
-OUTPUT = contracts.P2P
-MATRIX_OUTPUT = contracts.P2P_MATRIX
+# p2p
+# Stable contracts: add columns at the end, never rename.
+OUTPUT = Output("p2p.csv", csv=(
+    "pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",
+    "time_us", "rank_min_us", "rank_max_us", "slowest_rank", "p50_us", "p99_us", "cv_pct",
+    "algbw_gbps", "busbw_gbps", "wrong", "backend", "status", "note", "launch_bound", "reps",
+    "spread_pct",
+), console=(*SIZE_COLUMNS, *MEASURED_COLUMNS),
+    identity=("pattern", "dtype", "world_size", "nnodes", "pairs", "size_bytes"),
+    read=("time_us", "p99_us", "busbw_gbps", "status"),
+    busbw="busbw_gbps", time="time_us", p99="p99_us", group=lambda row: str(row["pattern"]))
+# Long form: one row per ordered pair, direction and size. On the console: N x N grids.
+MATRIX_OUTPUT = Output("p2p_matrix.csv", csv=(
+    "direction", "src_rank", "dst_rank", "src_host", "dst_host", "src_local_rank",
+    "dst_local_rank", "link", "dtype", "world_size", "nnodes", "size_bytes", "count", "iters",
+    "time_us", "p50_us", "p99_us", "cv_pct", "gbps", "wrong", "backend", "reps", "spread_pct",
+), identity=("direction", "src_rank", "dst_rank", "dtype", "world_size", "nnodes", "size_bytes"),
+    read=("src_host", "dst_host", "src_local_rank", "dst_local_rank", "link", "time_us", "p99_us",
+          "gbps"),
+    busbw="gbps", time="time_us", p99="p99_us", group=lambda row: f"matrix {row['direction']}")
 
 
 def section(run: Run) -> list[str]:

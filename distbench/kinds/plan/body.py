@@ -41,8 +41,7 @@ def run_local(opts: PlanOptions) -> int:
 def plan_from_runs(opts: PlanOptions) -> int:
     """--from with no workers: read, plan, write; nothing is created before every input is
     known good."""
-    from distbench.kinds.plan import pipeline
-    from distbench.planner import sources
+    from distbench.kinds.plan import pipeline, sources
     from distbench.planner.plan import enumerated, ranked
 
     started = time.monotonic()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from distbench.kinds.plan.output import OUTPUT
 from distbench.planner import assemble
 from distbench.planner.given import lines as given_lines
 from distbench.planner.plan import top_lines
@@ -34,10 +35,10 @@ def publish(opts, run_dir: Path | None, console: Console, rows: list[dict], mode
     """plan.csv, inputs.json, plan.md and plan.png where there is a run directory (rank 0's),
     then the fastest that fit and the user's own layouts on the console."""
     if run_dir is not None:
-        assemble.write(run_dir, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
+        assemble.write(run_dir, OUTPUT, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
                        memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,
                        top=opts.top, measured=measured, per_node_from=per_node_from,
                        recompute=opts.recompute, trainer=trainer)
-    console.lines(top_lines(rows, opts.top, title=title))
+    console.lines(top_lines(rows, opts.top, OUTPUT.console, title=title))
     for line in given_lines(rows):
         console.log(f"your layout: {line}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from distbench.kinds.step.options import layouts_of, model_of
 from distbench.kinds.step.output import OUTPUT
 
 if TYPE_CHECKING:
@@ -15,4 +16,5 @@ def run(s: Session) -> int:
     """Per rank, under a launcher."""
     from distbench.steps import step3d
 
-    return step3d.run(s, OUTPUT)
+    layouts, notes = layouts_of(s.opts, s.rt.world)
+    return step3d.run(s, OUTPUT, model_of(s.opts), layouts, notes)

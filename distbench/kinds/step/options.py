@@ -129,66 +129,12 @@ class StepCommandOptions(RunOptions):
 
     SIZED_BY = ("--model", "--model toy")
 
-    def spec(self) -> ModelSpec:
-        return trained(parse_model("--model", self.model))
-
-    def shapes(self, world: int) -> list[tuple[int, int, int]]:
-        """The (tp, pp, dp) asked for. Given some of them, the first unset of dp, tp, pp takes
-        what the others leave and any other unset one is 1; given none, every factorization of
-        the world the model fits (by problems(), at ZeRO 0)."""
-        given = {"tp": self.tp, "pp": self.pp, "dp": self.dp}
-        if all(v is None for v in given.values()):
-            model = self.spec()
-            out = []
-            for t in divisors(world):
-                for p in divisors(world // t):
-                    d = world // (t * p)
-                    m = self.micro_batches or default_micro_batches(model, p, d,
-                                                                    self.virtual_stages)
-                    if not problems(self.layout(t, p, d, 0, m), model):
-                        out.append((t, p, d))
-            return out
-        fill = next(k for k in ("dp", "tp", "pp") if given[k] is None) \
-            if None in given.values() else None
-        known = 1
-        for v in given.values():
-            if v is not None:
-                known *= v
-        values = {k: (v if v is not None else (world // known if k == fill else 1))
-                  for k, v in given.items()}
-        if fill is not None and world % known:
-            values[fill] = 0  # refused by check_world
-        return [(values["tp"], values["pp"], values["dp"])]
-
-    def layouts(self, world: int) -> tuple[list[Layout], list[str]]:
-        """Every layout to run, in order, and a note for each ZeRO stage left out where dp is 1."""
-        model = self.spec()
-        out: list[Layout] = []
-        notes: list[str] = []
-        for t, p, d in self.shapes(world):
-            v = self.virtual_stages
-            m = self.micro_batches or default_micro_batches(model, p, d, v)
-            stages = [z for z in self.zero if d > 1 or z == 0]
-            dropped = [z for z in self.zero if z not in stages]
-            if dropped:
-                notes.append(f"tp {t} pp {p} dp {d}: ZeRO {', '.join(map(str, dropped))} "
-                             "left out (it shards over replicas; dp is 1)")
-            out += [self.layout(t, p, d, z, m) for z in stages]
-        return out, notes
-
-    def layout(self, tp: int, pp: int, dp: int, zero: int, micro_batches: int) -> Layout:
-        """The layout (tp, pp, dp, zero, m) with the keys every layout of the run shares."""
-        return Layout(tp=tp, pp=pp, dp=dp, zero=zero, micro_batches=micro_batches,
-                      recompute=self.recompute, virtual_stages=self.virtual_stages,
-                      sp=self.sp, recompute_layers=self.recompute_layers,
-                      grad_sync=self.grad_sync or "")
-
     def check_world(self, world: int) -> None:
         if self.recompute_layers and self.recompute != "full":
             raise OptionError("--recompute-layers", f"{self.recompute_layers} counts the layers "
                               "full recomputation checkpoints in each stage; --recompute is "
                               f"{self.recompute}", "--recompute full --recompute-layers 1")
-        shapes = self.shapes(world)
+        shapes = shapes_of(self, world)
         if not shapes:
             if self.recompute_layers:
                 raise OptionError("--recompute-layers", f"no tp x pp x dp layout of {world} "
@@ -211,11 +157,11 @@ class StepCommandOptions(RunOptions):
             if t * p * d != world:
                 raise OptionError(named, f"tp x pp x dp = {t} x {p} x {d} must be the "
                                   f"{world} ranks", f"--tp {world} --pp 1 --dp 1")
-        layouts, _ = self.layouts(world)
+        layouts, _ = layouts_of(self, world)
         if not layouts:
             raise OptionError("--zero", f"ZeRO {','.join(map(str, self.zero))} shards over "
                               "replicas, and no layout asked for has dp > 1", "--zero 0,1")
-        model = self.spec()
+        model = model_of(self)
         for layout in layouts:
             why = problems(layout, model)
             if why:
@@ -245,8 +191,8 @@ class StepCommandOptions(RunOptions):
         from distbench.core.dtypes import element_bytes
         from distbench.planner.memory import held_by_step
 
-        model, elt = self.spec(), element_bytes(self.dtype)
-        layouts, _ = self.layouts(world)
+        model, elt = model_of(self), element_bytes(self.dtype)
+        layouts, _ = layouts_of(self, world)
         need = max((held_by_step(model, lay, elt) for lay in layouts), default=0.0)
         if self.check and model.layers * model.flops_per_layer(model.batch * model.seq_len) \
                 <= 1e10:
@@ -260,3 +206,59 @@ def trained(model: ModelSpec) -> ModelSpec:
     return replace(model, vocab=0)
 
 
+# What the options select, for the checks above and for the run (kinds/step/body.py)
+
+def model_of(opts) -> ModelSpec:
+    """The model --model names, as step trains it."""
+    return trained(parse_model("--model", opts.model))
+
+def shapes_of(opts, world: int) -> list[tuple[int, int, int]]:
+    """The (tp, pp, dp) asked for. Given some of them, the first unset of dp, tp, pp takes
+    what the others leave and any other unset one is 1; given none, every factorization of
+    the world the model fits (by problems(), at ZeRO 0)."""
+    given = {"tp": opts.tp, "pp": opts.pp, "dp": opts.dp}
+    if all(v is None for v in given.values()):
+        model = model_of(opts)
+        out = []
+        for t in divisors(world):
+            for p in divisors(world // t):
+                d = world // (t * p)
+                m = opts.micro_batches or default_micro_batches(model, p, d,
+                                                                opts.virtual_stages)
+                if not problems(layout_with(opts, t, p, d, 0, m), model):
+                    out.append((t, p, d))
+        return out
+    fill = next(k for k in ("dp", "tp", "pp") if given[k] is None) \
+        if None in given.values() else None
+    known = 1
+    for v in given.values():
+        if v is not None:
+            known *= v
+    values = {k: (v if v is not None else (world // known if k == fill else 1))
+              for k, v in given.items()}
+    if fill is not None and world % known:
+        values[fill] = 0  # refused by check_world
+    return [(values["tp"], values["pp"], values["dp"])]
+
+def layouts_of(opts, world: int) -> tuple[list[Layout], list[str]]:
+    """Every layout to run, in order, and a note for each ZeRO stage left out where dp is 1."""
+    model = model_of(opts)
+    out: list[Layout] = []
+    notes: list[str] = []
+    for t, p, d in shapes_of(opts, world):
+        v = opts.virtual_stages
+        m = opts.micro_batches or default_micro_batches(model, p, d, v)
+        stages = [z for z in opts.zero if d > 1 or z == 0]
+        dropped = [z for z in opts.zero if z not in stages]
+        if dropped:
+            notes.append(f"tp {t} pp {p} dp {d}: ZeRO {', '.join(map(str, dropped))} "
+                         "left out (it shards over replicas; dp is 1)")
+        out += [layout_with(opts, t, p, d, z, m) for z in stages]
+    return out, notes
+
+def layout_with(opts, tp: int, pp: int, dp: int, zero: int, micro_batches: int) -> Layout:
+    """The layout (tp, pp, dp, zero, m) with the keys every layout of the run shares."""
+    return Layout(tp=tp, pp=pp, dp=dp, zero=zero, micro_batches=micro_batches,
+                  recompute=opts.recompute, virtual_stages=opts.virtual_stages,
+                  sp=opts.sp, recompute_layers=opts.recompute_layers,
+                  grad_sync=opts.grad_sync or "")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distbench.core import contracts
-from distbench.core.layout_label import row_label
-from distbench.core.tables import missing
+from distbench.core.contracts import LAYOUT_COLUMNS
+from distbench.core.layout_label import EXTRA_COLUMNS, row_label
+from distbench.core.tables import Column, Output, missing, us_as_ms
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -17,7 +17,42 @@ if TYPE_CHECKING:
 
     from distbench.results.reader import Run
 
-OUTPUT = contracts.STEP
+# step
+# One row per layout: the parts add up as predicted (docs/plan.md) and as measured.
+# Stable contract: add columns at the end, never rename.
+OUTPUT = Output("step.csv", csv=(
+    "model", "tp", "pp", "dp", "zero", "micro_batches", "micro_batch_size", "schedule",
+    "dtype", "world_size", "nnodes", "layers", "hidden_size", "ffn_size", "heads", "seq_len",
+    "batch", "params", "iters", "step_us", "rank_min_us", "rank_max_us", "slowest_rank",
+    "p50_us", "p99_us", "cv_pct", "compute_only_us", "tp_comm_alone_us", "pp_comm_alone_us",
+    "dp_comm_alone_us", "exposed_comm_us", "tp_exposed_us", "pp_exposed_us", "dp_exposed_us",
+    "bubble_analytic", "bubble_us", "tp_bytes_per_step", "pp_bytes_per_step",
+    "dp_bytes_per_step", "state_bytes_per_rank", "peak_mem_bytes", "samples_per_s",
+    "max_abs_err", "backend", "status", "note", "recompute", "model_mem_bytes",
+    "virtual_stages", *EXTRA_COLUMNS,
+), console=(
+    *LAYOUT_COLUMNS,
+    Column("step_us", "step", "(ms)", 10, us_as_ms(".2f")),
+    Column("compute_only_us", "compute", "(ms)", 10, us_as_ms(".2f")),
+    Column("tp_comm_alone_us", "tp comm", "alone(ms)", 10, us_as_ms(".2f")),
+    Column("pp_comm_alone_us", "pp comm", "alone(ms)", 10, us_as_ms(".2f")),
+    Column("dp_comm_alone_us", "dp comm", "alone(ms)", 10, us_as_ms(".2f")),
+    Column("exposed_comm_us", "exposed", "(ms)", 10, us_as_ms(".2f")),
+    Column("bubble_analytic", "bubble", "", 7, ".3f"),
+    Column("state_bytes_per_rank", "state", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
+    Column("peak_mem_bytes", "peak", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
+    Column("model_mem_bytes", "model", "(MB/rank)", 10, lambda b: f"{b / 1e6:.2f}"),
+    Column("max_abs_err", "max_err", "", 10, ".3g"),
+), identity=("model", "tp", "pp", "dp", "zero", "micro_batches", "dtype", "world_size",
+             "recompute", "virtual_stages", *EXTRA_COLUMNS),
+    read=("tp", "pp", "dp", "zero", "micro_batches", "step_us", "compute_only_us",
+          "exposed_comm_us", "status"),
+    # a layout recomputed, interleaved, sequence-parallel or synced otherwise is another
+    # layout; older runs lack the columns
+    identity_since=("recompute", "virtual_stages", *EXTRA_COLUMNS),
+    time="step_us", p99="p99_us",
+    # a layout reads as its label, not as five bare numbers
+    label=lambda row: f"{row_label(row)} {row.get('dtype')}")
 
 
 def _memory_cells(row: pd.Series) -> list[str]:

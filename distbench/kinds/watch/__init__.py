@@ -6,5 +6,5 @@ from distbench.kinds.kind import Kind
 from distbench.kinds.watch import body, options, output
 
 KIND = Kind("watch", help=options.HELP, options=options.WatchOptions, run=body.run,
-            exit_code=body.exit_code, examples=options.EXAMPLES, section=output.section,
-            plots=output.draw)
+            exit_code=body.exit_code, examples=options.EXAMPLES, outputs=(output.OUTPUT,),
+            section=output.section, plots=output.draw)

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from distbench.core.contracts import WATCH
 from distbench.core.errors import ReadError
 from distbench.core.sizes import format_size
 from distbench.results.reader import BEYOND, UNKNOWN, Run, as_mapping
 
 WATCH_LINES = "watch.jsonl"
+WATCH_CSV = "watch.csv"  # kinds/watch/output.py's contract
 PROBE_NUMBERS = ("size_bytes", "time_us", "busbw_gbps")
 
 
@@ -87,7 +87,7 @@ def _watch_lines(run: Run) -> tuple[list[dict], int, str] | None:
             else:
                 unreadable += 1
         return lines, unreadable, WATCH_LINES
-    frame = run.table(WATCH.file)
+    frame = run.table(WATCH_CSV)
     if frame is None:
         return None
     lines = []
@@ -96,7 +96,7 @@ def _watch_lines(run: Run) -> tuple[list[dict], int, str] | None:
         lines.append({"cycle": int(cycle), "started": first.get("started"),
                       "verdict": first.get("verdict"), "stragglers": first.get("stragglers"),
                       "probes": rows.to_dict("records")})
-    return lines, 0, WATCH.file
+    return lines, 0, WATCH_CSV
 
 
 def _int(value) -> int | None:

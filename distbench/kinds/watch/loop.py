@@ -25,7 +25,6 @@ import torch.distributed as dist
 
 from distbench.bench import timing
 from distbench.bench.series import allocate
-from distbench.core import contracts
 from distbench.core.accounting import bandwidth, buffer_of
 from distbench.core.dtypes import element_bytes
 from distbench.core.exitcodes import (
@@ -36,8 +35,9 @@ from distbench.core.exitcodes import (
 )
 from distbench.core.sizes import format_size
 from distbench.core.tables import plural
-from distbench.kinds.watch import health, textfile
+from distbench.kinds.watch import health, options, textfile
 from distbench.kinds.watch.judge import Tracker
+from distbench.kinds.watch.output import OUTPUT
 from distbench.kinds.watch.probe_baseline import read_baseline
 from distbench.kinds.watch.records import (
     SCHEMA_VERSION,
@@ -212,7 +212,7 @@ def run(s: Session) -> int:
 
 def _watch(s: Session, stop: HeldStops) -> int:
     opts, rt = s.opts, s.rt
-    probes = opts.probes()
+    probes = options.probes_of(opts)
     infos = [rank_infos(rt.ranks, rt.snapshots, rt.world) if rt.rank == 0 else None]
     dist.broadcast_object_list(infos, src=0)  # rank 0 alone holds the nodes' snapshots
     ranks = infos[0]
@@ -233,7 +233,7 @@ def _watch(s: Session, stop: HeldStops) -> int:
     if writes_prom:
         _textfile(s, textfile.write_down, prom, hostname=hostname, why="starting")
     lines = Appender(s.run_dir / "watch.jsonl") if s.run_dir is not None else None
-    sink = s.sink(contracts.WATCH)
+    sink = s.sink(OUTPUT)
     s.phase("watch: building the probes", opts.timeout)
     built = [_Probe(s, p, opts.iters) for p in probes]
     s.console.log(f"watch: {', '.join(f'{p.op} {format_size(p.size_bytes)}' for p in probes)} "
@@ -315,7 +315,7 @@ def _textfile(s: Session, write, path: Path, *args, **kwargs) -> None:
 
 
 def _more(opts, index: int, elapsed_s: float) -> bool:
-    cycles = opts.cycles()
+    cycles = options.cycles_of(opts)
     if cycles is not None and index >= cycles:
         return False
     return opts.duration is None or elapsed_s < opts.duration

@@ -139,7 +139,7 @@ class WatchOptions(RunOptions):
         if self.agree > self.last:
             raise OptionError("--agree", f"must be at most --last ({self.last}), got "
                               f"{self.agree}", "--agree 3 --last 5")
-        probes = self.probes()
+        probes = probes_of(self)
         too_big = [s for s in self.sizes or () if s > MAX_SIZE]
         if too_big:
             raise OptionError("--sizes", f"a probe runs every cycle: at most 1G, got "
@@ -163,25 +163,14 @@ class WatchOptions(RunOptions):
             return
         from distbench.kinds.watch import probe_baseline
 
-        _warn(probe_baseline.check(self.baseline, self.probes(), world, self.once))
+        _warn(probe_baseline.check(self.baseline, probes_of(self), world, self.once))
 
     def host_bytes(self, backend: str, world: int) -> int:
         if backend == "nccl":
             return 0
-        return 3 * max(p.size_bytes for p in self.probes()) * max(world, 1)
+        return 3 * max(p.size_bytes for p in probes_of(self)) * max(world, 1)
 
     SIZED_BY = ("--sizes", "--sizes 1M")
-
-    def probes(self) -> list[Probe]:
-        """What every cycle measures, in order: --profile's checks, else --op x --sizes."""
-        if self.profile is not None:
-            return profile_probes(self.profile)
-        dtype = self.dtype or DEFAULT_DTYPE
-        return [Probe(op, size, "cluster", dtype) for op in self.ops or DEFAULT_OPS
-                for size in self.sizes or DEFAULT_SIZES]
-
-    def cycles(self) -> int | None:
-        return ONCE_CYCLES if self.once else self.count
 
 
 def profile_probes(spec: str) -> list[Probe]:
@@ -257,3 +246,13 @@ def npd_asked(args: list[str]) -> bool:
     return bool(args) and args[0] == "watch" and any(a in ("--npd", "--npd=true") for a in args)
 
 
+def probes_of(opts) -> list[Probe]:
+    """What every cycle measures, in order: --profile's checks, else --op x --sizes."""
+    if opts.profile is not None:
+        return profile_probes(opts.profile)
+    dtype = opts.dtype or DEFAULT_DTYPE
+    return [Probe(op, size, "cluster", dtype) for op in opts.ops or DEFAULT_OPS
+            for size in opts.sizes or DEFAULT_SIZES]
+
+def cycles_of(opts) -> int | None:
+    return ONCE_CYCLES if opts.once else opts.count

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distbench.core.tables import markdown_table, number, plural
+from distbench.core.tables import Output, markdown_table, number, plural
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -20,6 +20,16 @@ WATCH_SHOWN = 30  # the changes report.md lists; watch.jsonl keeps every one
 
 
 RUNS_SHOWN = 12  # stretches of cycles a line lists: a weeks-long watch can hold thousands
+
+
+# watch: one row per probe per cycle, flushed as each cycle ends (distbench/watch)
+OUTPUT = Output("watch.csv", csv=(
+    "cycle", "started", "duration_s", "late", "op", "size_bytes", "scope", "dtype", "world_size",
+    "nnodes", "status", "time_us", "busbw_gbps", "spread_pct", "late_rank", "lateness_us",
+    "state", "median_us", "p95_us", "cv", "baseline_us", "verdict", "stragglers", "note",
+), identity=("cycle", "op", "size_bytes", "scope", "dtype"),
+    read=("time_us", "busbw_gbps", "state", "verdict"),
+    not_compared="cycles watch judges itself, against its own baseline")
 
 
 def _cycle_runs(cycles) -> str:
