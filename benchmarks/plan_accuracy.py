@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from distbench.planner.plan import validation_summary  # noqa: E402
+from distbench.planner.ranking import validation_summary  # noqa: E402
 
 
 def kind(row: dict) -> str:

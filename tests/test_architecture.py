@@ -45,7 +45,7 @@ def test_no_two_modules_share_a_file_name_outside_the_kinds_folders():
             by_name[path.name].append(where(path))
     shared = {name: at for name, at in by_name.items() if len(at) > 1}
     assert not shared, f"modules sharing a file name: {shared}"
-    assert "plan.py" in by_name and "models.py" in by_name
+    assert "ranking.py" in by_name and "models.py" in by_name
 
 
 def _rows() -> dict[str, str]:

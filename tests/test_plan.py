@@ -29,8 +29,8 @@ from distbench.planner.layouts import (
     problems,
 )
 from distbench.planner.models import PRESETS, ModelSpec, parse_model
-from distbench.planner.plan import make_plan, pick_validation, validation_summary
 from distbench.planner.predict import DP_KINDS
+from distbench.planner.ranking import make_plan, pick_validation, validation_summary
 
 MODEL = ModelSpec(name="custom", layers=4, hidden_size=64, ffn_size=256, heads=4, seq_len=16,
                   batch=32)
@@ -520,7 +520,7 @@ def test_the_plan_is_written_through_the_results_writer(tmp_path):
 
     from distbench.kinds.plan.output import OUTPUT as PLAN
     from distbench.planner.assemble import write
-    from distbench.planner.plan import top_lines
+    from distbench.planner.ranking import top_lines
 
     inputs = hand_inputs(mbs=4, overlap={"ddp": 0.5})
     rows = make_plan(MODEL, inputs, 8, 8, 40 * 2**30, "float32", zero_stages=(0,))

@@ -14,7 +14,7 @@ import pytest
 from distbench.core.options import OptionError
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.planner.models import PRESETS
-from distbench.planner.plan import summary_md
+from distbench.planner.ranking import summary_md
 
 TOY = PRESETS["toy"]
 

@@ -17,7 +17,7 @@ from distbench.planner import given
 from distbench.planner.assemble import plan_rows
 from distbench.planner.inputs import CommFit
 from distbench.planner.layouts import Layout, micro_batch_counts
-from distbench.planner.plan import make_plan, pick_validation, ranked
+from distbench.planner.ranking import make_plan, pick_validation, ranked
 
 MEMORY = 80 * 2**30
 COLUMNS = ("predicted_step_ms", "compute_ms", "tp_comm_ms", "pp_comm_ms", "bubble_ms",
@@ -316,7 +316,7 @@ def test_a_named_interleaved_layout_keeps_its_virtual_stages_to_the_validation()
     """v= names Megatron's virtual pipeline stages: checked like the step's option, its
     default micro-batches whole rounds, and the plan row hands them to the validation's step
     (layout_of), which then runs the interleaved schedule."""
-    from distbench.planner.plan import layout_of
+    from distbench.planner.ranking import layout_of
 
     model = replace(MODEL, layers=8)
     mine = _resolve("pp=2,dp=2,v=2", model)

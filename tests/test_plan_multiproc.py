@@ -14,8 +14,8 @@ from helpers import Run, distbench
 from test_docs_contracts import documented_columns
 
 from distbench.planner.inputs import Inputs
-from distbench.planner.plan import validation_summary
 from distbench.planner.predict import DP_KINDS
+from distbench.planner.ranking import validation_summary
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.procs(3)]  # 2 workers and their launcher
 

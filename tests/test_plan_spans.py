@@ -10,8 +10,8 @@ import pytest
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs, Span
 from distbench.planner.layouts import Layout
 from distbench.planner.models import ModelSpec
-from distbench.planner.plan import make_plan
 from distbench.planner.predict import spans
+from distbench.planner.ranking import make_plan
 
 MODEL = ModelSpec(name="custom", layers=8, hidden_size=256, ffn_size=1024, heads=8,
                   seq_len=16, batch=32)

@@ -21,8 +21,8 @@ from distbench.planner.layouts import (
     stage_layers,
 )
 from distbench.planner.models import PRESETS, ModelSpec
-from distbench.planner.plan import layout_of, make_plan
 from distbench.planner.predict import dp_step_us, exposed_of, predict
+from distbench.planner.ranking import layout_of, make_plan
 
 MODEL = ModelSpec(name="custom", layers=4, hidden_size=64, ffn_size=256, heads=8, seq_len=16,
                   batch=32)

@@ -16,7 +16,7 @@ from distbench.planner import given
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.planner.layouts import Layout
 from distbench.planner.models import ModelSpec, parse_model
-from distbench.planner.plan import (
+from distbench.planner.ranking import (
     MIN_RANKED,
     label,
     make_plan,

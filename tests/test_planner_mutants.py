@@ -32,7 +32,7 @@ from distbench.planner import fabrics
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs, Span
 from distbench.planner.layouts import Layout, enumerate_layouts
 from distbench.planner.models import ModelSpec
-from distbench.planner.plan import make_plan
+from distbench.planner.ranking import make_plan
 
 # 8 heads, so that tp 8 splits them
 MODEL = ModelSpec(name="custom", layers=4, hidden_size=64, ffn_size=256, heads=8, seq_len=16,

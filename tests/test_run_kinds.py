@@ -19,7 +19,7 @@ from distbench.core.errors import ReadError
 from distbench.core.tables import plural
 from distbench.kinds import KINDS, commands
 from distbench.kinds.watch import output as watch_output
-from distbench.planner.plan import validation_md
+from distbench.planner.ranking import validation_md
 from distbench.results import compare, plots, reader, report
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"

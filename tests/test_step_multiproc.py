@@ -14,7 +14,7 @@ from helpers import Run, distbench
 from test_docs_contracts import documented_columns
 
 from distbench.planner.layouts import stage_layers
-from distbench.planner.plan import layout_of
+from distbench.planner.ranking import layout_of
 
 # each run takes the slots it needs (helpers.distbench): a 2-rank run leaves the other three free
 pytestmark = pytest.mark.multiproc

@@ -1,6 +1,6 @@
 """A plan from its inputs to its files: the one path `plan --from` (kinds/plan/body.py) and
 plan's workers (kinds/plan/workers.py) both take. The rows (every layout, predicted and ranked:
-planner.plan), compute from a GPU's datasheet where none was measured (planner.gpus), every
+planner.ranking), compute from a GPU's datasheet where none was measured (planner.gpus), every
 refusal one line; then plan.csv through the results writer, inputs.json, plan.md and the
 figures (results/plots). Torch-free, as all of planner/."""
 
@@ -15,7 +15,7 @@ from distbench.planner import gpus as gpu_table
 from distbench.planner.inputs import Inputs
 from distbench.planner.layouts import enumerate_layouts
 from distbench.planner.models import ModelSpec
-from distbench.planner.plan import (
+from distbench.planner.ranking import (
     PLAN_MD,
     PLAN_PNG,
     compute_shapes,

@@ -194,7 +194,7 @@ SYNC_TEXT = {"micro": "every micro-batch", "last": "at the last micro-batch"}
 
 def megatron_text(row: dict) -> str:
     """A row's layout as a Megatron or DeepSpeed user says it."""
-    from distbench.planner.plan import layout_of
+    from distbench.planner.ranking import layout_of
 
     lay = layout_of(row)
     rc = lay.recompute
@@ -215,7 +215,7 @@ def standing(row: dict, rows: Sequence[dict]) -> dict:
     """Where a named row stands against the ranked list: its place (its rank, or where it
     would rank among the enumerated layouts that fit), the best layout and the best's gain
     (its step's speed-up over this one's: 0.23 is 23% faster)."""
-    from distbench.planner.plan import label
+    from distbench.planner.ranking import label
 
     ranked = [r for r in rows if r.get("rank") is not None]
     best = ranked[0] if ranked else None
@@ -230,7 +230,7 @@ def standing(row: dict, rows: Sequence[dict]) -> dict:
 
 def verdict(row: dict, rows: Sequence[dict]) -> str:
     """One line on a named row: its predicted step and memory, its rank and what beats it."""
-    from distbench.planner.plan import label
+    from distbench.planner.ranking import label
 
     st = standing(row, rows)
     gib = row["memory_per_rank_bytes"] / 2**30

@@ -36,7 +36,7 @@ from distbench.parallel.device_mesh import layout_mesh, release_groups
 from distbench.planner.layouts import Layout
 from distbench.planner.memory import held_by_step, memory, step_inputs_bytes
 from distbench.planner.models import ModelSpec, model_text, parse_model
-from distbench.planner.plan import layout_columns
+from distbench.planner.ranking import layout_columns
 from distbench.run.comm_trace import ranks_of
 from distbench.run.session import Session
 from distbench.steps import mesh_model, recipe

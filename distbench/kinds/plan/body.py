@@ -42,7 +42,7 @@ def plan_from_runs(opts: PlanOptions) -> int:
     """--from with no workers: read, plan, write; nothing is created before every input is
     known good."""
     from distbench.kinds.plan import pipeline, sources
-    from distbench.planner.plan import enumerated, ranked
+    from distbench.planner.ranking import enumerated, ranked
 
     started = time.monotonic()
     model = parse_model("--model", opts.model)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from distbench.kinds.plan.output import OUTPUT
 from distbench.planner import assemble
 from distbench.planner.given import lines as given_lines
-from distbench.planner.plan import top_lines
+from distbench.planner.ranking import top_lines
 
 if TYPE_CHECKING:
     from distbench.planner.inputs import Inputs

@@ -12,7 +12,7 @@ from distbench.core.tables import plural
 from distbench.kinds.plan.output import VALIDATION
 from distbench.kinds.step.output import OUTPUT as STEP
 from distbench.planner import assemble
-from distbench.planner import plan as planning
+from distbench.planner import ranking as planning
 from distbench.planner.inputs import Inputs
 from distbench.planner.models import ModelSpec
 from distbench.run.session import Session

@@ -21,7 +21,7 @@ from distbench.kinds.plan.cluster import memory_per_gpu, named_layouts
 from distbench.kinds.plan.measurements import INPUT_STAGES, layer_us, measure_inputs
 from distbench.ops.torch_dtypes import TORCH_DTYPES
 from distbench.planner import assemble
-from distbench.planner import plan as planning
+from distbench.planner import ranking as planning
 from distbench.planner.inputs import Inputs
 from distbench.planner.memory import held_by_step, usable_bytes
 from distbench.planner.models import ModelSpec, parse_model
