@@ -1,5 +1,6 @@
-"""Command line: one Typer command per entry of the command table, its parameters derived from
-the command's options dataclass; parse, validate, hand off. No torch import here, so --help and
+"""Command line: one Typer command per registered kind (distbench/kinds), its parameters derived
+from the kind's options dataclass (a tool's own Typer function as it is); parse, validate, hand
+off. No torch import here, so --help and
 option errors stay fast; the heavy modules load only once the options are known to be good."""
 
 from __future__ import annotations

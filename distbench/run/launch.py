@@ -43,7 +43,7 @@ def check_machine(opts, world: int | None) -> None:
 
 def start_local(command: str, opts, preload: tuple[str, ...] = ()) -> int:
     """The run on local workers that this process starts: `preload`, modules they would each
-    import at a cost (Command.preload), imported here once where they are forked."""
+    import at a cost (Kind.preload), imported here once where they are forked."""
     import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -10,5 +10,5 @@ BLOCKS = ("mlp", "attention")
 MODES = ("ddp", "zero1", "zero2", "zero3")
 # FSDP2 is zero3 when it reshards after forward, zero2 when it keeps the parameters gathered.
 FSDP = "fsdp"
-# Pipeline schedules (steps.pp_model runs them).
+# Pipeline schedules (parallel.pipeline runs them).
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b")

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 HELP = ("Plan a model's layouts (TP, PP, DP, ZeRO, micro-batches) on a cluster: memory per rank "
         "judged, step time predicted from measured collectives, compute and overlap.")
-# the workers validate layouts with training steps (Command.preload)
+# the workers validate layouts with training steps (Kind.preload)
 PRELOAD = TRAINING
 EXAMPLES = (
     "distbench plan --from results/<run> --gpus 1024 --gpus-per-node 8 --model 7b",
