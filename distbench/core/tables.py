@@ -94,6 +94,9 @@ class Output:
             if unknown:
                 raise ValueError(f"{self.file}: {what} columns not in the CSV: {unknown}")
 
+    # what compare's --metric names: each reads the field of that name (auto: busbw, else time)
+    METRICS = ("auto", "busbw", "time", "p99")
+
     def metric(self, name: str) -> str | None:
         """The column --metric `name` reads here (None: not compared by it)."""
         if self.not_compared:

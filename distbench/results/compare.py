@@ -34,7 +34,7 @@ from distbench.results.reader import (
 DEFAULT_THRESHOLD = 0.05
 
 # --metric's choices; which column each reads in a file is the file's contract's (Output.metric)
-METRICS = ("auto", "busbw", "time", "p99")
+METRICS = Output.METRICS
 
 
 def compared() -> dict[str, Output]:
