@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 # The options tables of the manual (docs/), regenerated from the command line itself;
-# tests/test_docs_options.py fails when one is stale.
+# tests/unit/project/test_docs_options.py fails when one is stale.
 docs: $(STAMP)
 	$(PY) -m distbench.cli.manual
 
@@ -49,9 +49,11 @@ test: $(STAMP) lint
 	$(PYTEST) -n $(PYTEST_JOBS) --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest ran no test" >&2; exit 1; fi; exit $$rc
 
-# The unit tests alone: no test that starts a process (those are marked multiproc).
+# The unit tests alone, tests/unit/: no test that starts a process. Those are marked multiproc
+# and live in tests/multiproc/; tests/conftest.py fails a test in the wrong folder, so no
+# `-m "not multiproc"` here, which would pass over a misplaced one in silence.
 test-fast: $(STAMP)
-	$(PYTEST) -n $(FAST_JOBS) -m "not multiproc"; rc=$$?; \
+	$(PYTEST) -n $(FAST_JOBS) tests/unit; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest ran no test" >&2; exit 1; fi; exit $$rc
 
 # Debian's prometheus-node-exporter for the test that scrapes `watch`'s textfile through it
@@ -71,8 +73,9 @@ node-exporter:
 	$(NODE_EXPORTER) --version 2>&1 | head -1
 
 # promtool, for the test that checks and unit-tests configs/prometheus/distbench-rules.yml
-# (tests/test_watch_rules.py): Debian's prometheus package brings it, unpacked as node-exporter
-# is above, since `apt-get install prometheus` would start the Prometheus server as a service.
+# (tests/multiproc/kinds/watch/test_watch_rules_multiproc.py): Debian's prometheus package
+# brings it, unpacked as node-exporter is above, since `apt-get install prometheus` would
+# start the Prometheus server as a service.
 PROMTOOL := .cache/prometheus/usr/bin/promtool
 
 promtool:

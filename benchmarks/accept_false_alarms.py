@@ -1,8 +1,8 @@
 """How often does `distbench accept --profile cpu-gloo` fail healthy nodes on a machine shared
 with other work, and does it still name a slow one? Two nodes of two ranks each, four gloo
 processes started on this machine as `srun -N 2 -n 4 -m cyclic` starts them (as
-tests/test_placement.py does), are accepted again and again, while `--load` busy processes take
-the cores as the test suite's own pytest processes do in CI:
+tests/multiproc/kinds/accept/test_placement_multiproc.py does), are accepted again and again,
+while `--load` busy processes take the cores as the test suite's own pytest processes do in CI:
 
 - A/A: plain runs. A false alarm is a run whose verdict is FAIL; a first-pass FAIL that its
   retest cleared (WARN, "noise") is counted apart;
@@ -62,7 +62,7 @@ from distbench.kinds.accept.profile_files import resolve
 
 PROFILE = "cpu-gloo"
 WORLD = 4
-NAMED = re.compile(r"node (\S+) (?:failed|is in all)")  # as tests/test_accept.py reads them
+NAMED = re.compile(r"node (\S+) (?:failed|is in all)")  # as tests/accept_helpers.py reads them
 
 
 def srun_env(rank: int, port: int) -> dict[str, str]:

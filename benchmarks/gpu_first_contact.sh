@@ -97,7 +97,7 @@ if wanted 11; then
         --interval 0.5 --warm 2 --out "$W/runs/gloo-watch"
 fi
 if wanted 2; then
-    step gpu-tests 2 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+    step gpu-tests 2 120 "$PY" -m pytest -q -p no:cacheprovider tests/unit/platform/test_gpu.py \
         --junitxml "$W/gpu-tests.xml"
 fi
 if wanted 3; then

@@ -7,6 +7,7 @@ import time
 import helpers
 import pytest
 from helpers import free_port, processes_naming
+from paths import TESTS
 
 # A suite started in the background by a shell without job control (a CI script's `cmd &`)
 # inherits SIGINT ignored, and so would every process it starts, since an ignored signal
@@ -40,14 +41,54 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """procs(n) implies multiproc. The order is pytest-xdist's: whole modules (--dist loadfile,
+    """procs(n) implies multiproc, and every test is in the folder of its kind
+    (misplaced_because): one in the wrong one stops the run before any test, naming it. The
+    order is pytest-xdist's: whole modules (--dist loadfile,
     so a module's fixtures run once), the ones with the most tests first. It overrode the
     longest-first order this hook used to make, and that order, made to count
     (--no-loadscope-reorder, 5 s a multi-process test as a fresh clone guesses), was no faster:
     487 s at three pytest processes, against 442 and 465 s in xdist's order."""
+    misplaced = []
     for item in items:
         if item.get_closest_marker("procs") and not item.get_closest_marker("multiproc"):
             item.add_marker(pytest.mark.multiproc)
+        why = misplaced_because(item)
+        if why:
+            misplaced.append(f"{item.nodeid}: {why}")
+            item.add_marker(pytest.mark.misplaced(why))
+    # a pytest-xdist worker's UsageError reaches the terminal as an INTERNALERROR without its
+    # message: there each misplaced test fails at its setup instead, naming itself
+    if misplaced and not hasattr(config, "workerinput"):
+        raise pytest.UsageError(
+            "tests in the wrong folder (docs/testing.md, \"Where a test goes\"):\n  "
+            + "\n  ".join(misplaced))
+
+
+def pytest_runtest_setup(item):
+    misplaced = item.get_closest_marker("misplaced")
+    if misplaced:
+        pytest.fail(f"{item.nodeid} is in the wrong folder: {misplaced.args[0]}", pytrace=False)
+
+
+def misplaced_because(item) -> str | None:
+    """Why `item` is in the wrong folder, or None: a test that starts a process (marked
+    multiproc, or procs(n)) lives under tests/multiproc/<area>/, every other under
+    tests/unit/<area>/, so that `make test-fast` (tests/unit) starts no process and the folder
+    says which kind a test is."""
+    try:
+        top = item.path.relative_to(TESTS).parts[0]
+    except ValueError:
+        return None  # not one of the suite's own modules
+    multiproc = item.get_closest_marker("multiproc") is not None
+    if top == "unit" and multiproc:
+        return ("marked multiproc (it starts processes) but under tests/unit/: move it to "
+                "tests/multiproc/<area>/")
+    if top == "multiproc" and not multiproc:
+        return ("not marked multiproc but under tests/multiproc/: mark it, or move it to "
+                "tests/unit/<area>/")
+    if top not in ("unit", "multiproc"):
+        return "outside tests/unit/ and tests/multiproc/: put it in tests/<kind>/<area>/"
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)

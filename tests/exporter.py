@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import debian_tool, free_port, processes
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 NAME = "prometheus-node-exporter"
 UNPACKED = REPO / ".cache" / "node-exporter" / "usr" / "bin" / NAME
 START_S = 15  # from start to a /metrics that answers; it takes about 0.1 s here

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import forkserver
 import json_schemas
+from paths import REPO
 
 # The most processes the tests may have started at once on the shared test machine (launchers,
 # workers, agents, a `python -c`), whichever tests run them and however many pytest processes
@@ -177,7 +178,7 @@ def debian_tool(name: str, unpacked: Path, make_target: str) -> tuple[Path | Non
         return Path(found), ""
     if os.access(unpacked, os.X_OK):
         return unpacked, ""
-    where = unpacked.relative_to(Path(__file__).resolve().parents[1])
+    where = unpacked.relative_to(REPO)
     return None, (f"no {name}: not on PATH nor at {where} (`make "
                   f"{make_target}` fetches Debian's package with apt-get download)")
 

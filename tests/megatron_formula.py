@@ -1,6 +1,6 @@
 """Megatron-LM's own estimate of the memory a rank holds, transcribed to check
-distbench.planner.megatron_memory against (tests/test_megatron_memory.py). Test-only: the
-reference, not the model.
+distbench.planner.megatron_memory against (tests/unit/planner/test_megatron_memory.py).
+Test-only: the reference, not the model.
 
 Source: NVIDIA/Megatron-LM, megatron/training/theoretical_memory_usage.py at commit
 d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22): `compute_weight_and_optimizer_memory`,

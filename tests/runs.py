@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from paths import REPO
+
 from distbench.core import noise
 from distbench.core.tables import Output
 from distbench.kinds.collective.output import OUTPUT as COLLECTIVE
@@ -175,7 +177,7 @@ def accept_in_progress(path: Path):
     from distbench.kinds.accept.profile_files import load
     from distbench.results import writer
 
-    profile = load(Path(__file__).parent.parent / "configs" / "profiles" / "cpu-gloo.toml")
+    profile = load(REPO / "configs" / "profiles" / "cpu-gloo.toml")
     record = writer.RunRecord(path, "accept", {}, ["accept"])
     return files.AcceptFiles(path, record, profile, "named", ["a", "b"], fake_runtime(0, 2),
                              strict=False), record

@@ -1,9 +1,10 @@
 """The manual's options tables, generated from the command line itself: every command's options
 as its --help gives them (flag, default, choices, help), written between the markers
 `<!-- options:NAME -->` and `<!-- /options:NAME -->` wherever a page under docs/ holds them
-(`make docs`, which runs `python -m distbench.cli.manual`). `tests/test_docs_options.py`
-regenerates them in memory and fails on a stale page. The tables read the application the way
---help does (its click command), so whatever the application says, the manual says."""
+(`make docs`, which runs `python -m distbench.cli.manual`).
+`tests/unit/project/test_docs_options.py` regenerates them in memory and fails on a stale page.
+The tables read the application the way --help does (its click command), so whatever the
+application says, the manual says."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The most memory one rank holds in a Megatron-LM training step (`plan --trainer megatron`),
 torch-free: Megatron's mechanics, counted as Megatron's own estimate counts them
 (NVIDIA/Megatron-LM megatron/training/theoretical_memory_usage.py, read at d98e8a64dd;
-tests/test_megatron_memory.py holds the two within 5% on published layouts), rank by rank
-instead of for the first stage alone, and over the layouts that estimate leaves out.
+tests/unit/planner/test_megatron_memory.py holds the two within 5% on published layouts), rank by
+rank instead of for the first stage alone, and over the layouts that estimate leaves out.
 
 Weights and optimizer (Megatron's DDP and optimizer; docs/user-guide/features/
 dist_optimizer.md): a rank's parameters are its chunks' layers over tp, the word embedding

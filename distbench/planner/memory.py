@@ -19,12 +19,13 @@ first stage and the LM head on the last, `P` below.
   reduce-scattered.
 
 Activations kept for backward, per layer, per token: what the step's layer saves, measured
-(torch.autograd.graph.saved_tensors_hooks over one layer's forward; tests/test_memory_model.py
-compares the two). Fused attention (scaled_dot_product_attention: flash, memory-efficient,
-cuDNN, and the CPU's flash kernel) keeps no a x s scores: it saves q, k, v, its output and a
-logsumexp per head and token, in fp32 at least, and recomputes the scores in backward
-(Korthikanti et al. 2022, section 4.1, count the scores, which unfused attention keeps). With h
-hidden, w the fused qkv's width ((heads + 2 kv_heads) x head_dim), f ffn, a heads, in elements:
+(torch.autograd.graph.saved_tensors_hooks over one layer's forward;
+tests/unit/planner/test_memory_model.py compares the two). Fused attention
+(scaled_dot_product_attention: flash, memory-efficient, cuDNN, and the CPU's flash kernel) keeps
+no a x s scores: it saves q, k, v, its output and a logsumexp per head and token, in fp32 at
+least, and recomputes the scores in backward (Korthikanti et al. 2022, section 4.1, count the
+scores, which unfused attention keeps). With h hidden, w the fused qkv's width ((heads + 2
+kv_heads) x head_dim), f ffn, a heads, in elements:
 
 - attention: its input (h, the qkv projection's), the qkv output (w: q, k and v are views of
   it), the attention's output (h: the output projection's input is the same tensor), and the

@@ -53,9 +53,9 @@ from distbench.kinds.watch.records import Cycle, Judgement, Probe, ProbeResult, 
 LEVELS = ("ok", "warn", "fail")  # a judged probe's states, by level 0, 1, 2
 # Cycles a probe's own baseline is the median of, their spread its noise. Not 3: a few cycles of
 # a noisy machine often agree by chance, and understate the noise. Seeded streams of 150 cycles
-# under tests/test_watch_judge.py's A/A model raised a false warn or fail, at +-10% noise, in 41
-# of 300 streams with 3 cycles, 13 of 300 with 5, 2 of 2000 with 10; at +-15%, in 97 of 300
-# with 3, 5 of 2000 with 10, none of 2000 with 20.
+# under tests/unit/kinds/watch/test_watch_judge.py's A/A model raised a false warn or fail, at
+# +-10% noise, in 41 of 300 streams with 3 cycles, 13 of 300 with 5, 2 of 2000 with 10; at +-15%,
+# in 97 of 300 with 3, 5 of 2000 with 10, none of 2000 with 20.
 WARM = 20
 # The share of a probe's time the others must wait for a rank, at the least and at the most,
 # for it to count as late in a cycle (the module docstring's rule). On this project's 2-core VM
