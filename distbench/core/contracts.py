@@ -43,6 +43,11 @@ _REGISTERED: list[Output] = []
 
 
 def outputs() -> tuple[Output, ...]:
+    """Every registered contract. None registered means distbench.kinds was never imported (the
+    command line imports it; a script reading results must too): said, not read as no files."""
+    if not _REGISTERED:
+        raise RuntimeError("no output contract is registered: import distbench.kinds first "
+                           "(it registers every command's)")
     return tuple(_REGISTERED)
 
 

@@ -212,3 +212,4 @@ def test_every_number_column_is_a_registered_csvs_column():
     columns = {c for o in outputs() for c in o.csv}
     assert [c for c in NUMBERS if c not in columns] == []
     assert NONNEGATIVE <= set(NUMBERS)
+
