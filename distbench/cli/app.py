@@ -21,6 +21,7 @@ import typer
 import distbench
 from distbench.core.errors import ReadError, one_line
 from distbench.core.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
+from distbench.core.option_checks import completer
 from distbench.core.options import (
     DEFAULT_TIMEOUT_S,
     OptionError,
@@ -125,17 +126,6 @@ CONFIG = inspect.Parameter(
         callback=_config_callback)])
 
 
-def _completer(choices: Callable[[], tuple[str, ...]], many: bool):
-    """What the shell offers for an option of fixed choices: those that start as typed; for a
-    comma list, the last item completed after those already typed (`all` only alone)."""
-    def complete(incomplete: str) -> list[str]:
-        head, comma, last = incomplete.rpartition(",") if many else ("", "", incomplete)
-        given = {n.strip().lower() for n in head.split(",")} if comma else set()
-        return [head + comma + c for c in choices() if c.startswith(last.lower())
-                and c not in given and not (comma and c == "all")]
-    return complete
-
-
 def _choice_help(check, text: str) -> dict:
     """typer.Option's arguments for an option of fixed choices: the help text names them all
     (added where it does not already, and for a comma list of them that it is one), the shell
@@ -152,7 +142,7 @@ def _choice_help(check, text: str) -> dict:
     if many and "comma" not in text:  # the one list syntax, said where the text does not
         text = f"{text.rstrip()} A comma list takes several."
     return {"help": text, "metavar": "<list>" if many else "<name>",
-            "autocompletion": _completer(lambda: choices_of(check)[0], many)}
+            "autocompletion": completer(lambda: choices_of(check)[0], many)}
 
 
 def _parameters(options: type) -> list[inspect.Parameter]:

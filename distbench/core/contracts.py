@@ -60,14 +60,6 @@ def register(output: Output) -> Output:
     return output
 
 
-def output(file: str) -> Output:
-    """The contract of a CSV by its file name; KeyError when no kind registered one."""
-    for o in _REGISTERED:
-        if o.file == file:
-            return o
-    raise KeyError(file)
-
-
 # The columns report and compare read as numbers, in whichever CSV: a cell that is none is
 # refused, naming the file, column and row. Checked in this order (the first bad cell is named).
 NUMBERS = ("root", "in_place", "world_size", "nnodes", "pairs", "size_bytes", "count", "iters",

@@ -55,6 +55,17 @@ def choices_of(check: Validator | None) -> tuple[tuple[str, ...], bool] | None:
     return tuple(choices() if callable(choices) else choices), bool(getattr(check, "many", False))
 
 
+def completer(choices: Callable[[], tuple[str, ...]], many: bool = False):
+    """What the shell offers for an option of fixed choices: those that start as typed; for a
+    comma list, the last item completed after those already typed (`all` only alone)."""
+    def complete(incomplete: str) -> list[str]:
+        head, comma, last = incomplete.rpartition(",") if many else ("", "", incomplete)
+        given = {n.strip().lower() for n in head.split(",")} if comma else set()
+        return [head + comma + c for c in choices() if c.startswith(last.lower())
+                and c not in given and not (comma and c == "all")]
+    return complete
+
+
 def optional(check: Validator) -> Validator:
     """`check`, letting None (left out) through; its example and choices kept."""
     wrapped = with_example(lambda option, value: None if value is None else check(option, value),

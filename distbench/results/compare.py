@@ -122,24 +122,22 @@ class Comparison:
                 for (f, g), v in out.items()]
 
 
-def _higher_is_better(metric: Metric, file: str, row) -> bool:
+def _higher_is_better(metric: Metric, out: Output, row) -> bool:
     """A row with its own metric (an acceptance check's: its `measured` is whatever the
     profile judged) is judged by it; elsewhere the metric asked for decides."""
-    own = compared()[file].row_metric
-    if own:
-        return check_metric(row[own])[1]
-    return metric.higher_is_better(file)
+    if out.row_metric:
+        return check_metric(row[out.row_metric])[1]
+    return metric.higher_is_better(out.file)
 
 
-def _group(file: str, row) -> str:
-    group = compared()[file].group
-    return group(row) if group else file.removesuffix(".csv")  # a training step: its command
+def _group(out: Output, row) -> str:
+    # a training step's rows are one group, its command's
+    return out.group(row) if out.group else out.file.removesuffix(".csv")
 
 
-def _label(file: str, keys: tuple[str, ...], row) -> str:
-    label = compared()[file].label
-    if label:
-        return label(row)
+def _label(out: Output, keys: tuple[str, ...], row) -> str:
+    if out.label:
+        return out.label(row)
     skip = {"op", "pattern", "direction", "world_size", "nnodes", "check", "scope", "metric"}
     parts = []
     for k in keys:
@@ -168,18 +166,18 @@ def _label(file: str, keys: tuple[str, ...], row) -> str:
     return " ".join(parts)
 
 
-def _keys(file: str, base: pd.DataFrame, new: pd.DataFrame, notes: list[str]
+def _keys(out: Output, base: pd.DataFrame, new: pd.DataFrame, notes: list[str]
           ) -> tuple[str, ...]:
     """The identity columns both sides record; one side that records none of a column (an
     nccl-tests log printed without its device list: no world size) matches on the rest."""
     keys = []
-    for k in compared()[file].identity:
+    for k in out.identity:
         gone = [side for side, f in (("BASE", base), ("NEW", new))
                 if k not in f.columns or f[k].isna().all()]
-        if len(gone) == 2 and k in compared()[file].identity_since:
+        if len(gone) == 2 and k in out.identity_since:
             continue
         if gone:
-            notes.append(f"{file}: matched without {k} ({' and '.join(gone)} does not "
+            notes.append(f"{out.file}: matched without {k} ({' and '.join(gone)} does not "
                          "record it)")
         else:
             keys.append(k)
@@ -274,7 +272,7 @@ def check_samples(run: Run) -> None:
             row = table.iloc[index]
             why = samples.contradiction(row.to_dict(), row_samples)
             if why is not None:
-                label = _label(file, compared()[file].identity, row)
+                label = _label(compared()[file], compared()[file].identity, row)
                 raise ReadError(run.path / file, f"row {index} ({label}) contradicts its samples: "
                                 f"{why}; refusing to compare it")
 
@@ -285,7 +283,8 @@ def _compare_table(file: str, base: Run, new: Run, metric: Metric, threshold: fl
     if not len(b) or not len(n):
         notes.append(f"{file}: no rows in {'BASE' if not len(b) else 'NEW'}")
         return []
-    keys = _keys(file, b, n, notes)
+    out = compared()[file]
+    keys = _keys(out, b, n, notes)
     bk, nk = _normalized(b, keys), _normalized(n, keys)
     kcols = [f"_k_{k}" for k in keys] + ["_k_nth"]
     merged = bk.merge(nk, on=kcols, how="outer", suffixes=("_b", "_n"), indicator=True)
@@ -299,12 +298,12 @@ def _compare_table(file: str, base: Run, new: Run, metric: Metric, threshold: fl
             continue
         side = {k: m[f"{k}_b"] for k in keys}
         ok = all(_measured(m.get(f"status{s}")) for s in ("_b", "_n"))
-        judged = _judge(_higher_is_better(metric, file, side), threshold, m.get(f"{column}_b"),
+        judged = _judge(_higher_is_better(metric, out, side), threshold, m.get(f"{column}_b"),
                         m.get(f"{column}_n"), _reps(base, file, int(m["_row_b"])),
                         _reps(new, file, int(m["_row_n"])), ok, typical,
                         (_num(m.get("spread_b")), _num(m.get("spread_n"))))
-        rows.append(replace(judged, file=file, group=_group(file, side),
-                            label=_label(file, keys, side)))
+        rows.append(replace(judged, file=file, group=_group(out, side),
+                            label=_label(out, keys, side)))
     if only["left_only"] or only["right_only"]:
         notes.append(f"{file}: {plural(only['left_only'], 'row')} only in BASE, "
                      f"{only['right_only']} only in NEW (not compared)")

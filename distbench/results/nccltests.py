@@ -179,6 +179,7 @@ def _op(path: Path, test: NcclRun) -> str:
 
 def _rows(test: NcclRun, op: str) -> list[dict]:
     known = OPS.get(op)
+    columns = contract().csv
     rows = []
     for res in test.results:
         dtype = DTYPES.get(res.dtype, res.dtype)
@@ -195,7 +196,7 @@ def _rows(test: NcclRun, op: str) -> list[dict]:
             ok = time_us is not None and time_us > 0
             if not ok:
                 notes.append(f"no valid time (nccl-tests gave {pl.time!r})")
-            row = dict.fromkeys(contract().csv)
+            row = dict.fromkeys(columns)
             row.update(
                 op=op, dtype=dtype, redop=redop, root=root, in_place=pl.in_place,
                 world_size=test.world_size, nnodes=test.nnodes, size_bytes=res.size,

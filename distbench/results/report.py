@@ -24,7 +24,8 @@ class Reported(Protocol):
     """What a kind of run adds to a report (a kinds.Kind): each may be None. `section`: its
     lines of report.md, from the tables it knows, whichever command wrote them; `plots`: the
     PNGs it draws of every run, in the output directory; `fits`: a run's alpha-beta models
-    (model.json, --predict); `world_note`: what the header adds after the run's world size."""
+    (model.json, --predict), each naming its run ("run"); `world_note`: what the header adds
+    after the run's world size."""
 
     section: Callable[[Run], list[str]] | None
     plots: Callable[[list[Run], Path], list[Path]] | None
@@ -164,19 +165,18 @@ def write(runs: list[Run], out: Path, kinds: Iterable[Reported]) -> tuple[list[s
     return lines, files
 
 
-def predict(runs: list[Run], kinds: Iterable[Reported], op: str, size: int) -> list[str]:
-    """The time and busbw each run's model predicts for `op` at `size`, one line per fit."""
+def predict(fits: Iterable[dict], op: str, size: int) -> list[str]:
+    """The time and busbw each fit (`fits_of`'s, each naming its run) predicts for `op` at
+    `size`, one line per fit."""
     lines = []
-    kinds = list(kinds)
-    for run in runs:
-        for f in fits_of(run, kinds):
-            if f["op"] != op or f.get("alpha_us") is None:
-                continue
-            t_us, busbw = alphabeta.predict_row(f, size)
-            place = "in-place" if f["in_place"] else "out-of-place"
-            lines.append(f"{run.name}: {op} {f['dtype']} {redop_root(f)} {place} at "
-                         f"{format_size(size)}: "
-                         f"{number(t_us)} us, busbw {number(busbw)} GB/s (alpha "
-                         f"{number(f['alpha_us'], 3)} us, busbw asymptote "
-                         f"{number(f['busbw_gbps'])} GB/s)")
+    for f in fits:
+        if f["op"] != op or f.get("alpha_us") is None:
+            continue
+        t_us, busbw = alphabeta.predict_row(f, size)
+        place = "in-place" if f["in_place"] else "out-of-place"
+        lines.append(f"{f['run']}: {op} {f['dtype']} {redop_root(f)} {place} at "
+                     f"{format_size(size)}: "
+                     f"{number(t_us)} us, busbw {number(busbw)} GB/s (alpha "
+                     f"{number(f['alpha_us'], 3)} us, busbw asymptote "
+                     f"{number(f['busbw_gbps'])} GB/s)")
     return lines

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from distbench.core.exitcodes import EXIT_BELOW, EXIT_OK
+from distbench.core.option_checks import completer
 from distbench.core.tables import Output
 
 HELP = ("Compare two runs row by row (ratio, Mann-Whitney p-value, + - ~ x); exit 4 when a row "
@@ -31,10 +32,10 @@ def command(
     metric: Annotated[str, typer.Option(
         help="auto (busbw where a file records one, else its time; a training step's is its "
              "step time), busbw, time or p99.", metavar="<name>",
-        autocompletion=lambda incomplete: _starting(Output.METRICS, incomplete))] = "auto",
+        autocompletion=completer(lambda: Output.METRICS))] = "auto",
     format: Annotated[str, typer.Option(
         "--format", help="text, md (for a pull request) or csv.", metavar="<name>",
-        autocompletion=lambda incomplete: _starting(FORMATS, incomplete))] = "text",
+        autocompletion=completer(lambda: FORMATS))] = "text",
 ) -> None:
     from distbench.core.options import one_of
     from distbench.results import compare, comparison_text, reader
@@ -65,8 +66,3 @@ def parse_threshold(text: str) -> float:
         raise OptionError("--threshold", f"must be from 0% to below 100%, got {raw}",
                           "--threshold 5%")
     return value
-
-
-def _starting(choices: tuple[str, ...], incomplete: str) -> list[str]:
-    """What the shell offers: the choices that start as typed."""
-    return [c for c in choices if c.startswith(incomplete)]

@@ -39,10 +39,11 @@ def memory_per_gpu(opts, inputs: Inputs) -> tuple[int, str]:
         above_reserve("--from", inputs.memory_per_gpu, "--gpu-memory 80G",
                       "the runs' topology says ")
         return int(inputs.memory_per_gpu), "the --from topology"
-    if target_gpu(opts) is not None:
-        return GPUS[target_gpu(opts)].memory_bytes, (
+    gpu = target_gpu(opts)
+    if gpu is not None:
+        return GPUS[gpu].memory_bytes, (
             f"--gpu {opts.gpu}'s datasheet" if opts.gpu else
-            f"--fabric {opts.fabric}'s {target_gpu(opts)}, its datasheet")
+            f"--fabric {opts.fabric}'s {gpu}, its datasheet")
     from distbench.planner.gpus import by_device_name
 
     named = by_device_name(inputs.device) if inputs.device else None

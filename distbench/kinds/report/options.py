@@ -49,7 +49,8 @@ def command(
     loaded = reader.load_all(runs)  # every input read before anything is written
     if predict is not None:
         # an op is known when distbench measures it or a run read fits it (nccl-tests' sendrecv)
-        fitted = {f["op"] for run in loaded for f in report.fits_of(run, KINDS.values())}
+        fits = [f for run in loaded for f in report.fits_of(run, KINDS.values())]
+        fitted = {f["op"] for f in fits}
         try:
             op, size = parse_predict(predict, fitted)
         except ValueError as e:
@@ -58,7 +59,7 @@ def command(
         for run in loaded:  # report.md names them too; a prediction has no report.md
             for line in reader.left_out(run):
                 print(f"distbench: {run.name}: {line}", file=sys.stderr)
-        lines = report.predict(loaded, KINDS.values(), op, size)
+        lines = report.predict(fits, op, size)
         if not lines:
             raise OptionError("--predict", f"no run here has a fitted model for {op}",
                               "--predict all_reduce:1G")

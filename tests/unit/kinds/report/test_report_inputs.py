@@ -178,7 +178,7 @@ def test_alpha_is_in_one_format_in_the_model_table(tmp_path):
     alphas = [line.split(" | ")[4] for line in lines
               if line.startswith("| all_reduce |") and line.count(" | ") == 9]
     assert alphas == ["1080", "966"]
-    (line,) = report.predict(runs[:1], KINDS.values(), "all_reduce", 1 << 30)
+    (line,) = report.predict(report.fits_of(runs[0], KINDS.values()), "all_reduce", 1 << 30)
     assert "alpha 1080 us" in line and "e+" not in line
 
 
