@@ -12,7 +12,8 @@ that what one of them learns the others keep:
    failed rank (a pipeline stage in a receive) never reaches that agreement: every rank's
    failure watch sees the failure posted and ends the run FAILURE_GRACE_S later, naming the
    failed rank and why, instead of after --timeout;
-3. `counted`: one step under the dispatcher's collective counter;
+3. `counted`: one step under the dispatcher's collective counter (off a GPU, the same step
+   also counts the memory its tensors hold: `counted_with_peak`);
 4. `timed`: warmup, barrier, timed loop and cross-rank statistics, as every command times, and
    on a GPU the peak memory of the timed steps;
 5. `free` between the parts: what one part made goes before the next is built.
@@ -122,19 +123,23 @@ def timed_with_peak(s: Session, what: str, step: Callable[[], object]
     return st, int(max_over_ranks([torch.cuda.max_memory_allocated(device)], device)[0])
 
 
-def host_peak(s: Session, label: str, step: Callable[[], object], held: list,
-              ignore: list) -> int | None:
-    """Off a GPU, the most memory any rank's tensors held in one untimed step
-    (steps.host_memory), with what the step starts holding (`held`: modules, optimizers,
-    tensors; and what else Python holds, but `ignore`'s) counted from the start. None on a
-    GPU, whose allocator counts it (timed_with_peak)."""
+def counted_with_peak(s: Session, label: str, fn: Callable[[], object], held: list,
+                      ignore: list) -> tuple[list[CommCall], int | None]:
+    """counted(), and off a GPU the most memory any rank's tensors held in that same step
+    (steps.host_memory: one step under both, not a step each), with what the step starts
+    holding (`held`: modules, optimizers, tensors; and what else Python holds, but `ignore`'s)
+    counted from the start. None on a GPU, whose allocator counts it (timed_with_peak)."""
     device = s.rt.device
     if device.type == "cuda":
-        return None
+        _, calls = counted(s, label, fn)
+        return calls, None
     from distbench.steps.host_memory import peak_bytes
 
-    s.phase(f"{label} (peak memory)", s.opts.timeout)
-    return int(max_over_ranks([peak_bytes(step, held, ignore)], device)[0])
+    s.phase(f"{label} (communication count and peak memory)", s.opts.timeout)
+    with CommCounter() as counter:
+        peak = peak_bytes(fn, held, ignore)
+    timing.sync(device)
+    return counter.calls, int(max_over_ranks([peak], device)[0])
 
 
 def free(device: torch.device) -> None:

@@ -146,7 +146,11 @@ def _measure_on(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, row: 
         if verdict["wrong"]:
             notes.append(verdict["wrong"])
 
-    _, calls = recipe.counted(s, label, mm.step)
+    # the check's reference, kept on the host for the next layout, is not this layout's
+    kept = [(r.grads, r.params) for r in _REFERENCE.values()]
+    calls, host_peak = recipe.counted_with_peak(
+        s, label, mm.step, [mm.stage, mm.optimizer, mm.x, mm.target],
+        [d for pair in kept for d in pair])
     state = recipe.max_over_ranks([mm.state_bytes()], device)[0]
     by_dim, other = split_by_dimension(calls, mesh, layout)
     if other:
@@ -156,10 +160,6 @@ def _measure_on(s: Session, mesh, model: ModelSpec, layout: Layout, dtype, row: 
     info["collectives_counted"] = {d: op_counts(by_dim[d]) for d in DIMS}
     info["bytes_counted"] = {d: op_bytes(by_dim[d]) for d in DIMS}
 
-    # the check's reference, kept on the host for the next layout, is not this layout's
-    kept = [(r.grads, r.params) for r in _REFERENCE.values()]
-    host_peak = recipe.host_peak(s, label, mm.step, [mm.stage, mm.optimizer, mm.x, mm.target],
-                                 [d for pair in kept for d in pair])
     st, peak = recipe.timed_with_peak(s, label, mm.step)
     peak = peak if peak is not None else host_peak
     if recipe.max_over_ranks([float(mm.loss is not None and not torch.isfinite(mm.loss))],
