@@ -209,9 +209,10 @@ class Tracker:
         t = list(h.times)
         if not t:
             return ProbeState(h.state, baseline_us=h.baseline)
-        p95 = statistics.quantiles(t, n=20, method="inclusive")[18] if len(t) >= 2 else t[0]
+        ordered = sorted(t)
+        p95 = _p95(ordered) if len(t) >= 2 else t[0]
         cv = _stdev(t) / statistics.fmean(t) if len(t) >= 2 else None
-        return ProbeState(h.state, statistics.median(t), p95, cv, h.baseline)
+        return ProbeState(h.state, _median(ordered), p95, cv, h.baseline)
 
     # -- ranks -----------------------------------------------------------------------------
     def _late_ranks(self, cycle: Cycle) -> dict[int, tuple[str, float]] | None:
@@ -291,6 +292,20 @@ class Tracker:
         named = tuple(sorted(self._stragglers))
         return Judgement(states, verdict, named, counts, tuple(changes),
                          {rank: self._late_why[rank] for rank in named})
+
+
+def _p95(ordered: list[float]) -> float:
+    """statistics.quantiles(t, n=20, method="inclusive")[18], its arithmetic to the bit, of
+    `ordered` (sorted, two or more): the one cut point read of the nineteen it works out, which
+    cost a fifth of each cycle's judgement."""
+    j, delta = divmod(19 * (len(ordered) - 1), 20)
+    return (ordered[j] * (20 - delta) + ordered[j + 1] * delta) / 20
+
+
+def _median(ordered: list[float]) -> float:
+    """statistics.median of `ordered` (sorted, one or more), without sorting it again."""
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
 def _stdev(t: list[float]) -> float:

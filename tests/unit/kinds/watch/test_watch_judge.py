@@ -18,6 +18,7 @@ import statistics
 
 import pytest
 
+from distbench.kinds.watch import judge
 from distbench.kinds.watch.judge import LATE_CAP, LATE_FLOOR, WARM, Tracker
 from distbench.kinds.watch.records import Cycle, Probe, ProbeResult
 
@@ -371,6 +372,16 @@ def test_rolling_statistics_over_the_window():
     assert s.p95_us == pytest.approx(385.0)
     assert s.cv == pytest.approx(129.0994 / 250.0, rel=1e-4)
 
+
+@pytest.mark.parametrize("n", [2, 3, 4, 19, 20, 21, 40])
+def test_the_window_statistics_are_the_statistics_modules_to_the_bit(n):
+    """The judge reads the 95th percentile and the median off one sorted copy of the window,
+    not through statistics.quantiles and statistics.median: the same floats, to the bit."""
+    rng = random.Random(n)
+    for _ in range(100):
+        t = [rng.lognormvariate(7, 1) for _ in range(n)]
+        assert judge._p95(sorted(t)) == statistics.quantiles(t, n=20, method="inclusive")[18]
+        assert judge._median(sorted(t)) == statistics.median(t)
 
 def test_memory_stays_bounded_over_10000_cycles():
     stream, t = Noisy(7, 0.10, 4), Tracker(PROBES, 4, window=20, n=5)
