@@ -65,10 +65,12 @@ def test_parse_size_empty(text):
         parse_size(text)
 
 
-def test_parse_size_unknown_suffix_exact_message():
+def test_parse_size_unknown_suffix_names_it_and_the_valid_ones():
     with pytest.raises(SizeError) as exc:
         parse_size("1Q")
-    assert str(exc.value) == "unknown suffix 'Q' in '1Q' (use K, M, G or T)"
+    said = str(exc.value)
+    assert said.startswith("unknown suffix 'Q'") and "'1Q'" in said, said
+    assert "K, M, G or T" in said, said
 
 
 @pytest.mark.parametrize("text", ["1Q", "1P", "1KK", "1iB", "4KiBB", "1Mi", "1bytes", "1BB",
@@ -244,10 +246,11 @@ def test_unknown_range_operator(how):
         parse_sizes(f"1K:4K:{how}")
 
 
-def test_end_smaller_than_start_exact_message():
+def test_end_smaller_than_start_names_both_sizes():
     with pytest.raises(SizeError) as exc:
         parse_sizes("1M:1K")
-    assert str(exc.value) == "end 1 KiB is smaller than start 1 MiB"
+    said = str(exc.value)
+    assert said.startswith("end 1 KiB ") and "smaller than start 1 MiB" in said, said
 
 
 @pytest.mark.parametrize("text", ["1M:1K:x2", "1M:1K:+1K", "9:8"])
@@ -372,7 +375,9 @@ def test_list_entries_use_parse_size_rules(text):
 def test_list_unknown_suffix_message_names_the_entry():
     with pytest.raises(SizeError) as exc:
         parse_sizes("1K,1Q")
-    assert str(exc.value) == "unknown suffix 'Q' in '1Q' (use K, M, G or T)"
+    said = str(exc.value)
+    assert said.startswith("unknown suffix 'Q'") and "'1Q'" in said, said
+    assert "1K" not in said, said  # the entry, not the whole list
 
 
 def test_list_mixed_with_range_is_refused():

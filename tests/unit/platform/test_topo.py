@@ -122,8 +122,10 @@ def _gpu_snapshot():
 def test_render_cpu_only():
     text = topo_render.render_text([_cpu_only_snapshot()])
     lines = text.splitlines()
-    assert lines[0] == "==== node cpu-node-1 (boot 01234567) ===="
-    assert "nvidia-smi not available: nvidia-smi not found on PATH; CPU-only node" in lines
+    # each node opens on a header naming it and the start of its boot id
+    assert lines[0].startswith("==== node cpu-node-1 ") and "boot 01234567" in lines[0]
+    (smi,) = [line for line in lines if line.startswith("nvidia-smi not available")]
+    assert "nvidia-smi not found on PATH" in smi and "CPU-only node" in smi
     assert "AMD EPYC 9654 96-Core Processor" in text
     assert "384" in text
     assert "NUMA node0: cpus 0-95,192-287" in lines
@@ -132,7 +134,8 @@ def test_render_cpu_only():
 
 def test_render_gpu_snapshot_contains_matrix_verbatim():
     text = topo_render.render_text([_gpu_snapshot()])
-    assert text.startswith("==== node dgx-07 (boot fedcba98) ====\n")
+    head = text.splitlines()[0]
+    assert head.startswith("==== node dgx-07 ") and "boot fedcba98" in head
     assert NV18_TEXT in text
     assert "not available" not in text.split("Legend")[0]
     gpu_line = next(line for line in text.splitlines() if line.startswith("GPU0: "))
@@ -551,16 +554,17 @@ def test_nvls_on_where_every_gpu_has_multicast(monkeypatch):
     assert (snap["nvls"], snap["nvls_why"]) == (True, "CUDA multicast on all 8 GPUs")
     assert ("NVLS (NVLink SHARP): yes, CUDA multicast on all 8 GPUs"
             in topo_render.render_text([snap]))
-    assert "  NVLS: yes, CUDA multicast on all 8 GPUs" in topo_render.summary_lines([snap])
+    (said,) = [line for line in topo_render.summary_lines([snap]) if "NVLS" in line]
+    assert said.strip().startswith("NVLS: yes") and snap["nvls_why"] in said
 
 
-@pytest.mark.parametrize("multicast,env,why", [
-    ([True, False], {}, "no CUDA multicast on GPU 1"),
-    ([True] * 8, {"NCCL_NVLS_ENABLE": "0"}, "NCCL_NVLS_ENABLE=0"),
-    ([True] * 8, {"NCCL_ALGO": "Ring,Tree"}, "NCCL_ALGO=Ring,Tree leaves NVLS out"),
-    ([True] * 8, {"NCCL_ALGO": "^NVLS"}, "NCCL_ALGO=^NVLS leaves NVLS out"),
+@pytest.mark.parametrize("multicast,env,facts", [
+    ([True, False], {}, ("no CUDA multicast", "GPU 1")),
+    ([True] * 8, {"NCCL_NVLS_ENABLE": "0"}, ("NCCL_NVLS_ENABLE=0",)),
+    ([True] * 8, {"NCCL_ALGO": "Ring,Tree"}, ("NCCL_ALGO=Ring,Tree", "leaves NVLS out")),
+    ([True] * 8, {"NCCL_ALGO": "^NVLS"}, ("NCCL_ALGO=^NVLS", "leaves NVLS out")),
 ])
-def test_nvls_off(monkeypatch, multicast, env, why):
+def test_nvls_off(monkeypatch, multicast, env, facts):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(topo_probe, "_multicast_support", lambda: multicast)
@@ -569,23 +573,30 @@ def test_nvls_off(monkeypatch, multicast, env, why):
     if "NCCL_ALGO" not in env:
         monkeypatch.delenv("NCCL_ALGO", raising=False)
     snap = topo_probe.node_snapshot()
-    assert (snap["nvls"], snap["nvls_why"]) == (False, why)
+    why = snap["nvls_why"]
+    assert snap["nvls"] is False and all(fact in why for fact in facts) and "\n" not in why, why
+    if "NCCL_NVLS_ENABLE" in env:  # results.md gives this one as nvls_why's value, verbatim
+        assert why == "NCCL_NVLS_ENABLE=0"
     assert f"NVLS (NVLink SHARP): no, {why}" in topo_render.render_text([snap])
 
 
 def test_nvls_on_with_nccl_algo_naming_it(monkeypatch):
     monkeypatch.setenv("NCCL_ALGO", "NVLS,Ring")
     monkeypatch.setattr(topo_probe, "_multicast_support", lambda: [True])
-    assert topo_probe._nvls_probe() == (True, "CUDA multicast on its GPU")
+    nvls, why = topo_probe._nvls_probe()
+    assert nvls is True and "CUDA multicast" in why and "its GPU" in why, why
 
 
 def test_nvls_unknown_says_why(monkeypatch):
     snap = _nvls_snapshot(monkeypatch, RuntimeError("CUDA driver error: initialization error"))
     assert snap["nvls"] is None
-    assert snap["nvls_why"] == "unknown: RuntimeError: CUDA driver error: initialization error"
+    why = snap["nvls_why"]
+    assert why.startswith("unknown: ") and "RuntimeError" in why, why
+    assert "initialization error" in why and "\n" not in why, why
     assert "NVLS (NVLink SHARP): unknown: RuntimeError" in topo_render.render_text([snap])
     snap = _nvls_snapshot(monkeypatch, [])
-    assert (snap["nvls"], snap["nvls_why"]) == (None, "unknown: no CUDA device")
+    assert snap["nvls"] is None and snap["nvls_why"].startswith("unknown: ")
+    assert "no CUDA device" in snap["nvls_why"]
 
 
 def test_nvls_in_this_process_is_unknown_without_cuda():

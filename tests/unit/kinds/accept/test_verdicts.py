@@ -342,8 +342,10 @@ def test_a_scope_judged_on_nothing_is_inconclusive(two):
     alone = Result(two.checks[1], "pairs", (), 0, note="one node: no pair of nodes to measure")
     judged = judge([node, alone], two, ["n0"])
     assert judged.unjudged() == []
-    assert judged.outcome(strict=False) == ("ok", 0, "every check judged passed (0 warnings, 1 "
-                                            "skipped)")
+    status, code, line = judged.outcome(strict=False)
+    assert (status, code) == ("ok", 0)
+    assert line.startswith("every check judged passed"), line
+    assert "0 warnings" in line and "1 skipped" in line, line
 
 
 def test_a_peers_check_with_one_target_is_skipped_and_inconclusive(profile):
@@ -390,8 +392,9 @@ def test_every_scope_judged_is_a_pass_and_a_partial_one_says_so(two):
     judged = judge(nodes + pairs, two, names)
     status, code, line = judged.outcome(strict=False)
     assert (status, code) == ("ok", 0)
-    assert line == ("every check judged passed (0 warnings, 2 skipped); judged on fewer "
-                    "targets than the scope holds: node lat on 2 of 4 nodes")
+    assert line.startswith("every check judged passed"), line
+    assert "0 warnings" in line and "2 skipped" in line, line
+    assert "fewer targets" in line and "node lat on 2 of 4 nodes" in line, line
     assert "node lat: judged on 2 of 4 nodes only (n1: one rank: nothing travels)" in \
         judged.notes
 
@@ -495,9 +498,9 @@ def test_a_node_that_failed_a_node_check_is_no_healthy_peer_for_the_pairs(tmp_pa
     judged = judge(nodes + pairs, prof, names)
     assert _by_target(judged) == {"n0": "PASS", "n1": "FAIL", "n2": "FAIL", "n0+n1": "SKIP",
                                   "n0+n2": "SKIP", "n1+n2": "SKIP"}
-    why = {v.why for v in judged.verdicts if v.result.check is pair}
-    assert why == {"no healthy peers to judge by: every pair holds a node that failed a node "
-                   "check: n1 (node bw), n2 (node bw)"}
+    (why,) = {v.why for v in judged.verdicts if v.result.check is pair}  # one reason for all
+    assert why.startswith("no healthy peers to judge by") and "failed a node check" in why, why
+    assert "n1 (node bw)" in why and "n2 (node bw)" in why, why
     assert [c.split(" failed")[0] for c in judged.culprits] == ["node bw: node n1",
                                                                 "node bw: node n2"]
     assert judged.outcome(strict=False)[:2] == ("below_expectation", 4)
@@ -516,13 +519,14 @@ def test_the_pairs_left_judge_the_others_and_a_cleared_node_is_a_peer_again(tmp_
     judged = judge(nodes + pairs, prof, names)
     (v,) = [v for v in judged.verdicts if v.result.target == "n0+n2"]
     assert v.reference == 10.0
-    assert v.why == ("healthy peers reach 10 (median of the 1 target; left out, the pairs of "
-                     "n2 (node bw))")
+    assert v.why.startswith("healthy peers reach 10 (median of the 1 target"), v.why
+    assert "left out, the pairs of n2 (node bw)" in v.why, v.why
     # node 2 passes its retest cleanly: noise, so it is a healthy peer again
     cleared = judge(nodes + pairs + [Result(node, "n2", (2,), 2, busbw_gbps=9.0, wrong=0,
                                             retest=True)], prof, names)
     (v,) = [v for v in cleared.verdicts if v.result.target == "n0+n2"]
-    assert v.reference == 9.0 and v.why == "healthy peers reach 9 (median of all 3 targets)"
+    assert v.reference == 9.0 and v.why.startswith("healthy peers reach 9 "), v.why
+    assert "all 3 targets" in v.why and "left out" not in v.why, v.why
 
 
 # ---------------------------------------------------------------------------------------------
@@ -799,7 +803,10 @@ def test_the_tolerance_is_the_floor_where_the_runs_are_quiet(tmp_path):
 
     assert verdict(9.4).verdict == "FAIL" and verdict(9.6).verdict == "PASS"
     assert verdict(9.6).why == "baseline 10, worse than -5% fails"
-    assert verdict(9.4).why == "baseline 10: worse beyond the 5% tolerance"
+    # quiet runs: the tolerance alone decided, and the note names no noise
+    failed = verdict(9.4).why
+    assert failed.startswith("baseline 10: worse beyond") and "5% tolerance" in failed, failed
+    assert "noise" not in failed, failed
     assert verdict(50.0).verdict == "PASS"
 
 
@@ -864,11 +871,12 @@ def test_all_reduce_is_judged_by_the_figure_for_the_algorithm_in_use(name, nvls,
     with_nvls = (check.fail, check.warn)
     without = (check.fail_no_nvls, check.warn_no_nvls)
     assert (v.expected, v.warn_at) == (with_nvls if nvls else without)
-    said = {True: f"the profile's floor with NVLS (n0: {why})",
-            False: f"the profile's floor without NVLS (n0: {why})",
-            None: f"the profile's floor without NVLS: whether NVLS is in use is unknown (n0: "
-                  f"{why})"}[nvls]
-    assert v.why == said
+    if nvls is None:  # judged without NVLS, saying that it is unknown whether NVLS is in use
+        said, node = v.why.rsplit(" (n0: ", 1)
+        assert said.startswith("the profile's floor without NVLS") and "unknown" in said, v.why
+        assert node == f"{why})", v.why
+    else:  # accept.md quotes these notes
+        assert v.why == f"the profile's floor {'with' if nvls else 'without'} NVLS (n0: {why})"
 
 
 def test_a_check_without_nvls_floors_says_the_profile_s_floor(tmp_path):
@@ -984,7 +992,7 @@ def test_one_wrong_element_one_failure_and_one_warning_read_in_the_singular(two)
         return judged.verdicts[0].why, judged.outcome(strict=False)[2]
 
     why, line = outcome(time_us=20.0, wrong=1)
-    assert why == "1 wrong element: the data arrived corrupted"
+    assert why.startswith("1 wrong element:") and "corrupted" in why, why
     assert line.startswith("wrong results in 1 measurement, first node lat on n0"), line
     assert outcome(time_us=500.0, wrong=0)[1].startswith("1 measurement failed, 0 warned: ")
     assert outcome(time_us=70.0, wrong=0)[1] == "every check passed (1 warning)"
@@ -1003,8 +1011,9 @@ def test_a_suspect_in_one_failing_pair_is_not_in_all_1(profile):
     check = profile.checks[0]
     judged = judge([_pair(check, 0, 1, 10.0), _pair(check, 0, 2, 1.0),
                     _pair(check, 1, 2, None, note="timed out")], profile, ["n0", "n1", "n2"])
-    assert judged.culprits == ["pair bw: node n2 is in its 1 failing pair, its partners pass "
-                               "with other nodes"]
+    (culprit,) = judged.culprits
+    assert culprit.startswith("pair bw: node n2 ") and "its 1 failing pair" in culprit, culprit
+    assert "partners pass with other nodes" in culprit and "all 1" not in culprit, culprit
 
 
 def test_a_tolerance_under_a_whole_percent_is_named_as_given(tmp_path):
@@ -1013,4 +1022,5 @@ def test_a_tolerance_under_a_whole_percent_is_named_as_given(tmp_path):
     new = [Result(check, "n0", (0,), 2, busbw_gbps=5.0, wrong=0)]
     (v,) = judge(new, replace(prof, baseline_tolerance=0.025), ["n0"],
                  baseline=Baseline({key: 10.0})).verdicts
-    assert (v.verdict, v.why) == ("FAIL", "baseline 10: worse beyond the 2.5% tolerance")
+    assert v.verdict == "FAIL" and v.why.startswith("baseline 10: worse beyond"), v.why
+    assert "2.5% tolerance" in v.why, v.why

@@ -155,12 +155,14 @@ def test_without_samples_the_threshold_alone_decides(tmp_path):
     new = write_run(tmp_path / "new", [collective_row("all_reduce", 1024, 120.0)], [[]])
     c = compare.compare(reader.load(base), reader.load(new))
     (row,) = c.rows
-    assert (row.mark, row.p_value, row.note) == ("-", None,
-                                                  "no repetitions: by the threshold alone")
+    assert (row.mark, row.p_value) == ("-", None)
+    assert "no repetitions" in row.note and "threshold alone" in row.note, row.note
     assert row.by_threshold
-    assert comparison_text._verdict(c) == (
-        "# 1 row worse by more than 5% and beyond the noise (1 of them by the threshold alone:"
-        " no repetitions to measure the noise) (0 +, 1 -, 0 ~, 0 x)")
+    # the verdict line as report.md shows it, counting the rows judged by the threshold apart
+    said = comparison_text._verdict(c)
+    assert said.startswith("# 1 row worse by more than 5% and beyond the noise"), said
+    assert "1 of them by the threshold alone" in said, said
+    assert said.endswith("(0 +, 1 -, 0 ~, 0 x)"), said
 
 
 def test_a_run_made_before_repetitions_were_kept_splits_its_loop(tmp_path):
@@ -219,7 +221,8 @@ def test_markdown_blocks_stand_apart_so_github_renders_the_tables(tmp_path):
     res = _compare(*_one_and_one(tmp_path), "--format", "md")
     assert res.returncode == 4, res.stdout + res.stderr
     lines = res.stdout.splitlines()
-    assert "- collective.csv: 1 row only in BASE, 0 only in NEW (not compared)" in lines
+    (unmatched,) = [line for line in lines if "only in BASE" in line]
+    assert unmatched.startswith("- collective.csv: ") and "1 row only in BASE" in unmatched
     kinds = ["table" if line.startswith("|") else "list" if line.startswith("- ") else
              "" if not line else "text" for line in lines]
     starts = [i for i in range(1, len(lines)) if kinds[i] and kinds[i] != kinds[i - 1]]
@@ -244,7 +247,8 @@ def test_a_threshold_under_one_percent_is_echoed_as_given_and_one_row_is_one_row
     # the noise as finely as the threshold it is held against, not "typical BASE 2%"
     assert lines[0].endswith("threshold 0.5%, and beyond the noise (repetitions' spread; "
                              "typical BASE 1.7%, NEW 1.8%)"), lines[0]
-    assert "# note: collective.csv: 1 row only in BASE, 0 only in NEW (not compared)" in lines
+    (unmatched,) = [line for line in lines if "only in BASE" in line]
+    assert unmatched.startswith("# note: collective.csv: ") and "1 row only in BASE" in unmatched
     assert lines[-2].endswith("(1 row)") and lines[-2].split()[1] == "all_reduce"
     assert lines[-1] == ("# 1 row worse by more than 0.5% and beyond the noise (0 +, 1 -, 0 ~, "
                          "0 x)")
@@ -361,10 +365,10 @@ def test_baseline_is_validated_before_any_worker(tmp_path):
     res = cli(tmp_path, "collective", "--baseline", str(tmp_path / "nothing"), "--out",
               str(tmp_path))
     assert res.code == 2
-    assert res.stderr.strip().splitlines() == [
-        f"distbench: error: --baseline: {tmp_path / 'nothing'}: no such file or directory "
-        "(expected a distbench run directory or an nccl-tests log) (example: --baseline "
-        "results/<run>)"]
+    (said,) = res.stderr.strip().splitlines()
+    assert said.startswith(f"distbench: error: --baseline: {tmp_path / 'nothing'}: "), said
+    assert "no such file or directory" in said and "distbench run directory" in said, said
+    assert "(example: --baseline " in said, said
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]
 
 
@@ -385,7 +389,7 @@ def test_an_nccl_tests_log_compares_with_itself_and_with_a_distbench_run(tmp_pat
                                                    ("float32 sum out 1048576 B", "-")]
     (worse,) = c.worse
     assert worse.ratio == pytest.approx(20.27 / 40.55, rel=1e-3)
-    assert worse.note == "no repetitions: by the threshold alone"
+    assert "no repetitions" in worse.note and "threshold alone" in worse.note, worse.note
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,9 +425,9 @@ def test_a_baseline_of_another_world_size_is_refused_before_any_worker(tmp_path)
     res = cli(tmp_path / "out", "collective", "--workers", "2", "--baseline", str(three),
               "--out", str(tmp_path / "out"))
     assert res.code == 2, res.stderr
-    assert res.stderr.strip().splitlines() == [
-        f"distbench: error: --baseline: '{three}' was measured on 3 ranks, this run has 2: no "
-        "row to compare (example: --baseline results/<run>)"]
+    (said,) = res.stderr.strip().splitlines()
+    assert said.startswith("distbench: error: --baseline: ") and str(three) in said, said
+    assert "3 ranks" in said and "has 2" in said and "(example: --baseline " in said, said
     assert not list((tmp_path / "out").iterdir())
 
 
