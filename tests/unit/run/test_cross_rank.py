@@ -170,8 +170,10 @@ def test_shared_t1_timer_and_check_agreement_on_two_ranks(monkeypatch):
     assert r0["named"] == r1["named"] == steps
     # rank 0 running out of memory is no t1 on every rank, and said once per rank
     assert r0["t1_oom"] is None and r1["t1_oom"] is None
-    assert r0["logs"] == r1["logs"] == [
-        "t1: the whole problem does not fit on one device; no scaling view"]
+    (said,) = r0["logs"]
+    assert r1["logs"] == [said]
+    assert said.startswith("t1: ") and "does not fit on one device" in said, said
+    assert "no scaling view" in said and "\n" not in said, said
     # the check's verdict: the same on every rank
     assert r0["agreed"] == r1["agreed"]
     mine, tie, nan = r0["agreed"]
@@ -227,8 +229,10 @@ def test_ranks_with_different_options_are_refused(monkeypatch, tmp_path):
     assert groups == []
     for e in ended:
         assert (e.status, e.exit_code) == ("bad_input", EXIT_BAD_INPUT)
-        assert str(e) == ("ranks were started with different options (1 of 2 ranks differ from "
-                          "rank 0; sizes: rank 0 has [4096], rank 1 has [8192])")
+        said = str(e)
+        assert said.startswith("ranks were started with different options"), said
+        assert "1 of 2 ranks differ from rank 0" in said and "sizes: " in said, said
+        assert "rank 0 has [4096]" in said and "rank 1 has [8192]" in said, said
 
 
 def test_a_sweeps_rows_and_titles_say_the_world_and_nodes_the_runtime_found():

@@ -29,9 +29,11 @@ def test_fewer_gpus_than_ranks_is_refused_with_the_counts(visible, shown):
     with pytest.raises(RunFailure) as e:
         pick_gpu(2, 4, 2, visible)
     assert e.value.exit_code == 2 and e.value.status == "bad_input"
-    assert str(e.value) == (f"local rank 2 has no GPU of its own: 2 GPUs visible ({shown}) for "
-                            "4 ranks on this node; start at most 2 ranks per node, or make each "
-                            "rank's GPU visible to it")
+    said = str(e.value)
+    # docs/gpu-checklist.md quotes these first words; the advice after them only has to hold
+    assert said.startswith(f"local rank 2 has no GPU of its own: 2 GPUs visible ({shown}) for "
+                           "4 ranks on this node; "), said
+    assert "at most 2 ranks per node" in said and "\n" not in said, said
 
 
 def _post(rank: int, uuid: str | None, bus: str | None = None) -> dict:
@@ -43,10 +45,10 @@ def test_two_ranks_on_one_gpu_are_refused_at_startup():
     """Per-task binding gone wrong: every task sees one GPU, the same one."""
     everyone = [_post(0, "GPU-a", "00000000:18:00.0"), _post(1, "GPU-b"),
                 _post(2, "GPU-a", "00000000:18:00.0")]
-    assert start_verdict(everyone) == (
-        "ranks 0 and 2 (gpu3:0 and gpu3:2) share one GPU, GPU-a (bus 00000000:18:00.0): each "
-        "rank needs a GPU of its own; check CUDA_VISIBLE_DEVICES and the scheduler's GPU "
-        "binding")
+    said = start_verdict(everyone)
+    assert said.startswith("ranks 0 and 2 (gpu3:0 and gpu3:2) share one GPU"), said
+    assert "GPU-a (bus 00000000:18:00.0)" in said and "CUDA_VISIBLE_DEVICES" in said, said
+    assert "\n" not in said, said
     assert start_verdict([_post(0, "GPU-a"), _post(1, "GPU-b")]) is None
     assert start_verdict([_post(0, None), _post(1, None)]) is None  # CPU ranks
 
@@ -65,8 +67,10 @@ def test_the_gpu_is_named_by_uuid_and_bus_id(monkeypatch):
 def test_a_culprit_gpu_is_named_by_its_bus_id():
     slow = [Outlier(Link(1, dst, "gpu3:1", f"gpu3:{dst}", "intra", "uni", 4096, 1.0), 10.0)
             for dst in (0, 2)]
-    assert culprits(slow, {1: "00000000:1a:00.0"}) == [
-        "rank 1 (gpu3:1, GPU 00000000:1a:00.0): in 2 of 2 slow links"]
+    (named,) = culprits(slow, {1: "00000000:1a:00.0"})
+    assert named.startswith("rank 1 (gpu3:1") and "GPU 00000000:1a:00.0" in named, named
+    assert named.endswith(": in 2 of 2 slow links"), named
+    # without a bus id, the culprit line docs/commands/p2p.md quotes
     assert culprits(slow) == ["rank 1 (gpu3:1): in 2 of 2 slow links"]
 
 

@@ -75,6 +75,7 @@ def test_a_profile_named_like_a_builtin_is_refused(tmp_path, name):
     line = _accept(tmp_path, "--profile",
                    _profile_file(tmp_path, _edit(TINY, 'name = "tiny"', f'name = "{name}"')))
     builtin = name.lower()
+    # docs/accept-profiles.md quotes this line
     assert (f"--profile: mine.toml: key 'name': {name!r} is the name of a built-in profile "
             f"({BUILTIN_DIR / builtin}.toml)") in line, line
     assert "a name of its own" in line
@@ -83,7 +84,8 @@ def test_a_profile_named_like_a_builtin_is_refused(tmp_path, name):
 def test_a_profile_named_auto_is_refused(tmp_path):
     line = _accept(tmp_path, "--profile",
                    _profile_file(tmp_path, _edit(TINY, 'name = "tiny"', 'name = "auto"')))
-    assert "mine.toml: key 'name': 'auto' is what --profile auto means" in line
+    assert line.startswith("distbench: error: --profile: mine.toml: key 'name': 'auto' "), line
+    assert "what --profile auto means" in line, line
 
 
 def test_only_a_builtins_own_file_carries_its_name(tmp_path):
@@ -104,6 +106,7 @@ def test_a_size_of_no_whole_element_is_refused(tmp_path):
     """size = "3" of float32 used to load, and be skipped at run time on every target."""
     line = _accept(tmp_path, "--profile",
                    _profile_file(tmp_path, _edit(TINY, 'size = "4K"', 'size = "3"')))
+    # docs/accept-profiles.md quotes this line
     assert ("mine.toml: check 'cluster all_reduce latency' key 'size': \"3\" is 3 B, not a whole "
             "number of float32 elements (4 B each): give a multiple of 4, such as 4") in line
 
@@ -139,6 +142,7 @@ def test_a_split_size_too_small_for_the_workers_is_refused(tmp_path):
     """all_gather splits its buffer into one 16-byte block per rank: 16 B leaves each of 2
     ranks nothing, and every target would be skipped."""
     line = _accept(tmp_path, "--profile", _profile_file(tmp_path, SPLIT))
+    # docs/accept-profiles.md quotes this line
     assert ("mine.toml: check 'cluster all_reduce latency' key 'size': 16 B is too small for "
             "all_gather of float32 on 2 ranks (a cluster check on 2 local workers, one machine)"
             ": it splits the buffer into one 16-byte aligned block per rank, so it needs at "
@@ -182,6 +186,7 @@ def test_a_check_written_after_a_table_is_named_where_it_landed(tmp_path):
     `check`, and "key 'check': missing" sent the operator looking for what is there."""
     line = _accept(tmp_path, "--profile",
                    _profile_file(tmp_path, TINY.split("[[check]]")[0] + 'check = "x"\n'))
+    # docs/accept-profiles.md quotes this line
     assert ("mine.toml: [settings] key 'check': not a key of [settings] (valid: iters, warmup, "
             "baseline_tolerance): a key written after [settings] belongs to it; 'check' goes at "
             "the top, before the first table, and checks are [[check]] tables") in line, line
@@ -190,6 +195,7 @@ def test_a_check_written_after_a_table_is_named_where_it_landed(tmp_path):
 def test_a_check_that_is_no_table_says_what_it_got(tmp_path):
     text = 'check = "x"\n' + TINY.split("[[check]]")[0]
     line = _accept(tmp_path, "--profile", _profile_file(tmp_path, text))
+    # docs/accept-profiles.md quotes this line
     assert ("mine.toml: key 'check': must be [[check]] tables, one per check (keys: name, "
             "scope, command, op, pattern, dtype, size, metric, vs, fail, warn, fail_no_nvls, "
             "warn_no_nvls, floors_by_nodes), got \"x\"") in line, line
@@ -202,6 +208,7 @@ def test_a_malformed_floors_by_nodes_row_is_refused_before_any_worker(tmp_path):
             "[[check.floors_by_nodes]]\nnodes = 2\nfail = 90000\n")
     text = _edit(TINY, "fail = 90000\n", "\n" + rows)
     line = _accept(tmp_path, "--profile", _profile_file(tmp_path, text))
+    # docs/accept-profiles.md quotes this line
     assert ("mine.toml: check 'cluster all_reduce latency' floors_by_nodes row 2 key 'nodes': "
             "2 after 4: list the rows by node count, ascending, each count once") in line, line
 
@@ -235,24 +242,29 @@ def test_a_control_character_in_the_description_is_refused(tmp_path):
 
 def test_dev_null_is_a_device_not_a_missing_file(tmp_path):
     line = _accept(tmp_path, "--profile", "/dev/null")
+    # docs/accept-profiles.md quotes this line
     assert "--profile: '/dev/null' is a character device, not a profile file" in line, line
 
 
 def test_a_directory_is_a_directory(tmp_path):
     (tmp_path / "site").mkdir()
     line = _accept(tmp_path, "--profile", "site")
-    assert "--profile: 'site' is a directory, not a profile file" in line, line
+    assert line.startswith("distbench: error: --profile: 'site' "), line
+    assert "is a directory" in line and "not a profile file" in line, line
 
 
 def test_an_empty_file_is_empty(tmp_path):
     line = _accept(tmp_path, "--profile", _profile_file(tmp_path, "# nothing yet\n"))
-    assert "--profile: mine.toml: empty (no TOML key), not a profile" in line, line
+    assert line.startswith("distbench: error: --profile: mine.toml: "), line
+    assert "empty" in line and "no TOML key" in line and "not a profile" in line, line
 
 
 def test_a_config_file_is_not_a_profile(tmp_path):
     line = _accept(tmp_path, "--profile", _profile_file(tmp_path, "[accept]\nworkers = 2\n"))
-    assert ("--profile: mine.toml: not a profile: none of its keys ('accept') is a profile's "
-            "(valid: name, description, match, settings, check)") in line, line
+    assert line.startswith("distbench: error: --profile: mine.toml: not a profile"), line
+    assert "('accept')" in line, line  # its own keys: what shows it is a config file
+    valid = line.partition("(valid: ")[2].partition(")")[0]
+    assert set(valid.split(", ")) == {"name", "description", "match", "settings", "check"}, line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,9 +293,10 @@ def test_a_baseline_with_a_figure_no_run_measures_is_refused(tmp_path, key, valu
     mine = _profile_file(tmp_path, TINY)
     line = _accept(tmp_path, "--profile", mine, "--baseline", "base", option="--baseline")
     bound = "above 0" if key == "measured" else "at least 0"
-    assert (f"--baseline: {base.relative_to(tmp_path) / 'accept.json'}: verdicts[1] (check "
-            f"'cluster all_reduce latency' on 'vm#1') key {key!r}: must be a finite number "
-            f"{bound}, got {shown}") in line, line
+    path = base.relative_to(tmp_path) / "accept.json"
+    assert line.startswith(f"distbench: error: --baseline: {path}: verdicts[1] "), line
+    assert "'cluster all_reduce latency' on 'vm#1'" in line and f"key {key!r}" in line, line
+    assert f"finite number {bound}" in line and f"got {shown}" in line, line
 
 
 def test_read_baseline_refuses_a_nan_and_reads_a_good_file(tmp_path):

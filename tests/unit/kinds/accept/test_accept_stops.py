@@ -39,6 +39,7 @@ def test_accept_json_says_how_far_a_run_got_and_how_it_ended(tmp_path):
     acc = _accept_json(tmp_path)
     assert (acc["status"], acc["verdict"], acc["exit_code"]) == ("running", None, None)
     assert (acc["checks_done"], acc["check_in_progress"]) == ([], None)
+    # the summary's form is what docs/results.md quotes for accept.json
     assert acc["summary"] == f"running: 0 of {len(CHECKS)} checks done"
     progress.begin(CHECKS[0])
     progress.finished(CHECKS[0], _first_check_judged())
