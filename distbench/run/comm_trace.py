@@ -159,6 +159,10 @@ def marking_batches() -> Iterator[None]:
 # Listening
 
 
+# The dispatcher's ops call_of found to be no collective nor point-to-point op.
+_NOT_POSTED: set = set()
+
+
 class Listener(TorchDispatchMode):
     """Hears every collective and point-to-point op posted while it is active (`posted`, called
     as the op is posted), sends and receives stamped with their batch."""
@@ -194,9 +198,14 @@ class Listener(TorchDispatchMode):
         dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
         if dtensor is not None and any(issubclass(t, dtensor) for t in types):
             return NotImplemented
-        call = call_of(func, args)
-        if call is not None:
-            self.posted(call)
+        # whether an op is a collective is the op's alone: the others, nearly every op a step
+        # posts, are known after their first call and cost a set lookup
+        if func not in _NOT_POSTED:
+            call = call_of(func, args)
+            if call is not None:
+                self.posted(call)
+            else:
+                _NOT_POSTED.add(func)
         return func(*args, **(kwargs or {}))
 
 
