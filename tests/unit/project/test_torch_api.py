@@ -14,6 +14,7 @@ resolved, never created.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import re
@@ -128,6 +129,7 @@ def uses_in(path: Path, rel: str) -> list[Use]:
     return found
 
 
+@functools.cache  # two tests read the same parse of the package
 def package_uses() -> list[Use]:
     return [u for path in sorted(PACKAGE.rglob("*.py"))
             for u in uses_in(path, str(path.relative_to(REPO)))]
