@@ -211,6 +211,18 @@ class RunRecord:
             "env": comm_environment(),
         }
 
+    @classmethod
+    def in_new_dir(cls, parent: Path, command: str, options: dict,
+                   argv: list[str]) -> RunRecord:
+        """The record of a run whose directory is made now, under `parent` (record.path.parent):
+        what run.json holds is gathered before the directory exists (the platform's name reads
+        the interpreter's file, tens of milliseconds), so that the caller's first update()
+        follows the directory at once, and a launcher killed at any moment (SIGKILL cannot
+        wait) leaves no run directory without its run.json, but for that write's own instant."""
+        record = cls(Path(parent), command, options, argv)
+        record.path = new_run_dir(parent, command) / "run.json"
+        return record
+
     def update(self, **fields) -> None:
         self.data.update(fields)
         write_json(self.path, self.data, keep=RUN_KEYS)

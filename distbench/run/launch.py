@@ -75,12 +75,12 @@ def start_local(command: str, opts, preload: tuple[str, ...] = ()) -> int:
     for signum in TERMINATING_SIGNALS:
         signal.signal(signum, stopped)
     try:
-        run_dir = writer.new_run_dir(opts.out, command)
+        record = writer.RunRecord.in_new_dir(opts.out, command, opts.to_json(), opts.argv)
     except OSError as e:  # validated, then taken away (a race), or a full disk
         print(f"distbench: error: cannot create a run directory in {opts.out}: "
               f"{e.strerror or e}", file=sys.stderr)
         return EXIT_FAILED
-    record = writer.RunRecord(run_dir, command, opts.to_json(), opts.argv)
+    run_dir = record.path.parent
     try:
         # run.json exists from the moment its directory does: a run stopped before rank 0
         # starts still says what it was and how it ended (rank 0 rewrites it once it runs).

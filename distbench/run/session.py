@@ -101,15 +101,17 @@ class Session:
         if every worker dies; under torchrun rank 0 picks it."""
         if self.rt.rank != 0:
             return
-        given = env.given_run_dir()
-        self.run_dir = Path(given) if given else writer.new_run_dir(self.opts.out, self.command)
         rt = self.rt
-        self.record = writer.RunRecord(self.run_dir, self.command, self.opts.to_json(),
-                                        self.opts.argv)
         driver = next((s.get("driver_version") for s in rt.snapshots if s.get("driver_version")),
                       None)
-        self.record.update(backend=rt.backend, world_size=rt.world, nnodes=rt.nnodes,
-                           versions={**rt.versions(), "driver": driver}, ranks=rt.ranks)
+        fields = dict(backend=rt.backend, world_size=rt.world, nnodes=rt.nnodes,
+                      versions={**rt.versions(), "driver": driver}, ranks=rt.ranks)
+        given = env.given_run_dir()
+        args = (self.command, self.opts.to_json(), self.opts.argv)
+        self.record = writer.RunRecord(Path(given), *args) if given else \
+            writer.RunRecord.in_new_dir(self.opts.out, *args)
+        self.run_dir = self.record.path.parent
+        self.record.update(**fields)
         writer.write_topology(self.run_dir, rt.snapshots, rt.ranks)
         if rt.peers is not None:
             rt.peers.publish_run_dir(str(self.run_dir))

@@ -63,10 +63,10 @@ def plan_from_runs(opts: PlanOptions) -> int:
     from distbench.run.console import Console
 
     try:
-        run_dir = writer.new_run_dir(opts.out, "plan")
+        record = writer.RunRecord.in_new_dir(opts.out, "plan", opts.to_json(), opts.argv)
     except OSError as e:  # validated, then filled or taken away
         return _cannot_write(None, e)
-    record = writer.RunRecord(run_dir, "plan", opts.to_json(), opts.argv)
+    run_dir = record.path.parent
     console = Console(True)
     try:
         record.update(world_size=gpus, nnodes=max(1, gpus // per_node))

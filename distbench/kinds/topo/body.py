@@ -28,8 +28,8 @@ def run_local(opts: TopoOptions) -> int:
     from distbench.run.console import Console
 
     snapshots = [topo_probe.node_snapshot()]
-    run_dir = writer.new_run_dir(opts.out, "topo")
-    record = writer.RunRecord(run_dir, "topo", opts.to_json(), opts.argv)
+    record = writer.RunRecord.in_new_dir(opts.out, "topo", opts.to_json(), opts.argv)
+    run_dir = record.path.parent
     record.update(nnodes=1)
     writer.write_topology(run_dir, snapshots)
     console = Console(True)

@@ -138,6 +138,21 @@ def test_new_run_dir_unique_in_the_same_second(tmp_path, monkeypatch):
     assert writer.new_run_dir(parent, "p2p").name == "20240506T070809Z-p2p"
 
 
+def test_what_run_json_holds_is_gathered_before_its_directory_exists(tmp_path, monkeypatch):
+    """A launcher SIGKILLed between making its run directory and writing run.json leaves a
+    directory no reader can read: the platform's name (which reads the interpreter's file) is
+    asked first, so the first write follows the directory at once."""
+    events = []
+    real_platform, real_new = writer.platform.platform, writer.new_run_dir
+    monkeypatch.setattr(writer.platform, "platform",
+                        lambda: events.append("platform") or real_platform())
+    monkeypatch.setattr(writer, "new_run_dir", lambda *a: events.append("mkdir") or real_new(*a))
+    record = writer.RunRecord.in_new_dir(tmp_path, "collective", {}, [])
+    assert events == ["platform", "mkdir"]
+    assert record.path.parent.parent == tmp_path and not record.path.exists()
+    record.update()
+    assert json.loads(record.path.read_text())["command"] == "collective"
+
 def test_new_run_dir_real_clock(tmp_path):
     a = writer.new_run_dir(tmp_path, "collective")
     b = writer.new_run_dir(tmp_path, "collective")
