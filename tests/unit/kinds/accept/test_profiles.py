@@ -125,8 +125,9 @@ def test_cpu_gloo_stays_small_and_far_below_a_ci_vm():
     assert {c.scope for c in profile.checks} == {"node", "pair", "cluster"}
     for c in profile.checks:
         if c.vs == "absolute":
-            # 4 KiB on gloo: 1-3 ms on the 2-core CI VM; the floors are 10x and 30x that
-            assert c.metric == "time_us" and c.warn >= 30_000 and c.fail >= 90_000
+            # 4 KiB on gloo: 1-3 ms on the 2-core CI VM; the floors are 10x and 30x that, at
+            # the median iteration, which a few starved iterations do not move
+            assert c.metric == "p50_us" and c.warn >= 30_000 and c.fail >= 90_000
 
 
 def _check_blocks(text: str) -> list[list[str]]:
