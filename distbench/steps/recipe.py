@@ -95,9 +95,10 @@ def fits_here(s: Session, need_bytes: float, what: str) -> str:
     return agree_reason(reason, device)
 
 
-def counted(s: Session, label: str, fn: Callable[[], T]) -> tuple[T, list[CommCall]]:
+def counted(s: Session, label: str, fn: Callable[[], T], part: str = "communication count"
+            ) -> tuple[T, list[CommCall]]:
     """fn() once under the collective counter, and what it issued, in order."""
-    s.phase(f"{label} (communication count)", s.opts.timeout)
+    s.phase(f"{label} ({part})", s.opts.timeout)
     with CommCounter() as counter:
         value = fn()
     timing.sync(s.rt.device)
@@ -131,15 +132,12 @@ def counted_with_peak(s: Session, label: str, fn: Callable[[], object], held: li
     counted from the start. None on a GPU, whose allocator counts it (timed_with_peak)."""
     device = s.rt.device
     if device.type == "cuda":
-        _, calls = counted(s, label, fn)
-        return calls, None
+        return counted(s, label, fn)[1], None
     from distbench.steps.host_memory import peak_bytes
 
-    s.phase(f"{label} (communication count and peak memory)", s.opts.timeout)
-    with CommCounter() as counter:
-        peak = peak_bytes(fn, held, ignore)
-    timing.sync(device)
-    return counter.calls, int(max_over_ranks([peak], device)[0])
+    peak, calls = counted(s, label, lambda: peak_bytes(fn, held, ignore),
+                          "communication count and peak memory")
+    return calls, int(max_over_ranks([peak], device)[0])
 
 
 def free(device: torch.device) -> None:
