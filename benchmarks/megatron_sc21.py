@@ -223,7 +223,7 @@ def predict_row(row: Published, mfu: float, run: Runner = run_cli) -> dict:
     """plan.csv's row of `row`'s layout, planned through the command line at `mfu`."""
     with tempfile.TemporaryDirectory(prefix="megatron-sc21-") as tmp:
         out = Path(tmp) / "plan"
-        run(plan_argv(row, mfu, out))
+        run([*plan_argv(row, mfu, out), "--no-plot"])  # the sweep reads plan.csv alone
         return read_given(out)
 
 

@@ -156,7 +156,7 @@ def command(row: dict, mfu: float | None, out: Path) -> list[str]:
     cmd = [sys.executable, "-m", "distbench", "plan", "--fabric", FABRICS[row["gpu"]],
            "--gpus", str(row["gpus"]), "--gpu-memory", f"{row['gpu_memory_gib']}G",
            "--model", model_of(row), "--dtype", DTYPE, "--layout", layout_of(row),
-           "--trainer", "torch", "--top", "1", "--out", str(out)]
+           "--trainer", "torch", "--top", "1", "--no-plot", "--out", str(out)]
     return cmd + (["--mfu", f"{mfu:.6f}"] if mfu is not None else [])
 
 

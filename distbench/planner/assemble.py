@@ -84,11 +84,12 @@ def title(model: ModelSpec, gpus: int, per_node: int, dtype: str, device: str = 
 def write(run_dir: Path, output: Output, rows: list[dict], model: ModelSpec, inputs: Inputs,
           *, gpus: int, gpus_per_node: int, memory_per_gpu: float, memory_from: str, dtype: str,
           top: int, measured: Inputs | None = None, per_node_from: str = "", recompute=(),
-          trainer: str = "torch") -> list[Path]:
-    """plan.csv, inputs.json, plan.md and plan.png in `run_dir`; the paths written.
+          trainer: str = "torch", plot: bool = True) -> list[Path]:
+    """plan.csv, inputs.json, plan.md and (with `plot`) plan.png in `run_dir`; the paths
+    written.
     `measured`: the inputs as measured, before any synthesis or lookup note, for inputs.json
     (a later plan --from reads it as measurements); `inputs` otherwise."""
-    from distbench.results import plots, writer
+    from distbench.results import writer
 
     run_dir = Path(run_dir)
     sink = writer.CsvSink(run_dir / output.file, list(output.csv))
@@ -103,10 +104,15 @@ def write(run_dir: Path, output: Output, rows: list[dict], model: ModelSpec, inp
         memory_per_gpu=memory_per_gpu, memory_from=memory_from, dtype=dtype, top=top,
         per_node_from=per_node_from, recompute=recompute, named=given.lines(rows),
         trainer=trainer))
+    written = [run_dir / n for n in (output.file, "inputs.json", PLAN_MD)]
+    if not plot:
+        return written
+    from distbench.results import plots  # matplotlib: only to draw
+
     best = next((label(r) for r in rows if r.get("rank") == 1), None)
     plots.plan_figure(rows, run_dir / PLAN_PNG, title(model, gpus, gpus_per_node, dtype,
                                                       (measured or inputs).device), best)
-    return [run_dir / n for n in (output.file, "inputs.json", PLAN_MD, PLAN_PNG)]
+    return [*written, run_dir / PLAN_PNG]
 
 
 def write_validation(run_dir: Path, validated: list[dict], model: ModelSpec, world: int,

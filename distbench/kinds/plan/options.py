@@ -200,6 +200,9 @@ class PlanOptions(RunOptions):
         check=require(lambda v: v > 0 and math.isfinite(v), "must be a number of seconds above "
                       "0, got {value}", "--min-time 1.0", float))
     warmup: int = option(2, "Untimed steps first.", check=at_least(0, "--warmup 2"))
+    plot: bool = option(True, "Draw plan.png (and with --validate, validation.png). A sweep of "
+                        "plans that reads plan.csv turns it off: drawing is most of a plan "
+                        "--fabric's time.")
 
     def validate(self) -> None:
         if self.sources:

@@ -85,7 +85,9 @@ def validate(s: Session, model: ModelSpec, dtype, rows: list[dict], details: dic
     if s.run_dir is not None:
         with open(s.run_dir / planning.PLAN_MD, "a") as fh:
             fh.write(planning.validation_md(found, capped, lines))
-        assemble.write_validation(s.run_dir, found["layouts"], model, s.rt.world,
-                                  s.rt.world // max(1, s.rt.nnodes), opts.dtype, inputs.device)
+        if opts.plot:
+            assemble.write_validation(s.run_dir, found["layouts"], model, s.rt.world,
+                                      s.rt.world // max(1, s.rt.nnodes), opts.dtype,
+                                      inputs.device)
     fail_if_wrong(bad)
     return EXIT_OK

@@ -397,6 +397,22 @@ def test_a_1024_gpu_plan_from_a_collective_run_in_seconds(tmp_path):
     assert "tp" in got.stdout and "7b" in got.stdout
 
 
+def test_no_plot_writes_the_same_plan_without_its_figure(tmp_path):
+    """--no-plot, for a sweep that reads plan.csv: the same rows and plan.md, no plan.png."""
+    args = ("--fabric", "dgx-a100", "--gpus", "64", "--model", "7b", "--dtype", "bfloat16")
+    drawn = helpers.cli(tmp_path, "plan", *args, "--out", str(tmp_path / "a"), dispatch=True)
+    bare = helpers.cli(tmp_path, "plan", *args, "--no-plot", "--out", str(tmp_path / "b"),
+                       dispatch=True)
+    assert drawn.code == bare.code == 0, drawn.stderr + bare.stderr
+    (with_png,) = (tmp_path / "a").glob("*-plan")
+    (without,) = (tmp_path / "b").glob("*-plan")
+    assert (with_png / "plan.png").stat().st_size > 0
+    assert not (without / "plan.png").exists()
+    for name in ("plan.csv", "plan.md"):
+        assert (without / name).read_text() == (with_png / name).read_text(), name
+    assert bare.stdout == drawn.stdout
+
+
 def test_memory_assumed_when_nothing_says_is_said(tmp_path):
     run = planner_sources_run(tmp_path / "run")
     (run / "topo.json").unlink()
