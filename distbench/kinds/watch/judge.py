@@ -24,19 +24,19 @@ The rules:
   is named (a rank late in k of n cycles is a fault though every probe's time stays within its
   noise: with a noisy warm-up, a 10 ms straggler on a 2 ms probe can); "unknown" only when
   nothing is judged and no straggler named.
-- **Stragglers.** In a cycle, a measured probe's late_rank counts as late when the others
-  waited for it (records.arrivals: the median over the cycle's ops) more than a share of its
-  time: noise.limit(tolerance, skew) - 1, kept within [LATE_FLOOR, LATE_CAP]. skew is the
-  largest such share in the probe's cycles before its baseline (the skew this machine shows
-  when healthy: some rank is always last by a hair, and naming it would be a false alarm); 0
-  with a given baseline, where LATE_FLOOR stands. Not the time's noise from cycle to cycle: a
-  gloo cycle that swings 3x between cycles still has its ranks arrive within microseconds of
-  each other. LATE_CAP bounds it from above, so no warm-up, however noisy, switches naming
-  off: a rank late by more than LATE_CAP counts as late in the cycles before the baseline too
-  (against the others in the same cycle), and such a cycle's share is no part of the skew. So
-  a rank slow from the first cycle is named. A rank late (in any probe) in at least k of the
-  last n cycles is a straggler; it stops being one after k consecutive cycles not late. Cycles
-  that measured nothing do not count either way.
+- **Stragglers.** In a cycle, a measured probe's late_rank counts as late when the others waited
+  for it (records.arrivals: the median over the cycle's ops) more than a share of its median
+  op's time (an op a hiccup held moves neither): noise.limit(tolerance, skew) - 1, kept within
+  [LATE_FLOOR, LATE_CAP]. skew is the largest such share in the probe's cycles before its
+  baseline (the skew this machine shows when healthy: some rank is always last by a hair, and
+  naming it would be a false alarm); 0 with a given baseline, where LATE_FLOOR stands. Not the
+  time's noise from cycle to cycle: a gloo cycle that swings 3x between cycles still has its
+  ranks arrive within microseconds of each other. LATE_CAP bounds it from above, so no warm-up,
+  however noisy, switches naming off: a rank late by more than LATE_CAP counts as late in the
+  cycles before the baseline too (against the others in the same cycle), and such a cycle's
+  share is no part of the skew. So a rank slow from the first cycle is named. A rank late (in
+  any probe) in at least k of the last n cycles is a straggler; it stops being one after k
+  consecutive cycles not late. Cycles that measured nothing do not count either way.
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ class Tracker:
                                  f"of {self.world}")
             told = True
             h = self._hist[r.probe.key]
-            ratio = by / float(r.time_us)
+            ratio = by / float(r.op_us if _finite(r.op_us) else r.time_us)
             if h.baseline is None:  # still learning the skew: late only past the cap
                 if ratio <= LATE_CAP:
                     h.skew_warm.append(ratio)

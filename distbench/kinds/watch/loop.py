@@ -120,14 +120,17 @@ def result_of(probe: Probe, accounting, size_bytes: int, world: int,
               every: list[list[float]]) -> ProbeResult:
     """A probe's result from every rank's (loop time per op, wrong elements, each op's in-call
     time): the time is the slowest rank's, each rank's in-call mean is kept, and the late rank
-    is found op by op (records.arrivals)."""
+    is found op by op (records.arrivals), with the median op's time its lateness is a share
+    of."""
     time_us = max(r[0] for r in every)
     calls = [r[2:] for r in every]
     wrong_total = int(sum(r[1] for r in every))
     _, busbw = bandwidth(accounting, size_bytes, time_us / 1e6, world)
     late = arrivals(calls) if world >= 2 else (None, None)
+    ops = min(len(c) for c in calls)
+    op_us = statistics.median(max(c[i] for c in calls) for i in range(ops)) if ops else None
     kept = dict(rank_time_us=tuple(statistics.fmean(c) for c in calls), late_rank=late[0],
-                lateness_us=late[1])
+                lateness_us=late[1], op_us=op_us)
     if wrong_total:
         return ProbeResult(probe, "failed", time_us, busbw, note=f"{wrong_total} wrong elements",
                            **kept)

@@ -61,6 +61,9 @@ class ProbeResult:
     # in-call times, arrivals(); without them, from the means)
     late_rank: int | None = None
     lateness_us: float | None = None
+    # the median op's time (its longest in-call time), what lateness_us is a share of: like
+    # the lateness, moved little by one op a hiccup held, where time_us, a mean, is not
+    op_us: float | None = None
 
     def __post_init__(self) -> None:
         if self.late_rank is None and len(self.rank_time_us) >= 2:

@@ -20,7 +20,9 @@ import pytest
 
 from distbench.kinds.watch import judge
 from distbench.kinds.watch.judge import LATE_CAP, LATE_FLOOR, WARM, Tracker
+from distbench.kinds.watch.loop import result_of
 from distbench.kinds.watch.records import Cycle, Probe, ProbeResult
+from distbench.ops.collectives import OPS
 
 AR = Probe("all_reduce", 1 << 20)
 AG = Probe("all_gather", 1 << 16)
@@ -301,6 +303,67 @@ def test_a_straggler_stops_being_one_after_k_cycles_not_late():
     fresh = Tracker([AR], 2, baseline={AR.key: (1000.0, 0.0)})
     got = [fresh.observe(cycle(i, result(AR, r))) for i, r in enumerate(seq)]
     assert all(j.stragglers == () for j in got) and got[-1].late_counts == {0: 2}
+
+
+def _measured(calls: list[list[float]]) -> ProbeResult:
+    """AR's result as the loop makes it from each rank's in-call times (calls[rank][op]): each
+    rank's loop a mean over the ops of the longest call, as the waits make it."""
+    ops = range(len(calls[0]))
+    loop = statistics.fmean(max(c[i] for c in calls) for i in ops)
+    every = [[loop, 0.0, *c] for c in calls]
+    return result_of(AR, OPS["all_reduce"].accounting, AR.size_bytes, len(calls), every)
+
+
+def _ops(world: int, op: float = 2000.0, late: tuple[int, float] | None = None,
+         held: tuple[int | None, float] | None = None, n: int = 8) -> list[list[float]]:
+    """n ops' in-call times: each rank arrives up to 5% after the first; `late` (rank, us): it
+    comes that much later to every op, so the others wait that long inside it; `held` (rank
+    or None for every rank, us): op 3 held that long (None: the machine stalled; a rank: it
+    was descheduled, and the others waited in the call)."""
+    calls = [[op * (1 - 0.05 * r / world)] * n for r in range(world)]
+    if late is not None:
+        rank, by = late
+        for r in range(world):
+            if r != rank:
+                calls[r] = [t + by for t in calls[r]]
+    if held is not None:
+        rank, by = held
+        for r in range(world):
+            if rank is None or r != rank:
+                calls[r][3] += by
+    return calls
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_an_op_a_hiccup_held_does_not_hide_a_late_rank(world):
+    """A rank 10 ms late on a 2 ms op, and in its first late cycle one op the machine held for
+    a second: the probe's time (a mean over the ops) is 10 times the lateness, its median op
+    not. The rank counts late in that cycle too, and is named at the k-th, as without it (on
+    the real machine, watch named it two cycles late)."""
+    slow = world - 1
+    t = Tracker([AR], world)
+    for i in range(WARM):
+        t.observe(cycle(i, _measured(_ops(world))))
+    first = _measured(_ops(world, late=(slow, 10_000.0), held=(None, 1e6)))
+    assert first.time_us > 10 * first.lateness_us  # what hid it: the mean holds the second
+    got = [t.observe(cycle(WARM, first))]
+    got += [t.observe(cycle(WARM + i, _measured(_ops(world, late=(slow, 10_000.0)))))
+            for i in range(1, K)]
+    assert [j.stragglers for j in got] == [()] * (K - 1) + [(slow,)]
+    assert got[-1].late_counts == {slow: K}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ops_a_hiccup_held_name_no_one(world):
+    """Thirty cycles, each with one op held: the whole machine for a second, or one rank
+    descheduled for 50 ms while the others waited in the call. No rank counts late in any."""
+    t = Tracker([AR], world)
+    for i in range(WARM):
+        t.observe(cycle(i, _measured(_ops(world))))
+    for i in range(30):
+        held = (None, 1e6) if i % 2 else (i % world, 50_000.0)
+        j = t.observe(cycle(WARM + i, _measured(_ops(world, held=held))))
+        assert j.late_counts == {} and j.stragglers == (), (i, held)
 
 
 def test_a_named_straggler_makes_the_verdict_warn_while_every_probe_reads_ok():
