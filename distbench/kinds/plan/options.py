@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from distbench.core.dtypes import FLOATS
 from distbench.core.options import (
@@ -33,9 +32,6 @@ from distbench.planner.layouts import RECOMPUTE, ZERO_STAGES, parse_zero
 from distbench.planner.models import PRESETS, SHAPE_HELP, model_text, parse_model
 from distbench.planner.trainers import TRAINERS
 from distbench.run.forked_workers import TRAINING
-
-if TYPE_CHECKING:
-    pass
 
 HELP = ("Plan a model's layouts (TP, PP, DP, ZeRO, micro-batches) on a cluster: memory per rank "
         "judged, step time predicted from measured collectives, compute and overlap.")
