@@ -33,8 +33,7 @@ def publish(opts, run_dir: Path | None, console: Console, rows: list[dict], mode
             inputs: Inputs, measured: Inputs, *, gpus: int, per_node: int, per_node_from: str,
             memory: float, memory_from: str, trainer: str, title: str | None = None) -> None:
     """plan.csv, inputs.json, plan.md and (unless --no-plot) plan.png where there is a run
-    directory (rank 0's),
-    then the fastest that fit and the user's own layouts on the console."""
+    directory (rank 0's), then the fastest that fit and the user's own layouts on the console."""
     if run_dir is not None:
         assemble.write(run_dir, OUTPUT, rows, model, inputs, gpus=gpus, gpus_per_node=per_node,
                        memory_per_gpu=memory, memory_from=memory_from, dtype=opts.dtype,

@@ -127,8 +127,8 @@ def result_of(probe: Probe, accounting, size_bytes: int, world: int,
     wrong_total = int(sum(r[1] for r in every))
     _, busbw = bandwidth(accounting, size_bytes, time_us / 1e6, world)
     late = arrivals(calls) if world >= 2 else (None, None)
-    ops = min(len(c) for c in calls)
-    op_us = statistics.median(max(c[i] for c in calls) for i in range(ops)) if ops else None
+    longest = [max(op) for op in zip(*calls, strict=False)]  # each op's longest in-call time
+    op_us = statistics.median(longest) if longest else None
     kept = dict(rank_time_us=tuple(statistics.fmean(c) for c in calls), late_rank=late[0],
                 lateness_us=late[1], op_us=op_us)
     if wrong_total:
