@@ -72,6 +72,18 @@ def _figure_rows(lines: list[str]) -> list[str]:
             and re.search(r"\| [-+]?[0-9][0-9.]*(%| [KMG]iB)? \|", line)]
 
 
+# What a kind's section must name, and the plots it must draw (a p2p run's link matrix is named
+# after the run)
+NAMED = {
+    "p2p": (["ring", "pingpong", "Link matrix"], ["p2p_busbw", "p2p_latency", "p2p_matrix_"]),
+    "tp": (["| mlp |", "| attention |"], ["tp_step"]),
+    "pp": (["| naive |", "| gpipe |", "| 1f1b |"], ["pp_bubble"]),
+    "dp": (["### Data parallel", "| ddp 25 MiB | float32 | 2 |", "| zero1 25 MiB |", "| zero2 |",
+            "| zero3 |"], ["dp_step"]),
+    "accept": (["### Acceptance", "| node all_reduce busbw |"], ["accept_verdicts"]),
+}
+
+
 @pytest.mark.parametrize("command", sorted(commands()))
 def test_report_writes_a_section_of_each_run_kinds_figures_and_links_each_plot(command,
                                                                                 tmp_path):
@@ -95,6 +107,9 @@ def test_report_writes_a_section_of_each_run_kinds_figures_and_links_each_plot(c
     for png in drawn:
         _sensible(png)
         assert f"![{png.stem}]({png.name})" in text
+    words, plotted = NAMED.get(command, ([], []))
+    assert [w for w in words if w not in text] == []
+    assert [p for p in plotted if not any(f.name.startswith(p) for f in drawn)] == []
 
 
 def test_a_topo_runs_header_says_its_nodes_not_unknown_ranks(tmp_path):

@@ -22,7 +22,7 @@ from distbench.core.options import build
 from distbench.kinds.collective.options import CollectiveOptions
 from distbench.platform import env
 from distbench.results import writer
-from distbench.run import peers, session
+from distbench.run import peers, runtime, session
 from distbench.run.peers import Peers
 from distbench.run.runtime import Runtime, Watchdog
 
@@ -109,6 +109,13 @@ def test_a_ctrl_c_stays_one_after_a_timeout_elsewhere(tmp_path, monkeypatch):
 
 # -- the watchdog watches the loop, not only the clock ----------------------------------------
 
+@pytest.fixture
+def fine_ticks(monkeypatch):
+    """The watchdog looking five times as often as in a run: a fifth of its lag, so that these
+    tests' budgets, and their waits, can be a few tenths of a second."""
+    monkeypatch.setattr(runtime, "TICK_S", 0.02)
+
+
 def _watch(stall_s: float, progress) -> tuple[Watchdog, list, threading.Event]:
     fired: list = []
     done = threading.Event()
@@ -119,56 +126,56 @@ def _watch(stall_s: float, progress) -> tuple[Watchdog, list, threading.Event]:
     return Watchdog(expire, progress, stall_s), fired, done
 
 
-def test_a_loop_that_stops_moving_ends_at_the_stall_not_its_budget():
-    """A loop with 60 s of budget, whose stamps stop coming after 0.5 s: it ends 0.5 s later
+def test_a_loop_that_stops_moving_ends_at_the_stall_not_its_budget(fine_ticks):
+    """A loop with 60 s of budget, whose stamps stop coming after 0.4 s: it ends 0.3 s later
     (the stall allowance, --timeout in a run), naming the allowance."""
     progress = timing.Progress()
-    dog, fired, done = _watch(0.5, progress)
+    dog, fired, done = _watch(0.3, progress)
     dog.arm(60, "all_reduce 1 MiB")
     progress.begin()
     progress.stamps = stamps = [0.0] * 1000
-    for i in range(50):  # 0.5 s of progress
+    for i in range(40):  # 0.4 s of progress, longer than the allowance
         time.sleep(0.01)
         stamps[i] = time.perf_counter()
         stalled_at = time.monotonic()
     assert done.wait(5)
     what, seconds, when = fired[0]
-    assert (what, seconds) == ("all_reduce 1 MiB", 0.5)
-    assert 0.5 <= when - stalled_at <= 0.5 + 0.5
+    assert (what, seconds) == ("all_reduce 1 MiB", 0.3)
+    assert 0.3 <= when - stalled_at <= 0.3 + 0.5
 
 
-def test_a_wait_outside_the_loop_has_the_steps_budget():
+def test_a_wait_outside_the_loop_has_the_steps_budget(fine_ticks):
     """Between repetitions (a rank done with its loop waits on the host for the others'), the
     loop does not move and nothing is stuck: only the step's budget ends it."""
     progress = timing.Progress()
-    dog, fired, done = _watch(0.2, progress)
-    dog.arm(1.0, "pingpong (waiting for the others)")
+    dog, fired, done = _watch(0.1, progress)
+    dog.arm(0.4, "pingpong (waiting for the others)")
     progress.begin()
     progress.end()
     armed_at = time.monotonic()
     assert done.wait(5)
-    assert fired[0][:2] == ("pingpong (waiting for the others)", 1.0)
-    assert fired[0][2] - armed_at >= 1.0
+    assert fired[0][:2] == ("pingpong (waiting for the others)", 0.4)
+    assert fired[0][2] - armed_at >= 0.4
 
 
-def test_a_loop_that_keeps_moving_outlasts_its_budget_and_the_wait_after_it_has_it():
+def test_a_loop_that_keeps_moving_outlasts_its_budget_and_the_wait_after_it_has_it(fine_ticks):
     """The budget is an estimate (twice the loop's expected time, from the warmup): a loop
     slower than that on a busy machine, but moving, is not stuck. The wait after it, on the
     host for the others, has the budget."""
     progress = timing.Progress()
     dog, fired, done = _watch(0.3, progress)
-    dog.arm(0.5, "long loop")
+    dog.arm(0.25, "long loop")
     progress.begin()
     progress.stamps = stamps = [0.0] * 200
-    for i in range(150):  # 1.5 s: three budgets, five stall allowances
+    for i in range(90):  # 0.9 s: over three budgets, three stall allowances
         stamps[i] = time.perf_counter()
         time.sleep(0.01)
     assert not fired
     progress.end()
     waits_from = time.monotonic()
     assert done.wait(5)
-    assert fired[0][:2] == ("long loop", 0.5)
-    assert 0.5 - 0.2 <= fired[0][2] - waits_from <= 0.5 + 0.3
+    assert fired[0][:2] == ("long loop", 0.25)
+    assert 0.25 - 0.1 <= fired[0][2] - waits_from <= 0.25 + 0.3
 
 
 def test_a_gpu_loop_moves_at_the_hosts_waits():

@@ -161,16 +161,16 @@ def test_a_failure_every_rank_reached_the_end_of_ends_nothing(fast_poll):
     not waiting on it): the part is skipped, the run goes on."""
     seen: list = []
     runtime.FailureWatch(lambda: FAILURE, lambda: True, 0.1, seen.append)
-    time.sleep(0.6)
+    time.sleep(0.4)  # four graces
     assert seen == []
 
 
 def test_a_watch_stopped_within_the_grace_never_fires(fast_poll):
     seen: list = []
-    watch = runtime.FailureWatch(lambda: FAILURE, lambda: False, 0.5, seen.append)
-    time.sleep(0.2)
+    watch = runtime.FailureWatch(lambda: FAILURE, lambda: False, 0.3, seen.append)
+    time.sleep(0.1)
     watch.stop()
-    time.sleep(0.8)
+    time.sleep(0.5)  # the grace ran out 0.3 s ago
     assert seen == []
 
 

@@ -446,9 +446,10 @@ def test_the_window_statistics_are_the_statistics_modules_to_the_bit(n):
         assert judge._p95(sorted(t)) == statistics.quantiles(t, n=20, method="inclusive")[18]
         assert judge._median(sorted(t)) == statistics.median(t)
 
-def test_memory_stays_bounded_over_10000_cycles():
+def test_memory_stays_bounded_over_2000_cycles():
+    """A hundred windows: what it keeps stops growing after the first."""
     stream, t = Noisy(7, 0.10, 4), Tracker(PROBES, 4, window=20, n=5)
-    run(t, stream, 10_000)
+    run(t, stream, 2_000)
     for h in t._hist.values():
         assert len(h.times) == 20 and len(h.levels) == 5 and h.warm == []
     assert [len(seen) for seen in t._late] == [5] * 4
