@@ -81,20 +81,20 @@ def _waiting_for(n: int, order: list[str]) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize("waited_s,goes_first", [(0.0, True), (0.5, False)],
+@pytest.mark.parametrize("waited_s,goes_first", [(0.0, True), (0.3, False)],
                          ids=["backfills", "after-the-window"])
 def test_a_run_that_fits_beside_one_waiting_goes_first_only_for_a_while(pool, monkeypatch,
                                                                        waited_s, goes_first):
     """5 held and a run of 4 waiting for them: a run of 2 fits in the 3 free slots and takes
     them at once, while the 4 has waited less than BACKFILL_S; after that it waits its turn,
     so that small runs cannot hold a large one off for ever."""
-    monkeypatch.setattr(helpers, "BACKFILL_S", 0.3)
+    monkeypatch.setattr(helpers, "BACKFILL_S", 0.2)
     order: list[str] = []
     with helpers.processes(5):
         four = _waiting_for(4, order)
         time.sleep(0.1 + waited_s)
         two = _waiting_for(2, order)
-        time.sleep(0.3)
+        time.sleep(0.2)
         assert order == (["2 started"] if goes_first else [])  # the 4: 5 + 4 > 8
     four.join(10)
     two.join(10)
