@@ -15,6 +15,7 @@ import distbench.cli.app as app
 from distbench.core.exitcodes import EXIT_TERMINATED
 from distbench.platform import lifeline
 
+pytestmark = pytest.mark.clock  # the settle after a parent's death, waited out on real time
 LAUNCHER = 4242
 
 

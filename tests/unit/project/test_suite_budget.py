@@ -41,6 +41,7 @@ def pool(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.clock
 def test_slots_beyond_the_pool_wait_for_a_run_to_end(pool):
     """5 held: a run of 4 waits until they are given back; one of 3 goes at once."""
     order: list[str] = []
@@ -81,6 +82,7 @@ def _waiting_for(n: int, order: list[str]) -> threading.Thread:
     return thread
 
 
+@pytest.mark.clock
 @pytest.mark.parametrize("waited_s,goes_first", [(0.0, True), (0.3, False)],
                          ids=["backfills", "after-the-window"])
 def test_a_run_that_fits_beside_one_waiting_goes_first_only_for_a_while(pool, monkeypatch,

@@ -52,6 +52,7 @@ def test_calibration_follows_the_slowest_rank(monkeypatch):
     assert timing.MIN_ITERS <= iters0 <= 11  # ~0.04 s / 4 ms, not / 1 ms
 
 
+@pytest.mark.clock
 def test_a_burst_during_the_warmup_does_not_cut_the_loop_short(monkeypatch):
     """Four of five warmup ops caught in a burst of load (100 ms instead of 1 ms): the count
     still fills --min-time at the op's real cost, on every rank."""

@@ -18,6 +18,8 @@ from run_helpers import _gone_pid, _peers, _post, _world, own_keys, tcp_server
 from distbench.run import peers
 from distbench.run.peers import Lost, StartFailure, describe_lost, start_verdict
 
+pytestmark = pytest.mark.clock  # roll calls and startups waited out on real time
+
 
 @pytest.fixture(scope="module")
 def server():

@@ -26,6 +26,8 @@ from distbench.run import peers, runtime, session
 from distbench.run.peers import Peers
 from distbench.run.runtime import Runtime, Watchdog
 
+pytestmark = pytest.mark.clock  # watchdogs, stalls and endings waited out on real time
+
 # -- one run, one ending: the first rank to time out decides -----------------------------------
 
 @pytest.fixture(scope="module")

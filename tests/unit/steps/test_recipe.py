@@ -147,6 +147,7 @@ def _wait_for(seen: list, seconds: float) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.clock
 def test_a_failure_while_a_rank_waits_ends_the_run_after_the_grace(fast_poll):
     seen: list = []
     start = time.monotonic()
@@ -156,6 +157,7 @@ def test_a_failure_while_a_rank_waits_ends_the_run_after_the_grace(fast_poll):
     assert 0.3 <= time.monotonic() - start < 2
 
 
+@pytest.mark.clock
 def test_a_failure_every_rank_reached_the_end_of_ends_nothing(fast_poll):
     """Every rank came to the part's end (they all failed alike, or the failed rank's peers were
     not waiting on it): the part is skipped, the run goes on."""
@@ -165,6 +167,7 @@ def test_a_failure_every_rank_reached_the_end_of_ends_nothing(fast_poll):
     assert seen == []
 
 
+@pytest.mark.clock
 def test_a_watch_stopped_within_the_grace_never_fires(fast_poll):
     seen: list = []
     watch = runtime.FailureWatch(lambda: FAILURE, lambda: False, 0.3, seen.append)
@@ -174,6 +177,7 @@ def test_a_watch_stopped_within_the_grace_never_fires(fast_poll):
     assert seen == []
 
 
+@pytest.mark.clock
 def test_no_failure_posted_ends_nothing_and_a_silent_store_is_asked_again(fast_poll):
     seen: list = []
     answers = iter([RuntimeError("store timeout"), None, None])

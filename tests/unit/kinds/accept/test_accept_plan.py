@@ -192,6 +192,7 @@ def test_48_nodes_make_the_planned_groups_with_the_runs_timeout(monkeypatch):
     assert all(names == fake.host_names[0] for names in fake.host_names)
 
 
+@pytest.mark.clock
 def test_idle_ranks_wait_on_the_host_before_the_rounds_collective(monkeypatch):
     """3 nodes in cyclic placement: each pair round leaves a node idle. No rank may queue the
     round's all_gather_object before every measuring rank has finished (NCCL would time the
