@@ -33,8 +33,9 @@ SLOTS_DIR = Path(tempfile.gettempdir()) / f"distbench-test-slots-{os.getuid()}"
 SLOT_WAIT_S = 1800  # a test waits this long for slots at most (others' runs end far sooner)
 # While a test waits for more slots than are free, smaller ones may take the free ones for this
 # long: when every taker queued behind the first, a test that needed 1 slot waited 21 s with
-# one free (docs/measurements/test-suite.md)
-BACKFILL_S = 15.0
+# one free. Longer lets more go first and holds the large run back longer: at 15 s make test
+# took 406 and 452 s, at 5 s 423 s (docs/measurements/test-suite.md)
+BACKFILL_S = 5.0
 
 
 class _Budget:
