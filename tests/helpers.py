@@ -31,11 +31,6 @@ MAX_PROCESSES = 8
 # Machine-wide, not per pytest run: two suites run at once on this machine share the budget.
 SLOTS_DIR = Path(tempfile.gettempdir()) / f"distbench-test-slots-{os.getuid()}"
 SLOT_WAIT_S = 1800  # a test waits this long for slots at most (others' runs end far sooner)
-# While a test waits for more slots than are free, smaller ones may take the free ones for this
-# long: when every taker queued behind the first, a test that needed 1 slot waited 21 s with
-# one free. Longer lets more go first and holds the large run back longer: at 15 s make test
-# took 406 and 452 s, at 5 s 423 s (docs/measurements/test-suite.md)
-BACKFILL_S = 5.0
 
 
 class _Budget:
@@ -54,46 +49,29 @@ def _open(name: str) -> int:
     return os.open(SLOTS_DIR / name, os.O_RDWR | os.O_CREAT, 0o600)
 
 
-def _try_slots(n: int) -> list[int] | None:
-    """n free slots as locked descriptors, or None (and nothing held) when fewer are free."""
-    got = []
-    for i in range(MAX_PROCESSES):
-        fd = _open(f"slot{i}")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        got.append(fd)
-        if len(got) == n:
-            return got
-    for fd in got:
-        os.close(fd)
-    return None
-
-
 def _take(n: int) -> list[int]:
     """n free slots, as locked descriptors (a lock dies with its process: a killed test frees
-    its slots). The first taker to find too few free holds the gate and waits for them; for
-    its first BACKFILL_S, a smaller taker may still take free slots beside it, and after that
-    none does, so that a test that needs all 8 is not starved by a stream of small ones."""
+    its slots). One taker at a time, in turn (the gate), so a test that needs all 8 is not
+    starved by a stream of small ones."""
     assert 1 <= n <= MAX_PROCESSES, f"{n} processes at once: more than {MAX_PROCESSES}"
     gate = _open("gate")
     start = time.monotonic()
-    head = False
     try:
+        fcntl.flock(gate, fcntl.LOCK_EX)
         while True:
-            if not head:
+            got = []
+            for i in range(MAX_PROCESSES):
+                fd = _open(f"slot{i}")
                 try:
-                    fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    head = True
-                    os.utime(SLOTS_DIR / "gate")  # from when the head waits
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    pass
-            if head or time.time() - os.stat(SLOTS_DIR / "gate").st_mtime < BACKFILL_S:
-                got = _try_slots(n)
-                if got:
+                    os.close(fd)
+                    continue
+                got.append(fd)
+                if len(got) == n:
                     return got
+            for fd in got:
+                os.close(fd)
             assert time.monotonic() - start < SLOT_WAIT_S, \
                 f"no {n} process slots free in {SLOT_WAIT_S} s"
             time.sleep(0.05)

@@ -72,37 +72,6 @@ def test_slots_beyond_the_pool_wait_for_a_run_to_end(pool):
     assert order == ["3 started", "five done", "4 started"]
 
 
-def _waiting_for(n: int, order: list[str]) -> threading.Thread:
-    """A run of n started on a thread of its own, which says when it got its slots."""
-    def run():
-        with helpers.processes(n):
-            order.append(f"{n} started")
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
-
-
-@pytest.mark.clock
-@pytest.mark.parametrize("waited_s,goes_first", [(0.0, True), (0.3, False)],
-                         ids=["backfills", "after-the-window"])
-def test_a_run_that_fits_beside_one_waiting_goes_first_only_for_a_while(pool, monkeypatch,
-                                                                       waited_s, goes_first):
-    """5 held and a run of 4 waiting for them: a run of 2 fits in the 3 free slots and takes
-    them at once, while the 4 has waited less than BACKFILL_S; after that it waits its turn,
-    so that small runs cannot hold a large one off for ever."""
-    monkeypatch.setattr(helpers, "BACKFILL_S", 0.2)
-    order: list[str] = []
-    with helpers.processes(5):
-        four = _waiting_for(4, order)
-        time.sleep(0.1 + waited_s)
-        two = _waiting_for(2, order)
-        time.sleep(0.2)
-        assert order == (["2 started"] if goes_first else [])  # the 4: 5 + 4 > 8
-    four.join(10)
-    two.join(10)
-    assert sorted(order) == ["2 started", "4 started"]
-
-
 def test_a_test_that_reserved_its_slots_cannot_start_more(pool, monkeypatch):
     monkeypatch.setattr(helpers._Budget, "reserved", 3)
     with helpers.processes(3):
