@@ -447,7 +447,8 @@ def _short_of_gpus(profile: Profile, judged: Judged) -> None:
     # node, it took a fifth of a second at 512 nodes, and grows as the square of them
     most_of: dict[tuple[str, ...], int] = {}
     for m in profile.nodes:
-        most_of[models(m)] = max(most_of.get(models(m), 0), m.count)
+        key = models(m)
+        most_of[key] = max(most_of.get(key, 0), m.count)
     want = profile.gpus_per_node
     for n in profile.nodes:
         if not n.gpus:
