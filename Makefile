@@ -32,40 +32,43 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m distbench.cli.manual
 
-# Three pytest processes (pytest-xdist), each given whole test modules (loadfile: a module's
-# fixtures run once): most multi-process tests wait (timeouts, stalls, killed launchers, slots)
-# more than they compute, and the others run meanwhile. Since the suite's runs are forked from
-# a server that loaded torch once (tests/forkserver.py), three were as fast as two or faster,
-# and four waited longer for process slots (docs/measurements/test-suite.md).
-# However many run at once, the processes the tests start stay within 8 (tests/helpers.py),
-# and a test marked `alone` runs with nothing beside it. --durations=15: CI's output says which
-# tests cost the time. pytest exits 5 when it collected nothing: that is a broken suite, not a
-# pass.
+# `beside` runs a pytest ($(1), whose output comes after) in the background while another runs
+# ($(2)); either failing fails the target, and so does either collecting nothing (pytest's exit
+# 5: a broken suite, not a pass).
+define beside
+	@log=$$(mktemp); trap 'kill $$other 2>/dev/null; rm -f $$log' EXIT; \
+	$(1) > $$log 2>&1 & other=$$!; \
+	$(2); rc=$$?; \
+	wait $$other; other_rc=$$?; other=; \
+	echo "-- $(3), run beside those:"; cat $$log; \
+	if [ $$rc -eq 5 ] || [ $$other_rc -eq 5 ]; then echo "make $@: pytest ran no test" >&2; exit 1; fi; \
+	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$other_rc
+endef
+
+# The multi-process tests (and the unit tests that wait on real clocks, marked clock) in three
+# pytest processes (pytest-xdist), each given whole test modules (loadfile: a module's fixtures
+# run once): they wait (timeouts, stalls, killed launchers, process slots) more than they
+# compute. However many run at once, the processes the tests start stay within 8
+# (tests/helpers.py). The unit tests that compute run beside them in one pytest process at the
+# lowest priority (nice 19), on the CPU those leave idle: in the three processes, they held one
+# of them while its turn for slots went by (docs/measurements/test-suite.md). --durations=15:
+# CI's output says which tests cost the time.
 PYTEST_JOBS ?= 3
 FAST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -q --dist loadfile
+COMPUTE := -m "not multiproc and not clock"
 
 test: $(STAMP) lint
-	$(PYTEST) -n $(PYTEST_JOBS) --durations=15; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest ran no test" >&2; exit 1; fi; exit $$rc
+	$(call beside,nice -n 19 $(PY) -m pytest -q -p no:xdist $(COMPUTE),$(PYTEST) -n $(PYTEST_JOBS) -m "multiproc or clock" --durations=15,the unit tests that compute (not multiproc and not clock; nice 19))
 
 # The unit tests alone, tests/unit/: no test that starts a process. Those are marked multiproc
 # and live in tests/multiproc/; tests/conftest.py fails a test in the wrong folder, so no
 # `-m "not multiproc"` here, which would pass over a misplaced one in silence. The unit tests
 # that wait on real clocks (marked clock: a timeout, a grace, a watchdog's budget) run in a
-# pytest process of their own beside the FAST_JOBS that compute, its report printed after
-# theirs: among them, asleep, they left a core idle for about 14 s of 78
-# (docs/measurements/test-suite.md).
+# pytest process of their own beside the FAST_JOBS that compute: among them, asleep, they left
+# a core idle for about 14 s of 78 (docs/measurements/test-suite.md).
 test-fast: $(STAMP)
-	@clock_log=$$(mktemp); \
-	$(PY) -m pytest -q -p no:xdist -m clock tests/unit > $$clock_log 2>&1 & clock=$$!; \
-	$(PYTEST) -n $(FAST_JOBS) -m "not clock" tests/unit; rc=$$?; \
-	wait $$clock; clock_rc=$$?; \
-	echo "-- the unit tests that wait on real clocks (-m clock), run beside those:"; \
-	cat $$clock_log; rm -f $$clock_log; \
-	if [ $$rc -eq 5 ] || [ $$clock_rc -eq 5 ]; then \
-		echo "make test-fast: pytest ran no test" >&2; exit 1; fi; \
-	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$clock_rc
+	$(call beside,$(PY) -m pytest -q -p no:xdist -m clock tests/unit,$(PYTEST) -n $(FAST_JOBS) -m "not clock" tests/unit,the unit tests that wait on real clocks (-m clock))
 
 # Debian's prometheus-node-exporter for the test that scrapes `watch`'s textfile through it
 # (tests/exporter.py), unpacked into .cache/, not installed: `apt-get install` would start it

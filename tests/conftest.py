@@ -41,8 +41,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """procs(n) implies multiproc, and every test is in the folder of its kind
-    (misplaced_because): one in the wrong one stops the run before any test, naming it. The
+    """procs(n) implies multiproc, every test is in the folder of its kind
+    (misplaced_because), and a clock test's module says so (clock_unseen_because): one in the
+    wrong place stops the run before any test, naming it. The
     order is pytest-xdist's: whole modules (--dist loadfile,
     so a module's fixtures run once), the ones with the most tests first. It overrode the
     longest-first order this hook used to make, and that order, made to count
@@ -52,7 +53,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("procs") and not item.get_closest_marker("multiproc"):
             item.add_marker(pytest.mark.multiproc)
-        why = misplaced_because(item)
+        why = misplaced_because(item) or clock_unseen_because(item)
         if why:
             misplaced.append(f"{item.nodeid}: {why}")
             item.add_marker(pytest.mark.misplaced(why))
@@ -60,14 +61,30 @@ def pytest_collection_modifyitems(config, items):
     # message: there each misplaced test fails at its setup instead, naming itself
     if misplaced and not hasattr(config, "workerinput"):
         raise pytest.UsageError(
-            "tests in the wrong folder (docs/testing.md, \"Where a test goes\"):\n  "
+            "tests in the wrong place (docs/testing.md, \"Where a test goes\"):\n  "
             + "\n  ".join(misplaced))
 
 
 def pytest_runtest_setup(item):
     misplaced = item.get_closest_marker("misplaced")
     if misplaced:
-        pytest.fail(f"{item.nodeid} is in the wrong folder: {misplaced.args[0]}", pytrace=False)
+        pytest.fail(f"{item.nodeid} is in the wrong place: {misplaced.args[0]}", pytrace=False)
+
+
+# How a test module marks a test clock, in its text (pytest_ignore_collect reads no other)
+CLOCK_MARK = "pytest.mark.clock"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """`-m clock` alone (make test-fast's process beside the others) imports only the test
+    modules that mark a test clock: importing every module cost that process 4 of its 6
+    CPU-seconds, on a core the others compute on. pytest_collection_modifyitems holds every
+    clock test to a module that says so."""
+    if (config.getoption("markexpr") == "clock" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_")
+            and CLOCK_MARK not in collection_path.read_text(encoding="utf-8")):
+        return True
+    return None
 
 
 def misplaced_because(item) -> str | None:
@@ -89,6 +106,16 @@ def misplaced_because(item) -> str | None:
     if top not in ("unit", "multiproc"):
         return "outside tests/unit/ and tests/multiproc/: put it in tests/<kind>/<area>/"
     return None
+
+
+def clock_unseen_because(item) -> str | None:
+    """Why `make test-fast` would run clock test `item` in neither of its pytest processes, or
+    None: one deselects it (-m "not clock"), and the other reads only modules that say
+    CLOCK_MARK (pytest_ignore_collect)."""
+    if item.get_closest_marker("clock") is None or \
+            CLOCK_MARK in item.path.read_text(encoding="utf-8"):
+        return None
+    return f"marked clock where its module does not say `{CLOCK_MARK}`: mark it there"
 
 
 @pytest.hookimpl(hookwrapper=True)
