@@ -116,3 +116,21 @@ def test_a_root_of_minus_one_is_no_broken_cell():
     """-1 is how a run says an op has no root: not a negative measurement."""
     run = reader.load(FIXTURE)
     assert (run.table("collective.csv")["root"] == -1).any() and run.dropped == []
+
+
+def test_a_row_left_out_for_its_size_names_its_cells_up_to_the_size_alone(tmp_path):
+    """A size no measurement can take leaves the row out whole: its broken cells in the columns
+    read before size_bytes are named, those after it are not (the row is gone), and the other
+    rows' are."""
+    run_dir = _copy(tmp_path, "size")
+    _set_cell(run_dir, 2, "world_size", "-2")
+    _set_cell(run_dir, 2, "size_bytes", "-256")
+    _set_cell(run_dir, 2, "time_us", "-5")
+    _set_cell(run_dir, 3, "time_us", "inf")
+    run = reader.load(run_dir)
+    assert run.dropped == ["collective.csv row 2 world_size -2",
+                           "collective.csv row 2 size_bytes -256",
+                           "collective.csv row 3 time_us inf"]
+    table = run.table("collective.csv")
+    assert len(table) == len(reader.load(FIXTURE).table("collective.csv")) - 1
+    assert table["time_us"].isna().sum() == 1 and (table["size_bytes"] > 0).all()
