@@ -1,6 +1,11 @@
-"""Shared by the planner's and plan's tests: a small model and hand-computed inputs."""
+"""Shared by the planner's and plan's tests: a small model and hand-computed inputs, and
+`distbench plan` run in the test's process."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import helpers
 
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
 from distbench.planner.layouts import Layout
@@ -14,6 +19,14 @@ MODEL = ModelSpec(name="custom", layers=4, hidden_size=64, ffn_size=256, heads=4
 SHAPE = {"hidden_size": 64, "ffn_size": 256, "heads": 4, "seq_len": 16}
 
 LAYER_US = 100.0
+
+
+def plan(tmp_path: Path, *args: str, dispatch: bool = True, plot: bool = False) -> helpers.Run:
+    """`distbench plan *args --out tmp_path/out`. Without its figure unless `plot`: drawing it
+    was a third of what these runs cost, and what it shows is test_plan_figures.py's (that
+    --no-plot changes nothing else, test_plan.py's)."""
+    return helpers.cli(tmp_path, "plan", *args, *(() if plot else ("--no-plot",)), "--out",
+                       str(tmp_path / "out"), dispatch=dispatch)
 
 
 def hand_inputs(tp: int = 1, mbs: int = 8, **extra) -> Inputs:

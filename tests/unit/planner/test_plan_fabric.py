@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import csv
 import math
-from pathlib import Path
 
 import helpers
 import pytest
+from plan_helpers import plan as _plan
 
 from distbench.core.options import OptionError
 from distbench.planner import fabrics
@@ -124,10 +124,6 @@ def test_a_declared_fabric_lets_a_measured_fit_gain_the_nics_it_declares():
     # 8 ranks per node on 16 ranks: 4x the NICs of the fit's 2 per node, the ring's 15 steps
     assert given.comm_us("all_reduce", 16, Span(True, 8), 1e6) == pytest.approx(
         5.0 * 15 / 3 + 1e6 / (busbw * 4 / (2 * 15 / 16) * 1e3))
-
-
-def _plan(tmp_path: Path, *args: str) -> helpers.Run:
-    return helpers.cli(tmp_path, "plan", *args, "--out", str(tmp_path / "out"), dispatch=True)
 
 
 def test_plan_from_a_declared_fabric_alone(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import helpers
 import pytest
-from plan_helpers import MODEL, hand_inputs, one_row
+from plan_helpers import MODEL, hand_inputs, one_row, plan
 
 from distbench.core.options import OptionError
 from distbench.planner import given
@@ -201,8 +201,8 @@ def test_recompute_options_are_enumerated_and_written():
 # The command
 
 def _plan(tmp_path: Path, *args: str, dispatch: bool = True) -> helpers.Run:
-    return helpers.cli(tmp_path, "plan", "--fabric", "dgx-a100", "--model", "7b", "--dtype",
-                       "bfloat16", *args, "--out", str(tmp_path / "out"), dispatch=dispatch)
+    return plan(tmp_path, "--fabric", "dgx-a100", "--model", "7b", "--dtype", "bfloat16", *args,
+                dispatch=dispatch)
 
 
 def _csv(tmp_path: Path) -> list[dict]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import helpers
 import pytest
 from paths import FIXTURES
+from plan_helpers import plan as _plan
 
 from distbench.kinds.plan import sources
 from distbench.planner.gpus import GPUS
@@ -62,10 +62,6 @@ def test_a_cpu_runs_compute_like_figures_are_dropped_for_a_gpu_target_and_said(t
 def test_figures_measured_on_the_target_gpu_are_used_unsaid():
     _, used = sources.read_for([LOG], GPUS["h100"])
     assert len(used.fits) == 4 and not used.warnings
-
-
-def _plan(tmp_path: Path, *args: str) -> helpers.Run:
-    return helpers.cli(tmp_path, "plan", *args, "--out", str(tmp_path / "out"), dispatch=True)
 
 
 def test_plan_from_a_cpu_run_for_h100_computes_from_the_datasheet_and_says_so(tmp_path):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import helpers
 import pytest
+from plan_helpers import plan
 
 from distbench.planner import fabrics
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs, Span
@@ -188,8 +189,7 @@ BF16 = 2
 
 
 def _plan(tmp_path: Path, fabric: str, *args: str) -> helpers.Run:
-    return helpers.cli(tmp_path, "plan", "--fabric", fabric, "--model", SHAPE, "--dtype",
-                       "bfloat16", *args, "--out", str(tmp_path / "out"), dispatch=True)
+    return plan(tmp_path, "--fabric", fabric, "--model", SHAPE, "--dtype", "bfloat16", *args)
 
 
 def _named_row(tmp_path: Path) -> dict:

@@ -9,11 +9,11 @@ import json
 import math
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import helpers
 import pytest
 from plan_helpers import LAYER_US, MODEL, hand_inputs, one_row
+from plan_helpers import plan as _plan
 from runs import planner_sources_run, write_csv, write_meta
 
 from distbench.core.options import OptionError
@@ -362,15 +362,11 @@ def test_an_accept_run_with_one_size_per_check_is_refused(tmp_path):
         sources.read_one(run)
 
 
-def _plan(tmp_path: Path, *args: str) -> helpers.Run:
-    return helpers.cli(tmp_path, "plan", *args, "--out", str(tmp_path / "out"), dispatch=True)
-
-
 def test_a_1024_gpu_plan_from_a_collective_run_in_seconds(tmp_path):
     run = planner_sources_run(tmp_path / "run")
     start = time.monotonic()
     got = _plan(tmp_path, "--from", str(run), "--gpus", "1024", "--gpus-per-node", "8",
-                "--model", "7b", "--dtype", "bfloat16")
+                "--model", "7b", "--dtype", "bfloat16", plot=True)
     secs = time.monotonic() - start
     print(f"1024-GPU plan of 7b: {secs:.2f} s")
     assert got.returncode == 0, got.stderr

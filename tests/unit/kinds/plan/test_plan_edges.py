@@ -10,6 +10,7 @@ from pathlib import Path
 
 import helpers
 import pytest
+from plan_helpers import plan as _plan
 
 from distbench.core.options import OptionError
 from distbench.planner.inputs import CommFit, ComputePoint, Inputs
@@ -49,11 +50,6 @@ def _set(data: dict, where: str, value) -> None:
     for key in parents:
         data = data[int(key)] if key.isdigit() else data[key]
     data[int(last) if last.isdigit() else last] = value
-
-
-def _plan(tmp_path: Path, *args: str, dispatch: bool = True) -> helpers.Run:
-    return helpers.cli(tmp_path, "plan", *args, "--out", str(tmp_path / "out"),
-                       dispatch=dispatch)
 
 
 def _refused(got: helpers.Run, tmp_path: Path, option: str) -> str:

@@ -8,9 +8,9 @@ import shutil
 import time
 from pathlib import Path
 
-import helpers
 import pytest
 from paths import FIXTURES
+from plan_helpers import plan as _plan
 
 from distbench.core.options import OptionError
 from distbench.kinds.plan import sources
@@ -79,10 +79,6 @@ def test_what_is_no_log_nor_run_is_refused(tmp_path, make):
         path.mkdir()
     with pytest.raises(OptionError, match="nccl-tests"):
         sources.read([path])
-
-
-def _plan(tmp_path: Path, *args: str) -> helpers.Run:
-    return helpers.cli(tmp_path, "plan", *args, "--out", str(tmp_path / "out"), dispatch=True)
 
 
 def test_a_64_gpu_plan_from_an_8_gpu_log_in_seconds_says_where_each_figure_came_from(
