@@ -92,8 +92,10 @@ def test_the_workers_measure_plan_and_validate(planned):
     meta = res.meta()
     assert meta["status"] == "ok" and meta["exit_code"] == 0
     found = meta["plan"]["validation"]
-    mape, _ = validation_summary(pairs)  # from the CSV's 6 significant digits
-    assert found["mape_pct"] == pytest.approx(mape, rel=1e-4)
+    # from the CSV's 6 significant digits: each ratio known to 1e-5, its error in percent to
+    # 1e-3 points, however small the error (1.3465 against 1.3463 was seen)
+    mape, _ = validation_summary(pairs)
+    assert found["mape_pct"] == pytest.approx(mape, rel=1e-4, abs=1e-3)
     assert found["layouts_measured"] == 2
     assert f"MAPE {mape:.1f}%" in res.stderr
     # over 2 layouts a rank correlation is +1 or -1: none is given, and why is said
