@@ -49,7 +49,8 @@ endef
 # pytest processes (pytest-xdist), each given whole test modules (loadfile: a module's fixtures
 # run once): they wait (timeouts, stalls, killed launchers, process slots) more than they
 # compute. However many run at once, the processes the tests start stay within 8
-# (tests/helpers.py). The unit tests that compute run beside them in one pytest process at the
+# (tests/helpers.py), and a test marked `alone` runs with nothing beside it, in any of the
+# four pytest processes (helpers.running_test). The unit tests that compute run beside them in one pytest process at the
 # lowest priority (nice 19), on the CPU those leave idle: in the three processes, they held one
 # of them while its turn for slots went by (docs/measurements/test-suite.md). --durations=15:
 # CI's output says which tests cost the time.
