@@ -50,17 +50,18 @@ endef
 # run once): they wait (timeouts, stalls, killed launchers, process slots) more than they
 # compute. However many run at once, the processes the tests start stay within 8
 # (tests/helpers.py), and a test marked `alone` runs with nothing beside it, in any of the
-# four pytest processes (helpers.running_test). The unit tests that compute run beside them in one pytest process at the
-# lowest priority (nice 19), on the CPU those leave idle: in the three processes, they held one
-# of them while its turn for slots went by (docs/measurements/test-suite.md). --durations=15:
-# CI's output says which tests cost the time.
+# four pytest processes (helpers.running_test). The unit tests that compute run beside them in
+# one pytest process at the lowest priority (nice 19), on the CPU those leave idle: in the three
+# processes, they held one of them while its turn for slots went by
+# (docs/measurements/test-suite.md). --durations=15: CI's output says which tests cost the time.
 PYTEST_JOBS ?= 3
 FAST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -q --dist loadfile
+PYTEST_ONE := $(PY) -m pytest -q -p no:xdist
 COMPUTE := -m "not multiproc and not clock"
 
 test: $(STAMP) lint
-	$(call beside,nice -n 19 $(PY) -m pytest -q -p no:xdist $(COMPUTE),$(PYTEST) -n $(PYTEST_JOBS) -m "multiproc or clock" --durations=15,the unit tests that compute (not multiproc and not clock; nice 19))
+	$(call beside,nice -n 19 $(PYTEST_ONE) $(COMPUTE),$(PYTEST) -n $(PYTEST_JOBS) -m "multiproc or clock" --durations=15,the unit tests that compute (not multiproc and not clock; nice 19))
 
 # The unit tests alone, tests/unit/: no test that starts a process. Those are marked multiproc
 # and live in tests/multiproc/; tests/conftest.py fails a test in the wrong folder, so no
@@ -69,7 +70,7 @@ test: $(STAMP) lint
 # pytest process of their own beside the FAST_JOBS that compute: among them, asleep, they left
 # a core idle for about 14 s of 78 (docs/measurements/test-suite.md).
 test-fast: $(STAMP)
-	$(call beside,$(PY) -m pytest -q -p no:xdist -m clock tests/unit,$(PYTEST) -n $(FAST_JOBS) -m "not clock" tests/unit,the unit tests that wait on real clocks (-m clock))
+	$(call beside,$(PYTEST_ONE) -m clock tests/unit,$(PYTEST) -n $(FAST_JOBS) -m "not clock" tests/unit,the unit tests that wait on real clocks (-m clock))
 
 # Debian's prometheus-node-exporter for the test that scrapes `watch`'s textfile through it
 # (tests/exporter.py), unpacked into .cache/, not installed: `apt-get install` would start it

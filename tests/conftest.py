@@ -1,8 +1,10 @@
+import functools
 import multiprocessing.process
 import platform
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import helpers
 import pytest
@@ -75,14 +77,18 @@ def pytest_runtest_setup(item):
 CLOCK_MARK = "pytest.mark.clock"
 
 
+@functools.cache
+def says_clock(module: Path) -> bool:
+    return CLOCK_MARK in module.read_text(encoding="utf-8")
+
+
 def pytest_ignore_collect(collection_path, config):
     """`-m clock` alone (make test-fast's process beside the others) imports only the test
     modules that mark a test clock: importing every module cost that process 4 of its 6
     CPU-seconds, on a core the others compute on. pytest_collection_modifyitems holds every
     clock test to a module that says so."""
     if (config.getoption("markexpr") == "clock" and collection_path.suffix == ".py"
-            and collection_path.name.startswith("test_")
-            and CLOCK_MARK not in collection_path.read_text(encoding="utf-8")):
+            and collection_path.name.startswith("test_") and not says_clock(collection_path)):
         return True
     return None
 
@@ -112,8 +118,7 @@ def clock_unseen_because(item) -> str | None:
     """Why `make test-fast` would run clock test `item` in neither of its pytest processes, or
     None: one deselects it (-m "not clock"), and the other reads only modules that say
     CLOCK_MARK (pytest_ignore_collect)."""
-    if item.get_closest_marker("clock") is None or \
-            CLOCK_MARK in item.path.read_text(encoding="utf-8"):
+    if item.get_closest_marker("clock") is None or says_clock(item.path):
         return None
     return f"marked clock where its module does not say `{CLOCK_MARK}`: mark it there"
 
