@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import importlib
 import json
 import locale
@@ -47,6 +48,13 @@ MODULES = ("distbench", "torch.distributed.run")
 _MAX_MESSAGE = 1 << 20
 _POLL_S = 0.02
 _START_TIMEOUT_S = 120
+# What makes a run's process write every thread's Python stack to its stderr (faulthandler,
+# registered in the server, so in every process forked from it: the runs and their forked
+# workers) and go on. Sent to each process of a run that times out, before it is killed: a
+# hang in CI then says where it hung.
+STACKS_SIGNAL = signal.SIGUSR2
+_STACKS_WAIT_S = 2.0
+_STACKS_APART_S = 0.2
 
 
 # --- the server ------------------------------------------------------------------------------
@@ -57,6 +65,7 @@ def serve(path: str) -> None:
     stdout, stderr); the reply is {"pid"} once the child is started (in a session of its own if
     asked), then {"exit"} (Popen.returncode's form) once it has ended."""
     parent = os.getppid()
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
     for name in PRELOAD:
         importlib.import_module(name)
     from distbench.kinds import commands
@@ -221,12 +230,16 @@ def run(argv: list[str], env: dict[str, str], cwd: Path, stdin: str | None, time
         _Writer(ends[0][1], stdin or "")
         code = _await_exit(conn, deadline)
         if code is None:  # as subprocess.run does on its timeout: killed, then waited for
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            _await_exit(conn, None)
+            # but first its processes' stacks, into what it wrote (each goes on once it has)
+            ended = _await_exit(conn, time.monotonic() + _STACKS_WAIT_S) \
+                if say_stacks(pid) else None
+            if ended is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                _await_exit(conn, None)
             # undecoded, as subprocess.run leaves what it had read when it timed out
             raise subprocess.TimeoutExpired(["distbench", *argv], timeout,
-                                            output=out.data(0), stderr=err.data(0))
+                                            output=out.data(0), stderr=err.data(_POLL_S))
     # like communicate(): everything its processes wrote, until the last of them closed it
     left = max(0.0, deadline - time.monotonic())
     stdout, stderr = out.text(left), err.text(left)
@@ -234,6 +247,30 @@ def run(argv: list[str], env: dict[str, str], cwd: Path, stdin: str | None, time
         raise subprocess.TimeoutExpired(["distbench", *argv], timeout, output=out.data(0),
                                         stderr=err.data(0))
     return subprocess.CompletedProcess(["distbench", *argv], code, stdout, stderr)
+
+
+def say_stacks(pid: int) -> int:
+    """Ask `pid` and every process under it to write their threads' stacks to their stderr
+    (STACKS_SIGNAL); how many were asked."""
+    asked = 0
+    for each in _tree(pid):
+        if asked:
+            time.sleep(_STACKS_APART_S)  # or their lines interleave in the one pipe
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, STACKS_SIGNAL)
+            asked += 1
+    return asked
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants, the deepest first (a worker's stack before its launcher's)."""
+    below: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in f.read().split():
+                    below += _tree(int(child))
+    return [*below, pid]
 
 
 class Popen:

@@ -308,14 +308,44 @@ def distbench(out: Path | None, *args: str, timeout: float = 180, cwd: Path | No
     with processes(procs), nccl_rules_held(args[0] if args else None, env), \
             json_schemas.held(out, where, *(where / p for p in _outs(args))):
         start = time.monotonic()
-        if fresh:
-            proc = subprocess.run([sys.executable, "-m", "distbench", *argv],
-                                  capture_output=True, text=True, timeout=timeout,
-                                  env=clean_env(**env), cwd=where, input=stdin)
-        else:
-            proc = forkserver.run(argv, clean_env(**env), where, stdin, timeout, clean_env())
+        try:
+            if fresh:
+                proc = subprocess.run([sys.executable, "-m", "distbench", *argv],
+                                      capture_output=True, text=True, timeout=timeout,
+                                      env=clean_env(**env), cwd=where, input=stdin)
+            else:
+                proc = forkserver.run(argv, clean_env(**env), where, stdin, timeout,
+                                      clean_env())
+        except subprocess.TimeoutExpired as e:
+            e.add_note(said_before_timeout(e))
+            raise
         secs = time.monotonic() - start
     return Run(proc.returncode, proc.stdout, proc.stderr, out or where, secs)
+
+
+def said_before_timeout(e: subprocess.TimeoutExpired, most: int = 12000,
+                        frames: int = 8) -> str:
+    """What a run that timed out had written to its stderr, for the test's failure: the end of
+    it, with the stacks its processes wrote when asked (forkserver.say_stacks) cut to each
+    thread's innermost `frames`, where it waited."""
+    said = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+    kept, depth = [], None
+    for line in said.splitlines():
+        if line.endswith("(most recent call first):"):
+            depth = 0
+        elif depth is not None and line.startswith("  File "):
+            depth += 1
+            if depth > frames:
+                if depth == frames + 1:
+                    kept.append("  ...")
+                continue
+        else:
+            depth = None
+        kept.append(line)
+    said = "\n".join(kept)
+    cut = f"[the first {len(said) - most} characters left out]\n" if len(said) > most else ""
+    return f"its stderr when it timed out:\n{cut}{said[-most:]}" if said else \
+        "its stderr was empty when it timed out"
 
 
 def start(args: list[str], cwd: Path, env: dict[str, str], *, stdout: int = subprocess.PIPE,

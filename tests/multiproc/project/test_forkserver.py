@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 
+import forkserver
 import helpers
 import pytest
 from helpers import processes_naming
@@ -56,6 +57,10 @@ def test_a_forked_run_past_its_timeout_is_killed_and_seen_by_the_orphan_check(tm
     assert seen, "no process of the run was found running in its directory"
     assert len(raised) == 1 and isinstance(raised[0], subprocess.TimeoutExpired), raised
     assert b"distbench" in (raised[0].stderr or b""), raised[0].stderr  # undecoded, as run's
+    # what it had said, its processes' stacks with it, is in the test's failure
+    (note,) = raised[0].__notes__
+    assert note.startswith("its stderr when it timed out:\n") and "distbench" in note, note
+    assert "(most recent call first)" in note, note
     deadline = time.monotonic() + 15
     while processes_naming(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -97,3 +102,37 @@ def test_a_started_run_is_signalled_and_waited_for_as_a_fresh_one_is(tmp_path):
             time.sleep(0.1)
         assert processes_naming(where) == [], how
     assert ended["forked"] == ended["fresh"] and ended["forked"][0] == 130, ended
+
+
+@pytest.mark.multiproc
+@pytest.mark.procs(3)
+def test_a_run_asked_for_its_stacks_writes_each_process_s_and_goes_on(tmp_path):
+    """forkserver.say_stacks, which a run past its timeout gets before it is killed: the
+    launcher and both forked workers write every thread's stack to the run's stderr, and the
+    run goes on until it is stopped, then ends as it would have."""
+    proc = helpers.start(["watch", "--interval", "0.5", "--sizes", "1K", "--iters", "2",
+                          "--workers", "2", "--out", str(tmp_path / "out")], tmp_path,
+                         helpers.clean_env(), new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(cycles := [f for f in (tmp_path / "out").glob("*/watch.csv")
+                             if len(f.read_text().splitlines()) >= 2]) < 1:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no cycle was measured"
+            time.sleep(0.05)
+        assert forkserver.say_stacks(proc.pid) == 3
+        rows = len(cycles[0].read_text().splitlines())
+        while len(cycles[0].read_text().splitlines()) < rows + 2:  # still measuring
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline + 60, "no cycle after the stacks"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    stacks = stderr.split("(most recent call first)")[1:]
+    # each worker's main thread in watch's loop, forked by torch's agent; the launcher's main
+    # thread in that agent, watching them
+    forked = [s for s in stacks if "_become_worker" in s]
+    assert sum("distbench/kinds/watch/loop.py" in s for s in forked) == 2, stderr
+    assert any("elastic/agent/server/api.py" in s for s in stacks if s not in forked), stderr
