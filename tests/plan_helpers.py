@@ -20,6 +20,13 @@ SHAPE = {"hidden_size": 64, "ffn_size": 256, "heads": 4, "seq_len": 16}
 
 LAYER_US = 100.0
 
+# The tiny model plan's workers measure for real, and how long one of their ranks may wait on
+# its peers (--timeout): their runs take 10 to 40 s, and a stuck one then ends with distbench's
+# own account of where (its phase, the ranks it waited on) well before the test's timeout,
+# instead of holding its process slots for all of it.
+TINY = "layers=2,hidden=16,ffn=32,heads=2,seq=4,batch=4"
+STUCK_S = "60"
+
 
 def plan(tmp_path: Path, *args: str, dispatch: bool = True, plot: bool = False) -> helpers.Run:
     """`distbench plan *args --out tmp_path/out`. Without its figure unless `plot`: drawing it

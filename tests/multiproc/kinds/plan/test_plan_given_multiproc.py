@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 from helpers import distbench
+from plan_helpers import STUCK_S, TINY
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.procs(3)]  # 2 workers and their launcher
 
-TINY = "layers=2,hidden=16,ffn=32,heads=2,seq=4,batch=4"
 KEY = ("tp", "pp", "dp", "zero", "micro_batches", "recompute")
 
 
@@ -16,7 +16,7 @@ def test_the_workers_plan_a_named_layout_and_validate_it_first(tmp_path):
     # recompute full is not in the default --recompute none: a layout the enumeration lacks
     res = distbench(tmp_path, "plan", "--workers", "2", "--model", TINY, "--layout",
                     "dp=2,zero=1,mbs=1,recompute=full", "--validate", "2", "--min-time", "0.1",
-                    timeout=240)
+                    "--timeout", STUCK_S, timeout=240)
     assert res.code == 0, res.stderr
     plan = res.rows("plan.csv")
     (mine,) = [r for r in plan if r["given"] == "1"]

@@ -12,6 +12,7 @@ import helpers
 import pytest
 from doc_columns import documented_columns
 from helpers import Run, distbench
+from plan_helpers import STUCK_S, TINY
 
 from distbench.planner.inputs import Inputs
 from distbench.planner.predict import DP_KINDS
@@ -19,13 +20,12 @@ from distbench.planner.ranking import validation_summary
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.procs(3)]  # 2 workers and their launcher
 
-TINY = "layers=2,hidden=16,ffn=32,heads=2,seq=4,batch=4"
-
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory) -> Run:
     return distbench(tmp_path_factory.mktemp("plan-validate"), "plan", "--workers", "2",
-                     "--model", TINY, "--validate", "2", "--min-time", "0.1", timeout=240)
+                     "--model", TINY, "--validate", "2", "--min-time", "0.1", "--timeout",
+                     STUCK_S, timeout=240)
 
 
 def test_the_workers_measure_plan_and_validate(planned):
@@ -144,7 +144,8 @@ def test_workers_on_two_nodes_measure_the_strided_groups_of_their_layouts(tmp_pa
     The workers measure them as such, so the plan prices those layouts from fits of their own
     shape, not from the whole world's scaled by its NICs (issue 31)."""
     res = distbench(tmp_path, "plan", "--workers", "4", "--model", TINY, "--zero", "0",
-                    "--min-time", "0.05", timeout=240, DISTBENCH_TEST_NODE_SIZE="2")
+                    "--min-time", "0.05", "--timeout", STUCK_S, timeout=240,
+                    DISTBENCH_TEST_NODE_SIZE="2")
     assert res.code == 0, res.stderr
     fits = Inputs.from_json(json.loads((res.run_dir / "inputs.json").read_text())).fits
     placed = {(f.op, f.ranks, f.span, f.per_node) for f in fits}
