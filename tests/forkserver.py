@@ -250,16 +250,29 @@ def run(argv: list[str], env: dict[str, str], cwd: Path, stdin: str | None, time
 
 
 def say_stacks(pid: int) -> int:
-    """Ask `pid` and every process under it to write their threads' stacks to their stderr
-    (STACKS_SIGNAL); how many were asked."""
+    """Ask `pid` and every process under it that catches STACKS_SIGNAL (the server's forks; an
+    exec'd one, such as a torchrun agent's worker, would die of it) to write their threads'
+    stacks to their stderr; how many were asked."""
     asked = 0
     for each in _tree(pid):
+        if not _catches(each, STACKS_SIGNAL):
+            continue
         if asked:
             time.sleep(_STACKS_APART_S)  # or their lines interleave in the one pipe
         with contextlib.suppress(ProcessLookupError):
             os.kill(each, STACKS_SIGNAL)
             asked += 1
     return asked
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether `pid` has a handler for `signum` (SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(caught >> (signum - 1) & 1)
 
 
 def _tree(pid: int) -> list[int]:

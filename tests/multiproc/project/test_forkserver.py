@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -136,3 +137,19 @@ def test_a_run_asked_for_its_stacks_writes_each_process_s_and_goes_on(tmp_path):
     forked = [s for s in stacks if "_become_worker" in s]
     assert sum("distbench/kinds/watch/loop.py" in s for s in forked) == 2, stderr
     assert any("elastic/agent/server/api.py" in s for s in stacks if s not in forked), stderr
+
+
+@pytest.mark.multiproc
+@pytest.mark.procs(1)
+def test_a_process_that_cannot_write_its_stacks_is_not_asked(tmp_path):
+    """An exec'd interpreter (a torchrun agent's worker) has no handler for the stacks signal,
+    whose default would kill it: say_stacks passes over it, and it runs on."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path)
+    try:
+        time.sleep(0.2)
+        assert forkserver.say_stacks(proc.pid) == 0
+        time.sleep(0.2)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(10)
