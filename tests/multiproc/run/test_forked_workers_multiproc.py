@@ -25,7 +25,8 @@ ARGV = ["collective", "--sizes", "4K"]
 
 def _probe(seen, then=None):
     """In place of `python -m distbench`, in the child: what it started with, written to
-    `seen`; then `then()`."""
+    `seen` whole (a test that waits for it to appear reads it as the child runs on); then
+    `then()`."""
 
     def run_module(name, run_name=None, alter_sys=False):
         opened = {}
@@ -34,7 +35,8 @@ def _probe(seen, then=None):
                 opened[fd] = os.readlink(f"/proc/self/fd/{fd}")
             except OSError:
                 pass  # the listing's own descriptor, closed by now
-        seen.write_text(json.dumps({
+        partial = seen.with_name(seen.name + ".partial")
+        partial.write_text(json.dumps({
             "module": [name, run_name, alter_sys], "argv": sys.argv[1:],
             "session": [os.getsid(0), os.getpgid(0), os.getpid()], "env": dict(os.environ),
             "opened": opened,
@@ -42,6 +44,7 @@ def _probe(seen, then=None):
             "sigint_raises": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
             "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
             "write_through": [sys.stdout.write_through, sys.stderr.write_through]}))
+        os.replace(partial, seen)
         if then is not None:
             then()
 
