@@ -178,14 +178,13 @@ def _plausible(name: str, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]
     bad = ~np.isnan(values) & ~(np.abs(values) < BEYOND) | (values < 0) & nonnegative
     if not bad.any():
         return frame, []
-    gone = bad[:, columns.index("size_bytes")] if "size_bytes" in columns \
-        else np.zeros(len(frame), dtype=bool)
-    frame, dropped, past_size = frame.copy(), [], False
+    size = columns.index("size_bytes") if "size_bytes" in columns else len(columns)
+    gone = bad[:, size] if size < len(columns) else np.zeros(len(frame), dtype=bool)
+    frame, dropped = frame.copy(), []
     for j, column in enumerate(columns):
-        named = bad[:, j] & ~gone if past_size else bad[:, j]
+        named = bad[:, j] & ~gone if j > size else bad[:, j]
         dropped += [f"{name} row {i + 1} {column} {frame.at[i, column]:g}"
                     for i in frame.index[named]]
-        past_size = past_size or column == "size_bytes"
         if bad[:, j].any():
             frame[column] = frame[column].where(~bad[:, j])
     return frame[~gone], dropped
