@@ -277,13 +277,18 @@ def _catches(pid: int, signum: int) -> bool:
 
 def _tree(pid: int) -> list[int]:
     """`pid` and its descendants, the deepest first (a worker's stack before its launcher's)."""
-    below: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
-                for child in f.read().split():
-                    below += _tree(int(child))
-    return [*below, pid]
+    return [*(each for child in children(pid) for each in _tree(child)), pid]
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (a torchrun agent's workers, in sessions of their own)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
 
 
 class Popen:

@@ -16,13 +16,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import forkserver
 import json_schemas
 from paths import REPO
+
+T = TypeVar("T")
 
 # The most processes the tests may have started at once on the shared test machine (launchers,
 # workers, agents, a `python -c`), whichever tests run them and however many pytest processes
@@ -543,15 +546,27 @@ def distbench_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("distbench:")]
 
 
-def children(pid: int) -> list[int]:
-    """The processes `pid` started (a torchrun agent's workers, in sessions of their own)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
+children = forkserver.children
+
+
+def wait_for(what: Callable[[], T], seconds: float, proc) -> T:
+    """what()'s first true value, asked every 50 ms while `proc` (a run started by `start`)
+    runs; the test fails, with what the run printed, when it ends first or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"waited {seconds} s in vain")
+
+
+def rows_written(out: Path, name: str) -> int:
+    """The rows (after the header) of the `name` file in the one run directory under `out`; 0
+    before it exists."""
+    found = list(out.glob(f"*/{name}"))
+    return len(found[0].read_text().splitlines()) - 1 if found else 0
 
 
 def power_off(pid: int) -> None:

@@ -5,6 +5,7 @@ test_forked_workers; its stdin: test_collective_multiproc's `--config /dev/stdin
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import time
 import forkserver
 import helpers
 import pytest
-from helpers import processes_naming
+from helpers import processes_naming, rows_written
 
 
 def _both(tmp_path, *args):
@@ -83,12 +84,8 @@ def test_a_started_run_is_signalled_and_waited_for_as_a_fresh_one_is(tmp_path):
                               "--workers", "2", "--out", str(where / "out")], where,
                              helpers.clean_env(), new_session=True, fresh=fresh)
         assert os.getpgid(proc.pid) == proc.pid, how
-        deadline = time.monotonic() + 60
-        while not [f for f in (where / "out").glob("*/watch.csv")
-                   if len(f.read_text().splitlines()) >= 2]:  # a cycle measured: running
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, f"{how}: no cycle was measured"
-            time.sleep(0.05)
+        # a cycle measured: running
+        helpers.wait_for(functools.partial(rows_written, where / "out", "watch.csv"), 60, proc)
         assert len(helpers.children(proc.pid)) == 2, how
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=0.1)
@@ -115,18 +112,10 @@ def test_a_run_asked_for_its_stacks_writes_each_process_s_and_goes_on(tmp_path):
                           "--workers", "2", "--out", str(tmp_path / "out")], tmp_path,
                          helpers.clean_env(), new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while len(cycles := [f for f in (tmp_path / "out").glob("*/watch.csv")
-                             if len(f.read_text().splitlines()) >= 2]) < 1:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no cycle was measured"
-            time.sleep(0.05)
+        rows = helpers.wait_for(lambda: rows_written(tmp_path / "out", "watch.csv"), 60, proc)
         assert forkserver.say_stacks(proc.pid) == 3
-        rows = len(cycles[0].read_text().splitlines())
-        while len(cycles[0].read_text().splitlines()) < rows + 2:  # still measuring
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline + 60, "no cycle after the stacks"
-            time.sleep(0.05)
+        helpers.wait_for(  # still measuring
+            lambda: rows_written(tmp_path / "out", "watch.csv") >= rows + 2, 60, proc)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import children, clean_env, distbench_lines, start
+from helpers import children, clean_env, distbench_lines, rows_written, start, wait_for
 
 HOST = socket.gethostname()
 
@@ -50,22 +50,6 @@ def _workers(launcher: int, n: int) -> dict[int, int]:
     return dict(enumerate(found)) if len(found) == n else {}
 
 
-def _wait_for(what, seconds: float, proc: subprocess.Popen):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        got = what()
-        if got:
-            return got
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    raise AssertionError(f"waited {seconds} s in vain")
-
-
-def _rows_written(out: Path) -> int:
-    found = list(out.glob("*/collective.csv"))
-    return len(found[0].read_text().splitlines()) - 1 if found else 0
-
-
 @contextlib.contextmanager
 def _started(tmp_path: Path, args: list[str], workers: int, fresh: bool = False):
     """The command, self-launched; every worker it started is killed at the end, stopped or
@@ -98,9 +82,10 @@ def test_a_rank_stopped_mid_loop_ends_the_run_at_the_timeout_plus_the_margin(tmp
     loop stop moving and end the run --timeout later, not when its estimated length runs out;
     the command returns within the documented margin, and run.json says why."""
     with _started(tmp_path, LONG_LOOP, workers) as (proc, out, pids):
-        ranks = _wait_for(lambda: _workers(proc.pid, workers), 60, proc)
+        ranks = wait_for(lambda: _workers(proc.pid, workers), 60, proc)
         pids += ranks.values()
-        _wait_for(lambda: _rows_written(out) >= 1, 120, proc)  # 4 KiB done, 8 MiB running
+        # 4 KiB done, 8 MiB running
+        wait_for(lambda: rows_written(out, "collective.csv") >= 1, 120, proc)
         time.sleep(3)
         os.kill(ranks[stopped], signal.SIGSTOP)
         stopped_at = time.monotonic()
@@ -133,7 +118,7 @@ def test_a_rank_that_never_starts_ends_the_run_at_the_timeout(tmp_path):
     args = ["collective", "--sizes", "4K", "--iters", "2", "--timeout", str(TIMEOUT_S)]
     # fresh: a launcher forked with everything loaded starts its workers too fast to be caught
     with _started(tmp_path, args, 2, fresh=True) as (proc, out, pids):
-        ranks = _wait_for(lambda: _workers(proc.pid, 2), 60, proc)
+        ranks = wait_for(lambda: _workers(proc.pid, 2), 60, proc)
         os.kill(ranks[1], signal.SIGSTOP)
         pids += ranks.values()
         _, stderr = proc.communicate(timeout=120)
